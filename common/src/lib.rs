@@ -1,0 +1,2 @@
+//! Types shared by the BPF programs (`bufscope-ebpf`) and userspace (`bufscope`).
+#![no_std]

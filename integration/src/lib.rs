@@ -1,0 +1,1 @@
+//! Helpers for bufscope integration tests.

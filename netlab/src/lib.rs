@@ -1,0 +1,1 @@
+//! Network lab: namespaces joined by a userspace WAN emulator (see issue 5).

@@ -1,0 +1,1 @@
+//! The recommended socket-buffer policy (see issue 5).

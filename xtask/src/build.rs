@@ -1,0 +1,27 @@
+//! `cargo xtask build`: build every crate, the BPF object included (through exporter/build.rs).
+
+use crate::util::{cargo, run_cmd};
+
+/// Arguments of `cargo xtask build`.
+#[derive(clap::Args, Default)]
+pub struct Args {
+    /// Build with the release profile.
+    #[arg(long)]
+    pub release: bool,
+}
+
+/// Builds the workspace's default members (all binaries and tests' dependencies).
+pub fn run(a: &Args) -> anyhow::Result<()> {
+    crate::setup::run(&crate::setup::Args { no_packages: true })?;
+    build(a.release)
+}
+
+/// `cargo build --workspace` (the BPF crate is built by the exporter's build script).
+pub fn build(release: bool) -> anyhow::Result<()> {
+    let mut c = cargo();
+    c.args(["build", "--bins"]);
+    if release {
+        c.arg("--release");
+    }
+    run_cmd(&mut c)
+}

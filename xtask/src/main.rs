@@ -1,0 +1,48 @@
+//! `cargo xtask`: everything that is not a library — toolchain setup, building, running the
+//! exporter, the test runner, the lab and the benchmarks.
+
+use clap::{Parser, Subcommand};
+
+mod bench;
+mod build;
+mod lab;
+mod run;
+mod setup;
+mod test;
+mod util;
+
+#[derive(Parser)]
+#[command(name = "cargo xtask", about = "bufscope developer tasks")]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Install what a fresh machine lacks (nightly rust-src, bpf-linker, Debian packages). Idempotent.
+    Setup(setup::Args),
+    /// Build the whole workspace, including the BPF object.
+    Build(build::Args),
+    /// Set up, build and run the exporter (`bufscope run`), printing the metrics URL.
+    Run(run::Args),
+    /// Set up, then run unit tests and the privileged integration tests (serially).
+    Test(test::Args),
+    /// Open a shell-ready network lab (two namespaces joined by an emulated WAN link).
+    Lab(lab::Args),
+    /// Benchmarks that print side-by-side ratios.
+    #[command(subcommand)]
+    Bench(bench::Bench),
+}
+
+fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    match cli.cmd {
+        Cmd::Setup(a) => setup::run(&a),
+        Cmd::Build(a) => build::run(&a),
+        Cmd::Run(a) => run::run(&a),
+        Cmd::Test(a) => test::run(&a),
+        Cmd::Lab(a) => lab::run(&a),
+        Cmd::Bench(b) => bench::run(b),
+    }
+}
