@@ -1,0 +1,3 @@
+//! `netlab`: open a shell-ready WAN lab, list or clean up leftovers.
+
+fn main() {}

@@ -1,0 +1,45 @@
+//! Waiting for Ctrl-C / SIGTERM without a signal handler.
+
+use crate::Error;
+
+/// SIGINT, SIGTERM and SIGHUP blocked in the calling thread (and in every thread it spawns
+/// afterwards), to be collected synchronously with [`TerminationSignals::wait`]. Create it at
+/// the start of `main`, before any thread exists, so that no thread dies of the signal.
+#[derive(Debug)]
+pub struct TerminationSignals {
+    set: libc::sigset_t,
+}
+
+impl TerminationSignals {
+    /// Blocks SIGINT, SIGTERM and SIGHUP in the calling thread.
+    pub fn block() -> Result<TerminationSignals, Error> {
+        // SAFETY: the sigset is initialised by sigemptyset before use; pthread_sigmask only
+        // reads it.
+        unsafe {
+            let mut set: libc::sigset_t = std::mem::zeroed();
+            libc::sigemptyset(&mut set);
+            for s in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
+                libc::sigaddset(&mut set, s);
+            }
+            let rc = libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+            if rc != 0 {
+                return Err(Error::io(
+                    "blocking SIGINT/SIGTERM",
+                    std::io::Error::from_raw_os_error(rc),
+                ));
+            }
+            Ok(TerminationSignals { set })
+        }
+    }
+
+    /// Waits until one of the signals arrives and returns its number.
+    pub fn wait(&self) -> Result<i32, Error> {
+        let mut sig: libc::c_int = 0;
+        // SAFETY: both pointers are valid for the duration of the call.
+        let rc = unsafe { libc::sigwait(&self.set, &mut sig) };
+        if rc != 0 {
+            return Err(Error::io("sigwait", std::io::Error::from_raw_os_error(rc)));
+        }
+        Ok(sig)
+    }
+}
