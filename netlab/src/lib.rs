@@ -28,6 +28,7 @@
 //! ```
 
 mod cleanup;
+pub mod cli;
 mod error;
 mod lab;
 mod netns;

@@ -1,0 +1,290 @@
+//! Accuracy of the emulated WAN link against ping and iperf3, and cleanup after drop, panic
+//! and a killed run (checked with `ip netns list`). Bounds are the issue's: ping RTT within
+//! ±2 ms of the configured value, one TCP flow within 10% of the configured rate.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::io::BufRead as _;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use bufscope_netlab::{Lab, LabConfig, LinkParams, Netns, Process};
+
+/// Everything these tests create starts with this (unique per run through the pid).
+const PREFIX: &str = "bsl";
+
+fn netns_list() -> Vec<String> {
+    let out = Command::new("ip").args(["netns", "list"]).output().unwrap();
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| l.split_whitespace().next().map(String::from))
+        .collect()
+}
+
+/// (transmitted, received, avg rtt ms, mdev ms) from ping's summary.
+fn ping(lab: &Lab, count: u32, interval: &str) -> (u32, u32, f64, f64) {
+    let out = lab
+        .a()
+        .command("ping")
+        .args([
+            "-n",
+            "-q",
+            "-c",
+            &count.to_string(),
+            "-i",
+            interval,
+            "-W",
+            "2",
+        ])
+        .arg(lab.addr_b().to_string())
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let nums = |line: &str| -> Vec<f64> {
+        line.split(|c: char| !(c.is_ascii_digit() || c == '.'))
+            .filter_map(|s| s.parse().ok())
+            .collect()
+    };
+    let counts = text
+        .lines()
+        .find(|l| l.contains("packets transmitted"))
+        .expect(&text);
+    let c = nums(counts);
+    let (tx, rx) = (c[0] as u32, c[1] as u32);
+    let (avg, mdev) = match text.lines().find(|l| l.starts_with("rtt ")) {
+        Some(l) => {
+            let v = nums(l.split('=').nth(1).unwrap());
+            (v[1], v[3])
+        }
+        None => (f64::NAN, f64::NAN),
+    };
+    (tx, rx, avg, mdev)
+}
+
+fn wan(link: LinkParams) -> Lab {
+    Lab::new(LabConfig::wan(PREFIX, link)).unwrap()
+}
+
+fn assert_rtt(rtt_ms: u64, count: u32) {
+    let lab = wan(LinkParams::mbit(200).rtt_ms(rtt_ms));
+    let (tx, rx, avg, mdev) = ping(&lab, count, "0.2");
+    eprintln!("configured RTT {rtt_ms} ms: ping avg {avg:.3} ms, mdev {mdev:.3} ms ({rx}/{tx})");
+    assert_eq!(rx, tx, "ping lost packets on a lossless link");
+    assert!(
+        (avg - rtt_ms as f64).abs() <= 2.0,
+        "RTT {avg:.3} ms, configured {rtt_ms} ms"
+    );
+}
+
+#[test]
+#[ignore = "needs root: run via cargo xtask test"]
+fn rtt_50ms_within_2ms() {
+    assert_rtt(50, 20);
+}
+
+#[test]
+#[ignore = "needs root: run via cargo xtask test"]
+fn rtt_190ms_within_2ms() {
+    assert_rtt(190, 15);
+}
+
+/// Received throughput in Mbit/s of one iperf3 TCP flow a → b (`-R`: b → a).
+fn iperf3_mbit(lab: &Lab, secs: u32, omit: u32, reverse: bool) -> (f64, u64) {
+    let _server = lab
+        .b()
+        .spawn("iperf3", ["-s", "-1", "-B", &lab.addr_b().to_string()])
+        .unwrap();
+    // Wait until the server listens.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !lab
+        .b()
+        .exec("ss", ["-Htln", "sport = :5201"])
+        .unwrap()
+        .contains("5201")
+    {
+        assert!(Instant::now() < deadline, "iperf3 server did not start");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let mut client = lab.a().command("iperf3");
+    client
+        .args([
+            "-c",
+            &lab.addr_b().to_string(),
+            "-J",
+            "-t",
+            &secs.to_string(),
+        ])
+        .args(["-O", &omit.to_string()]);
+    if reverse {
+        client.arg("-R");
+    }
+    let out = client.output().unwrap();
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "iperf3 output is not JSON ({e}): {}",
+            String::from_utf8_lossy(&out.stdout)
+        )
+    });
+    assert!(json.get("error").is_none(), "iperf3: {}", json["error"]);
+    let bps = json["end"]["sum_received"]["bits_per_second"]
+        .as_f64()
+        .unwrap();
+    let retr = json["end"]["sum_sent"]["retransmits"].as_u64().unwrap_or(0);
+    (bps / 1e6, retr)
+}
+
+fn assert_rate(mbit: u64, rtt_ms: u64, secs: u32, omit: u32, reverse: bool) {
+    let lab = wan(LinkParams::mbit(mbit).rtt_ms(rtt_ms));
+    let (got, retr) = iperf3_mbit(&lab, secs, omit, reverse);
+    let s = lab.stats().unwrap();
+    eprintln!(
+        "configured {mbit} Mbit/s at {rtt_ms} ms RTT{}: iperf3 {got:.1} Mbit/s ({:.1}%), {retr} retransmits, \
+         queue drops a->b {} b->a {}",
+        if reverse { " (reverse)" } else { "" },
+        got / mbit as f64 * 100.0,
+        s.a_to_b.dropped_queue,
+        s.b_to_a.dropped_queue
+    );
+    let rel = (got - mbit as f64).abs() / mbit as f64;
+    assert!(
+        rel <= 0.10,
+        "single TCP flow {got:.1} Mbit/s, configured {mbit} Mbit/s"
+    );
+}
+
+#[test]
+#[ignore = "needs root: run via cargo xtask test"]
+fn rate_single_tcp_flow_50ms_within_10pct() {
+    assert_rate(150, 50, 8, 2, false);
+}
+
+#[test]
+#[ignore = "needs root: run via cargo xtask test"]
+fn rate_single_tcp_flow_190ms_reverse_within_10pct() {
+    assert_rate(100, 190, 10, 4, true);
+}
+
+#[test]
+#[ignore = "needs root: run via cargo xtask test"]
+fn loss_roughly_as_configured() {
+    // 10% per direction: a ping survives both ways with probability 0.81.
+    let lab = wan(LinkParams::unlimited().rtt_ms(10).loss(0.10));
+    let (tx, rx, _, _) = ping(&lab, 600, "0.005");
+    let lost = 1.0 - f64::from(rx) / f64::from(tx);
+    let s = lab.stats().unwrap();
+    let fwd = s.a_to_b.dropped_loss as f64 / s.a_to_b.packets_in as f64;
+    eprintln!(
+        "configured 10%/direction (19% round trip): ping lost {:.1}%, forwarder a->b dropped {:.1}%",
+        lost * 100.0,
+        fwd * 100.0
+    );
+    assert_eq!(tx, 600);
+    assert!(
+        (lost - 0.19).abs() <= 0.05,
+        "round-trip loss {:.1}%, expected 19% ± 5",
+        lost * 100.0
+    );
+}
+
+#[test]
+#[ignore = "needs root: run via cargo xtask test"]
+fn jitter_spreads_rtt_around_configured_delay() {
+    // One-way 10 ms ± 5 ms uniform each way: mean RTT 20 ms, mean deviation ≈ 3.3 ms.
+    let lab = wan(LinkParams::mbit(100)
+        .delay(Duration::from_millis(10))
+        .jitter(Duration::from_millis(5)));
+    let (tx, rx, avg, mdev) = ping(&lab, 100, "0.05");
+    eprintln!("10 ms ± 5 ms each way: ping avg {avg:.2} ms, mdev {mdev:.2} ms");
+    assert_eq!(rx, tx);
+    assert!((avg - 20.0).abs() <= 2.0, "avg {avg}");
+    assert!((1.5..=6.0).contains(&mdev), "mdev {mdev}");
+}
+
+#[test]
+#[ignore = "needs root: run via cargo xtask test"]
+fn drop_and_panic_remove_namespaces_and_processes() {
+    let lab = wan(LinkParams::mbit(100).rtt_ms(10));
+    let names = [lab.a().name().to_string(), lab.b().name().to_string()];
+    let server = lab.b().spawn("iperf3", ["-s"]).unwrap();
+    let pid = server.pid();
+    std::mem::forget(server); // the lab must kill it
+    std::thread::sleep(Duration::from_millis(200));
+    assert!(lab.b().pids().unwrap().contains(&pid));
+    drop(lab);
+    let listed = netns_list();
+    assert!(
+        names.iter().all(|n| !listed.contains(n)),
+        "left behind: {listed:?}"
+    );
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    assert!(
+        stat.is_empty() || stat.contains(") Z"),
+        "iperf3 survived: {stat}"
+    );
+
+    let names = std::sync::Mutex::new(Vec::new());
+    let hook = std::panic::take_hook();
+    std::panic::set_hook(Box::new(|_| {})); // the panic below is expected
+    let r = std::panic::catch_unwind(|| {
+        let lab = wan(LinkParams::mbit(100));
+        names
+            .lock()
+            .unwrap()
+            .extend([lab.a().name().to_string(), lab.b().name().to_string()]);
+        panic!("test panic inside a lab");
+    });
+    std::panic::set_hook(hook);
+    assert!(r.is_err());
+    let listed = netns_list();
+    let names = names.into_inner().unwrap();
+    assert_eq!(names.len(), 2);
+    assert!(
+        names.iter().all(|n| !listed.contains(n)),
+        "left behind after panic: {listed:?}"
+    );
+}
+
+#[test]
+#[ignore = "needs root: run via cargo xtask test"]
+fn netlab_cleanup_removes_a_killed_run() {
+    let bin = env!("CARGO_BIN_EXE_netlab");
+    let mut cmd = Command::new(bin);
+    cmd.args(["up", "--rtt-ms", "10", "--rate-mbit", "50"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null());
+    let mut up = Process::spawn(&mut cmd).unwrap();
+    let pid = up.pid();
+    let stdout = up.child_mut().unwrap().stdout.take().unwrap();
+    let mut lines = std::io::BufReader::new(stdout).lines();
+    assert!(
+        lines.any(|l| l.unwrap().contains("side b:")),
+        "netlab up did not come up"
+    );
+    let ours: Vec<String> = netns_list()
+        .into_iter()
+        .filter(|n| bufscope_netlab::owner_pid(PREFIX, n) == Some(pid))
+        .collect();
+    assert_eq!(ours.len(), 2, "{ours:?}");
+    // The lab works: ping across it.
+    let a = Netns::attach(ours.iter().find(|n| n.ends_with('a')).unwrap()).unwrap();
+    a.exec("ping", ["-c", "1", "-W", "2", "10.77.0.2"]).unwrap();
+
+    // SIGKILL: no destructor runs, the namespaces stay behind.
+    // SAFETY: kill(2) on our own unreaped child.
+    unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+    up.kill();
+    let listed = netns_list();
+    assert!(
+        ours.iter().all(|n| listed.contains(n)),
+        "namespaces vanished without cleanup"
+    );
+
+    let out = Command::new(bin).args(["cleanup"]).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}");
+    let listed = netns_list();
+    assert!(
+        ours.iter().all(|n| !listed.contains(n)),
+        "cleanup left {listed:?}"
+    );
+    assert!(ours.iter().all(|n| text.contains(n.as_str())), "{text}");
+}
