@@ -31,6 +31,7 @@ mod cleanup;
 pub mod cli;
 mod error;
 mod lab;
+pub mod measure;
 mod netns;
 mod signals;
 mod tun;

@@ -494,6 +494,17 @@ impl Process {
         self.child.as_mut()
     }
 
+    /// Sends `signal` (e.g. `libc::SIGINT`) to the process, if it has not been reaped.
+    pub fn signal(&mut self, signal: i32) {
+        if let Some(c) = self.child.as_mut()
+            && matches!(c.try_wait(), Ok(None))
+            && let Ok(pid) = i32::try_from(c.id())
+        {
+            // SAFETY: kill(2) has no memory-safety preconditions; pid is our unreaped child.
+            unsafe { libc::kill(pid, signal) };
+        }
+    }
+
     /// True while the process has not exited.
     pub fn is_running(&mut self) -> bool {
         self.child

@@ -5,9 +5,9 @@
 
 use std::io::BufRead as _;
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use bufscope_netlab::{Lab, LabConfig, LinkParams, Netns, Process};
+use bufscope_netlab::{Lab, LabConfig, LinkParams, Netns, Process, measure};
 
 /// Everything these tests create starts with this (unique per run through the pid).
 const PREFIX: &str = "bsl";
@@ -20,44 +20,21 @@ fn netns_list() -> Vec<String> {
         .collect()
 }
 
-/// (transmitted, received, avg rtt ms, mdev ms) from ping's summary.
-fn ping(lab: &Lab, count: u32, interval: &str) -> (u32, u32, f64, f64) {
-    let out = lab
-        .a()
-        .command("ping")
-        .args([
-            "-n",
-            "-q",
-            "-c",
-            &count.to_string(),
-            "-i",
-            interval,
-            "-W",
-            "2",
-        ])
-        .arg(lab.addr_b().to_string())
-        .output()
-        .unwrap();
-    let text = String::from_utf8_lossy(&out.stdout).into_owned();
-    let nums = |line: &str| -> Vec<f64> {
-        line.split(|c: char| !(c.is_ascii_digit() || c == '.'))
-            .filter_map(|s| s.parse().ok())
-            .collect()
-    };
-    let counts = text
-        .lines()
-        .find(|l| l.contains("packets transmitted"))
-        .expect(&text);
-    let c = nums(counts);
-    let (tx, rx) = (c[0] as u32, c[1] as u32);
-    let (avg, mdev) = match text.lines().find(|l| l.starts_with("rtt ")) {
-        Some(l) => {
-            let v = nums(l.split('=').nth(1).unwrap());
-            (v[1], v[3])
-        }
-        None => (f64::NAN, f64::NAN),
-    };
-    (tx, rx, avg, mdev)
+/// (transmitted, received, avg rtt ms, mdev ms) of `ping a -> b`.
+fn ping(lab: &Lab, count: u32, interval_ms: u64) -> (u32, u32, f64, f64) {
+    let p = measure::ping(
+        lab.a(),
+        &lab.addr_b().to_string(),
+        count,
+        Duration::from_millis(interval_ms),
+    )
+    .unwrap();
+    (
+        p.transmitted,
+        p.received,
+        p.avg_ms.unwrap_or(f64::NAN),
+        p.mdev_ms.unwrap_or(f64::NAN),
+    )
 }
 
 fn wan(link: LinkParams) -> Lab {
@@ -66,7 +43,7 @@ fn wan(link: LinkParams) -> Lab {
 
 fn assert_rtt(rtt_ms: u64, count: u32) {
     let lab = wan(LinkParams::mbit(200).rtt_ms(rtt_ms));
-    let (tx, rx, avg, mdev) = ping(&lab, count, "0.2");
+    let (tx, rx, avg, mdev) = ping(&lab, count, 200);
     eprintln!("configured RTT {rtt_ms} ms: ping avg {avg:.3} ms, mdev {mdev:.3} ms ({rx}/{tx})");
     assert_eq!(rx, tx, "ping lost packets on a lossless link");
     assert!(
@@ -87,49 +64,12 @@ fn rtt_190ms_within_2ms() {
     assert_rtt(190, 15);
 }
 
-/// Received throughput in Mbit/s of one iperf3 TCP flow a → b (`-R`: b → a).
+/// Received throughput in Mbit/s and retransmits of one iperf3 TCP flow a -> b (`-R`: b -> a).
 fn iperf3_mbit(lab: &Lab, secs: u32, omit: u32, reverse: bool) -> (f64, u64) {
-    let _server = lab
-        .b()
-        .spawn("iperf3", ["-s", "-1", "-B", &lab.addr_b().to_string()])
-        .unwrap();
-    // Wait until the server listens.
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while !lab
-        .b()
-        .exec("ss", ["-Htln", "sport = :5201"])
-        .unwrap()
-        .contains("5201")
-    {
-        assert!(Instant::now() < deadline, "iperf3 server did not start");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    let mut client = lab.a().command("iperf3");
-    client
-        .args([
-            "-c",
-            &lab.addr_b().to_string(),
-            "-J",
-            "-t",
-            &secs.to_string(),
-        ])
-        .args(["-O", &omit.to_string()]);
-    if reverse {
-        client.arg("-R");
-    }
-    let out = client.output().unwrap();
-    let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
-        panic!(
-            "iperf3 output is not JSON ({e}): {}",
-            String::from_utf8_lossy(&out.stdout)
-        )
-    });
-    assert!(json.get("error").is_none(), "iperf3: {}", json["error"]);
-    let bps = json["end"]["sum_received"]["bits_per_second"]
-        .as_f64()
-        .unwrap();
-    let retr = json["end"]["sum_sent"]["retransmits"].as_u64().unwrap_or(0);
-    (bps / 1e6, retr)
+    let b = lab.addr_b().to_string();
+    let _server = measure::iperf3_server(lab.b(), &b, 5201).unwrap();
+    let r = measure::iperf3_client(lab.a(), &b, 5201, secs, omit, reverse, &[]).unwrap();
+    (r.received_mbit, r.retransmits)
 }
 
 fn assert_rate(mbit: u64, rtt_ms: u64, secs: u32, omit: u32, reverse: bool) {
@@ -168,7 +108,7 @@ fn rate_single_tcp_flow_190ms_reverse_within_10pct() {
 fn loss_roughly_as_configured() {
     // 10% per direction: a ping survives both ways with probability 0.81.
     let lab = wan(LinkParams::unlimited().rtt_ms(10).loss(0.10));
-    let (tx, rx, _, _) = ping(&lab, 600, "0.005");
+    let (tx, rx, _, _) = ping(&lab, 600, 5);
     let lost = 1.0 - f64::from(rx) / f64::from(tx);
     let s = lab.stats().unwrap();
     let fwd = s.a_to_b.dropped_loss as f64 / s.a_to_b.packets_in as f64;
@@ -192,7 +132,7 @@ fn jitter_spreads_rtt_around_configured_delay() {
     let lab = wan(LinkParams::mbit(100)
         .delay(Duration::from_millis(10))
         .jitter(Duration::from_millis(5)));
-    let (tx, rx, avg, mdev) = ping(&lab, 100, "0.05");
+    let (tx, rx, avg, mdev) = ping(&lab, 100, 50);
     eprintln!("10 ms ± 5 ms each way: ping avg {avg:.2} ms, mdev {mdev:.2} ms");
     assert_eq!(rx, tx);
     assert!((avg - 20.0).abs() <= 2.0, "avg {avg}");
