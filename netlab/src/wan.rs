@@ -224,13 +224,14 @@ pub(crate) struct Forwarder {
 
 impl Forwarder {
     /// Starts forwarding `tun_a → tun_b` with `a_to_b` and `tun_b → tun_a` with `b_to_a`.
-    /// `mtu` sizes the packet buffers.
+    /// `mtu` sizes the packet buffers; `realtime` asks for `SCHED_FIFO` (best effort).
     pub(crate) fn start(
         tun_a: OwnedFd,
         tun_b: OwnedFd,
         a_to_b: &LinkParams,
         b_to_a: &LinkParams,
         mtu: u32,
+        realtime: bool,
     ) -> Result<Forwarder, Error> {
         a_to_b.validate()?;
         b_to_a.validate()?;
@@ -266,6 +267,9 @@ impl Forwarder {
             let t = std::thread::Builder::new()
                 .name(format!("netlab {label}"))
                 .spawn(move || {
+                    if realtime {
+                        set_realtime();
+                    }
                     let mut d = Direction::new(&params, seed, buf_len, ctr);
                     d.run(input.as_raw_fd(), output.as_raw_fd(), stop_fd);
                 })
@@ -293,6 +297,21 @@ impl Drop for Forwarder {
             let _ = t.join();
         }
     }
+}
+
+/// Low real-time priority of the forwarder threads: enough to run ahead of ordinary
+/// (compiling, testing) processes, low enough not to compete with kernel RT threads.
+const RT_PRIORITY: i32 = 10;
+
+/// Best effort: `SCHED_FIFO` for the calling thread, so that a busy machine does not delay
+/// packets. The threads sleep whenever no packet is due, and the kernel's RT throttling
+/// (`sched_rt_runtime_us`) bounds them anyway. Failure (no `CAP_SYS_NICE`) is ignored.
+fn set_realtime() {
+    let param = libc::sched_param {
+        sched_priority: RT_PRIORITY,
+    };
+    // SAFETY: pthread_setschedparam on the current thread with a valid sched_param.
+    unsafe { libc::pthread_setschedparam(libc::pthread_self(), libc::SCHED_FIFO, &param) };
 }
 
 /// A packet waiting in the delay line.
