@@ -1,2 +1,437 @@
-//! Types shared by the BPF programs (`bufscope-ebpf`) and userspace (`bufscope`).
+//! Types shared by bufscope's BPF programs (`bufscope-ebpf`) and its userspace (`bufscope`).
+//!
+//! Everything here is `#[repr(C)]`, has no padding holes that differ between the BPF target
+//! and x86_64/aarch64, and is plain old data. Sizes are asserted at compile time on both sides
+//! (see the `const` assertions at the bottom), so a layout drift fails the build, not a scrape.
+//!
+//! Data flow (one signal end to end, drops as the example):
+//! `tp_btf/kfree_skb` → [`DropKey`]/[`DropVal`] in the per-CPU hash `DROPS` → the exporter polls
+//! it, attributes `DropKey::inode` to a process through `OWNERS` ([`Owner`]) or `/proc` →
+//! `bufscope_socket_drops_total{comm,pid,container,proto,reason}` → the Grafana panel
+//! "Top processes by drop rate".
 #![no_std]
+
+/// `SOL_SOCKET`.
+pub const SOL_SOCKET: i32 = 1;
+/// `SO_SNDBUF`.
+pub const SO_SNDBUF: i32 = 7;
+/// `SO_RCVBUF`.
+pub const SO_RCVBUF: i32 = 8;
+/// `SO_SNDBUFFORCE` (needs CAP_NET_ADMIN in the initial user namespace).
+pub const SO_SNDBUFFORCE: i32 = 32;
+/// `SO_RCVBUFFORCE` (needs CAP_NET_ADMIN in the initial user namespace).
+pub const SO_RCVBUFFORCE: i32 = 33;
+/// `SO_BUF_LOCK` (5.14+): sets or clears the lock bits without changing sizes.
+pub const SO_BUF_LOCK: i32 = 72;
+
+/// `SOCK_SNDBUF_LOCK` bit of `sk_userlocks`.
+pub const SOCK_SNDBUF_LOCK: u8 = 1;
+/// `SOCK_RCVBUF_LOCK` bit of `sk_userlocks`: receive autotuning is off for this socket.
+pub const SOCK_RCVBUF_LOCK: u8 = 2;
+/// Mask of the buffer lock bits (other bits of `sk_userlocks` mean other things).
+pub const SOCK_BUF_LOCK_MASK: u8 = 3;
+
+/// `IPPROTO_TCP`.
+pub const IPPROTO_TCP: u8 = 6;
+/// `IPPROTO_UDP`.
+pub const IPPROTO_UDP: u8 = 17;
+
+/// `TCP_ESTABLISHED` (state numbers are stable kernel ABI of the `inet_sock_set_state` tracepoint).
+pub const TCP_ESTABLISHED: i32 = 1;
+/// `TCP_SYN_SENT`.
+pub const TCP_SYN_SENT: i32 = 2;
+/// `TCP_SYN_RECV`.
+pub const TCP_SYN_RECV: i32 = 3;
+/// `TCP_CLOSE`.
+pub const TCP_CLOSE: i32 = 7;
+/// `TCP_LISTEN`.
+pub const TCP_LISTEN: i32 = 10;
+
+/// Number of 64-bit words in the drop-reason filter bitmap (reasons 0..256).
+pub const REASON_WORDS: usize = 4;
+
+/// Where a kernel struct field lives, resolved from the running kernel's BTF at start-up.
+///
+/// A field is read as the `u32` at byte `off`, shifted right by `shift` and masked to `bits`
+/// bits. Plain `u8`/`u16`/`u32` members are `shift = 0, bits = 8/16/32`; bitfields (e.g.
+/// `tcp_options_received.rcv_wscale`) carry their bit position. `bits == 0` means "absent on
+/// this kernel".
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Field {
+    /// Byte offset of the 32-bit word holding the field, from the start of the outer struct.
+    pub off: u32,
+    /// Right shift applied to that word.
+    pub shift: u16,
+    /// Width in bits (1..=32); 0 when the field does not exist on this kernel.
+    pub bits: u16,
+}
+
+impl Field {
+    /// Mask for `bits`.
+    #[inline(always)]
+    pub const fn mask(&self) -> u32 {
+        if self.bits >= 32 {
+            u32::MAX
+        } else {
+            (1u32 << self.bits) - 1
+        }
+    }
+
+    /// True when the field exists on this kernel.
+    #[inline(always)]
+    pub const fn present(&self) -> bool {
+        self.bits != 0
+    }
+}
+
+impl Config {
+    /// All zeroes (the value compiled into the BPF object before userspace patches it).
+    pub const fn zeroed() -> Self {
+        // SAFETY: every field is an integer or an array of integers; all-zero is valid.
+        unsafe { core::mem::zeroed() }
+    }
+}
+
+/// Kernel layout and configuration, patched into the BPF object's `.rodata` (`CONFIG`) before
+/// load. The verifier sees these as constants, so unused branches are pruned.
+///
+/// Offsets are byte offsets from the start of the named struct unless the name says otherwise.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Config {
+    // --- fd → file → socket walk (process context, classic syscall tracepoints) ---
+    /// `task_struct.files`.
+    pub task_files: u32,
+    /// `files_struct.fdt`.
+    pub files_fdt: u32,
+    /// `fdtable.max_fds`.
+    pub fdt_max_fds: u32,
+    /// `fdtable.fd`.
+    pub fdt_fd: u32,
+    /// `file.private_data` (a `struct socket *` for socket files).
+    pub file_private_data: u32,
+    /// `file.f_inode`.
+    pub file_inode: u32,
+    /// `inode.i_ino`.
+    pub inode_ino: u32,
+    /// `socket.sk`.
+    pub socket_sk: u32,
+    /// Offset from a `struct socket` to its inode's `i_ino` (`socket_alloc.vfs_inode` +
+    /// `inode.i_ino`): `SOCK_INODE(sock)->i_ino`, the socket's inode number.
+    pub socket_ino: u32,
+    /// `task_struct.start_boottime` (ns since boot, distinguishes reused pids).
+    pub task_start_boottime: u32,
+    /// `task_struct.group_leader`.
+    pub task_group_leader: u32,
+
+    // --- struct sock ---
+    /// `sock.sk_socket`.
+    pub sk_socket: u32,
+    /// `sock.__sk_common.skc_net` (a `struct net *`).
+    pub sk_net: u32,
+    /// `sock.__sk_common.skc_family` (u16).
+    pub sk_family: u32,
+    /// `sock.__sk_common.skc_num` (local port, host order, u16).
+    pub sk_num: u32,
+    /// `sock.sk_rcvbuf` (int).
+    pub sk_rcvbuf: u32,
+    /// `sock.sk_sndbuf` (int).
+    pub sk_sndbuf: u32,
+    /// `sock.sk_backlog.rmem_alloc` (= `sk_rmem_alloc`, atomic int).
+    pub sk_rmem_alloc: u32,
+    /// `sock.sk_state` (`__sk_common.skc_state`, u8).
+    pub sk_state: u32,
+    /// `sock.sk_userlocks` (u8 on recent kernels, 4-bit bitfield on older ones).
+    pub sk_userlocks: Field,
+    /// `sock.sk_protocol` (u16 on recent kernels, 8-bit bitfield on older ones).
+    pub sk_protocol: Field,
+
+    // --- struct tcp_sock ---
+    /// `tcp_sock.rx_opt.rcv_wscale` (bitfield).
+    pub tcp_rcv_wscale: Field,
+    /// `tcp_sock.rx_opt.snd_wscale` (bitfield).
+    pub tcp_snd_wscale: Field,
+    /// `tcp_sock.rx_opt.wscale_ok` (bitfield).
+    pub tcp_wscale_ok: Field,
+    /// `tcp_sock.window_clamp`.
+    pub tcp_window_clamp: u32,
+    /// `tcp_sock.rcv_rtt_est.rtt_us` (receiver RTT estimate, µs << 3).
+    pub tcp_rcv_rtt_us: u32,
+    /// `tcp_sock.srtt_us` (smoothed RTT, µs << 3).
+    pub tcp_srtt_us: u32,
+    /// `tcp_sock.copied_seq`.
+    pub tcp_copied_seq: u32,
+    /// `tcp_sock.rcvq_space.seq`.
+    pub tcp_rcvq_space_seq: u32,
+
+    // --- struct net ---
+    /// `net.ns.inum` (the netns inode number, as in `/proc/<pid>/ns/net`).
+    pub net_inum: u32,
+    /// `net.ipv4.sysctl_tcp_rmem` + 8 (`tcp_rmem[2]`, int).
+    pub net_tcp_rmem_max: u32,
+    /// `net.ipv4.sysctl_tcp_moderate_rcvbuf` (u8; absent on very old kernels).
+    pub net_tcp_moderate_rcvbuf: Field,
+    /// `net.ipv4.sysctl_tcp_window_scaling` (u8).
+    pub net_tcp_window_scaling: Field,
+
+    // --- struct sk_buff / skb_shared_info / net_device ---
+    /// `sk_buff.head`.
+    pub skb_head: u32,
+    /// `sk_buff.end` (an offset from head on 64-bit kernels).
+    pub skb_end: u32,
+    /// `sk_buff.dev`.
+    pub skb_dev: u32,
+    /// `skb_shared_info.gso_segs` (u16).
+    pub shinfo_gso_segs: u32,
+    /// `net_device.ifindex`.
+    pub dev_ifindex: u32,
+    /// `net_device.name` (char[16]).
+    pub dev_name: u32,
+    /// `net_device.nd_net` (a `struct net *`).
+    pub dev_net: u32,
+    /// Padding (keeps `reason_mask` 8-byte aligned without implicit padding).
+    pub _pad: u32,
+
+    // --- behaviour ---
+    /// Bitmap of tracked `enum skb_drop_reason` values (bit r set: count reason r).
+    pub reason_mask: [u64; REASON_WORDS],
+    /// Value of `SKB_DROP_REASON_FULL_RING` on this kernel (device drops attributed by ifindex);
+    /// `u32::MAX` when the kernel has no such reason.
+    pub reason_full_ring: u32,
+    /// Non-zero when the kernel's `sk_buff.end` is an offset from `head` (64-bit kernels).
+    pub skb_end_is_offset: u32,
+}
+
+/// What the owner of a socket is: the process that created, bound, connected, accepted or
+/// configured it, captured in process context (drop hooks run in softirq, where `current` is
+/// whoever was interrupted, usually the sender).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Owner {
+    /// Process id (thread-group id).
+    pub tgid: u32,
+    /// Thread id that made the call.
+    pub pid: u32,
+    /// cgroup v2 id of the caller (`bpf_get_current_cgroup_id`).
+    pub cgroup_id: u64,
+    /// Start time of the process (ns since boot), to tell reused pids apart.
+    pub start_ns: u64,
+    /// `comm` of the caller (not NUL-terminated when 16 bytes long).
+    pub comm: [u8; 16],
+}
+
+/// How a [`DropKey`] identifies where a drop happened.
+pub mod drop_site {
+    /// A socket that has an inode (the usual case): `DropKey::inode` is set.
+    pub const SOCKET: u8 = 0;
+    /// A socket without an inode (not yet accepted, or orphaned after close): identified by
+    /// netns + local port in `DropKey::id`.
+    pub const SOCKET_NO_INODE: u8 = 1;
+    /// No socket (e.g. a full TUN ring): identified by netns + ifindex in `DropKey::id`.
+    pub const DEVICE: u8 = 2;
+}
+
+/// Key of the `DROPS` per-CPU hash: one entry per (socket or device, drop reason).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct DropKey {
+    /// Socket inode number (as in `/proc/<pid>/fd` → `socket:[N]` and `/proc/net/udp`), or 0.
+    pub inode: u64,
+    /// Network namespace inode number.
+    pub netns: u32,
+    /// Local port for [`drop_site::SOCKET_NO_INODE`], ifindex for [`drop_site::DEVICE`], else 0.
+    pub id: u32,
+    /// `enum skb_drop_reason` value (kernel-specific; names resolved at start-up).
+    pub reason: u16,
+    /// IP protocol of the socket (`IPPROTO_*`), 0 when unknown / no socket.
+    pub proto: u8,
+    /// One of [`drop_site`].
+    pub site: u8,
+    /// Padding (keeps the key 24 bytes on every target).
+    pub _pad: u32,
+}
+
+/// Value of the `DROPS` per-CPU hash (summed over CPUs by userspace).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DropVal {
+    /// Dropped packets, GRO/GSO skbs weighted by their segment count.
+    pub packets: u64,
+    /// Dropped skbs (what `/proc/net/udp`'s drops column and `RcvbufErrors` count).
+    pub skbs: u64,
+    /// `sk_rcvbuf` at the last drop on this CPU (bytes, already doubled by the kernel).
+    pub rcvbuf: i32,
+    /// `sk_rmem_alloc` at the last drop on this CPU.
+    pub rmem_alloc: i32,
+    /// `bpf_ktime_get_ns()` of the last drop on this CPU.
+    pub last_ns: u64,
+    /// Device name for [`drop_site::DEVICE`] drops.
+    pub ifname: [u8; 16],
+}
+
+/// Value of the `AUTOTUNE` per-CPU hash, keyed by socket inode: `tcp:tcp_rcvbuf_grow` events.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct AutotuneVal {
+    /// `tcp_rcvbuf_grow` events (the kernel wanted a bigger receive buffer).
+    pub grow_events: u64,
+    /// Of those, events where growth was suppressed (`SOCK_RCVBUF_LOCK` or
+    /// `tcp_moderate_rcvbuf = 0`).
+    pub suppressed: u64,
+    /// Bytes copied to the reader in the last measurement interval.
+    pub copied: u64,
+    /// Length of that interval (µs, the tracepoint's `time`).
+    pub interval_us: u64,
+    /// `bpf_ktime_get_ns()` of the last event on this CPU.
+    pub last_ns: u64,
+    /// Receiver RTT estimate at the last event (µs).
+    pub rtt_us: u32,
+    /// `sk_rcvbuf` at the last event.
+    pub rcvbuf: i32,
+    /// Network namespace inode number.
+    pub netns: u32,
+    /// `sk_userlocks & SOCK_BUF_LOCK_MASK` at the last event.
+    pub userlocks: u32,
+}
+
+/// Event kinds sent through the `EVENTS` ring buffer (first `u32` of every event).
+pub mod event_kind {
+    /// [`super::SockoptEvent`].
+    pub const SOCKOPT: u32 = 1;
+    /// [`super::EstablishedEvent`].
+    pub const ESTABLISHED: u32 = 2;
+}
+
+/// One buffer-size `setsockopt(SOL_SOCKET, …)` call, seen at syscall exit.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SockoptEvent {
+    /// [`event_kind::SOCKOPT`].
+    pub kind: u32,
+    /// `SO_RCVBUF`, `SO_SNDBUF`, `SO_RCVBUFFORCE`, `SO_SNDBUFFORCE` or `SO_BUF_LOCK`.
+    pub optname: i32,
+    /// The caller (process context: exact).
+    pub owner: Owner,
+    /// Socket inode.
+    pub inode: u64,
+    /// Network namespace inode number of the socket.
+    pub netns: u32,
+    /// The requested value (the `int` at `optval`).
+    pub requested: i32,
+    /// Return value of the syscall (0 or `-errno`).
+    pub ret: i32,
+    /// `optlen` passed by the caller.
+    pub optlen: u32,
+    /// `sk_rcvbuf` before the call.
+    pub rcvbuf_before: i32,
+    /// `sk_sndbuf` before the call.
+    pub sndbuf_before: i32,
+    /// `sk_rcvbuf` after the call (what the kernel actually gave).
+    pub rcvbuf_after: i32,
+    /// `sk_sndbuf` after the call.
+    pub sndbuf_after: i32,
+    /// `sk_userlocks & SOCK_BUF_LOCK_MASK` before the call.
+    pub locks_before: u8,
+    /// `sk_userlocks & SOCK_BUF_LOCK_MASK` after the call.
+    pub locks_after: u8,
+    /// IP protocol of the socket.
+    pub proto: u8,
+    /// Padding.
+    pub _pad0: u8,
+    /// Address family of the socket (`AF_INET`, `AF_INET6`, `AF_UNIX`, …).
+    pub family: u16,
+    /// Padding.
+    pub _pad1: u16,
+}
+
+/// Flags of [`EstablishedEvent::flags`].
+pub mod estab_flags {
+    /// Passive open (accepted child), else active (`connect()`).
+    pub const PASSIVE: u32 = 1;
+    /// Window scaling was negotiated (`rx_opt.wscale_ok`).
+    pub const WSCALE_OK: u32 = 2;
+    /// `owner` is valid (found in `OWNERS`/`LISTENERS`); else userspace resolves it.
+    pub const OWNER_KNOWN: u32 = 4;
+}
+
+/// A TCP connection reached ESTABLISHED (`sock:inet_sock_set_state`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct EstablishedEvent {
+    /// [`event_kind::ESTABLISHED`].
+    pub kind: u32,
+    /// [`estab_flags`].
+    pub flags: u32,
+    /// Owner (socket owner for active opens, listener owner for passive ones) when known.
+    pub owner: Owner,
+    /// Socket inode (0 for passive children: they get one at `accept()`).
+    pub inode: u64,
+    /// Network namespace inode number.
+    pub netns: u32,
+    /// `sk_rcvbuf` at ESTABLISHED.
+    pub rcvbuf: i32,
+    /// The netns's `tcp_rmem[2]` (what autotuning may grow to, and what sets the scale).
+    pub tcp_rmem_max: i32,
+    /// `tcp_sock.window_clamp` at ESTABLISHED.
+    pub window_clamp: u32,
+    /// Local port.
+    pub lport: u16,
+    /// Address family.
+    pub family: u16,
+    /// Our receive window scale (`rx_opt.rcv_wscale`), fixed for the connection's life.
+    pub rcv_wscale: u8,
+    /// The peer's scale.
+    pub snd_wscale: u8,
+    /// `sk_userlocks & SOCK_BUF_LOCK_MASK`.
+    pub userlocks: u8,
+    /// The netns's `tcp_window_scaling` sysctl.
+    pub window_scaling: u8,
+}
+
+/// Indexes of the `STATS` per-CPU array: the probes' own health counters.
+pub mod stat {
+    /// A `DROPS` insert failed (map full): packets not counted.
+    pub const DROPS_MAP_FULL: u32 = 0;
+    /// An `AUTOTUNE` insert failed (map full).
+    pub const AUTOTUNE_MAP_FULL: u32 = 1;
+    /// The `EVENTS` ring buffer was full: an event was lost.
+    pub const RINGBUF_FULL: u32 = 2;
+    /// A drop on a socket without inode (not yet accepted, or orphaned).
+    pub const DROP_NO_INODE: u32 = 3;
+    /// `OWNERS` insert failed.
+    pub const OWNERS_FULL: u32 = 4;
+    /// The fd → socket walk failed at a syscall hook.
+    pub const FD_WALK_FAILED: u32 = 5;
+    /// `PENDING` insert failed (too many threads inside setsockopt at once).
+    pub const PENDING_FULL: u32 = 6;
+    /// Drops seen with a tracked reason (skbs), whatever happened next.
+    pub const DROPS_SEEN: u32 = 7;
+    /// Number of slots.
+    pub const COUNT: u32 = 8;
+}
+
+const _: () = assert!(core::mem::size_of::<Field>() == 8);
+const _: () = assert!(core::mem::size_of::<Config>() == 232);
+const _: () = assert!(core::mem::offset_of!(Config, reason_mask) == 192);
+const _: () = assert!(core::mem::size_of::<Owner>() == 40);
+const _: () = assert!(core::mem::size_of::<DropKey>() == 24);
+const _: () = assert!(core::mem::size_of::<DropVal>() == 48);
+const _: () = assert!(core::mem::size_of::<AutotuneVal>() == 56);
+const _: () = assert!(core::mem::size_of::<SockoptEvent>() == 96);
+const _: () = assert!(core::mem::size_of::<EstablishedEvent>() == 80);
+
+#[cfg(feature = "user")]
+mod user {
+    //! `aya::Pod` impls: these types cross the kernel boundary as raw bytes.
+    use super::*;
+    // SAFETY: all of these are #[repr(C)], Copy, contain only integers and integer arrays, and
+    // have no implicit padding (explicit `_pad` fields; sizes asserted above).
+    unsafe impl aya::Pod for Config {}
+    unsafe impl aya::Pod for Owner {}
+    unsafe impl aya::Pod for DropKey {}
+    unsafe impl aya::Pod for DropVal {}
+    unsafe impl aya::Pod for AutotuneVal {}
+    unsafe impl aya::Pod for SockoptEvent {}
+    unsafe impl aya::Pod for EstablishedEvent {}
+}

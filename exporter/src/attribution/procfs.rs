@@ -1,0 +1,234 @@
+//! Reading `/proc`: process names, cgroups, network namespaces, and which process holds which
+//! socket (`/proc/<pid>/fd/*` → `socket:[inode]`). This is the fallback for sockets whose owner
+//! the probes did not see (created before bufscope started, or by paths without a hook) and
+//! the ground truth for garbage-collecting closed sockets.
+
+use std::collections::{HashMap, HashSet};
+use std::path::{Path, PathBuf};
+
+/// A `/proc` mount (normally `/proc`; `--path.procfs` in containers).
+#[derive(Clone, Debug)]
+pub struct Procfs {
+    root: PathBuf,
+}
+
+impl Default for Procfs {
+    fn default() -> Self {
+        Self::new("/proc")
+    }
+}
+
+/// Number of clock ticks per second (`_SC_CLK_TCK`), for `/proc/<pid>/stat` start times.
+fn clk_tck() -> u64 {
+    // SAFETY: sysconf has no preconditions.
+    let v = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    if v > 0 { v as u64 } else { 100 }
+}
+
+impl Procfs {
+    /// Uses `root` as the proc mount.
+    pub fn new(root: impl Into<PathBuf>) -> Self {
+        Self { root: root.into() }
+    }
+
+    fn pid_path(&self, pid: u32, rest: &str) -> PathBuf {
+        self.root.join(pid.to_string()).join(rest)
+    }
+
+    /// All numeric entries of `/proc` (thread-group ids).
+    pub fn pids(&self) -> Vec<u32> {
+        let Ok(dir) = std::fs::read_dir(&self.root) else {
+            return Vec::new();
+        };
+        dir.filter_map(Result::ok)
+            .filter_map(|e| e.file_name().to_str()?.parse().ok())
+            .collect()
+    }
+
+    /// True while process `pid` exists.
+    pub fn alive(&self, pid: u32) -> bool {
+        self.root.join(pid.to_string()).exists()
+    }
+
+    /// The raw `comm` of `pid` (the kernel appends one `\n`; a comm may itself contain one).
+    pub fn comm(&self, pid: u32) -> Option<Vec<u8>> {
+        let mut b = std::fs::read(self.pid_path(pid, "comm")).ok()?;
+        if b.last() == Some(&b'\n') {
+            b.pop();
+        }
+        Some(b)
+    }
+
+    /// Contents of `/proc/<pid>/cgroup`.
+    pub fn cgroup(&self, pid: u32) -> Option<String> {
+        std::fs::read_to_string(self.pid_path(pid, "cgroup")).ok()
+    }
+
+    /// The network namespace inode of `pid`.
+    pub fn netns(&self, pid: u32) -> Option<u32> {
+        let link = std::fs::read_link(self.pid_path(pid, "ns/net")).ok()?;
+        parse_bracketed(link.to_str()?, "net:[")
+    }
+
+    /// Start time of `pid` in clock ticks since boot (field 22 of `/proc/<pid>/stat`).
+    pub fn start_ticks(&self, pid: u32) -> Option<u64> {
+        let stat = std::fs::read_to_string(self.pid_path(pid, "stat")).ok()?;
+        // comm may contain spaces and ')': fields restart after the last ')'.
+        let after = &stat[stat.rfind(')')? + 2..];
+        after.split_whitespace().nth(19)?.parse().ok()
+    }
+
+    /// Converts a BPF start time (ns since boot) to `/proc` clock ticks.
+    pub fn ns_to_ticks(ns: u64) -> u64 {
+        ns / (1_000_000_000 / clk_tck())
+    }
+
+    /// Socket inodes held open by `pid`.
+    pub fn socket_inodes(&self, pid: u32) -> Vec<u64> {
+        let Ok(dir) = std::fs::read_dir(self.pid_path(pid, "fd")) else {
+            return Vec::new();
+        };
+        dir.filter_map(Result::ok)
+            .filter_map(|e| std::fs::read_link(e.path()).ok())
+            .filter_map(|l| parse_bracketed(l.to_str()?, "socket:["))
+            .collect()
+    }
+
+    /// For every socket inode held by any process, one holder (the lowest pid).
+    pub fn all_socket_holders(&self) -> HashMap<u64, u32> {
+        let mut pids = self.pids();
+        pids.sort_unstable();
+        let mut out = HashMap::new();
+        for pid in pids {
+            for ino in self.socket_inodes(pid) {
+                out.entry(ino).or_insert(pid);
+            }
+        }
+        out
+    }
+
+    /// Finds which processes hold the `wanted` socket inodes (one pass over `/proc`).
+    pub fn find_socket_holders(&self, wanted: &HashSet<u64>) -> HashMap<u64, u32> {
+        let mut out = HashMap::new();
+        if wanted.is_empty() {
+            return out;
+        }
+        let mut pids = self.pids();
+        pids.sort_unstable();
+        for pid in pids {
+            for ino in self.socket_inodes(pid) {
+                if wanted.contains(&ino) {
+                    out.entry(ino).or_insert(pid);
+                }
+            }
+            if out.len() == wanted.len() {
+                break;
+            }
+        }
+        out
+    }
+
+    /// Inode of the TCP listener on `port` in the network namespace that `pid_in_ns` is in.
+    pub fn tcp_listener_inode(&self, pid_in_ns: u32, port: u16) -> Option<u64> {
+        for file in ["net/tcp", "net/tcp6"] {
+            let Ok(text) = std::fs::read_to_string(self.pid_path(pid_in_ns, file)) else {
+                continue;
+            };
+            for line in text.lines().skip(1) {
+                let f: Vec<&str> = line.split_whitespace().collect();
+                // sl local rem st tx:rx tr:when retrnsmt uid timeout inode
+                if f.len() < 10 || f[3] != "0A" {
+                    continue;
+                }
+                let lport = f[1]
+                    .rsplit(':')
+                    .next()
+                    .and_then(|p| u16::from_str_radix(p, 16).ok());
+                if lport == Some(port) {
+                    return f[9].parse().ok();
+                }
+            }
+        }
+        None
+    }
+
+    /// TUN/TAP devices by (netns, interface name) → the process holding the device's fd
+    /// (from `/proc/<pid>/fdinfo/<fd>`'s `iff:` line).
+    pub fn tun_holders(&self) -> HashMap<(u32, String), u32> {
+        let mut out = HashMap::new();
+        let mut pids = self.pids();
+        pids.sort_unstable();
+        for pid in pids {
+            let Ok(dir) = std::fs::read_dir(self.pid_path(pid, "fd")) else {
+                continue;
+            };
+            for e in dir.filter_map(Result::ok) {
+                let is_tun = std::fs::read_link(e.path())
+                    .map(|l| l == Path::new("/dev/net/tun"))
+                    .unwrap_or(false);
+                if !is_tun {
+                    continue;
+                }
+                let info = self.pid_path(pid, "fdinfo").join(e.file_name());
+                let Ok(text) = std::fs::read_to_string(info) else {
+                    continue;
+                };
+                if let Some(name) = text.lines().find_map(|l| l.strip_prefix("iff:")) {
+                    let netns = self.netns(pid).unwrap_or(0);
+                    out.entry((netns, name.trim().to_string())).or_insert(pid);
+                }
+            }
+        }
+        out
+    }
+}
+
+/// Parses the number in `prefix<N>]` (`socket:[123]`, `net:[4026531840]`).
+fn parse_bracketed<T: std::str::FromStr>(s: &str, prefix: &str) -> Option<T> {
+    s.strip_prefix(prefix)?.strip_suffix(']')?.parse().ok()
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use std::os::fd::AsRawFd;
+
+    #[test]
+    fn finds_own_socket() {
+        let s = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        let link = std::fs::read_link(format!("/proc/self/fd/{}", s.as_raw_fd())).unwrap();
+        let ino: u64 = parse_bracketed(link.to_str().unwrap(), "socket:[").unwrap();
+        let p = Procfs::default();
+        let me = std::process::id();
+        assert!(p.socket_inodes(me).contains(&ino));
+        let found = p.find_socket_holders(&HashSet::from([ino]));
+        assert_eq!(found.get(&ino), Some(&me));
+    }
+
+    #[test]
+    fn comm_keeps_inner_newlines() {
+        let p = Procfs::default();
+        let c = p.comm(std::process::id()).unwrap();
+        assert!(!c.is_empty() && !c.ends_with(b"\n"));
+    }
+
+    #[test]
+    fn start_ticks_parse() {
+        let p = Procfs::default();
+        assert!(p.start_ticks(std::process::id()).unwrap() > 0);
+        assert!(p.netns(std::process::id()).unwrap() > 0);
+    }
+
+    #[test]
+    fn finds_tcp_listener() {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = l.local_addr().unwrap().port();
+        let link = std::fs::read_link(format!("/proc/self/fd/{}", l.as_raw_fd())).unwrap();
+        let ino: u64 = parse_bracketed(link.to_str().unwrap(), "socket:[").unwrap();
+        assert_eq!(
+            Procfs::default().tcp_listener_inode(std::process::id(), port),
+            Some(ino)
+        );
+    }
+}

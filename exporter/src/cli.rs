@@ -1,0 +1,207 @@
+//! Command-line interface (flags follow Prometheus exporter conventions: `--web.*`, `--log.*`).
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Parser, Subcommand, ValueEnum};
+
+/// bufscope: per-process socket-buffer telemetry for tunnels and VPN gateways.
+#[derive(Parser, Debug)]
+#[command(name = "bufscope", version, about, long_about = None)]
+pub struct Cli {
+    /// What to do.
+    #[command(subcommand)]
+    pub cmd: Command,
+}
+
+/// Subcommands.
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Load the probes and serve Prometheus metrics.
+    Run(RunArgs),
+    /// Preflight: print, probe by probe, what this kernel supports and what is missing.
+    Check(CheckArgs),
+}
+
+/// Log output format.
+#[derive(Clone, Copy, Debug, ValueEnum, PartialEq, Eq)]
+pub enum LogFormat {
+    /// `key=value` pairs (human-friendly, the default).
+    Logfmt,
+    /// One JSON object per line.
+    Json,
+}
+
+/// Flags shared by `run` and `check`.
+#[derive(clap::Args, Debug, Clone)]
+pub struct KernelArgs {
+    /// Kernel BTF to resolve struct offsets and drop reasons from.
+    #[arg(
+        long = "kernel.btf-path",
+        default_value = "/sys/kernel/btf/vmlinux",
+        value_name = "FILE"
+    )]
+    pub btf_path: PathBuf,
+    /// Probes to leave off (repeatable or comma-separated): drops, setsockopt, tcp_state,
+    /// autotune, owners.
+    #[arg(long = "probe.disable", value_delimiter = ',', value_name = "PROBE")]
+    pub disable: Vec<String>,
+    /// Kernel drop reasons to count (names as in `enum skb_drop_reason`, without the
+    /// `SKB_DROP_REASON_` prefix).
+    #[arg(
+        long = "drops.reasons",
+        value_delimiter = ',',
+        value_name = "REASON",
+        default_values_t = crate::kernel::reasons::DEFAULT_TRACKED.iter().map(|s| s.to_string()).collect::<Vec<_>>()
+    )]
+    pub reasons: Vec<String>,
+    /// Log level (error, warn, info, debug, trace).
+    #[arg(long = "log.level", default_value = "info", value_name = "LEVEL")]
+    pub log_level: tracing::Level,
+    /// Log format.
+    #[arg(long = "log.format", value_enum, default_value_t = LogFormat::Logfmt)]
+    pub log_format: LogFormat,
+}
+
+/// Flags of `bufscope run`.
+#[derive(clap::Args, Debug, Clone)]
+pub struct RunArgs {
+    /// Address to serve on (`:9477` = all interfaces).
+    #[arg(
+        long = "web.listen-address",
+        default_value = ":9477",
+        value_name = "ADDR"
+    )]
+    pub listen: String,
+    /// Path under which metrics are served.
+    #[arg(
+        long = "web.telemetry-path",
+        default_value = "/metrics",
+        value_name = "PATH"
+    )]
+    pub telemetry_path: String,
+    /// Most processes with their own series; the least active beyond this are folded into
+    /// `comm="_other"`.
+    #[arg(long = "max-processes", default_value_t = 1000, value_name = "N")]
+    pub max_processes: usize,
+    /// How long series of an exited process stay (e.g. `5m`, `30s`).
+    #[arg(long = "retention", default_value = "5m", value_parser = parse_duration, value_name = "DURATION")]
+    pub retention: Duration,
+    /// How often the probes' maps are read (scrapes also read them).
+    #[arg(long = "poll-interval", default_value = "1s", value_parser = parse_duration, value_name = "DURATION")]
+    pub poll_interval: Duration,
+    /// How long drops of a socket whose owner is not found yet are held before they are
+    /// counted under `comm="_unknown"`.
+    #[arg(long = "attribution.hold", default_value = "10s", value_parser = parse_duration, value_name = "DURATION")]
+    pub attribution_hold: Duration,
+    /// `/proc` mount to read (set to the host's `/proc` when running in a container).
+    #[arg(long = "path.procfs", default_value = "/proc", value_name = "DIR")]
+    pub procfs: PathBuf,
+    /// Entries of the per-socket drop map.
+    #[arg(
+        long = "bpf.drops-map-entries",
+        default_value_t = 16384,
+        value_name = "N"
+    )]
+    pub drops_entries: u32,
+    /// Entries of the socket-owner map (LRU).
+    #[arg(
+        long = "bpf.owners-map-entries",
+        default_value_t = 65536,
+        value_name = "N"
+    )]
+    pub owners_entries: u32,
+    /// Entries of the per-socket autotune map.
+    #[arg(
+        long = "bpf.autotune-map-entries",
+        default_value_t = 16384,
+        value_name = "N"
+    )]
+    pub autotune_entries: u32,
+    /// Kernel, probe and log flags.
+    #[command(flatten)]
+    pub kernel: KernelArgs,
+}
+
+/// Flags of `bufscope check`.
+#[derive(clap::Args, Debug, Clone)]
+pub struct CheckArgs {
+    /// Only inspect; do not try to load and attach the probes.
+    #[arg(long)]
+    pub no_attach: bool,
+    /// Kernel, probe and log flags.
+    #[command(flatten)]
+    pub kernel: KernelArgs,
+}
+
+/// Parses `500ms`, `30s`, `5m`, `1h` (and a bare number of seconds).
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    let s = s.trim();
+    let split = s
+        .find(|c: char| !c.is_ascii_digit() && c != '.')
+        .unwrap_or(s.len());
+    let (num, unit) = s.split_at(split);
+    let n: f64 = num
+        .parse()
+        .map_err(|_| format!("invalid duration {s:?}: expected e.g. 500ms, 30s, 5m, 1h"))?;
+    let secs = match unit {
+        "ms" => n / 1000.0,
+        "" | "s" => n,
+        "m" => n * 60.0,
+        "h" => n * 3600.0,
+        _ => return Err(format!("invalid duration unit in {s:?}: use ms, s, m or h")),
+    };
+    if !secs.is_finite() || secs < 0.0 {
+        return Err(format!("invalid duration {s:?}"));
+    }
+    Ok(Duration::from_secs_f64(secs))
+}
+
+/// Turns `:9477` / `0.0.0.0:9477` / `[::1]:9477` / `localhost:9477` into socket addresses.
+pub fn listen_addrs(s: &str) -> Result<Vec<std::net::SocketAddr>, String> {
+    use std::net::ToSocketAddrs as _;
+    let full = if s.starts_with(':') {
+        format!("[::]{s}")
+    } else {
+        s.to_string()
+    };
+    let addrs: Vec<_> = full
+        .to_socket_addrs()
+        .map_err(|e| {
+            format!("invalid --web.listen-address {s:?}: {e} (expected HOST:PORT or :PORT)")
+        })?
+        .collect();
+    if addrs.is_empty() {
+        return Err(format!("--web.listen-address {s:?} resolves to no address"));
+    }
+    Ok(addrs)
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("500ms").unwrap(), Duration::from_millis(500));
+        assert_eq!(parse_duration("5m").unwrap(), Duration::from_secs(300));
+        assert_eq!(parse_duration("2").unwrap(), Duration::from_secs(2));
+        assert!(parse_duration("5 parsecs").is_err());
+        assert!(parse_duration("").is_err());
+    }
+
+    #[test]
+    fn listen_address_forms() {
+        assert_eq!(listen_addrs(":9477").unwrap()[0].port(), 9477);
+        assert!(listen_addrs("127.0.0.1:1").unwrap()[0].ip().is_loopback());
+        assert!(listen_addrs("nonsense").is_err());
+        assert!(listen_addrs("127.0.0.1:99999").is_err());
+    }
+
+    #[test]
+    fn unknown_flag_is_an_error() {
+        let e = Cli::try_parse_from(["bufscope", "run", "--no-such-flag"]).unwrap_err();
+        assert_eq!(e.kind(), clap::error::ErrorKind::UnknownArgument);
+    }
+}

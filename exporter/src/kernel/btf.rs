@@ -1,0 +1,334 @@
+//! Struct layouts and enum values of the running kernel, read from its BTF
+//! (`/sys/kernel/btf/vmlinux`). Rust BPF programs get no CO-RE relocations, so every offset
+//! the probes use is resolved here at start-up and handed to them in `CONFIG`.
+
+use std::collections::HashMap;
+use std::path::Path;
+
+use btf_rs::{Btf, Type};
+use bufscope_common::Field;
+
+/// Errors while reading the kernel's BTF.
+#[derive(Debug, thiserror::Error)]
+pub enum BtfError {
+    /// The BTF file could not be read or parsed.
+    #[error(
+        "cannot read kernel BTF from {path}: {source} (bufscope needs a kernel built with \
+         CONFIG_DEBUG_INFO_BTF=y, or a BTF file for this kernel passed with --kernel.btf-path)"
+    )]
+    Open {
+        /// The file.
+        path: String,
+        /// Why.
+        source: btf_rs::Error,
+    },
+    /// A struct the probes need is not in the BTF.
+    #[error("kernel BTF has no struct {0}")]
+    NoStruct(String),
+    /// A member the probes need is not in the struct.
+    #[error("kernel BTF: struct {strukt} has no member {path}")]
+    NoMember {
+        /// The struct searched.
+        strukt: String,
+        /// The dotted member path.
+        path: String,
+    },
+    /// A BTF type could not be resolved.
+    #[error("kernel BTF is inconsistent: {0}")]
+    Broken(#[from] btf_rs::Error),
+}
+
+/// Where a member is and what it is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MemberInfo {
+    /// Offset from the start of the outer struct, in bits.
+    pub bit_offset: u32,
+    /// Width in bits: the bitfield width, or 8 × the member type's size.
+    pub bits: u32,
+    /// True for bitfields.
+    pub bitfield: bool,
+    /// True when the member (after typedefs/qualifiers) is a pointer.
+    pub is_pointer: bool,
+}
+
+impl MemberInfo {
+    /// Byte offset (members that are not bitfields are byte-aligned).
+    pub fn byte_offset(&self) -> u32 {
+        self.bit_offset / 8
+    }
+
+    /// The [`Field`] descriptor the BPF side reads with `kread_field`.
+    pub fn field(&self) -> Field {
+        Field {
+            off: self.bit_offset / 8,
+            shift: (self.bit_offset % 8) as u16,
+            bits: self.bits.min(32) as u16,
+        }
+    }
+}
+
+/// The kernel's BTF with the lookups bufscope needs.
+pub struct KernelBtf {
+    btf: Btf,
+    /// Cache of struct name → type id (the first complete definition).
+    structs: std::cell::RefCell<HashMap<String, u32>>,
+}
+
+impl KernelBtf {
+    /// Reads BTF from `path` (normally `/sys/kernel/btf/vmlinux`).
+    pub fn open(path: &Path) -> Result<Self, BtfError> {
+        let btf = Btf::from_file(path).map_err(|source| BtfError::Open {
+            path: path.display().to_string(),
+            source,
+        })?;
+        Ok(Self {
+            btf,
+            structs: Default::default(),
+        })
+    }
+
+    /// Strips typedefs, const, volatile, restrict and type tags.
+    fn strip(&self, mut t: Type) -> Result<Type, BtfError> {
+        loop {
+            t = match &t {
+                Type::Typedef(x) => self.btf.resolve_chained_type(x)?,
+                Type::Const(x) => self.btf.resolve_chained_type(x)?,
+                Type::Volatile(x) => self.btf.resolve_chained_type(x)?,
+                Type::Restrict(x) => self.btf.resolve_chained_type(x)?,
+                Type::TypeTag(x) => self.btf.resolve_chained_type(x)?,
+                _ => return Ok(t),
+            };
+        }
+    }
+
+    /// Size in bytes of a (stripped) type.
+    fn size_of(&self, t: &Type) -> Result<u32, BtfError> {
+        Ok(match self.strip(t.clone())? {
+            Type::Int(i) => i.size() as u32,
+            Type::Ptr(_) => 8,
+            Type::Struct(s) | Type::Union(s) => s.size() as u32,
+            Type::Enum(e) => e.size() as u32,
+            Type::Enum64(e) => e.size() as u32,
+            Type::Float(f) => f.size() as u32,
+            Type::Array(a) => {
+                let elem = self.btf.resolve_chained_type(&a)?;
+                a.len() as u32 * self.size_of(&elem)?
+            }
+            _ => 0,
+        })
+    }
+
+    /// The complete struct (or union) called `name`.
+    fn find_struct(&self, name: &str) -> Result<btf_rs::Struct, BtfError> {
+        if let Some(id) = self.structs.borrow().get(name) {
+            if let Type::Struct(s) | Type::Union(s) = self.btf.resolve_type_by_id(*id)? {
+                return Ok(s);
+            }
+        }
+        for id in self.btf.resolve_ids_by_name(name).unwrap_or_default() {
+            if let Type::Struct(s) | Type::Union(s) = self.btf.resolve_type_by_id(id)? {
+                if !s.members.is_empty() {
+                    self.structs.borrow_mut().insert(name.to_string(), id);
+                    return Ok(s);
+                }
+            }
+        }
+        Err(BtfError::NoStruct(name.to_string()))
+    }
+
+    /// Finds `name` among `s`'s members, looking through anonymous structs/unions.
+    /// Returns (bit offset from `s`, member).
+    fn find_member(
+        &self,
+        s: &btf_rs::Struct,
+        name: &str,
+    ) -> Result<Option<(u32, btf_rs::Member)>, BtfError> {
+        for m in &s.members {
+            let mname = self.btf.resolve_name(m).unwrap_or_default();
+            if mname == name {
+                return Ok(Some((m.bit_offset(), m.clone())));
+            }
+            if mname.is_empty() {
+                let inner = self.strip(self.btf.resolve_chained_type(m)?)?;
+                if let Type::Struct(inner) | Type::Union(inner) = inner {
+                    if let Some((off, found)) = self.find_member(&inner, name)? {
+                        return Ok(Some((m.bit_offset() + off, found)));
+                    }
+                }
+            }
+        }
+        Ok(None)
+    }
+
+    /// Resolves a dotted member path (`"__sk_common.skc_net"`) inside struct `strukt`.
+    pub fn member(&self, strukt: &str, path: &str) -> Result<MemberInfo, BtfError> {
+        let missing = || BtfError::NoMember {
+            strukt: strukt.to_string(),
+            path: path.to_string(),
+        };
+        let mut current = self.find_struct(strukt)?;
+        let mut offset = 0u32;
+        let parts: Vec<&str> = path.split('.').collect();
+        for (i, part) in parts.iter().enumerate() {
+            let (off, m) = self.find_member(&current, part)?.ok_or_else(missing)?;
+            offset += off;
+            let mtype = self.strip(self.btf.resolve_chained_type(&m)?)?;
+            if i + 1 == parts.len() {
+                let bitfield = m.bitfield_size().unwrap_or(0);
+                let is_pointer = matches!(mtype, Type::Ptr(_));
+                let bits = if bitfield != 0 {
+                    bitfield
+                } else {
+                    self.size_of(&mtype)? * 8
+                };
+                return Ok(MemberInfo {
+                    bit_offset: offset,
+                    bits,
+                    bitfield: bitfield != 0,
+                    is_pointer,
+                });
+            }
+            current = match mtype {
+                Type::Struct(s) | Type::Union(s) => s,
+                _ => return Err(missing()),
+            };
+        }
+        Err(missing())
+    }
+
+    /// Byte offset of a member path (must not be a bitfield).
+    pub fn offset(&self, strukt: &str, path: &str) -> Result<u32, BtfError> {
+        Ok(self.member(strukt, path)?.byte_offset())
+    }
+
+    /// Size of a struct in bytes.
+    pub fn struct_size(&self, strukt: &str) -> Result<u32, BtfError> {
+        Ok(self.find_struct(strukt)?.size() as u32)
+    }
+
+    /// All `name → value` pairs of an enum (e.g. `skb_drop_reason`).
+    pub fn enum_values(&self, name: &str) -> Result<Vec<(String, u64)>, BtfError> {
+        for id in self.btf.resolve_ids_by_name(name).unwrap_or_default() {
+            match self.btf.resolve_type_by_id(id)? {
+                Type::Enum(e) if !e.members.is_empty() => {
+                    return e
+                        .members
+                        .iter()
+                        .map(|m| Ok((self.btf.resolve_name(m)?, m.val() as u64)))
+                        .collect();
+                }
+                Type::Enum64(e) if !e.members.is_empty() => {
+                    return e
+                        .members
+                        .iter()
+                        .map(|m| Ok((self.btf.resolve_name(m)?, m.val())))
+                        .collect();
+                }
+                _ => {}
+            }
+        }
+        Err(BtfError::NoStruct(format!("enum {name}")))
+    }
+
+    /// True when the kernel has a BTF tracepoint type for `tp` (`btf_trace_<tp>`), i.e. a
+    /// `tp_btf/<tp>` program can load.
+    pub fn has_btf_tracepoint(&self, tp: &str) -> bool {
+        self.btf
+            .resolve_ids_by_name(&format!("btf_trace_{tp}"))
+            .map(|ids| !ids.is_empty())
+            .unwrap_or(false)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    fn kernel() -> Option<KernelBtf> {
+        KernelBtf::open(Path::new("/sys/kernel/btf/vmlinux")).ok()
+    }
+
+    /// Cross-checks against `bpftool btf dump` on the same kernel (ground truth), so this
+    /// holds on any kernel, not just the one KERNEL-FACTS.md was written on.
+    #[test]
+    fn offsets_match_bpftool() {
+        let Some(k) = kernel() else {
+            panic!("/sys/kernel/btf/vmlinux is required for this test");
+        };
+        let out = std::process::Command::new("bpftool")
+            .args([
+                "btf",
+                "dump",
+                "file",
+                "/sys/kernel/btf/vmlinux",
+                "format",
+                "raw",
+            ])
+            .output();
+        let Ok(out) = out else {
+            panic!("bpftool is required for this test (cargo xtask setup installs it)");
+        };
+        let raw = String::from_utf8_lossy(&out.stdout);
+        // Find "STRUCT 'sock' size=…" then its member "'sk_rcvbuf' type_id=… bits_offset=N".
+        let bits = |strukt: &str, member: &str| -> Option<u32> {
+            let mut lines = raw.lines();
+            let header = format!("STRUCT '{strukt}' size=");
+            while let Some(l) = lines.next() {
+                if l.contains(&header) && !l.contains("vlen=0") {
+                    for m in lines.by_ref() {
+                        if !m.starts_with('\t') {
+                            break;
+                        }
+                        if m.contains(&format!("'{member}' type_id=")) {
+                            let b = m.split("bits_offset=").nth(1)?;
+                            return b.split_whitespace().next()?.parse().ok();
+                        }
+                    }
+                }
+            }
+            None
+        };
+        for (s, m) in [
+            ("sock", "sk_rcvbuf"),
+            ("sock", "sk_sndbuf"),
+            ("sock", "sk_socket"),
+            ("tcp_sock", "window_clamp"),
+            ("file", "f_inode"),
+            ("sk_buff", "head"),
+        ] {
+            let want = bits(s, m).unwrap();
+            assert_eq!(k.member(s, m).unwrap().bit_offset, want, "{s}.{m}");
+        }
+    }
+
+    #[test]
+    fn nested_and_anonymous_members() {
+        let k = kernel().unwrap();
+        // skc_num sits in an anonymous struct inside an anonymous union of sock_common.
+        let num = k.member("sock", "__sk_common.skc_num").unwrap();
+        let common = k.member("sock", "__sk_common").unwrap();
+        let inner = k.member("sock_common", "skc_num").unwrap();
+        assert_eq!(num.bit_offset, common.bit_offset + inner.bit_offset);
+        assert_eq!(num.bits, 16);
+        let ws = k.member("tcp_sock", "rx_opt.rcv_wscale").unwrap();
+        assert!(ws.bitfield);
+        assert_eq!(ws.bits, 4);
+        assert!(k.member("sock", "sk_socket").unwrap().is_pointer);
+        assert!(matches!(
+            k.member("sock", "no_such_member"),
+            Err(BtfError::NoMember { .. })
+        ));
+    }
+
+    #[test]
+    fn drop_reasons_resolve_by_name() {
+        let k = kernel().unwrap();
+        let reasons = k.enum_values("skb_drop_reason").unwrap();
+        assert!(
+            reasons
+                .iter()
+                .any(|(n, _)| n == "SKB_DROP_REASON_SOCKET_RCVBUFF")
+        );
+    }
+}

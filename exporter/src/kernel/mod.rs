@@ -1,0 +1,229 @@
+//! What bufscope needs to know about the running kernel: struct layouts and drop reasons (from
+//! BTF), tracefs, sysctls, capabilities. Resolved once at start-up into [`KernelInfo`], which
+//! every probe and signal module receives.
+
+pub mod btf;
+pub mod caps;
+pub mod reasons;
+
+use std::path::{Path, PathBuf};
+
+use anyhow::Context as _;
+use bufscope_common::{Config, REASON_WORDS};
+
+pub use btf::{BtfError, KernelBtf};
+pub use reasons::DropReasons;
+
+/// Everything resolved from the running kernel at start-up.
+pub struct KernelInfo {
+    /// `uname -r`.
+    pub release: String,
+    /// The kernel's BTF.
+    pub btf: KernelBtf,
+    /// Drop reasons by number and name.
+    pub reasons: DropReasons,
+    /// Reasons being counted (numbers).
+    pub tracked_reasons: Vec<u16>,
+    /// Layout and behaviour for the BPF side.
+    pub config: Config,
+}
+
+impl KernelInfo {
+    /// Reads BTF from `btf_path` and resolves everything the probes need.
+    pub fn load(btf_path: &Path, tracked: &[String]) -> anyhow::Result<Self> {
+        let btf = KernelBtf::open(btf_path)?;
+        let reasons = DropReasons::from_btf(&btf)
+            .filter(|r| !r.is_empty())
+            .or_else(|| {
+                tracefs_root().and_then(|t| {
+                    DropReasons::from_tracepoint_format(&t.join("events/skb/kfree_skb/format"))
+                })
+            })
+            .unwrap_or_default();
+        let mut tracked_reasons = Vec::new();
+        for name in tracked {
+            match reasons.value(name) {
+                Some(v) => tracked_reasons.push(v),
+                None => tracing::warn!(
+                    reason = %name,
+                    "this kernel has no drop reason {name}; it will not be counted"
+                ),
+            }
+        }
+        let config = build_config(&btf, &reasons, &tracked_reasons)
+            .context("resolving kernel struct offsets from BTF")?;
+        Ok(Self {
+            release: kernel_release(),
+            btf,
+            reasons,
+            tracked_reasons,
+            config,
+        })
+    }
+}
+
+/// Fills [`Config`] from BTF.
+pub fn build_config(
+    btf: &KernelBtf,
+    reasons: &DropReasons,
+    tracked: &[u16],
+) -> Result<Config, BtfError> {
+    let off = |s: &str, m: &str| btf.offset(s, m);
+    let field = |s: &str, m: &str| btf.member(s, m).map(|i| i.field());
+    let mut c = Config::zeroed();
+    c.task_files = off("task_struct", "files")?;
+    c.task_group_leader = off("task_struct", "group_leader")?;
+    c.task_start_boottime =
+        off("task_struct", "start_boottime").or_else(|_| off("task_struct", "real_start_time"))?;
+    c.files_fdt = off("files_struct", "fdt")?;
+    c.fdt_max_fds = off("fdtable", "max_fds")?;
+    c.fdt_fd = off("fdtable", "fd")?;
+    c.file_private_data = off("file", "private_data")?;
+    c.file_inode = off("file", "f_inode")?;
+    c.inode_ino = off("inode", "i_ino")?;
+    c.socket_sk = off("socket", "sk")?;
+    c.socket_ino = off("socket_alloc", "vfs_inode")? + c.inode_ino;
+
+    c.sk_socket = off("sock", "sk_socket")?;
+    c.sk_net = off("sock", "__sk_common.skc_net")?;
+    c.sk_family = off("sock", "__sk_common.skc_family")?;
+    c.sk_num = off("sock", "__sk_common.skc_num")?;
+    c.sk_state = off("sock", "__sk_common.skc_state")?;
+    c.sk_rcvbuf = off("sock", "sk_rcvbuf")?;
+    c.sk_sndbuf = off("sock", "sk_sndbuf")?;
+    c.sk_rmem_alloc = off("sock", "sk_backlog.rmem_alloc")?;
+    c.sk_userlocks = field("sock", "sk_userlocks")?;
+    c.sk_protocol = field("sock", "sk_protocol")?;
+
+    c.tcp_rcv_wscale = field("tcp_sock", "rx_opt.rcv_wscale")?;
+    c.tcp_snd_wscale = field("tcp_sock", "rx_opt.snd_wscale")?;
+    c.tcp_wscale_ok = field("tcp_sock", "rx_opt.wscale_ok")?;
+    c.tcp_window_clamp = off("tcp_sock", "window_clamp")?;
+    c.tcp_rcv_rtt_us = off("tcp_sock", "rcv_rtt_est.rtt_us")?;
+    c.tcp_srtt_us = off("tcp_sock", "srtt_us")?;
+    c.tcp_copied_seq = off("tcp_sock", "copied_seq")?;
+    c.tcp_rcvq_space_seq = off("tcp_sock", "rcvq_space.seq")?;
+
+    c.net_inum = off("net", "ns.inum")?;
+    c.net_tcp_rmem_max = off("net", "ipv4.sysctl_tcp_rmem")? + 8;
+    // Per-netns since ≈4.15; absent (bits = 0) means "not per netns": treat as on.
+    c.net_tcp_moderate_rcvbuf = field("net", "ipv4.sysctl_tcp_moderate_rcvbuf").unwrap_or_default();
+    c.net_tcp_window_scaling = field("net", "ipv4.sysctl_tcp_window_scaling").unwrap_or_default();
+
+    c.skb_head = off("sk_buff", "head")?;
+    let end = btf.member("sk_buff", "end")?;
+    c.skb_end = end.byte_offset();
+    // sk_buff_data_t is an `unsigned int` offset on 64-bit kernels, a pointer on 32-bit ones.
+    c.skb_end_is_offset = u32::from(!end.is_pointer);
+    c.skb_dev = off("sk_buff", "dev")?;
+    c.shinfo_gso_segs = off("skb_shared_info", "gso_segs")?;
+    c.dev_ifindex = off("net_device", "ifindex")?;
+    c.dev_name = off("net_device", "name")?;
+    c.dev_net = off("net_device", "nd_net")?;
+
+    c.reason_mask = [0; REASON_WORDS];
+    for r in tracked {
+        if (*r as usize) < REASON_WORDS * 64 {
+            c.reason_mask[*r as usize / 64] |= 1u64 << (r % 64);
+        }
+    }
+    c.reason_full_ring = reasons
+        .value("FULL_RING")
+        .map(u32::from)
+        .unwrap_or(u32::MAX);
+    Ok(c)
+}
+
+/// `uname -r`.
+pub fn kernel_release() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/osrelease")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_else(|_| "unknown".into())
+}
+
+/// Where tracefs is mounted, if it is.
+pub fn tracefs_root() -> Option<PathBuf> {
+    ["/sys/kernel/tracing", "/sys/kernel/debug/tracing"]
+        .iter()
+        .map(PathBuf::from)
+        .find(|p| p.join("events").is_dir())
+}
+
+/// Mounts tracefs at `/sys/kernel/tracing` when it is not mounted anywhere (classic
+/// tracepoints need it to resolve their ids).
+pub fn ensure_tracefs() -> anyhow::Result<PathBuf> {
+    if let Some(p) = tracefs_root() {
+        return Ok(p);
+    }
+    let target = c"/sys/kernel/tracing";
+    // SAFETY: valid NUL-terminated strings; mount(2) has no other preconditions.
+    let rc = unsafe {
+        libc::mount(
+            c"tracefs".as_ptr(),
+            target.as_ptr(),
+            c"tracefs".as_ptr(),
+            0,
+            std::ptr::null(),
+        )
+    };
+    if rc != 0 {
+        let err = std::io::Error::last_os_error();
+        anyhow::bail!(
+            "tracefs is not mounted and mounting it at /sys/kernel/tracing failed ({err}): \
+             mount it (`mount -t tracefs tracefs /sys/kernel/tracing`) or grant CAP_SYS_ADMIN"
+        );
+    }
+    tracing::info!("mounted tracefs at /sys/kernel/tracing");
+    tracefs_root().context("tracefs mounted but /sys/kernel/tracing/events is missing")
+}
+
+/// Reads an integer sysctl (`net/core/rmem_max` → `/proc/sys/net/core/rmem_max`).
+pub fn sysctl_i64(name: &str) -> Option<i64> {
+    std::fs::read_to_string(Path::new("/proc/sys").join(name))
+        .ok()?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()
+}
+
+/// The global socket buffer ceilings that `SO_RCVBUF`/`SO_SNDBUF` are clamped to.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct BufferLimits {
+    /// `net.core.rmem_max`.
+    pub rmem_max: i64,
+    /// `net.core.wmem_max`.
+    pub wmem_max: i64,
+}
+
+impl BufferLimits {
+    /// Reads them now (they can change at run time).
+    pub fn read() -> Self {
+        Self {
+            rmem_max: sysctl_i64("net/core/rmem_max").unwrap_or(212_992),
+            wmem_max: sysctl_i64("net/core/wmem_max").unwrap_or(212_992),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn config_resolves_on_this_kernel() {
+        let btf = KernelBtf::open(Path::new("/sys/kernel/btf/vmlinux")).unwrap();
+        let reasons = DropReasons::from_btf(&btf).unwrap();
+        let rcv = reasons.value("SOCKET_RCVBUFF").unwrap();
+        let c = build_config(&btf, &reasons, &[rcv]).unwrap();
+        assert_ne!(c.sk_rcvbuf, 0);
+        assert_ne!(c.socket_ino, 0);
+        assert!(c.sk_userlocks.present() && c.sk_protocol.present());
+        assert_eq!(c.reason_mask[rcv as usize / 64], 1u64 << (rcv % 64));
+        assert_eq!(
+            c.skb_end_is_offset, 1,
+            "x86_64 kernels keep skb->end as an offset"
+        );
+    }
+}

@@ -1,0 +1,330 @@
+//! Prometheus exposition of the [`Store`] and of bufscope's own health.
+//!
+//! Families are built at scrape time from the store (no per-series objects to keep in sync,
+//! so folding and expiry are just map operations) and encoded with the `prometheus` crate's
+//! text encoder, which escapes label values (`comm` is attacker-controlled text).
+
+use prometheus::proto::{Counter, Gauge, LabelPair, Metric, MetricFamily, MetricType};
+
+use crate::store::{ProcStats, Store};
+
+/// A family under construction.
+struct Family {
+    mf: MetricFamily,
+}
+
+impl Family {
+    fn new(name: &str, help: &str, kind: MetricType) -> Self {
+        let mut mf = MetricFamily::default();
+        mf.set_name(name.to_string());
+        mf.set_help(help.to_string());
+        mf.set_field_type(kind);
+        Self { mf }
+    }
+
+    fn push(&mut self, labels: &[(&str, &str)], value: f64) {
+        let pairs = labels
+            .iter()
+            .map(|(k, v)| {
+                let mut l = LabelPair::default();
+                l.set_name(k.to_string());
+                l.set_value(v.to_string());
+                l
+            })
+            .collect();
+        let mut m = Metric::default();
+        m.set_label(pairs);
+        match self.mf.get_field_type() {
+            MetricType::COUNTER => {
+                let mut c = Counter::default();
+                c.set_value(value);
+                m.set_counter(c);
+            }
+            _ => {
+                let mut g = Gauge::default();
+                g.set_value(value);
+                m.set_gauge(g);
+            }
+        }
+        self.mf.mut_metric().push(m);
+    }
+
+    fn done(self, out: &mut Vec<MetricFamily>) {
+        if !self.mf.get_metric().is_empty() {
+            out.push(self.mf);
+        }
+    }
+}
+
+/// Health facts rendered next to the per-process families.
+#[derive(Clone, Debug, Default)]
+pub struct Health {
+    /// bufscope version.
+    pub version: String,
+    /// Kernel release.
+    pub kernel: String,
+    /// (probe, hook description, attached).
+    pub probes: Vec<(String, String, bool)>,
+    /// Probe-side loss counters by reason (`STATS`).
+    pub bpf_lost: Vec<(&'static str, u64)>,
+    /// Map fill level by map name: (entries, max entries).
+    pub map_entries: Vec<(&'static str, u64, u64)>,
+    /// `net.core.rmem_max` / `wmem_max` now.
+    pub rmem_max: i64,
+    /// `net.core.wmem_max` now.
+    pub wmem_max: i64,
+}
+
+/// Builds every metric family.
+pub fn families(store: &Store, health: &Health) -> Vec<MetricFamily> {
+    let mut out = Vec::new();
+    let procs: Vec<(String, &ProcStats)> = store.iter().collect();
+
+    let per_proc =
+        |name: &str,
+         help: &str,
+         out: &mut Vec<MetricFamily>,
+         f: &dyn Fn(&ProcStats, &mut dyn FnMut(&[(&str, &str)], f64))| {
+            let mut fam = Family::new(name, help, MetricType::COUNTER);
+            for (pid, s) in &procs {
+                let base = [
+                    ("comm", s.meta.comm.as_str()),
+                    ("pid", pid.as_str()),
+                    ("container", s.meta.container.as_str()),
+                ];
+                f(s, &mut |extra, v| {
+                    let mut labels: Vec<(&str, &str)> = base.to_vec();
+                    labels.extend_from_slice(extra);
+                    fam.push(&labels, v);
+                });
+            }
+            fam.done(out);
+        };
+
+    per_proc(
+        "bufscope_socket_drops_total",
+        "Packets dropped because a socket buffer or queue was full, by the owning process and kernel drop reason (GRO skbs weighted by segment count).",
+        &mut out,
+        &|s, emit| {
+            for ((proto, reason), v) in &s.drops {
+                emit(
+                    &[("proto", proto.as_str()), ("reason", reason.as_str())],
+                    *v as f64,
+                );
+            }
+        },
+    );
+    per_proc(
+        "bufscope_setsockopt_total",
+        "Buffer-size setsockopt(SOL_SOCKET) calls (SO_RCVBUF, SO_SNDBUF, SO_RCVBUFFORCE, SO_SNDBUFFORCE, SO_BUF_LOCK).",
+        &mut out,
+        &|s, emit| {
+            for ((proto, opt), c) in &s.sockopt {
+                emit(
+                    &[("proto", proto.as_str()), ("option", opt.as_str())],
+                    c.calls as f64,
+                );
+            }
+        },
+    );
+    per_proc(
+        "bufscope_setsockopt_clamped_total",
+        "Buffer-size setsockopt calls whose value the kernel clamped to net.core.rmem_max/wmem_max.",
+        &mut out,
+        &|s, emit| {
+            for ((proto, opt), c) in &s.sockopt {
+                emit(
+                    &[("proto", proto.as_str()), ("option", opt.as_str())],
+                    c.clamped as f64,
+                );
+            }
+        },
+    );
+    per_proc(
+        "bufscope_setsockopt_failed_total",
+        "Buffer-size setsockopt calls that failed (e.g. SO_RCVBUFFORCE without CAP_NET_ADMIN).",
+        &mut out,
+        &|s, emit| {
+            for ((proto, opt), c) in &s.sockopt {
+                emit(
+                    &[("proto", proto.as_str()), ("option", opt.as_str())],
+                    c.failed as f64,
+                );
+            }
+        },
+    );
+    per_proc(
+        "bufscope_rcvbuf_locks_total",
+        "Sockets that got SOCK_RCVBUF_LOCK (receive autotuning off), by setsockopt or inherited from a locked listener.",
+        &mut out,
+        &|s, emit| {
+            for (proto, v) in &s.rcvbuf_locks {
+                emit(&[("proto", proto.as_str())], *v as f64);
+            }
+        },
+    );
+    per_proc(
+        "bufscope_tcp_established_total",
+        "TCP connections that reached ESTABLISHED (active and passive).",
+        &mut out,
+        &|s, emit| {
+            if s.tcp_established > 0 {
+                emit(&[], s.tcp_established as f64);
+            }
+        },
+    );
+    per_proc(
+        "bufscope_tcp_wscale_shrunk_total",
+        "TCP connections born with a smaller receive window scale than the kernel would choose without a locked buffer (fixed for the connection's life).",
+        &mut out,
+        &|s, emit| {
+            if s.tcp_established > 0 {
+                emit(&[], s.tcp_wscale_shrunk as f64);
+            }
+        },
+    );
+    per_proc(
+        "bufscope_tcp_autotune_suppressed_total",
+        "tcp_rcvbuf_grow events (the kernel wanted a bigger receive buffer) on sockets whose autotuning is off.",
+        &mut out,
+        &|s, emit| {
+            if s.tcp_autotune_suppressed > 0 {
+                emit(&[], s.tcp_autotune_suppressed as f64);
+            }
+        },
+    );
+
+    let mut f = Family::new(
+        "bufscope_probe_attached",
+        "Whether a probe is attached (1) or not (0); see the log for why.",
+        MetricType::GAUGE,
+    );
+    for (probe, hook, on) in &health.probes {
+        f.push(
+            &[("probe", probe), ("hook", hook)],
+            if *on { 1.0 } else { 0.0 },
+        );
+    }
+    f.done(&mut out);
+
+    let mut f = Family::new(
+        "bufscope_attribution_unknown_total",
+        "Events that could not be attributed to a process (counted under comm=\"_unknown\").",
+        MetricType::COUNTER,
+    );
+    for probe in ["drops", "setsockopt", "tcp_state", "autotune"] {
+        let v = store.attribution_unknown.get(probe).copied().unwrap_or(0);
+        f.push(&[("probe", probe)], v as f64);
+    }
+    f.done(&mut out);
+
+    let mut f = Family::new(
+        "bufscope_bpf_events_lost_total",
+        "Events the probes could not record, by cause (a full map or ring buffer).",
+        MetricType::COUNTER,
+    );
+    for (cause, v) in &health.bpf_lost {
+        f.push(&[("cause", cause)], *v as f64);
+    }
+    f.done(&mut out);
+
+    let mut f = Family::new(
+        "bufscope_bpf_map_entries",
+        "Entries in a BPF map.",
+        MetricType::GAUGE,
+    );
+    for (map, n, _) in &health.map_entries {
+        f.push(&[("map", map)], *n as f64);
+    }
+    f.done(&mut out);
+    let mut f = Family::new(
+        "bufscope_bpf_map_max_entries",
+        "Capacity of a BPF map.",
+        MetricType::GAUGE,
+    );
+    for (map, _, max) in &health.map_entries {
+        f.push(&[("map", map)], *max as f64);
+    }
+    f.done(&mut out);
+
+    let mut f = Family::new(
+        "bufscope_tracked_processes",
+        "Processes with their own series (bounded by --max-processes).",
+        MetricType::GAUGE,
+    );
+    f.push(&[], store.len() as f64);
+    f.done(&mut out);
+    let mut f = Family::new(
+        "bufscope_folded_processes_total",
+        "Processes folded into comm=\"_other\" because --max-processes was reached.",
+        MetricType::COUNTER,
+    );
+    f.push(&[], store.folded as f64);
+    f.done(&mut out);
+
+    let mut f = Family::new(
+        "bufscope_net_core_rmem_max_bytes",
+        "net.core.rmem_max: the ceiling SO_RCVBUF requests are clamped to (the kernel doubles it).",
+        MetricType::GAUGE,
+    );
+    f.push(&[], health.rmem_max as f64);
+    f.done(&mut out);
+    let mut f = Family::new(
+        "bufscope_net_core_wmem_max_bytes",
+        "net.core.wmem_max: the ceiling SO_SNDBUF requests are clamped to (the kernel doubles it).",
+        MetricType::GAUGE,
+    );
+    f.push(&[], health.wmem_max as f64);
+    f.done(&mut out);
+
+    let mut f = Family::new(
+        "bufscope_build_info",
+        "bufscope version and the kernel it runs on.",
+        MetricType::GAUGE,
+    );
+    f.push(
+        &[("version", &health.version), ("kernel", &health.kernel)],
+        1.0,
+    );
+    f.done(&mut out);
+    out
+}
+
+/// Renders families in the Prometheus text format (0.0.4).
+pub fn encode(families: &[MetricFamily]) -> Result<String, prometheus::Error> {
+    use prometheus::Encoder as _;
+    let mut buf = Vec::new();
+    prometheus::TextEncoder::new().encode(families, &mut buf)?;
+    Ok(String::from_utf8_lossy(&buf).into_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use crate::store::{ProcMeta, ProcRef, Proto, Who};
+    use std::time::Duration;
+
+    #[test]
+    fn hostile_comm_is_escaped() {
+        let mut store = Store::new(10, Duration::from_secs(60));
+        let who = Who::Proc(ProcRef {
+            tgid: 42,
+            start_ticks: 7,
+        });
+        let s = store.proc_mut(who, || ProcMeta {
+            comm: "a\"b\\c\nd".into(),
+            container: String::new(),
+        });
+        s.drops.insert((Proto::Udp, "SOCKET_RCVBUFF".into()), 5);
+        let text = encode(&families(&store, &Health::default())).unwrap();
+        assert!(
+            text.contains(r#"bufscope_socket_drops_total{comm="a\"b\\c\nd",pid="42",container="",proto="udp",reason="SOCKET_RCVBUFF"} 5"#),
+            "{text}"
+        );
+        // Every sample is on one line: no raw newline inside a label value.
+        for line in text.lines().filter(|l| !l.starts_with('#')) {
+            assert!(line.starts_with("bufscope_"), "broken line: {line:?}");
+        }
+    }
+}

@@ -1,0 +1,319 @@
+//! Loading the BPF object and attaching its programs, probe by probe.
+//!
+//! A *probe* is one signal's set of hooks (e.g. `setsockopt` = `sys_enter_setsockopt` +
+//! `sys_exit_setsockopt`). Probes attach independently: if one cannot (a kernel without the
+//! tracepoint, a verifier refusal), it is detached entirely, the others keep working, and
+//! `bufscope_probe_attached{probe}` says 0 with the reason in the log.
+
+use std::collections::HashSet;
+
+use anyhow::Context as _;
+use aya::programs::{BtfTracePoint, TracePoint};
+use aya::{Btf, Ebpf, EbpfLoader};
+
+use crate::kernel::KernelInfo;
+
+/// One hook of a probe.
+#[derive(Clone, Copy, Debug)]
+pub enum Hook {
+    /// A classic tracepoint (`/sys/kernel/tracing/events/<category>/<name>`).
+    Tracepoint {
+        /// Program name in the object.
+        prog: &'static str,
+        /// Tracepoint category.
+        category: &'static str,
+        /// Tracepoint name.
+        name: &'static str,
+    },
+    /// A BTF tracepoint (`tp_btf/<name>`): typed arguments.
+    BtfTracepoint {
+        /// Program name in the object.
+        prog: &'static str,
+        /// Tracepoint name.
+        name: &'static str,
+    },
+}
+
+impl Hook {
+    /// `tp_btf/kfree_skb`, `tracepoint/syscalls/sys_exit_socket`.
+    pub fn describe(&self) -> String {
+        match self {
+            Hook::Tracepoint { category, name, .. } => format!("tracepoint/{category}/{name}"),
+            Hook::BtfTracepoint { name, .. } => format!("tp_btf/{name}"),
+        }
+    }
+}
+
+/// A signal's hooks, attached all-or-nothing.
+#[derive(Clone, Copy, Debug)]
+pub struct ProbeSpec {
+    /// Name used in flags, logs and the `probe` label.
+    pub name: &'static str,
+    /// What it measures.
+    pub what: &'static str,
+    /// Its hooks.
+    pub hooks: &'static [Hook],
+    /// Whether counting drops depends on it (for `bufscope check`'s exit code).
+    pub is_drop_probe: bool,
+}
+
+/// Every probe bufscope has.
+pub const PROBES: &[ProbeSpec] = &[
+    ProbeSpec {
+        name: "drops",
+        what: "buffer-full drops by kernel drop reason, per socket",
+        hooks: &[Hook::BtfTracepoint {
+            prog: "kfree_skb",
+            name: "kfree_skb",
+        }],
+        is_drop_probe: true,
+    },
+    ProbeSpec {
+        name: "setsockopt",
+        what: "SO_RCVBUF/SO_SNDBUF/*FORCE/SO_BUF_LOCK calls: requested vs effective, clamps, failures, locks",
+        hooks: &[
+            Hook::Tracepoint {
+                prog: "sys_enter_setsockopt",
+                category: "syscalls",
+                name: "sys_enter_setsockopt",
+            },
+            Hook::Tracepoint {
+                prog: "sys_exit_setsockopt",
+                category: "syscalls",
+                name: "sys_exit_setsockopt",
+            },
+        ],
+        is_drop_probe: false,
+    },
+    ProbeSpec {
+        name: "tcp_state",
+        what: "TCP connections at ESTABLISHED: window scale vs what the kernel would choose; listener owners",
+        hooks: &[Hook::BtfTracepoint {
+            prog: "inet_sock_set_state",
+            name: "inet_sock_set_state",
+        }],
+        is_drop_probe: false,
+    },
+    ProbeSpec {
+        name: "autotune",
+        what: "tcp_rcvbuf_grow on sockets with SOCK_RCVBUF_LOCK (autotuning suppressed), RTT, throughput",
+        hooks: &[Hook::BtfTracepoint {
+            prog: "tcp_rcvbuf_grow",
+            name: "tcp_rcvbuf_grow",
+        }],
+        is_drop_probe: false,
+    },
+    ProbeSpec {
+        name: "owners",
+        what: "which process created or accepted each socket (socket/accept/accept4 exits)",
+        hooks: &[
+            Hook::Tracepoint {
+                prog: "sys_exit_new_socket",
+                category: "syscalls",
+                name: "sys_exit_socket",
+            },
+            Hook::Tracepoint {
+                prog: "sys_exit_new_socket",
+                category: "syscalls",
+                name: "sys_exit_accept",
+            },
+            Hook::Tracepoint {
+                prog: "sys_exit_new_socket",
+                category: "syscalls",
+                name: "sys_exit_accept4",
+            },
+        ],
+        is_drop_probe: false,
+    },
+];
+
+/// Outcome of attaching one probe.
+#[derive(Clone, Debug)]
+pub struct ProbeStatus {
+    /// The probe.
+    pub spec: ProbeSpec,
+    /// Attached and running.
+    pub attached: bool,
+    /// Why not, when not (also `"disabled"` when switched off by configuration).
+    pub error: Option<String>,
+}
+
+impl ProbeStatus {
+    /// Hooks as a comma-separated description (the `hook` label).
+    pub fn hooks(&self) -> String {
+        self.spec
+            .hooks
+            .iter()
+            .map(Hook::describe)
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+}
+
+/// Map sizes (entries).
+#[derive(Clone, Copy, Debug)]
+pub struct MapSizes {
+    /// `DROPS`: (socket, reason) pairs.
+    pub drops: u32,
+    /// `OWNERS`: socket inode → owner (LRU).
+    pub owners: u32,
+    /// `AUTOTUNE`: TCP sockets.
+    pub autotune: u32,
+}
+
+impl Default for MapSizes {
+    fn default() -> Self {
+        Self {
+            drops: 16384,
+            owners: 65536,
+            autotune: 16384,
+        }
+    }
+}
+
+/// The loaded object and what attached.
+pub struct Probes {
+    /// The object (programs and the maps not taken out by the collector).
+    pub ebpf: Ebpf,
+    /// Per-probe outcome, in [`PROBES`] order.
+    pub status: Vec<ProbeStatus>,
+}
+
+/// The compiled BPF object.
+static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/bufscope"));
+
+/// Loads the object with this kernel's layout and attaches every enabled probe.
+pub fn load(
+    kernel: &KernelInfo,
+    btf_path: &std::path::Path,
+    disabled: &HashSet<String>,
+    sizes: MapSizes,
+    log_level: tracing::Level,
+) -> anyhow::Result<Probes> {
+    let btf = Btf::parse_file(btf_path, aya::Endianness::default())
+        .with_context(|| format!("parsing {}", btf_path.display()))?;
+    // aya-log's level filter: 0 off … 5 trace (aya_log_common::Level as u8).
+    let aya_level: u8 = match log_level {
+        tracing::Level::ERROR => 1,
+        tracing::Level::WARN => 2,
+        tracing::Level::INFO => 3,
+        tracing::Level::DEBUG => 4,
+        tracing::Level::TRACE => 5,
+    };
+    let mut ebpf = EbpfLoader::new()
+        .btf(Some(&btf))
+        .override_global("CONFIG", &kernel.config, true)
+        .override_global("AYA_LOG_LEVEL", &aya_level, false)
+        .map_max_entries("DROPS", sizes.drops)
+        .map_max_entries("OWNERS", sizes.owners)
+        .map_max_entries("AUTOTUNE", sizes.autotune)
+        .load(OBJECT)
+        .context("loading the BPF object (maps) failed")?;
+
+    let mut status = Vec::new();
+    let mut loaded: HashSet<&'static str> = HashSet::new();
+    for spec in PROBES {
+        if disabled.contains(spec.name) {
+            tracing::info!(probe = spec.name, "probe disabled by configuration");
+            status.push(ProbeStatus {
+                spec: *spec,
+                attached: false,
+                error: Some("disabled".into()),
+            });
+            continue;
+        }
+        match attach(&mut ebpf, spec, &btf, &mut loaded) {
+            Ok(()) => {
+                tracing::info!(probe = spec.name, hooks = %hooks_of(spec), "probe attached");
+                status.push(ProbeStatus {
+                    spec: *spec,
+                    attached: true,
+                    error: None,
+                });
+            }
+            Err(e) => {
+                tracing::warn!(
+                    probe = spec.name,
+                    hooks = %hooks_of(spec),
+                    "probe could not attach, the other probes keep running: {e:#}"
+                );
+                status.push(ProbeStatus {
+                    spec: *spec,
+                    attached: false,
+                    error: Some(format!("{e:#}")),
+                });
+            }
+        }
+    }
+    Ok(Probes { ebpf, status })
+}
+
+fn hooks_of(spec: &ProbeSpec) -> String {
+    spec.hooks
+        .iter()
+        .map(Hook::describe)
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// Attaches every hook of `spec`; on failure detaches what did attach.
+fn attach(
+    ebpf: &mut Ebpf,
+    spec: &ProbeSpec,
+    btf: &Btf,
+    loaded: &mut HashSet<&'static str>,
+) -> anyhow::Result<()> {
+    let mut tp_links = Vec::new();
+    let mut btf_links = Vec::new();
+    let result = (|| -> anyhow::Result<()> {
+        for hook in spec.hooks {
+            match *hook {
+                Hook::Tracepoint {
+                    prog,
+                    category,
+                    name,
+                } => {
+                    let p: &mut TracePoint = ebpf
+                        .program_mut(prog)
+                        .with_context(|| format!("program {prog} missing from the object"))?
+                        .try_into()?;
+                    if loaded.insert(prog) {
+                        p.load().with_context(|| format!("loading {prog}"))?;
+                    }
+                    let id = p
+                        .attach(category, name)
+                        .with_context(|| format!("attaching to tracepoint {category}/{name}"))?;
+                    tp_links.push((prog, id));
+                }
+                Hook::BtfTracepoint { prog, name } => {
+                    let p: &mut BtfTracePoint = ebpf
+                        .program_mut(prog)
+                        .with_context(|| format!("program {prog} missing from the object"))?
+                        .try_into()?;
+                    if loaded.insert(prog) {
+                        p.load(name, btf)
+                            .with_context(|| format!("loading tp_btf/{name}"))?;
+                    }
+                    let id = p
+                        .attach()
+                        .with_context(|| format!("attaching tp_btf/{name}"))?;
+                    btf_links.push((prog, id));
+                }
+            }
+        }
+        Ok(())
+    })();
+    if result.is_err() {
+        for (prog, id) in tp_links {
+            if let Some(Ok(p)) = ebpf.program_mut(prog).map(<&mut TracePoint>::try_from) {
+                let _ = p.detach(id);
+            }
+        }
+        for (prog, id) in btf_links {
+            if let Some(Ok(p)) = ebpf.program_mut(prog).map(<&mut BtfTracePoint>::try_from) {
+                let _ = p.detach(id);
+            }
+        }
+    }
+    result
+}

@@ -1,0 +1,232 @@
+//! Buffer-full drops, from the per-CPU `DROPS` map (one entry per socket × drop reason).
+//!
+//! Each poll reads the cumulative counts, turns them into deltas, attributes each socket to its
+//! owner and adds the delta to `bufscope_socket_drops_total{proto,reason}`. Deltas whose owner
+//! cannot be found yet are held for `hold` (a `/proc` scan may still find them) and then go to
+//! `comm="_unknown"`: counts are never dropped silently.
+
+use std::collections::{HashMap, HashSet};
+use std::time::{Duration, Instant};
+
+use aya::maps::{MapData, PerCpuHashMap};
+use bufscope_common::{DropKey, DropVal, drop_site};
+
+use crate::attribution::Attributor;
+use crate::kernel::DropReasons;
+use crate::store::{ProcRef, Proto, Store, Who};
+
+/// What the last poll saw for one key.
+#[derive(Clone, Debug)]
+pub struct Seen {
+    /// Cumulative packets.
+    pub packets: u64,
+    /// Cumulative skbs.
+    pub skbs: u64,
+    /// When the count last moved.
+    pub changed: Instant,
+    /// `sk_rcvbuf` at the latest drop.
+    pub rcvbuf: i32,
+    /// `sk_rmem_alloc` at the latest drop.
+    pub rmem_alloc: i32,
+    /// Who it was attributed to.
+    pub owner: Option<ProcRef>,
+    /// Device name (device drops).
+    pub ifname: String,
+}
+
+/// A delta waiting for its owner.
+struct Held {
+    packets: u64,
+    since: Instant,
+}
+
+/// The drops signal.
+pub struct Drops {
+    map: PerCpuHashMap<MapData, DropKey, DropVal>,
+    reasons: DropReasons,
+    last: HashMap<DropKey, Seen>,
+    held: HashMap<DropKey, Held>,
+    hold: Duration,
+}
+
+/// Sums one key's per-CPU values (latest `rcvbuf`/`rmem_alloc` win).
+fn sum(values: &[DropVal]) -> DropVal {
+    let mut total = DropVal::default();
+    for v in values {
+        total.packets += v.packets;
+        total.skbs += v.skbs;
+        if v.last_ns >= total.last_ns && v.skbs > 0 {
+            total.last_ns = v.last_ns;
+            total.rcvbuf = v.rcvbuf;
+            total.rmem_alloc = v.rmem_alloc;
+            total.ifname = v.ifname;
+        }
+    }
+    total
+}
+
+fn ifname(raw: &[u8; 16]) -> String {
+    let end = raw.iter().position(|b| *b == 0).unwrap_or(raw.len());
+    String::from_utf8_lossy(&raw[..end]).into_owned()
+}
+
+impl Drops {
+    /// Wraps the `DROPS` map.
+    pub fn new(
+        map: PerCpuHashMap<MapData, DropKey, DropVal>,
+        reasons: DropReasons,
+        hold: Duration,
+    ) -> Self {
+        Self {
+            map,
+            reasons,
+            last: HashMap::new(),
+            held: HashMap::new(),
+            hold,
+        }
+    }
+
+    /// Entries currently in the BPF map (as of the last poll).
+    pub fn entries(&self) -> usize {
+        self.last.len()
+    }
+
+    /// Per-key state (for advice and the status page).
+    pub fn seen(&self) -> impl Iterator<Item = (&DropKey, &Seen)> {
+        self.last.iter()
+    }
+
+    /// Reads the map and attributes new drops.
+    pub fn poll(&mut self, attr: &mut Attributor, store: &mut Store) {
+        let now = Instant::now();
+        let mut current = Vec::new();
+        for item in self.map.iter() {
+            match item {
+                Ok((k, v)) => current.push((k, sum(&v))),
+                Err(e) => {
+                    tracing::debug!("DROPS iteration: {e}");
+                    break;
+                }
+            }
+        }
+        for (k, v) in current {
+            let prev = self.last.get(&k);
+            // A key that was deleted and re-created starts from zero again.
+            let (dp, moved) = match prev {
+                Some(p) if v.packets >= p.packets => (v.packets - p.packets, v.skbs != p.skbs),
+                _ => (v.packets, true),
+            };
+            let owner = prev.and_then(|p| p.owner);
+            let changed = if moved {
+                now
+            } else {
+                prev.map_or(now, |p| p.changed)
+            };
+            self.last.insert(
+                k,
+                Seen {
+                    packets: v.packets,
+                    skbs: v.skbs,
+                    changed,
+                    rcvbuf: v.rcvbuf,
+                    rmem_alloc: v.rmem_alloc,
+                    owner,
+                    ifname: ifname(&v.ifname),
+                },
+            );
+            if dp > 0 {
+                let h = self.held.entry(k).or_insert(Held {
+                    packets: 0,
+                    since: now,
+                });
+                h.packets += dp;
+            }
+        }
+        self.attribute(attr, store, now);
+    }
+
+    fn resolve(&self, k: &DropKey, attr: &mut Attributor) -> Option<ProcRef> {
+        match k.site {
+            drop_site::SOCKET => attr.lookup_inode(k.inode),
+            drop_site::SOCKET_NO_INODE => attr.listener(k.netns, k.id as u16),
+            drop_site::DEVICE => {
+                let name = self
+                    .last
+                    .get(k)
+                    .map(|s| s.ifname.clone())
+                    .unwrap_or_default();
+                attr.tun(k.netns, &name)
+            }
+            _ => None,
+        }
+    }
+
+    fn attribute(&mut self, attr: &mut Attributor, store: &mut Store, now: Instant) {
+        if self.held.is_empty() {
+            return;
+        }
+        let unknown: HashSet<u64> = self
+            .held
+            .keys()
+            .filter(|k| k.site == drop_site::SOCKET && attr.lookup_inode(k.inode).is_none())
+            .map(|k| k.inode)
+            .collect();
+        attr.resolve_inodes(&unknown);
+        let keys: Vec<DropKey> = self.held.keys().copied().collect();
+        for k in keys {
+            let who = self.resolve(&k, attr);
+            let expired = self
+                .held
+                .get(&k)
+                .is_some_and(|h| now.duration_since(h.since) >= self.hold);
+            if who.is_none() && !expired {
+                continue;
+            }
+            let Some(h) = self.held.remove(&k) else {
+                continue;
+            };
+            let (who, meta) = match who {
+                Some(p) => (Who::Proc(p), attr.meta(&p)),
+                None => {
+                    store.count_unknown("drops", h.packets);
+                    (Who::Unknown, Default::default())
+                }
+            };
+            if let (Some(seen), Who::Proc(p)) = (self.last.get_mut(&k), who) {
+                seen.owner = Some(p);
+            }
+            let reason = self.reasons.name(k.reason);
+            let s = store.proc_mut(who, || meta);
+            *s.drops
+                .entry((Proto::from_ip(k.proto), reason))
+                .or_default() += h.packets;
+        }
+    }
+
+    /// Deletes entries idle for `idle` whose socket no longer exists (`live` = socket inodes
+    /// held by any process), so the map does not fill with closed sockets. Entries without an
+    /// inode are deleted when idle.
+    pub fn gc(&mut self, live: &HashSet<u64>, idle: Duration, attr: &mut Attributor) -> usize {
+        let now = Instant::now();
+        let doomed: Vec<DropKey> = self
+            .last
+            .iter()
+            .filter(|(k, s)| {
+                now.duration_since(s.changed) >= idle
+                    && !self.held.contains_key(k)
+                    && (k.site != drop_site::SOCKET || !live.contains(&k.inode))
+            })
+            .map(|(k, _)| *k)
+            .collect();
+        for k in &doomed {
+            // The socket is gone (or the key idle): nothing can increment it between our last
+            // read and this delete, and a re-created key starts from zero.
+            let _ = self.map.remove(k);
+            self.last.remove(k);
+            if k.site == drop_site::SOCKET {
+                attr.forget_inode(k.inode);
+            }
+        }
+        doomed.len()
+    }
+}

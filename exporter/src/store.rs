@@ -1,0 +1,398 @@
+//! Per-process counters, with bounded cardinality.
+//!
+//! Every signal module adds to a [`ProcStats`] obtained with [`Store::proc_mut`]. At most
+//! `max_processes` processes are tracked; when a new one arrives the least recently active is
+//! folded into the `comm="_other"` pseudo-process (its counts are added there, so sums over
+//! processes never go down). Processes that exited leave after the retention window. Counts
+//! that cannot be attributed go to `comm="_unknown"` and to
+//! `bufscope_attribution_unknown_total{probe}`.
+
+use std::collections::{BTreeMap, HashMap};
+use std::time::{Duration, Instant};
+
+/// Identity of a process: pid plus start time, so a reused pid is a different process.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ProcRef {
+    /// Thread-group id.
+    pub tgid: u32,
+    /// Start time in clock ticks since boot (`/proc/<pid>/stat` field 22).
+    pub start_ticks: u64,
+}
+
+/// Label values that describe a process.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ProcMeta {
+    /// Process name (lossy UTF-8 of the kernel's `comm` bytes).
+    pub comm: String,
+    /// Container id, empty on the host.
+    pub container: String,
+}
+
+/// Transport of a socket, as the `proto` label says it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Proto {
+    /// UDP (and UDP-Lite).
+    Udp,
+    /// TCP (and MPTCP subflows).
+    Tcp,
+    /// Anything else (raw, ICMP, unix, …) or unknown.
+    Other,
+}
+
+impl Proto {
+    /// From an `IPPROTO_*` number.
+    pub fn from_ip(p: u8) -> Self {
+        match p {
+            6 => Self::Tcp,
+            17 | 136 => Self::Udp,
+            _ => Self::Other,
+        }
+    }
+
+    /// Label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Udp => "udp",
+            Self::Tcp => "tcp",
+            Self::Other => "other",
+        }
+    }
+}
+
+/// A buffer-size socket option, as the `option` label says it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum BufOption {
+    /// `SO_RCVBUF`.
+    Rcvbuf,
+    /// `SO_SNDBUF`.
+    Sndbuf,
+    /// `SO_RCVBUFFORCE`.
+    RcvbufForce,
+    /// `SO_SNDBUFFORCE`.
+    SndbufForce,
+    /// `SO_BUF_LOCK`.
+    BufLock,
+}
+
+impl BufOption {
+    /// From the `optname` number.
+    pub fn from_optname(o: i32) -> Option<Self> {
+        use bufscope_common as c;
+        Some(match o {
+            c::SO_RCVBUF => Self::Rcvbuf,
+            c::SO_SNDBUF => Self::Sndbuf,
+            c::SO_RCVBUFFORCE => Self::RcvbufForce,
+            c::SO_SNDBUFFORCE => Self::SndbufForce,
+            c::SO_BUF_LOCK => Self::BufLock,
+            _ => return None,
+        })
+    }
+
+    /// Label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Rcvbuf => "SO_RCVBUF",
+            Self::Sndbuf => "SO_SNDBUF",
+            Self::RcvbufForce => "SO_RCVBUFFORCE",
+            Self::SndbufForce => "SO_SNDBUFFORCE",
+            Self::BufLock => "SO_BUF_LOCK",
+        }
+    }
+}
+
+/// Counts of one (proto, option) pair.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SockoptCounts {
+    /// Calls.
+    pub calls: u64,
+    /// Calls whose value the kernel clamped to `rmem_max`/`wmem_max`.
+    pub clamped: u64,
+    /// Calls that failed (e.g. `*FORCE` without CAP_NET_ADMIN: EPERM).
+    pub failed: u64,
+}
+
+impl SockoptCounts {
+    fn add(&mut self, o: &Self) {
+        self.calls += o.calls;
+        self.clamped += o.clamped;
+        self.failed += o.failed;
+    }
+}
+
+/// Counters of one process.
+#[derive(Clone, Debug)]
+pub struct ProcStats {
+    /// Labels.
+    pub meta: ProcMeta,
+    /// Last time any counter moved.
+    pub last_active: Instant,
+    /// When the process was seen gone.
+    pub exited: Option<Instant>,
+    /// Dropped packets by (proto, reason name).
+    pub drops: BTreeMap<(Proto, String), u64>,
+    /// Buffer setsockopt calls by (proto, option).
+    pub sockopt: BTreeMap<(Proto, BufOption), SockoptCounts>,
+    /// Sockets that got `SOCK_RCVBUF_LOCK`, by proto.
+    pub rcvbuf_locks: BTreeMap<Proto, u64>,
+    /// TCP connections that reached ESTABLISHED.
+    pub tcp_established: u64,
+    /// Of those, connections born with a smaller window scale than the kernel would pick.
+    pub tcp_wscale_shrunk: u64,
+    /// `tcp_rcvbuf_grow` events on sockets whose autotuning is off.
+    pub tcp_autotune_suppressed: u64,
+}
+
+impl ProcStats {
+    fn new(meta: ProcMeta, now: Instant) -> Self {
+        Self {
+            meta,
+            last_active: now,
+            exited: None,
+            drops: BTreeMap::new(),
+            sockopt: BTreeMap::new(),
+            rcvbuf_locks: BTreeMap::new(),
+            tcp_established: 0,
+            tcp_wscale_shrunk: 0,
+            tcp_autotune_suppressed: 0,
+        }
+    }
+
+    /// Adds every counter of `o` to `self`.
+    fn absorb(&mut self, o: &ProcStats) {
+        for (k, v) in &o.drops {
+            *self.drops.entry(k.clone()).or_default() += v;
+        }
+        for (k, v) in &o.sockopt {
+            self.sockopt.entry(*k).or_default().add(v);
+        }
+        for (k, v) in &o.rcvbuf_locks {
+            *self.rcvbuf_locks.entry(*k).or_default() += v;
+        }
+        self.tcp_established += o.tcp_established;
+        self.tcp_wscale_shrunk += o.tcp_wscale_shrunk;
+        self.tcp_autotune_suppressed += o.tcp_autotune_suppressed;
+        self.last_active = self.last_active.max(o.last_active);
+    }
+}
+
+/// Who a count belongs to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Who {
+    /// A process.
+    Proc(ProcRef),
+    /// Nobody we could find (`comm="_unknown"`).
+    Unknown,
+}
+
+/// The per-process counters and their bounds.
+pub struct Store {
+    procs: HashMap<ProcRef, ProcStats>,
+    other: ProcStats,
+    unknown: ProcStats,
+    max_processes: usize,
+    retention: Duration,
+    /// Events that could not be attributed, by probe.
+    pub attribution_unknown: BTreeMap<&'static str, u64>,
+    /// Processes folded into `_other` so far.
+    pub folded: u64,
+}
+
+/// The `comm` of the pseudo-process that absorbs folded processes.
+pub const OTHER_COMM: &str = "_other";
+/// The `comm` of the pseudo-process for unattributable counts.
+pub const UNKNOWN_COMM: &str = "_unknown";
+
+impl Store {
+    /// A store that tracks at most `max_processes` and forgets exited ones after `retention`.
+    pub fn new(max_processes: usize, retention: Duration) -> Self {
+        let now = Instant::now();
+        let pseudo = |c: &str| {
+            ProcStats::new(
+                ProcMeta {
+                    comm: c.to_string(),
+                    container: String::new(),
+                },
+                now,
+            )
+        };
+        Self {
+            procs: HashMap::new(),
+            other: pseudo(OTHER_COMM),
+            unknown: pseudo(UNKNOWN_COMM),
+            max_processes: max_processes.max(1),
+            retention,
+            attribution_unknown: BTreeMap::new(),
+            folded: 0,
+        }
+    }
+
+    /// Number of tracked (real) processes.
+    pub fn len(&self) -> usize {
+        self.procs.len()
+    }
+
+    /// True when no process is tracked.
+    pub fn is_empty(&self) -> bool {
+        self.procs.is_empty()
+    }
+
+    /// The counters of `who`, creating them (and folding the least active process into
+    /// `_other` if the bound is reached). `meta` is called only for a new process.
+    pub fn proc_mut(&mut self, who: Who, meta: impl FnOnce() -> ProcMeta) -> &mut ProcStats {
+        let now = Instant::now();
+        let p = match who {
+            Who::Unknown => return &mut self.unknown,
+            Who::Proc(p) => p,
+        };
+        if !self.procs.contains_key(&p) {
+            if self.procs.len() >= self.max_processes {
+                self.fold_least_active();
+            }
+            self.procs.insert(p, ProcStats::new(meta(), now));
+        }
+        match self.procs.get_mut(&p) {
+            Some(s) => {
+                s.last_active = now;
+                s
+            }
+            // Unreachable (inserted above); fall back to _other rather than panic.
+            None => &mut self.other,
+        }
+    }
+
+    /// Records `n` unattributable events of `probe`.
+    pub fn count_unknown(&mut self, probe: &'static str, n: u64) {
+        *self.attribution_unknown.entry(probe).or_default() += n;
+    }
+
+    fn fold_least_active(&mut self) {
+        let victim = self
+            .procs
+            .iter()
+            .min_by_key(|(p, s)| (s.exited.is_none(), s.last_active, **p))
+            .map(|(p, _)| *p);
+        if let Some(v) = victim {
+            if let Some(stats) = self.procs.remove(&v) {
+                self.other.absorb(&stats);
+                self.folded += 1;
+            }
+        }
+    }
+
+    /// Marks processes for which `alive` is false as exited and forgets those that exited
+    /// longer than the retention window ago.
+    pub fn expire(&mut self, alive: impl Fn(&ProcRef) -> bool) {
+        let now = Instant::now();
+        for (p, s) in self.procs.iter_mut() {
+            if s.exited.is_none() && !alive(p) {
+                s.exited = Some(now);
+            }
+        }
+        let retention = self.retention;
+        self.procs
+            .retain(|_, s| s.exited.is_none_or(|t| now.duration_since(t) < retention));
+    }
+
+    /// Every tracked process plus the pseudo-processes that have counts, with the label
+    /// value for `pid` (empty for pseudo-processes).
+    pub fn iter(&self) -> impl Iterator<Item = (String, &ProcStats)> {
+        let mut procs: Vec<(&ProcRef, &ProcStats)> = self.procs.iter().collect();
+        procs.sort_by_key(|(p, _)| **p);
+        procs
+            .into_iter()
+            .map(|(p, s)| (p.tgid.to_string(), s))
+            .chain(
+                [&self.other, &self.unknown]
+                    .into_iter()
+                    .filter(|s| s.has_counts())
+                    .map(|s| (String::new(), s)),
+            )
+    }
+
+    /// Counters of one process, if tracked.
+    pub fn get(&self, p: &ProcRef) -> Option<&ProcStats> {
+        self.procs.get(p)
+    }
+
+    /// All tracked processes.
+    pub fn procs(&self) -> impl Iterator<Item = (&ProcRef, &ProcStats)> {
+        self.procs.iter()
+    }
+}
+
+impl ProcStats {
+    fn has_counts(&self) -> bool {
+        !self.drops.is_empty()
+            || !self.sockopt.is_empty()
+            || !self.rcvbuf_locks.is_empty()
+            || self.tcp_established > 0
+            || self.tcp_autotune_suppressed > 0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    fn p(t: u32) -> Who {
+        Who::Proc(ProcRef {
+            tgid: t,
+            start_ticks: 1,
+        })
+    }
+
+    fn meta(c: &str) -> impl FnOnce() -> ProcMeta + '_ {
+        move || ProcMeta {
+            comm: c.into(),
+            container: String::new(),
+        }
+    }
+
+    #[test]
+    fn folds_least_active_into_other_keeping_sums() {
+        let mut s = Store::new(2, Duration::from_secs(60));
+        s.proc_mut(p(1), meta("a")).tcp_established += 5;
+        std::thread::sleep(Duration::from_millis(2));
+        s.proc_mut(p(2), meta("b")).tcp_established += 7;
+        std::thread::sleep(Duration::from_millis(2));
+        s.proc_mut(p(3), meta("c")).tcp_established += 1;
+        assert_eq!(s.len(), 2);
+        let all: Vec<_> = s
+            .iter()
+            .map(|(pid, st)| (pid, st.meta.comm.clone(), st.tcp_established))
+            .collect();
+        assert!(
+            all.contains(&(String::new(), OTHER_COMM.into(), 5)),
+            "{all:?}"
+        );
+        assert_eq!(all.iter().map(|x| x.2).sum::<u64>(), 13);
+        assert_eq!(s.folded, 1);
+    }
+
+    #[test]
+    fn exited_processes_leave_after_retention() {
+        let mut s = Store::new(10, Duration::from_millis(20));
+        s.proc_mut(p(1), meta("a")).tcp_established += 1;
+        s.expire(|_| false);
+        assert_eq!(s.len(), 1, "kept during retention");
+        std::thread::sleep(Duration::from_millis(30));
+        s.expire(|_| false);
+        assert!(s.is_empty());
+    }
+
+    #[test]
+    fn unknown_is_separate() {
+        let mut s = Store::new(1, Duration::from_secs(1));
+        *s.proc_mut(Who::Unknown, meta("x"))
+            .drops
+            .entry((Proto::Udp, "SOCKET_RCVBUFF".into()))
+            .or_default() += 3;
+        let unknown: Vec<_> = s
+            .iter()
+            .filter(|(_, st)| st.meta.comm == UNKNOWN_COMM)
+            .collect();
+        assert_eq!(unknown.len(), 1);
+        assert_eq!(s.len(), 0);
+    }
+}
