@@ -1,0 +1,656 @@
+//! WireGuard over one TCP connection, each packet preceded by its length (2 bytes, big
+//! endian). The side with an endpoint connects (and reconnects); the other listens.
+//!
+//! Threads: one writer (TUN → encrypt → TCP, plus handshake/keepalive packets from a control
+//! queue, so that only one thread ever writes to the stream), one reader per connection
+//! (TCP → decrypt → TUN), a connection manager (connect or accept) and boringtun's timers.
+//! On the listening side a new connection only replaces the current one once a packet on it
+//! has authenticated as the peer, so a stranger connecting cannot cut the tunnel.
+
+use std::collections::VecDeque;
+use std::io::{self, Write};
+use std::net::{Shutdown as SockShutdown, SocketAddr, TcpStream};
+use std::os::fd::AsRawFd;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, anyhow, bail};
+use boringtun::noise::TunnResult;
+use bufscope_policy::Transport;
+use socket2::{Domain, Protocol, Socket, Type};
+
+use crate::buffers;
+use crate::config::{BufferPolicy, Settings};
+use crate::net::packet_dst;
+use crate::sys::{EventFd, Shutdown, Wake, wait_readable, would_block};
+use crate::tun::Tun;
+use crate::wg::{self, Peer, SLOT, Stats};
+
+/// Packets encrypted or decrypted per lock of the noise state.
+const BATCH: usize = 64;
+/// Size of a connection's receive buffer (many frames per `recv`).
+const READ_BUF: usize = 1 << 20;
+/// Largest frame: the 2-byte length field.
+const MAX_FRAME: usize = u16::MAX as usize;
+/// Connections accepted but not yet authenticated, at most.
+const MAX_PENDING: usize = 4;
+/// An accepted connection that does not authenticate within this time is closed.
+const PENDING_TIMEOUT: Duration = Duration::from_secs(10);
+/// Handshake/keepalive packets waiting for the writer, at most.
+const MAX_CONTROL: usize = 64;
+
+#[derive(Clone)]
+struct Conn {
+    id: u64,
+    stream: Arc<TcpStream>,
+    addr: SocketAddr,
+}
+
+/// The current connection, and the control queue feeding the writer.
+struct Link {
+    current: Mutex<Option<Conn>>,
+    changed: Condvar,
+    next_id: AtomicU64,
+    pending: AtomicUsize,
+    control: Mutex<VecDeque<Vec<u8>>>,
+    control_ready: EventFd,
+}
+
+impl Link {
+    fn new() -> io::Result<Self> {
+        Ok(Self {
+            current: Mutex::new(None),
+            changed: Condvar::new(),
+            next_id: AtomicU64::new(1),
+            pending: AtomicUsize::new(0),
+            control: Mutex::new(VecDeque::new()),
+            control_ready: EventFd::new()?,
+        })
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Option<Conn>> {
+        self.current.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn current(&self) -> Option<Conn> {
+        self.lock().clone()
+    }
+
+    fn is_current(&self, id: u64) -> bool {
+        self.lock().as_ref().is_some_and(|c| c.id == id)
+    }
+
+    /// Makes `conn` the current connection, closing the previous one.
+    fn promote(&self, conn: &Conn) {
+        let mut cur = self.lock();
+        if cur.as_ref().is_some_and(|c| c.id == conn.id) {
+            return;
+        }
+        if let Some(old) = cur.replace(conn.clone()) {
+            tracing::info!(
+                "TCP connection from {} replaces the one from {}",
+                conn.addr,
+                old.addr
+            );
+            let _ = old.stream.shutdown(SockShutdown::Both);
+        }
+        self.changed.notify_all();
+    }
+
+    /// Forgets connection `id` if it is the current one.
+    fn drop_conn(&self, id: u64) {
+        let mut cur = self.lock();
+        if cur.as_ref().is_some_and(|c| c.id == id) {
+            if let Some(old) = cur.take() {
+                let _ = old.stream.shutdown(SockShutdown::Both);
+            }
+            self.changed.notify_all();
+        }
+    }
+
+    /// Queues a handshake/keepalive packet for the writer.
+    fn push_control(&self, p: &[u8]) {
+        let mut q = self.control.lock().unwrap_or_else(|e| e.into_inner());
+        if q.len() < MAX_CONTROL {
+            q.push_back(p.to_vec());
+        }
+        drop(q);
+        self.control_ready.notify();
+    }
+}
+
+/// Starts the TCP transport: connection manager, writer, timers.
+pub fn start(
+    s: &Settings,
+    tun: Arc<Tun>,
+    peer: Arc<Peer>,
+    shutdown: &Shutdown,
+) -> Result<Vec<JoinHandle<Result<()>>>> {
+    let link = Arc::new(Link::new().context("cannot create an eventfd")?);
+    let mut threads = Vec::new();
+    let ctx = Ctx {
+        tun,
+        peer,
+        link,
+        shutdown: shutdown.clone(),
+        policy: s.buffer_policy,
+        target: s.target,
+    };
+
+    match s.endpoint {
+        Some(endpoint) => {
+            // Connect once now, so that an unreachable endpoint is a clear startup error.
+            let conn = connect_first(&ctx, endpoint, s.connect_timeout)?;
+            ctx.install_client(conn)?;
+            let c = ctx.clone();
+            threads.push(spawn("tcp-connect", move || client_manager(&c, endpoint))?);
+        }
+        None => {
+            let port = s.listen_port.unwrap_or(0);
+            let listener = listen(&ctx, port)?;
+            let c = ctx.clone();
+            threads.push(spawn("tcp-accept", move || server_manager(&c, &listener))?);
+        }
+    }
+    {
+        let c = ctx.clone();
+        threads.push(spawn("tun-to-tcp", move || writer(&c))?);
+    }
+    {
+        let c = ctx.clone();
+        threads.push(spawn("timers", move || {
+            wg::run_timers(&c.peer, &c.shutdown, |p| c.link.push_control(p));
+            Ok(())
+        })?);
+    }
+    Ok(threads)
+}
+
+#[derive(Clone)]
+struct Ctx {
+    tun: Arc<Tun>,
+    peer: Arc<Peer>,
+    link: Arc<Link>,
+    shutdown: Shutdown,
+    policy: BufferPolicy,
+    target: Option<bufscope_policy::Target>,
+}
+
+impl Ctx {
+    fn new_conn(&self, stream: TcpStream, addr: SocketAddr) -> Conn {
+        Conn {
+            id: self.link.next_id.fetch_add(1, Ordering::Relaxed),
+            stream: Arc::new(stream),
+            addr,
+        }
+    }
+
+    /// Client side: our own connection is trusted at once.
+    fn install_client(&self, conn: Conn) -> Result<()> {
+        self.link.promote(&conn);
+        let c = self.clone();
+        let reader_conn = conn.clone();
+        spawn("tcp-to-tun", move || {
+            reader(&c, &reader_conn, true);
+            Ok(())
+        })?;
+        // A new connection may have lost an earlier handshake message: start one now unless
+        // a session exists.
+        if self.peer.tunn().stats().0.is_none() {
+            wg::initiate(&self.peer, true, |p| self.link.push_control(p));
+        }
+        Ok(())
+    }
+}
+
+fn spawn(
+    name: &str,
+    f: impl FnOnce() -> Result<()> + Send + 'static,
+) -> Result<JoinHandle<Result<()>>> {
+    std::thread::Builder::new()
+        .name(name.into())
+        .spawn(f)
+        .with_context(|| format!("cannot start thread {name}"))
+}
+
+fn new_socket(addr: &SocketAddr) -> Result<Socket> {
+    let domain = if addr.is_ipv4() {
+        Domain::IPV4
+    } else {
+        Domain::IPV6
+    };
+    Socket::new(domain, Type::STREAM.cloexec(), Some(Protocol::TCP))
+        .context("cannot create the outer TCP socket")
+}
+
+fn connect_once(ctx: &Ctx, endpoint: SocketAddr, log_policy: bool) -> io::Result<Conn> {
+    let sock = new_socket(&endpoint).map_err(io::Error::other)?;
+    if log_policy {
+        // Before connect, on purpose for `fixed`: that is when the window scale is decided.
+        buffers::apply(
+            &sock,
+            ctx.policy,
+            Transport::Tcp,
+            ctx.target,
+            "outer TCP socket",
+        )
+        .map_err(io::Error::other)?;
+    } else {
+        quiet_apply(&sock, ctx)?;
+    }
+    sock.connect_timeout(&endpoint.into(), Duration::from_secs(3))?;
+    sock.set_tcp_nodelay(true)?;
+    buffers::log_effective(&sock, ctx.policy, "connected TCP socket");
+    Ok(ctx.new_conn(sock.into(), endpoint))
+}
+
+/// Applies the buffer policy again on reconnects without repeating the full log.
+fn quiet_apply(sock: &Socket, ctx: &Ctx) -> io::Result<()> {
+    match ctx.policy {
+        BufferPolicy::Fixed(n) => {
+            sock.set_recv_buffer_size(n)?;
+            sock.set_send_buffer_size(n)
+        }
+        BufferPolicy::Recommended => bufscope_policy::Plan::for_current(Transport::Tcp, ctx.target)
+            .apply(sock)
+            .map(drop)
+            .map_err(io::Error::other),
+        BufferPolicy::OsDefault => Ok(()),
+    }
+}
+
+fn connect_first(ctx: &Ctx, endpoint: SocketAddr, timeout: Duration) -> Result<Conn> {
+    let deadline = Instant::now() + timeout;
+    let mut first = true;
+    loop {
+        match connect_once(ctx, endpoint, first) {
+            Ok(c) => {
+                tracing::info!("TCP connected to {endpoint}");
+                return Ok(c);
+            }
+            Err(e) => {
+                let fatal = matches!(
+                    e.raw_os_error(),
+                    Some(libc::ENETUNREACH | libc::EHOSTUNREACH | libc::EACCES | libc::EPERM)
+                );
+                if fatal || Instant::now() >= deadline || ctx.shutdown.is_triggered() {
+                    return Err(anyhow!(e)).with_context(|| {
+                        format!("cannot connect to endpoint {endpoint} over TCP")
+                    });
+                }
+                tracing::debug!("connecting to {endpoint}: {e}; retrying");
+            }
+        }
+        first = false;
+        if wait_readable(-1, None, &ctx.shutdown, Some(Duration::from_millis(200)))?
+            == Wake::Shutdown
+        {
+            bail!("interrupted while connecting to {endpoint}");
+        }
+    }
+}
+
+/// Client: reconnects whenever the connection drops, with a backoff up to 5 s.
+fn client_manager(ctx: &Ctx, endpoint: SocketAddr) -> Result<()> {
+    let mut backoff = Duration::from_millis(100);
+    loop {
+        // Wait until there is no connection (or shutdown).
+        {
+            let mut cur = ctx.link.lock();
+            while cur.is_some() && !ctx.shutdown.is_triggered() {
+                cur = ctx
+                    .link
+                    .changed
+                    .wait_timeout(cur, Duration::from_millis(250))
+                    .map(|(g, _)| g)
+                    .unwrap_or_else(|e| e.into_inner().0);
+            }
+        }
+        if ctx.shutdown.is_triggered() {
+            return Ok(());
+        }
+        match connect_once(ctx, endpoint, false) {
+            Ok(conn) => {
+                tracing::info!("TCP reconnected to {endpoint}");
+                backoff = Duration::from_millis(100);
+                ctx.install_client(conn)?;
+            }
+            Err(e) => {
+                tracing::warn!("reconnecting to {endpoint}: {e}; next try in {backoff:?}");
+                if wait_readable(-1, None, &ctx.shutdown, Some(backoff))? == Wake::Shutdown {
+                    return Ok(());
+                }
+                backoff = (backoff * 2).min(Duration::from_secs(5));
+            }
+        }
+    }
+}
+
+fn listen(ctx: &Ctx, port: u16) -> Result<Socket> {
+    let addr: SocketAddr = ([0, 0, 0, 0], port).into();
+    let sock = new_socket(&addr)?;
+    sock.set_reuse_address(true).context("SO_REUSEADDR")?;
+    // Before listen: accepted connections inherit the listener's buffers (and for `fixed`,
+    // the small window scale that comes with them).
+    buffers::apply(
+        &sock,
+        ctx.policy,
+        Transport::Tcp,
+        ctx.target,
+        "outer TCP listener",
+    )?;
+    sock.bind(&addr.into())
+        .with_context(|| format!("cannot bind TCP port {port}"))?;
+    sock.listen(16).context("listen")?;
+    sock.set_nonblocking(true)
+        .context("O_NONBLOCK on the listener")?;
+    tracing::info!(
+        "listening on tcp {}",
+        sock.local_addr()
+            .ok()
+            .and_then(|a| a.as_socket())
+            .map_or_else(|| "?".into(), |a| a.to_string())
+    );
+    Ok(sock)
+}
+
+/// Server: accepts connections; each gets a reader that promotes it once it authenticates.
+fn server_manager(ctx: &Ctx, listener: &Socket) -> Result<()> {
+    loop {
+        match listener.accept() {
+            Ok((sock, addr)) => {
+                let addr = addr.as_socket().unwrap_or_else(|| ([0, 0, 0, 0], 0).into());
+                if ctx.link.pending.load(Ordering::Relaxed) >= MAX_PENDING {
+                    tracing::warn!(
+                        "dropping TCP connection from {addr}: too many unauthenticated connections"
+                    );
+                    continue;
+                }
+                // Accepted sockets do not inherit O_NONBLOCK on Linux; make sure.
+                sock.set_nonblocking(false).context("accepted socket")?;
+                sock.set_tcp_nodelay(true).context("TCP_NODELAY")?;
+                tracing::info!("TCP connection from {addr}");
+                buffers::log_effective(&sock, ctx.policy, "accepted TCP socket");
+                let conn = ctx.new_conn(sock.into(), addr);
+                ctx.link.pending.fetch_add(1, Ordering::Relaxed);
+                let c = ctx.clone();
+                spawn("tcp-to-tun", move || {
+                    reader(&c, &conn, false);
+                    Ok(())
+                })?;
+            }
+            Err(e) if would_block(&e) => {
+                if wait_readable(listener.as_raw_fd(), None, &ctx.shutdown, None)? == Wake::Shutdown
+                {
+                    return Ok(());
+                }
+            }
+            Err(e) => {
+                tracing::warn!("accept: {e}");
+                if wait_readable(-1, None, &ctx.shutdown, Some(Duration::from_millis(100)))?
+                    == Wake::Shutdown
+                {
+                    return Ok(());
+                }
+            }
+        }
+    }
+}
+
+/// TUN → encrypt → framed → TCP, and the control queue.
+fn writer(ctx: &Ctx) -> Result<()> {
+    let mut input = vec![0u8; BATCH * SLOT];
+    let mut lens = [0usize; BATCH];
+    let mut wbuf = vec![0u8; BATCH * (SLOT + 2) + MAX_CONTROL * 256];
+    let mut control: Vec<Vec<u8>> = Vec::with_capacity(MAX_CONTROL);
+    let peer = &ctx.peer;
+    loop {
+        let mut n = 0;
+        while n < BATCH {
+            match ctx.tun.recv(&mut input[n * SLOT..(n + 1) * SLOT]) {
+                Ok(len) => {
+                    lens[n] = len;
+                    n += 1;
+                }
+                Err(e) if would_block(&e) => break,
+                Err(e) => return Err(e).context("reading from the TUN device"),
+            }
+        }
+        ctx.link.control_ready.drain();
+        {
+            let mut q = ctx.link.control.lock().unwrap_or_else(|e| e.into_inner());
+            control.extend(q.drain(..));
+        }
+        if n == 0 && control.is_empty() {
+            match wait_readable(
+                ctx.tun.raw_fd(),
+                Some(ctx.link.control_ready.raw()),
+                &ctx.shutdown,
+                None,
+            )? {
+                Wake::Shutdown => return Ok(()),
+                _ => continue,
+            }
+        }
+        Stats::add(&peer.stats.tun_in, n as u64);
+        let Some(conn) = ctx.link.current() else {
+            Stats::add(&peer.stats.send_dropped, (n + control.len()) as u64);
+            control.clear();
+            continue;
+        };
+        let mut pos = 0;
+        let mut frames = 0u64;
+        for p in control.drain(..) {
+            if p.len() <= MAX_FRAME && pos + 2 + p.len() <= wbuf.len() {
+                wbuf[pos..pos + 2].copy_from_slice(&(p.len() as u16).to_be_bytes());
+                wbuf[pos + 2..pos + 2 + p.len()].copy_from_slice(&p);
+                pos += 2 + p.len();
+                frames += 1;
+            }
+        }
+        {
+            let mut tunn = peer.tunn();
+            for i in 0..n {
+                let packet = &input[i * SLOT..i * SLOT + lens[i]];
+                if !packet_dst(packet).is_some_and(|d| peer.allowed.contains(d)) {
+                    Stats::add(&peer.stats.not_allowed, 1);
+                    continue;
+                }
+                let dst = &mut wbuf[pos + 2..pos + 2 + SLOT];
+                let base = dst.as_ptr() as usize;
+                let (off, len) = match tunn.encapsulate(packet, dst) {
+                    TunnResult::WriteToNetwork(p) => (p.as_ptr() as usize - base, p.len()),
+                    TunnResult::Err(e) => {
+                        tracing::debug!("encapsulate: {e:?}");
+                        continue;
+                    }
+                    _ => continue,
+                };
+                if len > MAX_FRAME {
+                    continue;
+                }
+                if off != 0 {
+                    wbuf.copy_within(pos + 2 + off..pos + 2 + off + len, pos + 2);
+                }
+                wbuf[pos..pos + 2].copy_from_slice(&(len as u16).to_be_bytes());
+                pos += 2 + len;
+                frames += 1;
+            }
+        }
+        if pos == 0 {
+            continue;
+        }
+        match (&*conn.stream).write_all(&wbuf[..pos]) {
+            Ok(()) => Stats::add(&peer.stats.net_out, frames),
+            Err(e) => {
+                Stats::add(&peer.stats.send_dropped, frames);
+                if !ctx.shutdown.is_triggered() {
+                    tracing::warn!("TCP connection to {} lost while sending: {e}", conn.addr);
+                }
+                ctx.link.drop_conn(conn.id);
+            }
+        }
+    }
+}
+
+/// TCP → decrypt → TUN for one connection, until it closes. Unpromoted (accepted) connections
+/// are promoted on their first authenticated packet.
+fn reader(ctx: &Ctx, conn: &Conn, mut promoted: bool) {
+    let why = read_loop(ctx, conn, &mut promoted);
+    if !promoted {
+        ctx.link.pending.fetch_sub(1, Ordering::Relaxed);
+    }
+    let current = ctx.link.is_current(conn.id);
+    match why {
+        Ok(()) if ctx.shutdown.is_triggered() => {}
+        Ok(()) if current => tracing::warn!("TCP connection with {} closed by the peer", conn.addr),
+        Ok(()) => tracing::debug!("TCP connection with {} closed", conn.addr),
+        Err(e) => tracing::warn!("TCP connection with {}: {e:#}", conn.addr),
+    }
+    ctx.link.drop_conn(conn.id);
+}
+
+fn read_loop(ctx: &Ctx, conn: &Conn, promoted: &mut bool) -> Result<()> {
+    let peer = &ctx.peer;
+    let fd = conn.stream.as_raw_fd();
+    let mut rbuf = vec![0u8; READ_BUF];
+    let mut out = vec![0u8; BATCH * SLOT];
+    let mut ready: Vec<(usize, usize)> = Vec::with_capacity(BATCH);
+    let mut scratch = vec![0u8; SLOT];
+    let (mut start, mut filled) = (0usize, 0usize);
+    let since = Instant::now();
+    let src_ip = Some(conn.addr.ip());
+    loop {
+        // SAFETY: receives into the free tail of rbuf.
+        let n = unsafe {
+            libc::recv(
+                fd,
+                rbuf[filled..].as_mut_ptr().cast(),
+                rbuf.len() - filled,
+                libc::MSG_DONTWAIT,
+            )
+        };
+        if n == 0 {
+            return Ok(());
+        }
+        if n < 0 {
+            let e = io::Error::last_os_error();
+            if !would_block(&e) {
+                return Err(e).context("receiving");
+            }
+            let timeout = (!*promoted).then_some(Duration::from_secs(1));
+            if wait_readable(fd, None, &ctx.shutdown, timeout)? == Wake::Shutdown {
+                return Ok(());
+            }
+            if !*promoted && since.elapsed() > PENDING_TIMEOUT {
+                bail!("closed: did not authenticate within {PENDING_TIMEOUT:?}");
+            }
+            if !ctx.link.is_current(conn.id) && *promoted {
+                // Replaced by a newer connection.
+                return Ok(());
+            }
+            continue;
+        }
+        filled += n as usize;
+
+        // Decrypt complete frames, BATCH per lock.
+        loop {
+            ready.clear();
+            let mut authenticated = false;
+            {
+                let mut tunn = peer.tunn();
+                while ready.len() < BATCH && filled - start >= 2 {
+                    let len = usize::from(u16::from_be_bytes([rbuf[start], rbuf[start + 1]]));
+                    if len == 0 {
+                        bail!("protocol error: empty frame");
+                    }
+                    if filled - start < 2 + len {
+                        break;
+                    }
+                    let frame = &rbuf[start + 2..start + 2 + len];
+                    start += 2 + len;
+                    Stats::add(&peer.stats.net_in, 1);
+                    let i = ready.len();
+                    let slot = &mut out[i * SLOT..(i + 1) * SLOT];
+                    let base = slot.as_ptr() as usize;
+                    match tunn.decapsulate(src_ip, frame, slot) {
+                        TunnResult::WriteToTunnelV4(p, src)
+                            if peer.allowed.contains(src.into()) =>
+                        {
+                            ready.push((i * SLOT + p.as_ptr() as usize - base, p.len()));
+                            authenticated = true;
+                        }
+                        TunnResult::WriteToTunnelV6(p, src)
+                            if peer.allowed.contains(src.into()) =>
+                        {
+                            ready.push((i * SLOT + p.as_ptr() as usize - base, p.len()));
+                            authenticated = true;
+                        }
+                        TunnResult::WriteToTunnelV4(..) | TunnResult::WriteToTunnelV6(..) => {
+                            Stats::add(&peer.stats.not_allowed, 1)
+                        }
+                        TunnResult::WriteToNetwork(p) => {
+                            // Type 2 (handshake response: we authenticated its initiation) or
+                            // 4 (keepalive after its response) prove the peer; a cookie (3)
+                            // does not.
+                            // Promote before queueing the reply, so the writer sends it here.
+                            if matches!(p.first(), Some(2 | 4)) {
+                                promote(ctx, conn, promoted);
+                            }
+                            ctx.link.push_control(p);
+                            while let TunnResult::WriteToNetwork(q) =
+                                tunn.decapsulate(None, &[], &mut scratch)
+                            {
+                                ctx.link.push_control(q);
+                            }
+                        }
+                        TunnResult::Err(e) => {
+                            Stats::add(&peer.stats.decap_errors, 1);
+                            wg::log_decap_error(&e, Some(conn.addr));
+                        }
+                        TunnResult::Done => {}
+                    }
+                }
+            }
+            if authenticated {
+                promote(ctx, conn, promoted);
+            }
+            for &(off, len) in &ready {
+                match ctx.tun.send(&out[off..off + len]) {
+                    Ok(_) => Stats::add(&peer.stats.tun_out, 1),
+                    Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
+                        tracing::debug!("TUN rejected a packet: {e}")
+                    }
+                    Err(e) if would_block(&e) || e.raw_os_error() == Some(libc::ENOBUFS) => {
+                        Stats::add(&peer.stats.send_dropped, 1)
+                    }
+                    Err(e) => return Err(e).context("writing to the TUN device"),
+                }
+            }
+            if ready.len() < BATCH {
+                break;
+            }
+        }
+        // Keep room for a whole frame at the end of the buffer.
+        if start == filled {
+            start = 0;
+            filled = 0;
+        } else if rbuf.len() - filled < 2 + MAX_FRAME {
+            rbuf.copy_within(start..filled, 0);
+            filled -= start;
+            start = 0;
+        }
+    }
+}
+
+/// Makes an accepted connection the current one once it has authenticated (idempotent).
+fn promote(ctx: &Ctx, conn: &Conn, promoted: &mut bool) {
+    if !*promoted {
+        *promoted = true;
+        ctx.link.pending.fetch_sub(1, Ordering::Relaxed);
+        ctx.link.promote(conn);
+        ctx.peer.set_endpoint(conn.addr);
+    }
+}
