@@ -1,0 +1,163 @@
+//! Clear one-line errors, exit status 1, for the four mistakes operators make: a bad key, a
+//! missing `CAP_NET_ADMIN`, a missing `/dev/net/tun`, an unreachable endpoint.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use bufscope_netlab::{Netns, unique_name};
+use common::*;
+
+fn good_config(dir: &TempDir, endpoint: &str, bufscope: &[&str]) -> std::path::PathBuf {
+    let (ka, kb) = (genkey(), genkey());
+    let me = Side {
+        keys: &ka,
+        inner: INNER_A,
+        listen_port: None,
+        interface: "bsttun",
+    };
+    dir.write(
+        "a.conf",
+        &config(&me, &kb.public, INNER_B, Some(endpoint), bufscope),
+    )
+}
+
+/// Runs `cmd` to completion (at most 20 s) and checks: exit status 1 and exactly one line on
+/// stderr, which contains every `needles` item. Returns that line.
+fn expect_one_line_error(mut cmd: Command, needles: &[&str]) -> String {
+    let child = cmd
+        .env("RUST_LOG", "error")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = child.id();
+    let start = Instant::now();
+    let waiter = std::thread::spawn(move || child.wait_with_output().unwrap());
+    while !waiter.is_finished() {
+        if start.elapsed() > Duration::from_secs(20) {
+            unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+            panic!("bufscope-tunnel did not exit within 20 s");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let out: Output = waiter.join().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr).to_string();
+    let lines: Vec<&str> = stderr.lines().filter(|l| !l.trim().is_empty()).collect();
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "status {}, stderr:\n{stderr}",
+        out.status
+    );
+    assert_eq!(lines.len(), 1, "expected one line, got:\n{stderr}");
+    for n in needles {
+        assert!(lines[0].contains(n), "{n:?} missing from {:?}", lines[0]);
+    }
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    println!("{}", lines[0]);
+    lines[0].to_string()
+}
+
+#[test]
+fn bad_private_key() {
+    let dir = TempDir::new();
+    let kb = genkey();
+    let conf = dir.write(
+        "bad.conf",
+        &format!(
+            "[Interface]\nPrivateKey = c2hvcnQ=\n[Peer]\nPublicKey = {}\nAllowedIPs = 10.0.0.2/32\n",
+            kb.public
+        ),
+    );
+    let mut cmd = Command::new(BIN);
+    cmd.arg("-c").arg(&conf);
+    expect_one_line_error(
+        cmd,
+        &["invalid PrivateKey", "5 bytes instead of 32", "wg genkey"],
+    );
+
+    // A good private key and a bad peer key.
+    let good = genkey();
+    let conf2 = dir.write(
+        "bad2.conf",
+        &format!(
+            "[Interface]\nPrivateKey = {}\n[Peer]\nPublicKey = not/base64!\nAllowedIPs = 10.0.0.2/32\n",
+            good.private
+        ),
+    );
+    let mut cmd2 = Command::new(BIN);
+    cmd2.arg("-c").arg(&conf2);
+    expect_one_line_error(cmd2, &["invalid peer PublicKey", "not base64"]);
+}
+
+#[test]
+#[ignore = "needs root: run via cargo xtask test"]
+fn missing_cap_net_admin() {
+    let dir = TempDir::new();
+    let conf = good_config(&dir, "192.0.2.1:51820", &[]);
+    let ns = Netns::create(unique_name(PREFIX, "e")).unwrap();
+    let mut cmd = ns.command("setpriv");
+    cmd.args([
+        "--inh-caps=-net_admin",
+        "--bounding-set=-net_admin",
+        "--",
+        BIN,
+        "-c",
+    ])
+    .arg(&conf);
+    expect_one_line_error(cmd, &["missing CAP_NET_ADMIN", "setcap cap_net_admin+ep"]);
+}
+
+#[test]
+#[ignore = "needs root: run via cargo xtask test"]
+fn missing_dev_net_tun() {
+    let dir = TempDir::new();
+    // A reachable endpoint, so that the TUN device is the only thing missing.
+    let conf = good_config(&dir, &format!("{OUTER_B}:51820"), &[]);
+    let net = Net::new();
+    let ns = &net.a;
+    // A private mount namespace where /dev/net is an empty tmpfs: /dev/net/tun does not exist
+    // for this process only.
+    let script = format!(
+        "mount -t tmpfs bsttmp /dev/net && exec {BIN} -c {}",
+        conf.display()
+    );
+    let mut cmd = ns.command("unshare");
+    cmd.args(["--mount", "--propagation", "private", "sh", "-c", &script]);
+    expect_one_line_error(cmd, &["TUN device /dev/net/tun is missing", "modprobe tun"]);
+}
+
+#[test]
+#[ignore = "needs root: run via cargo xtask test"]
+fn unreachable_endpoint_udp_and_tcp() {
+    let dir = TempDir::new();
+    // A namespace with only loopback: no route to 192.0.2.1.
+    let ns = Netns::create(unique_name(PREFIX, "e")).unwrap();
+    let conf = good_config(&dir, "192.0.2.1:51820", &[]);
+    let mut cmd = ns.command(BIN);
+    cmd.arg("-c").arg(&conf);
+    expect_one_line_error(
+        cmd,
+        &[
+            "endpoint 192.0.2.1:51820 is unreachable",
+            "Network is unreachable",
+        ],
+    );
+
+    let conf = good_config(&dir, "192.0.2.1:51820", &["Transport = tcp"]);
+    let mut cmd = ns.command(BIN);
+    cmd.arg("-c").arg(&conf);
+    let line = expect_one_line_error(
+        cmd,
+        &[
+            "cannot connect to endpoint 192.0.2.1:51820 over TCP",
+            "unreachable",
+        ],
+    );
+    // Nothing was left behind: the TUN device went with the process.
+    assert!(!ns.ip(["link"]).unwrap().contains("bsttun"), "{line}");
+}
