@@ -20,6 +20,7 @@
 //! TargetBandwidth = 1G             # optional, bits/s, sizes UDP buffers from the BDP
 //! TargetRtt = 190ms                # optional
 //! Interface = bst0                 # optional, the TUN device's name
+//! Offload = true                   # TUN TSO/GRO and UDP GSO/GRO (default true)
 //! ```
 
 use std::fmt;
@@ -233,6 +234,10 @@ pub struct Cli {
     /// Expected path RTT (e.g. 190ms). Needs --target-bandwidth.
     #[arg(long, value_parser = parse_duration)]
     pub target_rtt: Option<Duration>,
+    /// Turn off the segmentation/coalescing offloads (TUN TSO/GRO, UDP GSO/GRO): one syscall
+    /// and one trip through the inner stack per packet, as older userspace WireGuards do.
+    #[arg(long)]
+    pub no_offload: bool,
     /// TCP transport: how long to keep trying the first connection before giving up.
     #[arg(long, value_parser = parse_duration, default_value = "10s")]
     pub connect_timeout: Duration,
@@ -268,6 +273,8 @@ pub struct Settings {
     pub target: Option<Target>,
     /// TCP transport: first-connection deadline.
     pub connect_timeout: Duration,
+    /// Segmentation/coalescing offloads on.
+    pub offload: bool,
 }
 
 /// Values read from a config file (all optional; flags may supply the rest).
@@ -287,6 +294,7 @@ struct FileConfig {
     target_bandwidth: Option<u64>,
     target_rtt: Option<Duration>,
     interface: Option<String>,
+    offload: Option<bool>,
 }
 
 fn parse_file(text: &str) -> Result<FileConfig> {
@@ -402,6 +410,13 @@ fn parse_file(text: &str) -> Result<FileConfig> {
                 )
             }
             (Section::Bufscope, "interface") => c.interface = Some(value.to_string()),
+            (Section::Bufscope, "offload") => {
+                c.offload = Some(match value.to_ascii_lowercase().as_str() {
+                    "true" | "yes" | "on" | "1" => true,
+                    "false" | "no" | "off" | "0" => false,
+                    _ => bail!("line {lineno}: Offload must be true or false"),
+                })
+            }
             (Section::None, _) => bail!("line {lineno}: {key} outside of a section"),
             (_, _) => bail!("line {lineno}: unknown key {key:?} in this section"),
         }
@@ -535,6 +550,7 @@ impl Cli {
                 .unwrap_or(BufferPolicy::Recommended),
             target,
             connect_timeout: self.connect_timeout,
+            offload: !self.no_offload && file.offload.unwrap_or(true),
         })
     }
 }

@@ -5,6 +5,7 @@
 mod buffers;
 mod config;
 mod net;
+mod offload;
 mod sys;
 mod tcp;
 mod tun;
@@ -55,7 +56,7 @@ fn run(cli: &Cli) -> Result<()> {
         // Fail before creating anything when there is no route to the peer.
         udp::check_reachable(ep)?;
     }
-    let tun = Arc::new(tun::Tun::create(&settings.interface)?);
+    let tun = Arc::new(tun::Tun::create(&settings.interface, settings.offload)?);
     tun.configure(
         settings.mtu,
         &settings.addresses,
@@ -67,6 +68,7 @@ fn run(cli: &Cli) -> Result<()> {
         transport = %settings.transport,
         buffer_policy = %settings.buffer_policy,
         mtu = settings.mtu,
+        offload = tun.vnet(),
         endpoint = ?settings.endpoint,
         "bufscope-tunnel up"
     );

@@ -24,14 +24,17 @@ use socket2::{Domain, Protocol, Socket, Type};
 use crate::buffers;
 use crate::config::{BufferPolicy, Settings};
 use crate::net::packet_dst;
+use crate::offload::Coalescer;
 use crate::sys::{EventFd, Shutdown, Wake, wait_readable, would_block};
-use crate::tun::Tun;
+use crate::tun::{Tun, TunReader};
 use crate::wg::{self, Peer, SLOT, Stats};
 
 /// Packets encrypted or decrypted per lock of the noise state.
 const BATCH: usize = 64;
 /// Size of a connection's receive buffer (many frames per `recv`).
 const READ_BUF: usize = 1 << 20;
+/// Size of the writer's buffer (many frames per `send`).
+const WRITE_BUF: usize = 1 << 20;
 /// Largest frame: the 2-byte length field.
 const MAX_FRAME: usize = u16::MAX as usize;
 /// Connections accepted but not yet authenticated, at most.
@@ -137,6 +140,7 @@ pub fn start(
         shutdown: shutdown.clone(),
         policy: s.buffer_policy,
         target: s.target,
+        mtu: s.mtu,
     };
 
     match s.endpoint {
@@ -176,6 +180,7 @@ struct Ctx {
     shutdown: Shutdown,
     policy: BufferPolicy,
     target: Option<bufscope_policy::Target>,
+    mtu: u16,
 }
 
 impl Ctx {
@@ -399,47 +404,20 @@ fn server_manager(ctx: &Ctx, listener: &Socket) -> Result<()> {
     }
 }
 
-/// TUN → encrypt → framed → TCP, and the control queue.
+/// TUN → (segment) → encrypt → framed → TCP, and the control queue.
 fn writer(ctx: &Ctx) -> Result<()> {
-    let mut input = vec![0u8; BATCH * SLOT];
-    let mut lens = [0usize; BATCH];
-    let mut wbuf = vec![0u8; BATCH * (SLOT + 2) + MAX_CONTROL * 256];
+    let mut reader = TunReader::new();
+    let mut wbuf = vec![0u8; WRITE_BUF];
     let mut control: Vec<Vec<u8>> = Vec::with_capacity(MAX_CONTROL);
     let peer = &ctx.peer;
+    // Room one encrypted segment needs in wbuf (length prefix, MTU + 32, or a handshake).
+    let frame_room = 2 + (usize::from(ctx.mtu) + 32).max(148);
     loop {
-        let mut n = 0;
-        while n < BATCH {
-            match ctx.tun.recv(&mut input[n * SLOT..(n + 1) * SLOT]) {
-                Ok(len) => {
-                    lens[n] = len;
-                    n += 1;
-                }
-                Err(e) if would_block(&e) => break,
-                Err(e) => return Err(e).context("reading from the TUN device"),
-            }
-        }
         ctx.link.control_ready.drain();
         {
             let mut q = ctx.link.control.lock().unwrap_or_else(|e| e.into_inner());
             control.extend(q.drain(..));
         }
-        if n == 0 && control.is_empty() {
-            match wait_readable(
-                ctx.tun.raw_fd(),
-                Some(ctx.link.control_ready.raw()),
-                &ctx.shutdown,
-                None,
-            )? {
-                Wake::Shutdown => return Ok(()),
-                _ => continue,
-            }
-        }
-        Stats::add(&peer.stats.tun_in, n as u64);
-        let Some(conn) = ctx.link.current() else {
-            Stats::add(&peer.stats.send_dropped, (n + control.len()) as u64);
-            control.clear();
-            continue;
-        };
         let mut pos = 0;
         let mut frames = 0u64;
         for p in control.drain(..) {
@@ -450,38 +428,73 @@ fn writer(ctx: &Ctx) -> Result<()> {
                 frames += 1;
             }
         }
+        let mut read_any = false;
+        while reader
+            .recv(&ctx.tun)
+            .context("reading from the TUN device")?
         {
+            let segs = reader.segments(&ctx.tun);
+            if pos + segs * frame_room > wbuf.len() {
+                if pos > 0 {
+                    break; // send what we have; the packet stays pending
+                }
+                reader.emit(&ctx.tun, |_| {}).ok();
+                Stats::add(&peer.stats.send_dropped, segs as u64);
+                continue;
+            }
+            read_any = true;
+            Stats::add(&peer.stats.tun_in, 1);
             let mut tunn = peer.tunn();
-            for i in 0..n {
-                let packet = &input[i * SLOT..i * SLOT + lens[i]];
+            let r = reader.emit(&ctx.tun, |packet| {
+                if packet.len() + 32 + 2 > frame_room {
+                    Stats::add(&peer.stats.send_dropped, 1);
+                    return;
+                }
                 if !packet_dst(packet).is_some_and(|d| peer.allowed.contains(d)) {
                     Stats::add(&peer.stats.not_allowed, 1);
-                    continue;
+                    return;
                 }
-                let dst = &mut wbuf[pos + 2..pos + 2 + SLOT];
+                let dst = &mut wbuf[pos + 2..pos + frame_room];
                 let base = dst.as_ptr() as usize;
                 let (off, len) = match tunn.encapsulate(packet, dst) {
                     TunnResult::WriteToNetwork(p) => (p.as_ptr() as usize - base, p.len()),
                     TunnResult::Err(e) => {
                         tracing::debug!("encapsulate: {e:?}");
-                        continue;
+                        return;
                     }
-                    _ => continue,
+                    _ => return,
                 };
-                if len > MAX_FRAME {
-                    continue;
-                }
                 if off != 0 {
                     wbuf.copy_within(pos + 2 + off..pos + 2 + off + len, pos + 2);
                 }
                 wbuf[pos..pos + 2].copy_from_slice(&(len as u16).to_be_bytes());
                 pos += 2 + len;
                 frames += 1;
+            });
+            drop(tunn);
+            if let Err(e) = r {
+                tracing::debug!("unusable packet from the TUN: {e:?}");
+                Stats::add(&peer.stats.not_allowed, 1);
             }
         }
         if pos == 0 {
-            continue;
+            if read_any {
+                continue;
+            }
+            match wait_readable(
+                ctx.tun.raw_fd(),
+                Some(ctx.link.control_ready.raw()),
+                &ctx.shutdown,
+                None,
+            )? {
+                Wake::Shutdown => return Ok(()),
+                _ => continue,
+            }
         }
+        let Some(conn) = ctx.link.current() else {
+            Stats::add(&peer.stats.send_dropped, frames);
+            continue;
+        };
         match (&*conn.stream).write_all(&wbuf[..pos]) {
             Ok(()) => Stats::add(&peer.stats.net_out, frames),
             Err(e) => {
@@ -518,6 +531,7 @@ fn read_loop(ctx: &Ctx, conn: &Conn, promoted: &mut bool) -> Result<()> {
     let mut rbuf = vec![0u8; READ_BUF];
     let mut out = vec![0u8; BATCH * SLOT];
     let mut ready: Vec<(usize, usize)> = Vec::with_capacity(BATCH);
+    let mut co = Coalescer::new();
     let mut scratch = vec![0u8; SLOT];
     let (mut start, mut filled) = (0usize, 0usize);
     let since = Instant::now();
@@ -617,17 +631,12 @@ fn read_loop(ctx: &Ctx, conn: &Conn, promoted: &mut bool) -> Result<()> {
             if authenticated {
                 promote(ctx, conn, promoted);
             }
-            for &(off, len) in &ready {
-                match ctx.tun.send(&out[off..off + len]) {
-                    Ok(_) => Stats::add(&peer.stats.tun_out, 1),
-                    Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
-                        tracing::debug!("TUN rejected a packet: {e}")
-                    }
-                    Err(e) if would_block(&e) || e.raw_os_error() == Some(libc::ENOBUFS) => {
-                        Stats::add(&peer.stats.send_dropped, 1)
-                    }
-                    Err(e) => return Err(e).context("writing to the TUN device"),
+            match ctx.tun.write_batch(&mut co, &out, &ready) {
+                Ok(st) => {
+                    Stats::add(&peer.stats.tun_out, st.packets);
+                    Stats::add(&peer.stats.send_dropped, st.dropped);
                 }
+                Err(e) => return Err(e).context("writing to the TUN device"),
             }
             if ready.len() < BATCH {
                 break;

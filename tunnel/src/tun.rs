@@ -10,11 +10,17 @@ use std::process::Command;
 use anyhow::{Context, Result, bail};
 
 use crate::net::Cidr;
+use crate::offload::{Coalescer, OffloadError, VNET_HDR_LEN, VnetHdr, WriteStats, segment};
 
 const TUN_PATH: &str = "/dev/net/tun";
 const TUNSETIFF: libc::c_ulong = 0x4004_54ca;
 const IFF_TUN: libc::c_short = 0x0001;
 const IFF_NO_PI: libc::c_short = 0x1000;
+const IFF_VNET_HDR: libc::c_short = 0x4000;
+const TUNSETOFFLOAD: libc::c_ulong = 0x4004_54d0;
+const TUN_F_CSUM: libc::c_uint = 0x01;
+const TUN_F_TSO4: libc::c_uint = 0x02;
+const TUN_F_TSO6: libc::c_uint = 0x04;
 
 #[repr(C)]
 struct IfReq {
@@ -28,11 +34,13 @@ struct IfReq {
 pub struct Tun {
     file: File,
     name: String,
+    vnet: bool,
 }
 
 impl Tun {
-    /// Creates TUN device `name`.
-    pub fn create(name: &str) -> Result<Tun> {
+    /// Creates TUN device `name`. With `offload`, asks for `IFF_VNET_HDR` and TCP segmentation
+    /// offload (see [`crate::offload`]); falls back to plain packets if the kernel refuses.
+    pub fn create(name: &str, offload: bool) -> Result<Tun> {
         if !Path::new(TUN_PATH).exists() {
             bail!(
                 "TUN device {TUN_PATH} is missing (load the module with `modprobe tun`, or give the container /dev/net/tun)"
@@ -54,7 +62,7 @@ impl Tun {
             })?;
         let mut req = IfReq {
             name: [0; libc::IFNAMSIZ],
-            flags: IFF_TUN | IFF_NO_PI,
+            flags: IFF_TUN | IFF_NO_PI | if offload { IFF_VNET_HDR } else { 0 },
             _pad: [0; 22],
         };
         let bytes = name.as_bytes();
@@ -82,7 +90,39 @@ impl Tun {
             .position(|&b| b == 0)
             .unwrap_or(req.name.len());
         let name = String::from_utf8_lossy(&req.name[..len]).into_owned();
-        Ok(Tun { file, name })
+        if offload {
+            let features = TUN_F_CSUM | TUN_F_TSO4 | TUN_F_TSO6;
+            // SAFETY: TUNSETOFFLOAD takes an unsigned int by value.
+            let rc = unsafe { libc::ioctl(file.as_raw_fd(), TUNSETOFFLOAD, features) };
+            if rc < 0 {
+                // The device keeps its vnet header; the kernel just never sends bursts.
+                tracing::warn!(
+                    "TUN offloads unavailable ({}); using plain packets",
+                    io::Error::last_os_error()
+                );
+            }
+        }
+        Ok(Tun {
+            file,
+            name,
+            vnet: offload,
+        })
+    }
+
+    /// Whether reads and writes carry a virtio-net header (offloads on).
+    pub fn vnet(&self) -> bool {
+        self.vnet
+    }
+
+    /// Writes the packets `buf[off..off + len]` of `ranges` (coalescing TCP segments when
+    /// offloads are on); see [`Coalescer::write`].
+    pub fn write_batch(
+        &self,
+        co: &mut Coalescer,
+        buf: &[u8],
+        ranges: &[(usize, usize)],
+    ) -> io::Result<WriteStats> {
+        co.write(self.file.as_raw_fd(), buf, ranges, self.vnet)
     }
 
     /// The device name the kernel assigned.
@@ -99,17 +139,6 @@ impl Tun {
     pub fn recv(&self, buf: &mut [u8]) -> io::Result<usize> {
         // SAFETY: reads at most buf.len() bytes into buf.
         let n = unsafe { libc::read(self.file.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) };
-        if n < 0 {
-            Err(io::Error::last_os_error())
-        } else {
-            Ok(n as usize)
-        }
-    }
-
-    /// Writes one packet.
-    pub fn send(&self, packet: &[u8]) -> io::Result<usize> {
-        // SAFETY: writes packet.len() bytes from packet.
-        let n = unsafe { libc::write(self.file.as_raw_fd(), packet.as_ptr().cast(), packet.len()) };
         if n < 0 {
             Err(io::Error::last_os_error())
         } else {
@@ -157,4 +186,79 @@ fn ip(args: &[&str]) -> Result<()> {
         );
     }
     Ok(())
+}
+
+/// Reads packets from a [`Tun`] and turns each into wire-ready IP packets (cutting TSO bursts
+/// into segments), with buffers allocated once.
+pub struct TunReader {
+    buf: Vec<u8>,
+    len: usize,
+    pending: bool,
+    scratch: Vec<u8>,
+}
+
+impl Default for TunReader {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl TunReader {
+    /// A reader able to take the largest burst (64 KiB + header).
+    pub fn new() -> Self {
+        Self {
+            buf: vec![0u8; VNET_HDR_LEN + 65536],
+            len: 0,
+            pending: false,
+            scratch: vec![0u8; 65536],
+        }
+    }
+
+    /// Reads one packet without blocking; `Ok(false)` when none is queued.
+    pub fn recv(&mut self, tun: &Tun) -> io::Result<bool> {
+        if self.pending {
+            return Ok(true);
+        }
+        match tun.recv(&mut self.buf) {
+            Ok(n) => {
+                self.len = n;
+                self.pending = n > if tun.vnet { VNET_HDR_LEN } else { 0 };
+                Ok(self.pending)
+            }
+            Err(e) if crate::sys::would_block(&e) => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+
+    fn split(&mut self, vnet: bool) -> (VnetHdr, &mut [u8], &mut [u8]) {
+        let (hdr, body) = if vnet {
+            let hdr = VnetHdr::parse(&self.buf).unwrap_or_default();
+            (hdr, &mut self.buf[VNET_HDR_LEN..self.len])
+        } else {
+            (VnetHdr::default(), &mut self.buf[..self.len])
+        };
+        (hdr, body, &mut self.scratch)
+    }
+
+    /// How many wire packets the pending packet will give (1 unless it is a TSO burst).
+    pub fn segments(&self, tun: &Tun) -> usize {
+        if !self.pending || !tun.vnet {
+            return 1;
+        }
+        let Some(hdr) = VnetHdr::parse(&self.buf) else {
+            return 1;
+        };
+        let body = &self.buf[VNET_HDR_LEN..self.len];
+        crate::offload::segment_count(&hdr, body)
+    }
+
+    /// Emits the pending packet's wire packets to `emit` and clears it.
+    pub fn emit(&mut self, tun: &Tun, emit: impl FnMut(&[u8])) -> Result<(), OffloadError> {
+        if !self.pending {
+            return Ok(());
+        }
+        self.pending = false;
+        let (hdr, body, scratch) = self.split(tun.vnet);
+        segment(&hdr, body, scratch, emit)
+    }
 }

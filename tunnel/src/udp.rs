@@ -1,25 +1,43 @@
-//! WireGuard over UDP: one thread per direction, batched with `recvmmsg`/`sendmmsg`, buffers
-//! allocated once per thread.
+//! WireGuard over UDP: one thread per direction, buffers allocated once per thread.
+//!
+//! Sending: one TUN read (a whole TSO burst with offloads) is cut into segments, encrypted
+//! into packet slots, and the slots go out with one `sendmmsg` in which runs of equal-sized
+//! packets travel as one UDP GSO message (`UDP_SEGMENT`). Receiving: `recvmmsg` with
+//! `UDP_GRO`, so a GSO burst from the peer arrives as one buffer; its packets are decrypted
+//! and written to the TUN coalesced back into bursts ([`crate::offload::Coalescer`]).
 
 use std::io;
 use std::net::{SocketAddr, UdpSocket};
 use std::os::fd::AsRawFd;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread::JoinHandle;
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result};
 use boringtun::noise::TunnResult;
 use bufscope_policy::Transport;
 use socket2::{Domain, Protocol, Socket, Type};
 
 use crate::config::Settings;
 use crate::net::packet_dst;
+use crate::offload::Coalescer;
 use crate::sys::{RawAddr, Shutdown, Wake, wait_readable, would_block};
-use crate::tun::Tun;
+use crate::tun::{Tun, TunReader};
 use crate::wg::{self, Peer, SLOT, Stats};
 
-/// Packets per `recvmmsg`/`sendmmsg` call.
-const BATCH: usize = 64;
+/// Datagrams per `recvmmsg`.
+const RX_MSGS: usize = 64;
+/// Encrypted packets per `sendmmsg` (enough for a 64 KiB burst of 256-byte segments).
+const TX_PACKETS: usize = 256;
+/// Decrypted packets per TUN flush.
+const RX_PACKETS: usize = 128;
+/// `SOL_UDP` options (linux/udp.h).
+const UDP_SEGMENT: libc::c_int = 103;
+const UDP_GRO: libc::c_int = 104;
+/// Most segments the kernel takes in one UDP GSO send (`UDP_MAX_SEGMENTS`).
+const GSO_MAX_SEGMENTS: usize = 64;
+/// Most bytes in one UDP GSO send (IP total length limit, with headers).
+const GSO_MAX_BYTES: usize = 65000;
 
 /// Fails with a clear message when the endpoint has no route (connecting a UDP socket only
 /// consults the routing table).
@@ -68,18 +86,29 @@ pub fn start(
     sock.bind(&bind.into())
         .with_context(|| format!("cannot bind the outer UDP socket to {bind}"))?;
     let sock: UdpSocket = sock.into();
+    let gro = s.offload && set_udp_gro(&sock);
     tracing::info!(
+        gso = s.offload,
+        gro,
         "listening on udp {}",
         sock.local_addr()
             .map_or_else(|e| e.to_string(), |a| a.to_string())
     );
     let sock = Arc::new(sock);
+    let gso = Arc::new(AtomicBool::new(s.offload));
 
     let mut threads = Vec::new();
     {
-        let (tun, peer, sock, sd) = (tun.clone(), peer.clone(), sock.clone(), shutdown.clone());
+        let (tun, peer, sock, sd, gso) = (
+            tun.clone(),
+            peer.clone(),
+            sock.clone(),
+            shutdown.clone(),
+            gso.clone(),
+        );
+        let mtu = s.mtu;
         threads.push(spawn("tun-to-udp", move || {
-            tun_to_udp(&tun, &peer, &sock, &sd)
+            tun_to_udp(&tun, &peer, &sock, &sd, &gso, mtu)
         })?);
     }
     {
@@ -98,6 +127,24 @@ pub fn start(
         })?);
     }
     Ok(threads)
+}
+
+fn set_udp_gro(sock: &UdpSocket) -> bool {
+    let one: libc::c_int = 1;
+    // SAFETY: passes a valid c_int and its size.
+    let rc = unsafe {
+        libc::setsockopt(
+            sock.as_raw_fd(),
+            libc::SOL_UDP,
+            UDP_GRO,
+            (&one as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    if rc != 0 {
+        tracing::info!("UDP_GRO unavailable: {}", io::Error::last_os_error());
+    }
+    rc == 0
 }
 
 fn spawn(
@@ -120,45 +167,323 @@ fn send_control(peer: &Peer, sock: &UdpSocket, p: &[u8]) {
     }
 }
 
-/// A batch of `BATCH` packet slots plus the kernel structures describing them.
-struct Slots {
+/// Fixed-size packet slots in one allocation.
+struct Packets {
     buf: Vec<u8>,
-    off: [usize; BATCH],
-    len: [usize; BATCH],
-    addr: [RawAddr; BATCH],
-    iov: [libc::iovec; BATCH],
-    hdr: [libc::mmsghdr; BATCH],
+    slot: usize,
+    off: Vec<usize>,
+    len: Vec<usize>,
+    count: usize,
 }
 
-impl Slots {
+impl Packets {
+    fn new(n: usize, slot: usize) -> Self {
+        Self {
+            buf: vec![0u8; n * slot],
+            slot,
+            off: vec![0; n],
+            len: vec![0; n],
+            count: 0,
+        }
+    }
+
+    fn capacity(&self) -> usize {
+        self.off.len()
+    }
+
+    fn is_full(&self) -> bool {
+        self.count == self.capacity()
+    }
+
+    /// The next free slot.
+    fn next_slot(&mut self) -> &mut [u8] {
+        let i = self.count;
+        &mut self.buf[i * self.slot..(i + 1) * self.slot]
+    }
+
+    /// Records that the next slot now holds a packet at `off..off + len` within it.
+    fn push(&mut self, off: usize, len: usize) {
+        self.off[self.count] = off;
+        self.len[self.count] = len;
+        self.count += 1;
+    }
+
+    fn range(&self, i: usize) -> (usize, usize) {
+        (i * self.slot + self.off[i], self.len[i])
+    }
+}
+
+/// `sendmmsg` with UDP GSO: the kernel structures for up to [`TX_PACKETS`] packets.
+struct Sender {
+    iov: Vec<libc::iovec>,
+    hdr: Vec<libc::mmsghdr>,
+    ctrl: Vec<[u64; 4]>,
+}
+
+impl Sender {
+    fn new() -> Self {
+        Self {
+            iov: vec![
+                libc::iovec {
+                    iov_base: std::ptr::null_mut(),
+                    iov_len: 0
+                };
+                TX_PACKETS
+            ],
+            // SAFETY: mmsghdr is plain data; zero is an empty message.
+            hdr: vec![unsafe { std::mem::zeroed() }; TX_PACKETS],
+            ctrl: vec![[0u64; 4]; TX_PACKETS],
+        }
+    }
+
+    /// Sends every packet of `pkts` to `dest`; with `gso`, runs of equal-sized packets go as
+    /// one GSO message each. Returns (sent, dropped). Turns `gso` off if the kernel rejects it.
+    fn send(
+        &mut self,
+        fd: i32,
+        pkts: &Packets,
+        dest: &RawAddr,
+        gso: &AtomicBool,
+    ) -> (usize, usize) {
+        let use_gso = gso.load(Ordering::Relaxed);
+        let base = pkts.buf.as_ptr();
+        for i in 0..pkts.count {
+            let (o, l) = pkts.range(i);
+            self.iov[i] = libc::iovec {
+                // SAFETY: o + l is within pkts.buf.
+                iov_base: unsafe { base.add(o) }.cast_mut().cast(),
+                iov_len: l,
+            };
+        }
+        // Group packets into messages.
+        let mut msgs = 0;
+        let mut i = 0;
+        while i < pkts.count {
+            let size = pkts.len[i];
+            let mut end = i + 1;
+            if use_gso {
+                let mut bytes = size;
+                while end < pkts.count
+                    && end - i < GSO_MAX_SEGMENTS
+                    && bytes + pkts.len[end] <= GSO_MAX_BYTES
+                    && pkts.len[end] <= size
+                {
+                    bytes += pkts.len[end];
+                    end += 1;
+                    // Only the last segment may be shorter.
+                    if pkts.len[end - 1] < size {
+                        break;
+                    }
+                }
+            }
+            let h = &mut self.hdr[msgs];
+            h.msg_len = 0;
+            h.msg_hdr.msg_name = (&dest.storage as *const libc::sockaddr_storage)
+                .cast_mut()
+                .cast();
+            h.msg_hdr.msg_namelen = dest.len;
+            h.msg_hdr.msg_iov = &mut self.iov[i];
+            h.msg_hdr.msg_iovlen = end - i;
+            h.msg_hdr.msg_flags = 0;
+            if end - i > 1 {
+                let c = &mut self.ctrl[msgs];
+                let cmsg_len = cmsg_space(std::mem::size_of::<u16>());
+                // SAFETY: c is 32 bytes, 8-aligned: room for one cmsghdr + u16.
+                unsafe {
+                    let cm = c.as_mut_ptr().cast::<libc::cmsghdr>();
+                    (*cm).cmsg_level = libc::SOL_UDP;
+                    (*cm).cmsg_type = UDP_SEGMENT;
+                    (*cm).cmsg_len = libc::CMSG_LEN(std::mem::size_of::<u16>() as u32) as _;
+                    std::ptr::write_unaligned(libc::CMSG_DATA(cm).cast::<u16>(), size as u16);
+                }
+                h.msg_hdr.msg_control = c.as_mut_ptr().cast();
+                h.msg_hdr.msg_controllen = cmsg_len as _;
+            } else {
+                h.msg_hdr.msg_control = std::ptr::null_mut();
+                h.msg_hdr.msg_controllen = 0;
+            }
+            msgs += 1;
+            i = end;
+        }
+        let (mut sent, mut dropped) = (0, 0);
+        let mut next = 0;
+        while next < msgs {
+            // SAFETY: hdr[next..msgs] describe live buffers; dest outlives the call.
+            let rc = unsafe {
+                libc::sendmmsg(
+                    fd,
+                    self.hdr.as_mut_ptr().add(next),
+                    (msgs - next) as libc::c_uint,
+                    0,
+                )
+            };
+            if rc > 0 {
+                for m in &self.hdr[next..next + rc as usize] {
+                    sent += m.msg_hdr.msg_iovlen;
+                }
+                next += rc as usize;
+                continue;
+            }
+            let e = io::Error::last_os_error();
+            if e.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            let segs = self.hdr[next].msg_hdr.msg_iovlen;
+            if segs > 1
+                && matches!(
+                    e.raw_os_error(),
+                    Some(libc::EIO | libc::EINVAL | libc::ENOPROTOOPT)
+                )
+            {
+                // The path cannot do UDP GSO: send this message's packets one by one from now on.
+                tracing::info!("UDP GSO refused ({e}); sending packets one by one");
+                gso.store(false, Ordering::Relaxed);
+                let h = &mut self.hdr[next];
+                let first = h.msg_hdr.msg_iov;
+                for k in 0..segs {
+                    // SAFETY: single-packet messages over the same iovecs.
+                    let rc = unsafe {
+                        let mut one: libc::msghdr = std::mem::zeroed();
+                        one.msg_name = h.msg_hdr.msg_name;
+                        one.msg_namelen = h.msg_hdr.msg_namelen;
+                        one.msg_iov = first.add(k);
+                        one.msg_iovlen = 1;
+                        libc::sendmsg(fd, &one, 0)
+                    };
+                    if rc >= 0 {
+                        sent += 1;
+                    } else {
+                        dropped += 1;
+                    }
+                }
+            } else {
+                tracing::debug!("sendmmsg: {e}");
+                dropped += segs;
+            }
+            next += 1;
+        }
+        (sent, dropped)
+    }
+}
+
+fn cmsg_space(len: usize) -> usize {
+    // SAFETY: pure arithmetic macro.
+    unsafe { libc::CMSG_SPACE(len as u32) as usize }
+}
+
+/// TUN → (segment) → encrypt → UDP (GSO).
+fn tun_to_udp(
+    tun: &Tun,
+    peer: &Peer,
+    sock: &UdpSocket,
+    shutdown: &Shutdown,
+    gso: &AtomicBool,
+    mtu: u16,
+) -> Result<()> {
+    let mut reader = TunReader::new();
+    // Segments are at most the MTU, plus WireGuard's 32 bytes (and at least a handshake).
+    let mut out = Packets::new(TX_PACKETS, (usize::from(mtu) + 64).max(256));
+    let max_packet = out.slot - 32;
+    let mut sender = Sender::new();
+    let fd = sock.as_raw_fd();
+    loop {
+        // Read and encrypt until the TUN is empty or the slots are full.
+        loop {
+            if !reader.recv(tun).context("reading from the TUN device")? {
+                break;
+            }
+            let segs = reader.segments(tun);
+            if out.count + segs > out.capacity() {
+                if out.count > 0 {
+                    break; // flush first; the packet stays pending
+                }
+                tracing::debug!("dropping a burst of {segs} segments (more than {TX_PACKETS})");
+                reader.emit(tun, |_| {}).ok();
+                Stats::add(&peer.stats.send_dropped, segs as u64);
+                continue;
+            }
+            Stats::add(&peer.stats.tun_in, 1);
+            let mut tunn = peer.tunn();
+            let r = reader.emit(tun, |packet| {
+                if packet.len() > max_packet {
+                    // The device MTU was raised behind our back.
+                    Stats::add(&peer.stats.send_dropped, 1);
+                    return;
+                }
+                if !packet_dst(packet).is_some_and(|d| peer.allowed.contains(d)) {
+                    Stats::add(&peer.stats.not_allowed, 1);
+                    return;
+                }
+                let slot = out.next_slot();
+                let base = slot.as_ptr() as usize;
+                match tunn.encapsulate(packet, slot) {
+                    TunnResult::WriteToNetwork(p) => {
+                        let (off, len) = (p.as_ptr() as usize - base, p.len());
+                        out.push(off, len);
+                    }
+                    TunnResult::Err(e) => tracing::debug!("encapsulate: {e:?}"),
+                    _ => {}
+                }
+            });
+            drop(tunn);
+            if let Err(e) = r {
+                tracing::debug!("unusable packet from the TUN: {e:?}");
+                Stats::add(&peer.stats.not_allowed, 1);
+            }
+            if out.is_full() {
+                break;
+            }
+        }
+        if out.count > 0 {
+            match peer.endpoint() {
+                Some(ep) => {
+                    let (sent, dropped) = sender.send(fd, &out, &RawAddr::from_std(ep), gso);
+                    Stats::add(&peer.stats.net_out, sent as u64);
+                    Stats::add(&peer.stats.send_dropped, dropped as u64);
+                }
+                None => Stats::add(&peer.stats.send_dropped, out.count as u64),
+            }
+            out.count = 0;
+            continue;
+        }
+        if wait_readable(tun.raw_fd(), None, shutdown, None)? == Wake::Shutdown {
+            return Ok(());
+        }
+    }
+}
+
+/// `recvmmsg` with `UDP_GRO` control messages.
+struct Receiver {
+    buf: Vec<u8>,
+    len: [usize; RX_MSGS],
+    seg: [usize; RX_MSGS],
+    addr: [RawAddr; RX_MSGS],
+    iov: [libc::iovec; RX_MSGS],
+    hdr: [libc::mmsghdr; RX_MSGS],
+    ctrl: [[u64; 8]; RX_MSGS],
+}
+
+impl Receiver {
     fn new() -> Box<Self> {
         Box::new(Self {
-            buf: vec![0u8; BATCH * SLOT],
-            off: [0; BATCH],
-            len: [0; BATCH],
-            addr: [RawAddr::empty(); BATCH],
+            buf: vec![0u8; RX_MSGS * SLOT],
+            len: [0; RX_MSGS],
+            seg: [0; RX_MSGS],
+            addr: [RawAddr::empty(); RX_MSGS],
             iov: [libc::iovec {
                 iov_base: std::ptr::null_mut(),
                 iov_len: 0,
-            }; BATCH],
-            // SAFETY: mmsghdr is plain data; null pointers/zero lengths are valid "empty" values.
+            }; RX_MSGS],
+            // SAFETY: plain data; zero is an empty message.
             hdr: unsafe { std::mem::zeroed() },
+            ctrl: [[0u64; 8]; RX_MSGS],
         })
     }
 
-    fn slot(&mut self, i: usize) -> &mut [u8] {
-        &mut self.buf[i * SLOT..(i + 1) * SLOT]
-    }
-
-    fn packet(&self, i: usize) -> &[u8] {
-        let start = i * SLOT + self.off[i];
-        &self.buf[start..start + self.len[i]]
-    }
-
-    /// `recvmmsg(MSG_DONTWAIT)` into every slot; returns how many datagrams arrived.
+    /// `recvmmsg(MSG_DONTWAIT)`; returns how many messages (datagrams or GRO bundles) arrived.
     fn recv(&mut self, fd: i32) -> io::Result<usize> {
         let base = self.buf.as_mut_ptr();
-        for i in 0..BATCH {
+        for i in 0..RX_MSGS {
             self.addr[i] = RawAddr::empty();
             self.iov[i] = libc::iovec {
                 // SAFETY: i * SLOT < buf.len().
@@ -171,16 +496,16 @@ impl Slots {
             h.msg_hdr.msg_namelen = self.addr[i].len;
             h.msg_hdr.msg_iov = &mut self.iov[i];
             h.msg_hdr.msg_iovlen = 1;
-            h.msg_hdr.msg_control = std::ptr::null_mut();
-            h.msg_hdr.msg_controllen = 0;
+            h.msg_hdr.msg_control = self.ctrl[i].as_mut_ptr().cast();
+            h.msg_hdr.msg_controllen = std::mem::size_of::<[u64; 8]>() as _;
             h.msg_hdr.msg_flags = 0;
         }
-        // SAFETY: hdr describes BATCH valid buffers and address storages owned by self.
+        // SAFETY: hdr describes RX_MSGS valid buffers owned by self.
         let n = unsafe {
             libc::recvmmsg(
                 fd,
                 self.hdr.as_mut_ptr(),
-                BATCH as libc::c_uint,
+                RX_MSGS as libc::c_uint,
                 libc::MSG_DONTWAIT,
                 std::ptr::null_mut(),
             )
@@ -190,136 +515,44 @@ impl Slots {
         }
         let n = n as usize;
         for i in 0..n {
-            self.off[i] = 0;
             self.len[i] = self.hdr[i].msg_len as usize;
             self.addr[i].len = self.hdr[i].msg_hdr.msg_namelen;
+            self.seg[i] = self.len[i];
+            // SAFETY: walks the control buffer the kernel filled, within msg_controllen.
+            unsafe {
+                let mh = &self.hdr[i].msg_hdr;
+                let mut cm = libc::CMSG_FIRSTHDR(mh);
+                while !cm.is_null() {
+                    if (*cm).cmsg_level == libc::SOL_UDP && (*cm).cmsg_type == UDP_GRO {
+                        let size =
+                            std::ptr::read_unaligned(libc::CMSG_DATA(cm).cast::<libc::c_int>());
+                        if size > 0 {
+                            self.seg[i] = size as usize;
+                        }
+                    }
+                    cm = libc::CMSG_NXTHDR(mh, cm);
+                }
+            }
         }
         Ok(n)
     }
 
-    /// `sendmmsg` of packets `0..n` (their `off`/`len`) to `dest`; returns how many were sent
-    /// (a packet that fails is skipped and counted by the caller).
-    fn send(&mut self, fd: i32, n: usize, dest: &RawAddr) -> usize {
-        let base = self.buf.as_mut_ptr();
-        for i in 0..n {
-            self.iov[i] = libc::iovec {
-                // SAFETY: off[i] + len[i] <= SLOT, within slot i.
-                iov_base: unsafe { base.add(i * SLOT + self.off[i]) }.cast(),
-                iov_len: self.len[i],
-            };
-            let h = &mut self.hdr[i];
-            h.msg_len = 0;
-            h.msg_hdr.msg_name = (&dest.storage as *const libc::sockaddr_storage)
-                .cast_mut()
-                .cast();
-            h.msg_hdr.msg_namelen = dest.len;
-            h.msg_hdr.msg_iov = &mut self.iov[i];
-            h.msg_hdr.msg_iovlen = 1;
-            h.msg_hdr.msg_control = std::ptr::null_mut();
-            h.msg_hdr.msg_controllen = 0;
-            h.msg_hdr.msg_flags = 0;
-        }
-        let mut sent = 0;
-        let mut next = 0;
-        while next < n {
-            // SAFETY: hdr[next..n] describe valid buffers; dest outlives the call.
-            let rc = unsafe {
-                libc::sendmmsg(
-                    fd,
-                    self.hdr.as_mut_ptr().add(next),
-                    (n - next) as libc::c_uint,
-                    0,
-                )
-            };
-            if rc < 0 {
-                let e = io::Error::last_os_error();
-                if e.kind() == io::ErrorKind::Interrupted {
-                    continue;
-                }
-                tracing::debug!("sendmmsg: {e}");
-                next += 1; // drop the packet that failed
-            } else {
-                sent += rc as usize;
-                next += rc as usize;
-            }
-        }
-        sent
+    /// Message `i`'s WireGuard packets (one, or a GRO bundle's segments).
+    fn packets(&self, i: usize) -> std::slice::Chunks<'_, u8> {
+        self.buf[i * SLOT..i * SLOT + self.len[i]].chunks(self.seg[i].max(1))
     }
 }
 
-/// TUN → encrypt → UDP.
-fn tun_to_udp(tun: &Tun, peer: &Peer, sock: &UdpSocket, shutdown: &Shutdown) -> Result<()> {
-    let mut input = Slots::new();
-    let mut output = Slots::new();
-    let fd = sock.as_raw_fd();
-    loop {
-        // Gather up to BATCH packets without blocking.
-        let mut n = 0;
-        while n < BATCH {
-            match tun.recv(input.slot(n)) {
-                Ok(len) => {
-                    input.off[n] = 0;
-                    input.len[n] = len;
-                    n += 1;
-                }
-                Err(e) if would_block(&e) => break,
-                Err(e) => return Err(e).context("reading from the TUN device"),
-            }
-        }
-        if n == 0 {
-            if wait_readable(tun.raw_fd(), None, shutdown, None)? == Wake::Shutdown {
-                return Ok(());
-            }
-            continue;
-        }
-        Stats::add(&peer.stats.tun_in, n as u64);
-        let Some(endpoint) = peer.endpoint() else {
-            Stats::add(&peer.stats.send_dropped, n as u64);
-            continue;
-        };
-        let mut k = 0;
-        {
-            let mut tunn = peer.tunn();
-            for i in 0..n {
-                let packet = input.packet(i);
-                if !packet_dst(packet).is_some_and(|d| peer.allowed.contains(d)) {
-                    Stats::add(&peer.stats.not_allowed, 1);
-                    continue;
-                }
-                let slot = output.slot(k);
-                let base = slot.as_ptr() as usize;
-                match tunn.encapsulate(packet, slot) {
-                    TunnResult::WriteToNetwork(p) => {
-                        let (off, len) = (p.as_ptr() as usize - base, p.len());
-                        output.off[k] = off;
-                        output.len[k] = len;
-                        k += 1;
-                    }
-                    TunnResult::Err(e) => tracing::debug!("encapsulate: {e:?}"),
-                    _ => {}
-                }
-            }
-        }
-        if k > 0 {
-            let sent = output.send(fd, k, &RawAddr::from_std(endpoint));
-            Stats::add(&peer.stats.net_out, sent as u64);
-            Stats::add(&peer.stats.send_dropped, (k - sent) as u64);
-        }
-        if shutdown.is_triggered() {
-            return Ok(());
-        }
-    }
-}
-
-/// UDP → decrypt → TUN.
+/// UDP (GRO) → decrypt → TUN (coalesced).
 fn udp_to_tun(tun: &Tun, peer: &Peer, sock: &UdpSocket, shutdown: &Shutdown) -> Result<()> {
-    let mut input = Slots::new();
-    let mut output = Slots::new();
+    let mut rx = Receiver::new();
+    let mut out = Packets::new(RX_PACKETS, SLOT);
+    let mut ranges: Vec<(usize, usize)> = Vec::with_capacity(RX_PACKETS);
+    let mut co = Coalescer::new();
     let mut scratch = vec![0u8; SLOT];
-    let mut ready = [0usize; BATCH];
     let fd = sock.as_raw_fd();
     loop {
-        let n = match input.recv(fd) {
+        let n = match rx.recv(fd) {
             Ok(n) if n > 0 => n,
             Ok(_) => continue,
             Err(e) if would_block(&e) => {
@@ -329,45 +562,39 @@ fn udp_to_tun(tun: &Tun, peer: &Peer, sock: &UdpSocket, shutdown: &Shutdown) -> 
                 continue;
             }
             Err(e) => {
-                // ICMP errors surface here on some kernels (ECONNREFUSED); not fatal.
+                // ICMP errors can surface here (ECONNREFUSED); not fatal.
                 tracing::debug!("recvmmsg: {e}");
                 continue;
             }
         };
-        Stats::add(&peer.stats.net_in, n as u64);
-        let mut k = 0;
         let mut authenticated_from = None;
-        {
-            let mut tunn = peer.tunn();
-            for i in 0..n {
-                let from = input.addr[i].socket_addr();
-                let datagram = input.packet(i);
-                let slot = output.slot(i);
+        let mut tunn = Some(peer.tunn());
+        for m in 0..n {
+            let from = rx.addr[m].socket_addr();
+            for datagram in rx.packets(m) {
+                Stats::add(&peer.stats.net_in, 1);
+                if out.is_full() {
+                    // Release the noise state while writing to the TUN.
+                    drop(tunn.take());
+                    flush(tun, &mut co, &mut out, &mut ranges, peer, shutdown)?;
+                    tunn = Some(peer.tunn());
+                }
+                let Some(t) = tunn.as_mut() else { continue };
+                let slot = out.next_slot();
                 let base = slot.as_ptr() as usize;
-                match tunn.decapsulate(from.map(|a| a.ip()), datagram, slot) {
-                    TunnResult::WriteToTunnelV4(p, src) => {
-                        if peer.allowed.contains(src.into()) {
-                            let (off, len) = (p.as_ptr() as usize - base, p.len());
-                            output.off[i] = off;
-                            output.len[i] = len;
-                            ready[k] = i;
-                            k += 1;
-                            authenticated_from = from;
-                        } else {
-                            Stats::add(&peer.stats.not_allowed, 1);
-                        }
+                match t.decapsulate(from.map(|a| a.ip()), datagram, slot) {
+                    TunnResult::WriteToTunnelV4(p, src) if peer.allowed.contains(src.into()) => {
+                        let (off, len) = (p.as_ptr() as usize - base, p.len());
+                        out.push(off, len);
+                        authenticated_from = from;
                     }
-                    TunnResult::WriteToTunnelV6(p, src) => {
-                        if peer.allowed.contains(src.into()) {
-                            let (off, len) = (p.as_ptr() as usize - base, p.len());
-                            output.off[i] = off;
-                            output.len[i] = len;
-                            ready[k] = i;
-                            k += 1;
-                            authenticated_from = from;
-                        } else {
-                            Stats::add(&peer.stats.not_allowed, 1);
-                        }
+                    TunnResult::WriteToTunnelV6(p, src) if peer.allowed.contains(src.into()) => {
+                        let (off, len) = (p.as_ptr() as usize - base, p.len());
+                        out.push(off, len);
+                        authenticated_from = from;
+                    }
+                    TunnResult::WriteToTunnelV4(..) | TunnResult::WriteToTunnelV6(..) => {
+                        Stats::add(&peer.stats.not_allowed, 1)
                     }
                     TunnResult::WriteToNetwork(p) => {
                         // Handshake response, cookie, or keepalive after a completed handshake;
@@ -375,7 +602,7 @@ fn udp_to_tun(tun: &Tun, peer: &Peer, sock: &UdpSocket, shutdown: &Shutdown) -> 
                         if let Some(to) = from {
                             send_to(sock, p, to, peer);
                             while let TunnResult::WriteToNetwork(q) =
-                                tunn.decapsulate(None, &[], &mut scratch)
+                                t.decapsulate(None, &[], &mut scratch)
                             {
                                 send_to(sock, q, to, peer);
                             }
@@ -390,26 +617,37 @@ fn udp_to_tun(tun: &Tun, peer: &Peer, sock: &UdpSocket, shutdown: &Shutdown) -> 
                 }
             }
         }
+        drop(tunn);
         if let Some(a) = authenticated_from {
             peer.set_endpoint(a);
         }
-        for &i in &ready[..k] {
-            match tun.send(output.packet(i)) {
-                Ok(_) => Stats::add(&peer.stats.tun_out, 1),
-                Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
-                    tracing::debug!("TUN rejected a packet: {e}")
-                }
-                Err(e) if would_block(&e) || e.raw_os_error() == Some(libc::ENOBUFS) => {
-                    Stats::add(&peer.stats.send_dropped, 1)
-                }
-                Err(e) => {
-                    if shutdown.is_triggered() {
-                        return Ok(());
-                    }
-                    bail!("writing to the TUN device: {e}");
-                }
-            }
+        flush(tun, &mut co, &mut out, &mut ranges, peer, shutdown)?;
+    }
+}
+
+/// Writes the decrypted packets to the TUN (coalescing) and empties `out`.
+fn flush(
+    tun: &Tun,
+    co: &mut Coalescer,
+    out: &mut Packets,
+    ranges: &mut Vec<(usize, usize)>,
+    peer: &Peer,
+    shutdown: &Shutdown,
+) -> Result<()> {
+    if out.count == 0 {
+        return Ok(());
+    }
+    ranges.clear();
+    ranges.extend((0..out.count).map(|i| out.range(i)));
+    out.count = 0;
+    match tun.write_batch(co, &out.buf, ranges) {
+        Ok(st) => {
+            Stats::add(&peer.stats.tun_out, st.packets);
+            Stats::add(&peer.stats.send_dropped, st.dropped);
+            Ok(())
         }
+        Err(_) if shutdown.is_triggered() => Ok(()),
+        Err(e) => Err(e).context("writing to the TUN device"),
     }
 }
 
