@@ -515,31 +515,35 @@ impl Process {
     /// Waits for the process to exit by itself, up to `timeout`; kills it past that. Returns
     /// its output (when piped) or an error naming the command.
     pub fn wait_output(mut self, timeout: Duration) -> Result<Output, Error> {
-        let Some(mut child) = self.child.take() else {
+        let Some(child) = self.child.take() else {
             return Err(Error::Command {
                 cmd: self.shown.clone(),
                 detail: "already reaped".into(),
             });
         };
-        let deadline = Instant::now() + timeout;
-        loop {
-            match child.try_wait() {
-                Ok(Some(_)) => break,
-                Ok(None) if Instant::now() >= deadline => {
-                    terminate(&mut child);
-                    let _ = child.wait();
-                    return Err(Error::Command {
-                        cmd: self.shown.clone(),
-                        detail: format!("still running after {timeout:?}; killed"),
-                    });
+        // Collect output on a helper thread so that a chatty child never blocks on a full
+        // pipe while we wait; past the deadline, signal it by pid and let the thread reap it.
+        let pid = i32::try_from(child.id()).ok();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let collector = std::thread::spawn(move || {
+            let _ = tx.send(child.wait_with_output());
+        });
+        let result = match rx.recv_timeout(timeout) {
+            Ok(r) => r.map_err(|e| Error::io(format!("collecting {}", self.shown), e)),
+            Err(_) => {
+                if let Some(pid) = pid {
+                    // SAFETY: kill(2) has no memory-safety preconditions; the child is not
+                    // reaped until the collector thread returns.
+                    unsafe { libc::kill(pid, libc::SIGKILL) };
                 }
-                Ok(None) => std::thread::sleep(Duration::from_millis(20)),
-                Err(e) => return Err(Error::io(format!("waiting for {}", self.shown), e)),
+                Err(Error::Command {
+                    cmd: self.shown.clone(),
+                    detail: format!("still running after {timeout:?}; killed"),
+                })
             }
-        }
-        child
-            .wait_with_output()
-            .map_err(|e| Error::io(format!("collecting {}", self.shown), e))
+        };
+        let _ = collector.join();
+        result
     }
 
     /// Kills (SIGTERM, then SIGKILL after 1.5 s) and reaps the process now.

@@ -46,6 +46,13 @@ pub struct Args {
     /// Seconds at the start of each transfer left out of the result (slow start).
     #[arg(long, default_value_t = 2)]
     pub omit: u32,
+    /// Transfers per direction on the RTT ≈0 rows, where the CPU is the bottleneck and other
+    /// tenants of the machine add noise; the row shows the median one.
+    #[arg(long, default_value_t = 3)]
+    pub veth_repeats: u32,
+    /// Length of each transfer on the RTT ≈0 rows (1 s of it omitted).
+    #[arg(long, default_value_t = 5)]
+    pub veth_seconds: u32,
     /// The bufscope-tunnel binary (default: build it with `cargo build --release`).
     #[arg(long)]
     pub tunnel_bin: Option<PathBuf>,
@@ -233,7 +240,7 @@ pub fn run(a: &Args) -> anyhow::Result<()> {
                 v.transport().name(),
                 v.label()
             );
-            let result = measure_variant(&lab, v, a, tunnel_bin.as_deref(), &keys, &work)
+            let result = measure_variant(&lab, rtt, v, a, tunnel_bin.as_deref(), &keys, &work)
                 .map_err(|e| format!("{e:#}"));
             if let Err(e) = &result {
                 eprintln!("bench tunnel:   failed: {e}");
@@ -499,6 +506,7 @@ fn start_tunnel(
 /// Sets up `v`, measures idle latency, download and upload.
 fn measure_variant(
     lab: &Lab,
+    rtt: u64,
     v: Variant,
     a: &Args,
     bin: Option<&Path>,
@@ -512,27 +520,24 @@ fn measure_variant(
         Transport::Udp => "Udp:RcvbufErrors",
         Transport::Tcp => "TcpExt:TCPRcvQDrop",
     };
+    let (secs, omit, repeats) = if rtt == 0 {
+        (a.veth_seconds, 1, a.veth_repeats.max(1))
+    } else {
+        (a.seconds, a.omit, 1)
+    };
     let transfer = |reverse: bool| -> anyhow::Result<Transfer> {
         // The outer receiver: the client for a download, the server for an upload.
         let receiver = if reverse { lab.a() } else { lab.b() };
         let before = counter(receiver, drop_key)?;
         let ping = BackgroundPing::start(lab.a(), INNER_B, Duration::from_millis(200))?;
-        let r = measure::iperf3_client(
-            lab.a(),
-            INNER_B,
-            IPERF_PORT,
-            a.seconds,
-            a.omit,
-            reverse,
-            &[],
-        )
-        .with_context(|| {
-            format!(
-                "iperf3 {}{}",
-                if reverse { "download" } else { "upload" },
-                tunnel.log_tail()
-            )
-        })?;
+        let r = measure::iperf3_client(lab.a(), INNER_B, IPERF_PORT, secs, omit, reverse, &[])
+            .with_context(|| {
+                format!(
+                    "iperf3 {}{}",
+                    if reverse { "download" } else { "upload" },
+                    tunnel.log_tail()
+                )
+            })?;
         let latency = ping.finish().ok().and_then(|p| p.avg_ms);
         let after = counter(receiver, drop_key)?;
         Ok(Transfer {
@@ -542,9 +547,27 @@ fn measure_variant(
             drops: after.saturating_sub(before),
         })
     };
-    let down = transfer(true)?;
+    // The median of `repeats` transfers (by throughput), with that transfer's other figures.
+    let median = |reverse: bool| -> anyhow::Result<Transfer> {
+        let mut runs = Vec::new();
+        for _ in 0..repeats {
+            let t = transfer(reverse)?;
+            eprintln!(
+                "bench tunnel:   {} {:.1} Mbit/s, latency {} ms, {} retransmits, {} outer rcvbuf drops",
+                if reverse { "down" } else { "up" },
+                t.mbit,
+                opt_ms(t.latency_ms),
+                t.retransmits,
+                t.drops
+            );
+            runs.push(t);
+        }
+        runs.sort_by(|x, y| x.mbit.total_cmp(&y.mbit));
+        runs.get(runs.len() / 2).copied().context("no transfer")
+    };
+    let down = median(true)?;
     let rcvbuf = outer_rcvbuf(lab.a(), v.transport());
-    let up = transfer(false)?;
+    let up = median(false)?;
     drop(tunnel);
     Ok(Measured {
         rcvbuf,
@@ -661,6 +684,21 @@ fn ratio(x: f64, of: Option<f64>) -> String {
     }
 }
 
+/// Inner MTU of both tunnels (bufscope-tunnel's and wireguard-go's default).
+const INNER_MTU: f64 = 1420.0;
+
+/// The largest fraction of the emulated link rate (which counts outer IP bytes) that one
+/// inner TCP flow can carry: inner TCP payload (MTU − 20 IP − 32 TCP with timestamps) over
+/// what crosses the link per inner packet. UDP: + 32 WireGuard + 8 UDP + 20 IP. TCP: the
+/// WireGuard packet + 2-byte length prefix rides in outer TCP segments of 1448/1500 bytes.
+fn payload_ceiling(t: Transport) -> f64 {
+    let payload = INNER_MTU - 52.0;
+    match t {
+        Transport::Udp => payload / (INNER_MTU + 60.0),
+        Transport::Tcp => payload / (INNER_MTU + 34.0) * 1448.0 / 1500.0,
+    }
+}
+
 /// The table, as Markdown (readable as plain text too).
 fn render_table(rows: &[Row]) -> String {
     let header = [
@@ -759,11 +797,13 @@ fn render_summary(rows: &[Row], a: &Args) -> String {
             let (d, u) = (m.down.mbit / rate, m.up.mbit / rate);
             let _ = writeln!(
                 s,
-                "- {} recommended at 50 ms: down {:.0}%, up {:.0}% of the {} Mbit/s link (target ≥ 90%) {}",
+                "- {} recommended at 50 ms: down {:.1}%, up {:.1}% of the {} Mbit/s link (target ≥ 90%; \
+                 header overhead caps one flow at {:.1}% here) {}",
                 t.name(),
                 d * 100.0,
                 u * 100.0,
                 a.rate_mbit,
+                payload_ceiling(t) * 100.0,
                 mark(d >= 0.9 && u >= 0.9)
             );
         }
@@ -782,13 +822,13 @@ fn render_summary(rows: &[Row], a: &Args) -> String {
         let _ = writeln!(
             s,
             "- tcp fixed={} → recommended at 190 ms: down {:.1} → {:.1} Mbit/s ({d:.1}×), up {:.1} → {:.1} Mbit/s ({u:.1}×); \
-             seed (Lightway, Linux): down 11.2 → 160.9 (14.3×), up 8.6 → 59.3 (6.9×) {}",
+             seed (Lightway, Linux): down 11.2 → 160.9 (14.3×), up 8.6 → 59.3 (6.9×); target: same order {}",
             human_bytes(a.fixed_bytes),
             f.down.mbit,
             r.down.mbit,
             f.up.mbit,
             r.up.mbit,
-            mark(d >= 5.0)
+            mark(d >= 5.0 && u >= 5.0)
         );
     }
     for &rtt in &a.rtts {
@@ -800,20 +840,31 @@ fn render_summary(rows: &[Row], a: &Args) -> String {
                 r.down.mbit / w.down.mbit.max(1e-9),
                 r.up.mbit / w.up.mbit.max(1e-9),
             );
+            let wg_drops = w.down.drops + w.up.drops;
+            let verdict = if wg_drops < 1000 {
+                "(wireguard-go has no thousands of drops here: not a target row)".to_string()
+            } else if rtt > 0 {
+                // The link caps both: the ratio cannot exceed ceiling × rate / wireguard-go.
+                let cap = payload_ceiling(Transport::Udp) * a.rate_mbit as f64;
+                format!(
+                    "(link-bound: at most {:.2}× / {:.2}× is possible at {} Mbit/s; bufscope drops {})",
+                    cap / w.down.mbit.max(1e-9),
+                    cap / w.up.mbit.max(1e-9),
+                    a.rate_mbit,
+                    mark(r.down.drops + r.up.drops == 0)
+                )
+            } else {
+                mark(d.min(u) >= 1.5 && r.down.drops + r.up.drops == 0).to_string()
+            };
             let _ = writeln!(
                 s,
                 "- udp recommended vs wireguard-go at {}: down {d:.2}×, up {u:.2}×; outer rcvbuf drops {}+{} vs {}+{} \
-                 (target ≥ 1.5× with zero drops where wireguard-go has thousands) {}",
+                 (target ≥ 1.5× with zero drops where wireguard-go has thousands) {verdict}",
                 rtt_label(rtt),
                 r.down.drops,
                 r.up.drops,
                 w.down.drops,
                 w.up.drops,
-                if w.down.drops + w.up.drops >= 1000 {
-                    mark(d.min(u) >= 1.5 && r.down.drops + r.up.drops == 0)
-                } else {
-                    "(wireguard-go had no thousands of drops here: not a target row)"
-                }
             );
         }
     }
@@ -854,6 +905,16 @@ fn update_doc(
     if a.seconds != 8 || a.omit != 2 {
         let _ = write!(args, " --seconds {} --omit {}", a.seconds, a.omit);
     }
+    if a.veth_repeats != 3 || a.veth_seconds != 5 {
+        let _ = write!(
+            args,
+            " --veth-repeats {} --veth-seconds {}",
+            a.veth_repeats, a.veth_seconds
+        );
+    }
+    if a.fixed_bytes != 65536 {
+        let _ = write!(args, " --fixed-bytes {}", a.fixed_bytes);
+    }
     let generated = format!(
         "{DOC_BEGIN}\n\
          Command: `cargo xtask bench tunnel{args} --update-doc` (as root), run {date}, {:.0} s.\n\n\
@@ -861,7 +922,7 @@ fn update_doc(
          (load average {load_before} before, {load_after} after).\n\n\
          Link: RTT ≈0 rows over a plain veth pair (no emulation: the host is the bottleneck); 50 and 190 ms rows \
          over the netlab WAN link at {} Mbit/s with a one-BDP bottleneck buffer. One iperf3 TCP flow per cell, \
-         {} s with the first {} s left out; latency = average of a 5/s ping during the transfer; drops = \
+         {} s with the first {} s left out (RTT ≈0 rows: median of {} transfers of {} s, 1 s left out); latency = average of a 5/s ping during the transfer; drops = \
          `Udp:RcvbufErrors` (UDP) or `TcpExt:TCPRcvQDrop` (TCP) delta in the receiving namespace; outer rcvbuf = \
          `ss -m` `rb` of the client's outer socket after the download.\n\n\
          {table}\n\n{summary}{DOC_END}\n",
@@ -870,6 +931,8 @@ fn update_doc(
         a.rate_mbit,
         a.seconds,
         a.omit,
+        a.veth_repeats,
+        a.veth_seconds,
     );
     let old = std::fs::read_to_string(&path).unwrap_or_default();
     let new = match (old.find(DOC_BEGIN), old.find(DOC_END)) {
