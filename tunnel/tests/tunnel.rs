@@ -23,6 +23,11 @@ struct Pair {
 
 /// b listens on 51822 without an endpoint; a has b as endpoint (and listens on 51821).
 fn pair(extra_bufscope: &[&str], flags: &[&str]) -> Pair {
+    pair_with(extra_bufscope, flags, false)
+}
+
+/// As [`pair`]; with `both_endpoints`, b also has a's endpoint (both may initiate at once).
+fn pair_with(extra_bufscope: &[&str], flags: &[&str], both_endpoints: bool) -> Pair {
     let net = Net::new();
     let dir = TempDir::new();
     let (ka, kb) = (genkey(), genkey());
@@ -39,13 +44,20 @@ fn pair(extra_bufscope: &[&str], flags: &[&str]) -> Pair {
         interface: "bsttun",
     };
     let ep = format!("{OUTER_B}:51822");
+    let ep_a = format!("{OUTER_A}:51821");
     let ca = dir.write(
         "a.conf",
         &config(&a, &kb.public, INNER_B, Some(&ep), extra_bufscope),
     );
     let cb = dir.write(
         "b.conf",
-        &config(&b, &ka.public, INNER_A, None, extra_bufscope),
+        &config(
+            &b,
+            &ka.public,
+            INNER_A,
+            both_endpoints.then_some(ep_a.as_str()),
+            extra_bufscope,
+        ),
     );
     let tb = Tunnel::start(&net.b, &cb, dir.path("b.log"), flags);
     tb.wait_log("bufscope-tunnel up", Duration::from_secs(10));
@@ -112,6 +124,25 @@ fn udp_handshake_ping_iperf3_and_no_outer_drops() {
         0,
         "outer receive-buffer drops at a"
     );
+}
+
+/// Both ends know each other's endpoint (both initiate at start, as wg-quick setups do) and
+/// the offloads are off: the plain one-packet-per-syscall path carries traffic too.
+#[test]
+#[ignore = "needs root: run via cargo xtask test"]
+fn udp_both_endpoints_without_offload() {
+    let p = pair_with(&[], &["--no-offload"], true);
+    wait_ping(&p.net.a, INNER_B, Duration::from_secs(10), &[&p.ta, &p.tb]);
+    wait_ping(&p.net.b, INNER_A, Duration::from_secs(10), &[&p.ta, &p.tb]);
+    for t in [&p.ta, &p.tb] {
+        t.wait_log("handshake completed", Duration::from_secs(5));
+        assert!(t.log().contains("offload=false"), "{}", t.log());
+        assert!(t.log().contains("gso=false gro=false"), "{}", t.log());
+    }
+    let up = iperf3(&p.net, "udp, no offload", false, 3);
+    let down = iperf3(&p.net, "udp, no offload", true, 3);
+    assert!(up.received_mbit > FLOOR_MBIT, "{up:?}");
+    assert!(down.received_mbit > FLOOR_MBIT, "{down:?}");
 }
 
 #[test]
