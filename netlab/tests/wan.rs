@@ -100,7 +100,9 @@ fn rate_single_tcp_flow_50ms_within_10pct() {
 #[test]
 #[ignore = "needs root: run via cargo xtask test"]
 fn rate_single_tcp_flow_190ms_reverse_within_10pct() {
-    assert_rate(100, 190, 10, 4, true);
+    // Slow start overshoots the one-BDP buffer and recovery takes ~4 s at 190 ms (iperf3
+    // intervals: 3.5, 66, 77, 116, then 96 Mbit/s steady): measure the 8 s after that.
+    assert_rate(100, 190, 8, 6, true);
 }
 
 #[test]
