@@ -600,13 +600,18 @@ fn udp_to_tun(tun: &Tun, peer: &Peer, sock: &UdpSocket, shutdown: &Shutdown) -> 
                         // Handshake response, cookie, or keepalive after a completed handshake;
                         // then flush packets boringtun queued while there was no session.
                         if let Some(to) = from {
+                            // A response (type 2: we authenticated its initiation) or a
+                            // keepalive (4: we authenticated its response) proves the peer is
+                            // at `to`; a cookie reply (3, sent under load) does not.
+                            if matches!(p.first(), Some(2 | 4)) {
+                                authenticated_from = Some(to);
+                            }
                             send_to(sock, p, to, peer);
                             while let TunnResult::WriteToNetwork(q) =
                                 t.decapsulate(None, &[], &mut scratch)
                             {
                                 send_to(sock, q, to, peer);
                             }
-                            authenticated_from = Some(to);
                         }
                     }
                     TunnResult::Err(e) => {
