@@ -22,7 +22,10 @@ pub fn run(a: &Args) -> anyhow::Result<()> {
     crate::setup::run(&crate::setup::Args::default())?;
     crate::build::build(!a.debug)?;
     let profile = if a.debug { "debug" } else { "release" };
-    let bin = workspace_root().join("target").join(profile).join("bufscope");
+    let bin = workspace_root()
+        .join("target")
+        .join(profile)
+        .join("bufscope");
     let listen = a
         .args
         .iter()
@@ -34,7 +37,11 @@ pub fn run(a: &Args) -> anyhow::Result<()> {
                 .find_map(|x| x.strip_prefix("--web.listen-address=").map(String::from))
         })
         .unwrap_or_else(|| ":9477".into());
-    let host = if listen.starts_with(':') { format!("localhost{listen}") } else { listen };
+    let host = if listen.starts_with(':') {
+        format!("localhost{listen}")
+    } else {
+        listen
+    };
     eprintln!("xtask run: bufscope will serve http://{host}/metrics (Ctrl-C to stop)");
     let mut cmd = if is_root() {
         Command::new(&bin)

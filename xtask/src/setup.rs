@@ -70,8 +70,14 @@ fn ensure_nightly() -> anyhow::Result<()> {
     if output_of(Command::new("rustc").args(["+nightly", "-vV"])).is_some() {
         return Ok(());
     }
-    run_cmd(Command::new("rustup").args(["toolchain", "install", "nightly", "--profile", "minimal"]))
-        .context("no nightly toolchain and `rustup toolchain install nightly` failed")
+    run_cmd(Command::new("rustup").args([
+        "toolchain",
+        "install",
+        "nightly",
+        "--profile",
+        "minimal",
+    ]))
+    .context("no nightly toolchain and `rustup toolchain install nightly` failed")
 }
 
 fn nightly_sysroot() -> anyhow::Result<PathBuf> {
@@ -86,8 +92,14 @@ fn ensure_rust_src() -> anyhow::Result<()> {
     if lib.join("src/rust/library/core").is_dir() {
         return Ok(());
     }
-    if run_cmd(Command::new("rustup").args(["component", "add", "rust-src", "--toolchain", "nightly"]))
-        .is_ok()
+    if run_cmd(Command::new("rustup").args([
+        "component",
+        "add",
+        "rust-src",
+        "--toolchain",
+        "nightly",
+    ]))
+    .is_ok()
     {
         return Ok(());
     }

@@ -21,7 +21,14 @@ pub fn run(a: &Args) -> anyhow::Result<()> {
     let root = workspace_root();
     let mut c = cargo();
     c.env("BUFSCOPE_BIN", root.join("target/debug/bufscope"))
-        .args(["test", "--workspace", "--exclude", "bufscope-ebpf", "--", "--include-ignored"])
+        .args([
+            "test",
+            "--workspace",
+            "--exclude",
+            "bufscope-ebpf",
+            "--",
+            "--include-ignored",
+        ])
         .args(["--test-threads=1"])
         .args(&a.args);
     run_cmd(&mut c)

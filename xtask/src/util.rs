@@ -15,7 +15,9 @@ pub fn workspace_root() -> PathBuf {
 pub fn run_cmd(cmd: &mut Command) -> anyhow::Result<()> {
     let shown = format!("{cmd:?}");
     eprintln!("xtask: {shown}");
-    let status = cmd.status().with_context(|| format!("failed to start {shown}"))?;
+    let status = cmd
+        .status()
+        .with_context(|| format!("failed to start {shown}"))?;
     if !status.success() {
         bail!("{shown} failed: {status}");
     }
