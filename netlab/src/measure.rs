@@ -160,7 +160,8 @@ pub fn iperf3_server(ns: &Netns, bind: &str, port: u16) -> Result<Process, Error
 
 /// Runs one iperf3 TCP flow from `ns` to `server:port` for `secs` seconds, the first `omit`
 /// seconds (slow start) left out of the result; `reverse` makes the server send (`-R`, a
-/// download as seen from `ns`). `extra` are further iperf3 flags.
+/// download as seen from `ns`). `extra` are further iperf3 flags. A refused or reset control
+/// connection (a server still finishing the previous test) is retried up to 3 times.
 pub fn iperf3_client(
     ns: &Netns,
     server: &str,
@@ -178,16 +179,30 @@ pub fn iperf3_client(
         c.arg("-R");
     }
     let cmd = format!("iperf3 -c {server} in {}", ns.name());
-    let out = c
-        .stdin(Stdio::null())
-        .output()
-        .map_err(|e| Error::Command {
+    c.stdin(Stdio::null());
+    let mut attempt = 0;
+    loop {
+        let out = c.output().map_err(|e| Error::Command {
             cmd: cmd.clone(),
             detail: e.to_string(),
         })?;
-    parse_iperf3(&String::from_utf8_lossy(&out.stdout))
-        .map_err(|detail| Error::Command { cmd, detail })
+        match parse_iperf3(&String::from_utf8_lossy(&out.stdout)) {
+            Ok(r) => return Ok(r),
+            // A server that is still tearing down the previous test resets or refuses the
+            // next control connection for a moment; try again before giving up.
+            Err(detail)
+                if attempt < IPERF3_CONNECT_RETRIES && detail.contains("unable to connect") =>
+            {
+                attempt += 1;
+                std::thread::sleep(Duration::from_millis(500));
+            }
+            Err(detail) => return Err(Error::Command { cmd, detail }),
+        }
+    }
 }
+
+/// Extra attempts of [`iperf3_client`] when the server refuses the connection.
+const IPERF3_CONNECT_RETRIES: u32 = 3;
 
 /// Extracts the totals from iperf3's JSON output.
 fn parse_iperf3(json: &str) -> Result<Iperf3Result, String> {
