@@ -127,12 +127,12 @@ impl Collector {
         match kind {
             event_kind::SOCKOPT => {
                 if let Some(ev) = read::<SockoptEvent>(bytes) {
-                    sockopt::handle(&ev, &mut self.attr, &mut self.store);
+                    let _ = sockopt::handle(&ev, &mut self.attr, &mut self.store);
                 }
             }
             event_kind::ESTABLISHED => {
                 if let Some(ev) = read::<EstablishedEvent>(bytes) {
-                    tcp::handle(&ev, self.limits.rmem_max, &mut self.attr, &mut self.store);
+                    let _ = tcp::handle(&ev, self.limits.rmem_max, &mut self.attr, &mut self.store);
                 }
             }
             other => tracing::debug!("unknown event kind {other}"),

@@ -34,11 +34,10 @@ pub fn set_rcvbuf_lock(ev: &SockoptEvent) -> bool {
     ev.ret == 0 && ev.locks_before & SOCK_RCVBUF_LOCK == 0 && ev.locks_after & SOCK_RCVBUF_LOCK != 0
 }
 
-/// Adds one event to the store. The caller is exact (process context).
-pub fn handle(ev: &SockoptEvent, attr: &mut Attributor, store: &mut Store) {
-    let Some(option) = BufOption::from_optname(ev.optname) else {
-        return;
-    };
+/// Adds one event to the store and returns whom it was attributed to. The caller is exact
+/// (process context).
+pub fn handle(ev: &SockoptEvent, attr: &mut Attributor, store: &mut Store) -> Option<Who> {
+    let option = BufOption::from_optname(ev.optname)?;
     let proto = Proto::from_ip(ev.proto);
     let who = if ev.owner.tgid == 0 {
         store.count_unknown("setsockopt", 1);
@@ -62,6 +61,7 @@ pub fn handle(ev: &SockoptEvent, attr: &mut Attributor, store: &mut Store) {
     if set_rcvbuf_lock(ev) {
         *s.rcvbuf_locks.entry(proto).or_default() += 1;
     }
+    Some(who)
 }
 
 #[cfg(test)]

@@ -45,8 +45,13 @@ fn resolve(ev: &EstablishedEvent, attr: &mut Attributor) -> Option<crate::store:
     })
 }
 
-/// Adds one connection to the store.
-pub fn handle(ev: &EstablishedEvent, rmem_max: i64, attr: &mut Attributor, store: &mut Store) {
+/// Adds one connection to the store and returns whom it was attributed to.
+pub fn handle(
+    ev: &EstablishedEvent,
+    rmem_max: i64,
+    attr: &mut Attributor,
+    store: &mut Store,
+) -> Who {
     let who = match resolve(ev, attr) {
         Some(p) => Who::Proc(p),
         None => {
@@ -68,6 +73,7 @@ pub fn handle(ev: &EstablishedEvent, rmem_max: i64, attr: &mut Attributor, store
     if ev.flags & estab_flags::PASSIVE != 0 && ev.userlocks & SOCK_RCVBUF_LOCK != 0 {
         *s.rcvbuf_locks.entry(Proto::Tcp).or_default() += 1;
     }
+    who
 }
 
 #[cfg(test)]
