@@ -5,7 +5,7 @@
 //! cannot be found yet are held for `hold` (a `/proc` scan may still find them) and then go to
 //! `comm="_unknown"`: counts are never dropped silently.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::time::{Duration, Instant};
 
 use aya::maps::{MapData, PerCpuHashMap};
@@ -32,6 +32,39 @@ pub struct Seen {
     pub owner: Option<ProcRef>,
     /// Device name (device drops).
     pub ifname: String,
+    /// (time, cumulative packets) samples of the last [`HISTORY`], for rates.
+    pub history: VecDeque<(Instant, u64)>,
+}
+
+/// How much per-key history is kept for rates.
+pub const HISTORY: Duration = Duration::from_secs(300);
+
+impl Seen {
+    /// Packets per second over the last `window` (0 when nothing moved in it).
+    pub fn rate(&self, window: Duration, now: Instant) -> f64 {
+        let Some(&(t_last, last)) = self.history.back() else {
+            return 0.0;
+        };
+        if now.duration_since(t_last) > window {
+            return 0.0;
+        }
+        let since = now.checked_sub(window).unwrap_or(t_last);
+        // The newest sample at or before the window start (or the oldest we have).
+        let base = self
+            .history
+            .iter()
+            .rev()
+            .find(|(t, _)| *t <= since)
+            .or(self.history.front())
+            .copied();
+        match base {
+            Some((t0, v0)) if last > v0 => {
+                let dt = now.duration_since(t0).as_secs_f64().max(1e-3);
+                (last - v0) as f64 / dt
+            }
+            _ => 0.0,
+        }
+    }
 }
 
 /// A delta waiting for its owner.
@@ -47,6 +80,7 @@ pub struct Drops {
     last: HashMap<DropKey, Seen>,
     held: HashMap<DropKey, Held>,
     hold: Duration,
+    last_poll: Option<Instant>,
 }
 
 /// Sums one key's per-CPU values (latest `rcvbuf`/`rmem_alloc` win).
@@ -83,6 +117,7 @@ impl Drops {
             last: HashMap::new(),
             held: HashMap::new(),
             hold,
+            last_poll: None,
         }
     }
 
@@ -122,6 +157,22 @@ impl Drops {
             } else {
                 prev.map_or(now, |p| p.changed)
             };
+            let mut history = self.last.remove(&k).map(|p| p.history).unwrap_or_default();
+            if history.is_empty() {
+                // First sight: the new packets were dropped since the previous poll.
+                let base = self.last_poll.unwrap_or(now - Duration::from_secs(1));
+                history.push_back((base, v.packets.saturating_sub(dp)));
+            }
+            if moved || history.len() < 2 {
+                history.push_back((now, v.packets));
+            }
+            while history.len() > 2
+                && history
+                    .front()
+                    .is_some_and(|(t, _)| now.duration_since(*t) > HISTORY)
+            {
+                history.pop_front();
+            }
             self.last.insert(
                 k,
                 Seen {
@@ -132,6 +183,7 @@ impl Drops {
                     rmem_alloc: v.rmem_alloc,
                     owner,
                     ifname: ifname(&v.ifname),
+                    history,
                 },
             );
             if dp > 0 {
@@ -143,6 +195,7 @@ impl Drops {
             }
         }
         self.attribute(attr, store, now);
+        self.last_poll = Some(now);
     }
 
     fn resolve(&self, k: &DropKey, attr: &mut Attributor) -> Option<ProcRef> {
@@ -228,5 +281,38 @@ impl Drops {
             }
         }
         doomed.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn seen(samples: &[(u64, u64)], now: Instant) -> Seen {
+        Seen {
+            packets: samples.last().map_or(0, |s| s.1),
+            skbs: 0,
+            changed: now,
+            rcvbuf: 0,
+            rmem_alloc: 0,
+            owner: None,
+            ifname: String::new(),
+            history: samples
+                .iter()
+                .map(|(ago_ms, v)| (now - Duration::from_millis(*ago_ms), *v))
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn rate_over_window() {
+        let now = Instant::now() + Duration::from_secs(600);
+        // 1000 packets in the last 10 s, steady before.
+        let s = seen(&[(70_000, 0), (10_000, 5000), (0, 6000)], now);
+        assert!((s.rate(Duration::from_secs(60), now) - 6000.0 / 70.0).abs() < 1.0);
+        assert!((s.rate(Duration::from_secs(10), now) - 100.0).abs() < 1.0);
+        // Nothing moved within the window.
+        let idle = seen(&[(200_000, 0), (120_000, 10)], now);
+        assert_eq!(idle.rate(Duration::from_secs(60), now), 0.0);
     }
 }
