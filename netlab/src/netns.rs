@@ -271,9 +271,9 @@ impl Netns {
     }
 
     /// Sets a per-namespace sysctl, e.g. `set_sysctl("net.ipv4.tcp_rmem", "4096 131072 134217728")`.
-    /// Keys use dots (or slashes) as `sysctl` does. Only namespaced keys (`net.ipv4.*`,
-    /// `net.ipv6.*`, most of `net.core.*` is *not*) are isolated: never use this for a global
-    /// key.
+    /// Keys use dots (or slashes) as `sysctl` does. Only per-namespace keys are isolated
+    /// (`net.ipv4.*`, `net.ipv6.*`); others, such as `net.core.rmem_max`, are global and
+    /// shared with every other user of the machine: never set those here.
     pub fn set_sysctl(&self, key: &str, value: &str) -> Result<(), Error> {
         let path = sysctl_path(key);
         let value = value.to_string();

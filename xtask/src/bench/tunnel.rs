@@ -898,6 +898,29 @@ fn update_doc(
     let nproc = std::thread::available_parallelism().map_or(0, usize::from);
     let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
     let date = output(Command::new("date").args(["-u", "+%Y-%m-%d %H:%M UTC"])).unwrap_or_default();
+    let root = workspace_root();
+    let commit =
+        output(
+            Command::new("git")
+                .arg("-C")
+                .arg(&root)
+                .args(["rev-parse", "--short", "HEAD"]),
+        )
+        .unwrap_or_else(|_| "?".into());
+    let dirty = output(Command::new("git").arg("-C").arg(&root).args([
+        "status",
+        "--porcelain",
+        "--",
+        "tunnel",
+        "policy",
+    ]))
+    .map(|s| !s.is_empty())
+    .unwrap_or(false);
+    let source = if dirty {
+        format!("commit {commit} plus uncommitted changes in tunnel/ or policy/")
+    } else {
+        format!("commit {commit}")
+    };
     let mut args = String::new();
     if a.rate_mbit != 200 {
         let _ = write!(args, " --rate-mbit {}", a.rate_mbit);
@@ -917,7 +940,8 @@ fn update_doc(
     }
     let generated = format!(
         "{DOC_BEGIN}\n\
-         Command: `cargo xtask bench tunnel{args} --update-doc` (as root), run {date}, {:.0} s.\n\n\
+         Command: `cargo xtask bench tunnel{args} --update-doc` (as root), run {date}, {:.0} s, \
+         bufscope-tunnel built from {source}.\n\n\
          Machine: `nproc` = {nproc}, `uname -r` = {}, CPU: {cpu}; shared with other builds and tests \
          (load average {load_before} before, {load_after} after).\n\n\
          Link: RTT ≈0 rows over a plain veth pair (no emulation: the host is the bottleneck); 50 and 190 ms rows \
