@@ -21,6 +21,35 @@ pub enum Command {
     Run(RunArgs),
     /// Preflight: print, probe by probe, what this kernel supports and what is missing.
     Check(CheckArgs),
+    /// Print the findings of a running bufscope (what to change, per process).
+    Explain(ExplainArgs),
+}
+
+/// Flags of `bufscope explain`.
+#[derive(clap::Args, Debug, Clone)]
+pub struct ExplainArgs {
+    /// Base URL of the running exporter (`https://…` with --tls.ca-file for TLS).
+    #[arg(
+        long = "url",
+        default_value = "http://127.0.0.1:9477",
+        value_name = "URL"
+    )]
+    pub url: String,
+    /// Only findings about this process id.
+    #[arg(long)]
+    pub pid: Option<u32>,
+    /// Only findings about processes with this name.
+    #[arg(long)]
+    pub comm: Option<String>,
+    /// Print the raw JSON document instead of text.
+    #[arg(long)]
+    pub json: bool,
+    /// CA certificate (PEM) to verify an https exporter with.
+    #[arg(long = "tls.ca-file", value_name = "FILE")]
+    pub ca_file: Option<PathBuf>,
+    /// Basic-auth user (the password is read from $BUFSCOPE_PASSWORD).
+    #[arg(long = "web.user", value_name = "USER")]
+    pub user: Option<String>,
 }
 
 /// Log output format.
@@ -80,6 +109,15 @@ pub struct RunArgs {
         value_name = "PATH"
     )]
     pub telemetry_path: String,
+    /// TLS and basic-auth configuration (Prometheus exporter-toolkit format).
+    #[arg(long = "web.config.file", value_name = "FILE")]
+    pub web_config: Option<PathBuf>,
+    /// Settings file (YAML); flags override it.
+    #[arg(long = "config.file", value_name = "FILE")]
+    pub config_file: Option<PathBuf>,
+    /// Window over which advice measures drop rates.
+    #[arg(long = "advice.window", default_value = "60s", value_parser = parse_duration, value_name = "DURATION")]
+    pub advice_window: Duration,
     /// Most processes with their own series; the least active beyond this are folded into
     /// `comm="_other"`.
     #[arg(long = "max-processes", default_value_t = 1000, value_name = "N")]

@@ -1,17 +1,21 @@
 //! Ties the probes' maps, attribution and the store together: `poll` (maps → store),
 //! `handle_event` (ring buffer → store), `gc` (bounded memory) and `render` (text exposition).
 
-use std::collections::HashSet;
-use std::time::{Duration, Instant};
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::time::{Duration, Instant, SystemTime};
 
 use aya::maps::{MapData, PerCpuArray};
 use bufscope_common::{EstablishedEvent, SockoptEvent, event_kind, stat};
 
+use crate::advice::{self, Finding, Inputs, Report, SocketDrops, SocketOpt, TcpShape, TuneView};
 use crate::attribution::Attributor;
 use crate::kernel::BufferLimits;
 use crate::metrics::{self, Health};
 use crate::signals::{autotune::Autotune, drops::Drops, sockopt, tcp};
-use crate::store::Store;
+use crate::store::{BufOption, ProcMeta, ProcRef, Proto, Store, Who};
+
+/// Most per-socket setsockopt notes kept for advice (oldest dropped first).
+const MAX_NOTES: usize = 20_000;
 
 /// Names of the `STATS` slots, in [`stat`] order, as the `cause` label says them.
 const STAT_NAMES: [(u32, &str); 6] = [
@@ -50,6 +54,12 @@ pub struct Collector {
     timing: Timing,
     last_gc: Instant,
     last_poll: Option<Instant>,
+    /// Last setsockopt per (socket, option), for advice.
+    notes: HashMap<(u64, BufOption), SocketOpt>,
+    /// Last shrunk connection per process: (actual, expected) scale.
+    wscale_examples: HashMap<ProcRef, (u8, u8)>,
+    /// Window over which advice measures rates.
+    pub advice_window: Duration,
 }
 
 impl Collector {
@@ -74,6 +84,9 @@ impl Collector {
             timing,
             last_gc: Instant::now(),
             last_poll: None,
+            notes: HashMap::new(),
+            wscale_examples: HashMap::new(),
+            advice_window: Duration::from_secs(60),
         }
     }
 
@@ -127,16 +140,208 @@ impl Collector {
         match kind {
             event_kind::SOCKOPT => {
                 if let Some(ev) = read::<SockoptEvent>(bytes) {
-                    let _ = sockopt::handle(&ev, &mut self.attr, &mut self.store);
+                    if let Some(Who::Proc(p)) =
+                        sockopt::handle(&ev, &mut self.attr, &mut self.store)
+                    {
+                        self.note_sockopt(&ev, p);
+                    }
                 }
             }
             event_kind::ESTABLISHED => {
                 if let Some(ev) = read::<EstablishedEvent>(bytes) {
-                    let _ = tcp::handle(&ev, self.limits.rmem_max, &mut self.attr, &mut self.store);
+                    let rmem_max = self.limits.rmem_max;
+                    let who = tcp::handle(&ev, rmem_max, &mut self.attr, &mut self.store);
+                    if let (Who::Proc(p), true) = (who, tcp::shrunk(&ev, rmem_max)) {
+                        let expected = tcp::expected_wscale(ev.tcp_rmem_max as i64, rmem_max);
+                        self.wscale_examples.insert(p, (ev.rcv_wscale, expected));
+                    }
                 }
             }
             other => tracing::debug!("unknown event kind {other}"),
         }
+    }
+
+    fn note_sockopt(&mut self, ev: &SockoptEvent, owner: ProcRef) {
+        let Some(option) = BufOption::from_optname(ev.optname) else {
+            return;
+        };
+        if self.notes.len() >= MAX_NOTES && !self.notes.contains_key(&(ev.inode, option)) {
+            // Bounded: forget an arbitrary old note rather than grow without limit.
+            if let Some(k) = self.notes.keys().next().copied() {
+                self.notes.remove(&k);
+            }
+        }
+        let effective = match option {
+            BufOption::Sndbuf | BufOption::SndbufForce => ev.sndbuf_after,
+            _ => ev.rcvbuf_after,
+        };
+        self.notes.insert(
+            (ev.inode, option),
+            SocketOpt {
+                owner,
+                inode: ev.inode,
+                proto: Proto::from_ip(ev.proto),
+                option,
+                requested: ev.requested as i64,
+                effective: effective as i64,
+                ret: ev.ret,
+                clamped: sockopt::clamped(ev),
+            },
+        );
+    }
+
+    /// The advice rules' view of what was observed.
+    pub fn advice_inputs(&self) -> Inputs {
+        let now = Instant::now();
+        let mut meta: BTreeMap<ProcRef, ProcMeta> = BTreeMap::new();
+        let mut tcp = Vec::new();
+        for (p, s) in self.store.procs() {
+            meta.insert(*p, s.meta.clone());
+            let locks = s.rcvbuf_locks.get(&Proto::Tcp).copied().unwrap_or(0);
+            if s.tcp_established > 0 || locks > 0 {
+                tcp.push((
+                    *p,
+                    TcpShape {
+                        established: s.tcp_established,
+                        shrunk: s.tcp_wscale_shrunk,
+                        example: self.wscale_examples.get(p).copied(),
+                        locks,
+                    },
+                ));
+            }
+        }
+        let drops = self
+            .drops
+            .as_ref()
+            .map(|d| {
+                d.seen()
+                    .map(|(k, s)| SocketDrops {
+                        owner: s.owner,
+                        inode: k.inode,
+                        proto: Proto::from_ip(k.proto),
+                        reason: d.reasons().name(k.reason),
+                        packets: s.packets,
+                        rate: s.rate(self.advice_window, now),
+                        rcvbuf: s.rcvbuf,
+                        ifname: s.ifname.clone(),
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        let tunes = self
+            .autotune
+            .as_ref()
+            .map(|a| {
+                a.sockets()
+                    .map(|(ino, t)| TuneView {
+                        owner: t.owner,
+                        inode: *ino,
+                        suppressed: t.suppressed,
+                        rtt_us: t.rtt_us,
+                        rcvbuf: t.rcvbuf,
+                        copied: t.copied,
+                        interval_us: t.interval_us,
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        let tcp_rmem_max = std::fs::read_to_string("/proc/sys/net/ipv4/tcp_rmem")
+            .ok()
+            .and_then(|s| s.split_whitespace().nth(2).and_then(|v| v.parse().ok()))
+            .unwrap_or(6_291_456);
+        Inputs {
+            drops,
+            opts: self.notes.values().cloned().collect(),
+            tcp,
+            tunes,
+            meta,
+            rmem_max: self.limits.rmem_max,
+            wmem_max: self.limits.wmem_max,
+            tcp_rmem_max,
+            window: self.advice_window,
+        }
+    }
+
+    /// Findings for tracked processes (those folded or unknown are not actionable).
+    pub fn findings(&self) -> Vec<Finding> {
+        let inputs = self.advice_inputs();
+        advice::evaluate(&inputs)
+            .into_iter()
+            .filter(|f| inputs.meta.keys().any(|p| p.tgid == f.process.pid))
+            .collect()
+    }
+
+    /// The `/api/v1/findings` document.
+    pub fn report(&self) -> Report {
+        Report {
+            version: advice::SCHEMA_VERSION,
+            generated_at: SystemTime::now()
+                .duration_since(SystemTime::UNIX_EPOCH)
+                .map(|d| d.as_secs())
+                .unwrap_or(0),
+            findings: self.findings(),
+        }
+    }
+
+    /// The status page's data (`/api/v1/status`): per-process table and health.
+    pub fn status(&self, probes: &[crate::probes::ProbeStatus]) -> serde_json::Value {
+        use serde_json::json;
+        let mut rows = Vec::new();
+        for (pid, s) in self.store.iter() {
+            let mut drops = serde_json::Map::new();
+            let mut total = 0u64;
+            for ((proto, reason), v) in &s.drops {
+                total += v;
+                drops.insert(format!("{}/{reason}", proto.as_str()), json!(v));
+            }
+            let (mut calls, mut clamped, mut failed) = (0u64, 0u64, 0u64);
+            for c in s.sockopt.values() {
+                calls += c.calls;
+                clamped += c.clamped;
+                failed += c.failed;
+            }
+            rows.push(json!({
+                "pid": pid,
+                "comm": s.meta.comm,
+                "container": s.meta.container,
+                "drops": drops,
+                "drops_total": total,
+                "setsockopt": calls,
+                "clamped": clamped,
+                "failed": failed,
+                "rcvbuf_locks": s.rcvbuf_locks.values().sum::<u64>(),
+                "tcp_established": s.tcp_established,
+                "tcp_wscale_shrunk": s.tcp_wscale_shrunk,
+                "tcp_autotune_suppressed": s.tcp_autotune_suppressed,
+            }));
+        }
+        let probes: Vec<_> = probes
+            .iter()
+            .map(|p| {
+                json!({
+                    "probe": p.spec.name,
+                    "hooks": p.hooks(),
+                    "what": p.spec.what,
+                    "attached": p.attached,
+                    "error": p.error,
+                })
+            })
+            .collect();
+        json!({
+            "version": self.health.version,
+            "kernel": self.health.kernel,
+            "generated_at": SystemTime::now()
+                .duration_since(SystemTime::UNIX_EPOCH)
+                .map(|d| d.as_secs_f64())
+                .unwrap_or(0.0),
+            "net_core_rmem_max": self.limits.rmem_max,
+            "net_core_wmem_max": self.limits.wmem_max,
+            "processes": rows,
+            "probes": probes,
+            "attribution_unknown": self.store.attribution_unknown,
+            "bpf_events_lost": self.health.bpf_lost.iter().map(|(k, v)| (k.to_string(), *v)).collect::<BTreeMap<_, _>>(),
+            "tracked_processes": self.store.len(),
+        })
     }
 
     /// Expires exited processes and deletes map entries of closed sockets.
@@ -157,7 +362,9 @@ impl Collector {
         if let Some(a) = self.autotune.as_mut() {
             removed += a.gc(&live, self.timing.idle);
         }
+        self.notes.retain(|(ino, _), _| live.contains(ino));
         let store = &self.store;
+        self.wscale_examples.retain(|p, _| store.get(p).is_some());
         let drops = &self.drops;
         self.attr.retain_procs(|p| {
             store.get(p).is_some()
@@ -184,7 +391,8 @@ impl Collector {
                 map_sizes.autotune as u64,
             ),
         ];
-        let fams = metrics::families(&self.store, &self.health);
+        let findings = self.findings();
+        let fams = metrics::families(&self.store, &self.health, &findings);
         metrics::encode(&fams).unwrap_or_else(|e| {
             tracing::error!("encoding metrics: {e}");
             String::new()

@@ -4,13 +4,17 @@
 //! (socket → process → container) → [`store`] (bounded per-process counters) → [`metrics`]
 //! (Prometheus text) served by [`server`].
 
+pub mod advice;
 pub mod attribution;
 pub mod check;
 pub mod cli;
 pub mod collector;
+pub mod config;
+pub mod explain;
 pub mod kernel;
 pub mod metrics;
 pub mod probes;
 pub mod server;
 pub mod signals;
 pub mod store;
+pub mod web;

@@ -6,6 +6,7 @@
 
 use prometheus::proto::{Counter, Gauge, LabelPair, Metric, MetricFamily, MetricType};
 
+use crate::advice::Finding;
 use crate::store::{ProcStats, Store};
 
 /// A family under construction.
@@ -76,7 +77,7 @@ pub struct Health {
 }
 
 /// Builds every metric family.
-pub fn families(store: &Store, health: &Health) -> Vec<MetricFamily> {
+pub fn families(store: &Store, health: &Health, findings: &[Finding]) -> Vec<MetricFamily> {
     let mut out = Vec::new();
     let procs: Vec<(String, &ProcStats)> = store.iter().collect();
 
@@ -193,6 +194,26 @@ pub fn families(store: &Store, health: &Health) -> Vec<MetricFamily> {
             }
         },
     );
+
+    let mut f = Family::new(
+        "bufscope_finding",
+        "Active findings (1 per process and kind); /api/v1/findings and `bufscope explain` say what to change.",
+        MetricType::GAUGE,
+    );
+    for x in findings {
+        let pid = x.process.pid.to_string();
+        f.push(
+            &[
+                ("comm", x.process.comm.as_str()),
+                ("pid", pid.as_str()),
+                ("container", x.process.container.as_str()),
+                ("kind", x.kind),
+                ("severity", x.severity.as_str()),
+            ],
+            1.0,
+        );
+    }
+    f.done(&mut out);
 
     let mut f = Family::new(
         "bufscope_probe_attached",
@@ -317,7 +338,7 @@ mod tests {
             container: String::new(),
         });
         s.drops.insert((Proto::Udp, "SOCKET_RCVBUFF".into()), 5);
-        let text = encode(&families(&store, &Health::default())).unwrap();
+        let text = encode(&families(&store, &Health::default(), &[])).unwrap();
         assert!(
             text.contains(r#"bufscope_socket_drops_total{comm="a\"b\\c\nd",pid="42",container="",proto="udp",reason="SOCKET_RCVBUFF"} 5"#),
             "{text}"

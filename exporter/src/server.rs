@@ -28,8 +28,11 @@ struct App {
     collector: Arc<Mutex<Collector>>,
     map_sizes: MapSizes,
     any_attached: bool,
-    telemetry_path: String,
+    probes: Arc<Vec<probes::ProbeStatus>>,
 }
+
+/// The status page (self-contained: no external assets).
+const STATUS_PAGE: &str = include_str!("status.html");
 
 /// A scrape reads the maps itself unless they were read this recently.
 const SCRAPE_FRESHNESS: Duration = Duration::from_millis(100);
@@ -85,6 +88,12 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
             );
         }
     }
+    let web = match args.web_config.as_deref() {
+        Some(p) => crate::web::WebConfig::load(p)?,
+        None => crate::web::WebConfig::default(),
+    };
+    let tls = web.rustls()?;
+    let auth = crate::web::Auth::new(&web);
     // Bind before loading anything: a busy port is the most common operator error.
     let listener = bind(&addrs).await?;
     kernel::ensure_tracefs()?;
@@ -180,6 +189,8 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
             idle: Duration::from_secs(30).max(args.poll_interval * 3),
         },
     );
+    let mut collector = collector;
+    collector.advice_window = args.advice_window;
     let collector = Arc::new(Mutex::new(collector));
 
     // Ring buffer → store, in batches (one lock per wake-up).
@@ -244,27 +255,47 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         collector,
         map_sizes,
         any_attached,
-        telemetry_path: args.telemetry_path.clone(),
+        probes: Arc::new(loaded.status.clone()),
     };
     let router = Router::new()
         .route(&args.telemetry_path, get(metrics_handler))
         .route("/healthz", get(healthz))
+        .route("/api/v1/findings", get(findings_handler))
+        .route("/api/v1/status", get(status_handler))
         .route("/", get(index))
-        .with_state(app);
+        .with_state(app)
+        .layer(axum::middleware::from_fn_with_state(
+            auth,
+            crate::web::middleware,
+        ));
     let local = listener
         .local_addr()
         .map(|a| a.to_string())
         .unwrap_or_else(|_| args.listen.clone());
+    let scheme = if tls.is_some() { "https" } else { "http" };
     tracing::info!(
         address = %local,
         path = %args.telemetry_path,
-        "serving metrics on http://{local}{}",
+        tls = tls.is_some(),
+        basic_auth = !web.basic_auth_users.is_empty(),
+        "serving metrics on {scheme}://{local}{}",
         args.telemetry_path
     );
-    axum::serve(listener, router)
-        .with_graceful_shutdown(shutdown_signal())
-        .await
-        .context("HTTP server failed")?;
+    match tls {
+        Some(cfg) => {
+            let l = crate::web::TlsListener::new(listener, cfg).context("TLS listener")?;
+            axum::serve(l, router)
+                .with_graceful_shutdown(shutdown_signal())
+                .await
+                .context("HTTPS server failed")?;
+        }
+        None => {
+            axum::serve(listener, router)
+                .with_graceful_shutdown(shutdown_signal())
+                .await
+                .context("HTTP server failed")?;
+        }
+    }
     events_task.abort();
     poll_task.abort();
     // Dropping the object detaches every link and unloads every program.
@@ -316,20 +347,8 @@ async fn shutdown_signal() {
 
 async fn metrics_handler(State(app): State<App>) -> Response {
     let sizes = app.map_sizes;
-    let collector = app.collector.clone();
-    let body = tokio::task::spawn_blocking(move || {
-        let mut c = collector.lock().ok()?;
-        let fresh = c
-            .last_poll()
-            .is_some_and(|t| Instant::now().duration_since(t) < SCRAPE_FRESHNESS);
-        if !fresh {
-            c.poll();
-        }
-        Some(c.render(&sizes))
-    })
-    .await;
-    match body {
-        Ok(Some(text)) => (
+    match with_fresh(&app, move |c| c.render(&sizes)).await {
+        Some(text) => (
             [(
                 header::CONTENT_TYPE,
                 "text/plain; version=0.0.4; charset=utf-8",
@@ -349,11 +368,42 @@ async fn healthz(State(app): State<App>) -> Response {
     }
 }
 
-async fn index(State(app): State<App>) -> Html<String> {
-    Html(format!(
-        "<!doctype html><html><head><title>bufscope</title></head><body>\
-         <h1>bufscope</h1><p><a href=\"{0}\">{0}</a> · <a href=\"/healthz\">/healthz</a></p>\
-         </body></html>",
-        app.telemetry_path
-    ))
+async fn index() -> Html<&'static str> {
+    Html(STATUS_PAGE)
+}
+
+/// Runs `f` on the collector in a blocking thread after a fresh poll.
+async fn with_fresh<T: Send + 'static>(
+    app: &App,
+    f: impl FnOnce(&mut Collector) -> T + Send + 'static,
+) -> Option<T> {
+    let collector = app.collector.clone();
+    tokio::task::spawn_blocking(move || {
+        let mut c = collector.lock().ok()?;
+        let fresh = c
+            .last_poll()
+            .is_some_and(|t| Instant::now().duration_since(t) < SCRAPE_FRESHNESS);
+        if !fresh {
+            c.poll();
+        }
+        Some(f(&mut c))
+    })
+    .await
+    .ok()
+    .flatten()
+}
+
+async fn findings_handler(State(app): State<App>) -> Response {
+    match with_fresh(&app, |c| c.report()).await {
+        Some(r) => axum::Json(r).into_response(),
+        None => (StatusCode::INTERNAL_SERVER_ERROR, "collector unavailable\n").into_response(),
+    }
+}
+
+async fn status_handler(State(app): State<App>) -> Response {
+    let probes = app.probes.clone();
+    match with_fresh(&app, move |c| c.status(&probes)).await {
+        Some(v) => axum::Json(v).into_response(),
+        None => (StatusCode::INTERNAL_SERVER_ERROR, "collector unavailable\n").into_response(),
+    }
 }

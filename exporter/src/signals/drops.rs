@@ -126,6 +126,11 @@ impl Drops {
         self.last.len()
     }
 
+    /// The kernel's drop-reason names.
+    pub fn reasons(&self) -> &DropReasons {
+        &self.reasons
+    }
+
     /// Per-key state (for advice and the status page).
     pub fn seen(&self) -> impl Iterator<Item = (&DropKey, &Seen)> {
         self.last.iter()

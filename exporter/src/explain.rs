@@ -1,0 +1,201 @@
+//! `bufscope explain`: fetch `/api/v1/findings` from a running bufscope and print, per
+//! process, what is wrong and what to change.
+
+use std::io::{Read as _, Write as _};
+use std::net::{TcpStream, ToSocketAddrs as _};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context as _, bail};
+use base64::Engine as _;
+use base64::engine::general_purpose::STANDARD as BASE64;
+use serde_json::Value;
+use tokio_rustls::rustls;
+
+use crate::cli::ExplainArgs;
+
+/// A parsed `http(s)://host:port` base URL.
+struct Url {
+    tls: bool,
+    host: String,
+    port: u16,
+}
+
+fn parse_url(s: &str) -> anyhow::Result<Url> {
+    let (tls, rest) = if let Some(r) = s.strip_prefix("https://") {
+        (true, r)
+    } else if let Some(r) = s.strip_prefix("http://") {
+        (false, r)
+    } else {
+        bail!("invalid --url {s:?}: expected http://HOST:PORT or https://HOST:PORT");
+    };
+    let hostport = rest.split('/').next().unwrap_or(rest);
+    let (host, port) = match hostport.rsplit_once(':') {
+        Some((h, p)) if !h.is_empty() => (
+            h.trim_matches(['[', ']']).to_string(),
+            p.parse()
+                .with_context(|| format!("invalid port in --url {s:?}"))?,
+        ),
+        _ => (hostport.to_string(), if tls { 443 } else { 80 }),
+    };
+    Ok(Url { tls, host, port })
+}
+
+/// GETs `path` and returns (status, body).
+fn get(a: &ExplainArgs, path: &str) -> anyhow::Result<(u16, String)> {
+    let url = parse_url(&a.url)?;
+    let addr = (url.host.as_str(), url.port)
+        .to_socket_addrs()
+        .with_context(|| format!("resolving {}", a.url))?
+        .next()
+        .with_context(|| format!("{} resolves to no address", a.url))?;
+    let tcp = TcpStream::connect_timeout(&addr, Duration::from_secs(5))
+        .with_context(|| format!("connecting to {} (is `bufscope run` running there?)", a.url))?;
+    tcp.set_read_timeout(Some(Duration::from_secs(30)))?;
+    let mut req = format!(
+        "GET {path} HTTP/1.0\r\nHost: {}\r\nAccept: application/json\r\n",
+        url.host
+    );
+    if let Some(user) = &a.user {
+        let pass = std::env::var("BUFSCOPE_PASSWORD").unwrap_or_default();
+        req.push_str(&format!(
+            "Authorization: Basic {}\r\n",
+            BASE64.encode(format!("{user}:{pass}"))
+        ));
+    }
+    req.push_str("\r\n");
+    let mut raw = Vec::new();
+    if url.tls {
+        let ca = a.ca_file.as_ref().context(
+            "an https --url needs --tls.ca-file (the CA that signed the exporter's certificate)",
+        )?;
+        let pem = std::fs::read(ca).with_context(|| format!("reading {}", ca.display()))?;
+        let mut roots = rustls::RootCertStore::empty();
+        use rustls::pki_types::pem::PemObject as _;
+        for c in rustls::pki_types::CertificateDer::pem_slice_iter(&pem) {
+            roots.add(c.context("--tls.ca-file is not valid PEM")?)?;
+        }
+        let cfg = rustls::ClientConfig::builder_with_provider(Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+        let name = rustls::pki_types::ServerName::try_from(url.host.clone())
+            .with_context(|| format!("invalid TLS server name {}", url.host))?;
+        let conn = rustls::ClientConnection::new(Arc::new(cfg), name)?;
+        let mut s = rustls::StreamOwned::new(conn, tcp);
+        s.write_all(req.as_bytes())?;
+        match s.read_to_end(&mut raw) {
+            Ok(_) => {}
+            // Servers may close without close_notify after the body.
+            Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof && !raw.is_empty() => {}
+            Err(e) => return Err(e).context("TLS read"),
+        }
+    } else {
+        let mut s = tcp;
+        s.write_all(req.as_bytes())?;
+        s.read_to_end(&mut raw)?;
+    }
+    let text = String::from_utf8_lossy(&raw).into_owned();
+    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+    let status = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    Ok((status, body.to_string()))
+}
+
+/// Runs `bufscope explain`.
+pub fn run(a: &ExplainArgs) -> anyhow::Result<()> {
+    let (status, body) = get(a, "/api/v1/findings")?;
+    match status {
+        200 => {}
+        401 => bail!(
+            "{} wants basic auth: pass --web.user and set $BUFSCOPE_PASSWORD",
+            a.url
+        ),
+        s => bail!("GET {}/api/v1/findings returned HTTP {s}", a.url),
+    }
+    let doc: Value = serde_json::from_str(&body).context("the exporter returned invalid JSON")?;
+    let empty = Vec::new();
+    let findings: Vec<&Value> = doc["findings"]
+        .as_array()
+        .unwrap_or(&empty)
+        .iter()
+        .filter(|f| {
+            a.pid
+                .is_none_or(|p| f["process"]["pid"].as_u64() == Some(p as u64))
+        })
+        .filter(|f| {
+            a.comm
+                .as_deref()
+                .is_none_or(|c| f["process"]["comm"].as_str() == Some(c))
+        })
+        .collect();
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&findings)?);
+        return Ok(());
+    }
+    print!("{}", render(&findings));
+    Ok(())
+}
+
+/// Text rendering of findings.
+pub fn render(findings: &[&Value]) -> String {
+    let mut out = String::new();
+    if findings.is_empty() {
+        out.push_str("No findings: no buffer problem observed for the selected processes.\n");
+        return out;
+    }
+    for f in findings {
+        let p = &f["process"];
+        let container = p["container"].as_str().unwrap_or("");
+        out.push_str(&format!(
+            "{:<8}  {}  {} (pid {}){}\n",
+            f["severity"].as_str().unwrap_or("").to_uppercase(),
+            f["kind"].as_str().unwrap_or(""),
+            p["comm"].as_str().unwrap_or("").escape_debug(),
+            p["pid"],
+            if container.is_empty() {
+                String::new()
+            } else {
+                format!(" container {}", &container[..container.len().min(12)])
+            }
+        ));
+        out.push_str(&format!(
+            "  what: {}\n",
+            f["summary"].as_str().unwrap_or("")
+        ));
+        out.push_str(&format!("  fix:  {}\n", f["fix"].as_str().unwrap_or("")));
+        if let Some(s) = f["socket"].as_object() {
+            out.push_str(&format!(
+                "  socket: inode {} ({})\n",
+                s["inode"],
+                s["proto"].as_str().unwrap_or("")
+            ));
+        }
+        if let Some(ev) = f["evidence"].as_object() {
+            let kv: Vec<String> = ev.iter().map(|(k, v)| format!("{k}={v}")).collect();
+            out.push_str(&format!("  evidence: {}\n", kv.join(" ")));
+        }
+        out.push_str(&format!("  why:  {}\n\n", f["rule"].as_str().unwrap_or("")));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn urls() {
+        let u = parse_url("http://127.0.0.1:9477").unwrap();
+        assert!(!u.tls && u.port == 9477 && u.host == "127.0.0.1");
+        let u = parse_url("https://[::1]:1234/x").unwrap();
+        assert!(u.tls && u.port == 1234 && u.host == "::1");
+        assert!(parse_url("ftp://x").is_err());
+    }
+}
