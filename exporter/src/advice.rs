@@ -500,7 +500,8 @@ fn clamps(b: &mut Builder<'_>) {
                         proto: o.proto.as_str(),
                     }),
                     format!(
-                        "{} requested {} but got {} (net.core.{sysctl}={limit}); {} call(s) clamped",
+                        "{} requested {} but the kernel capped it at net.core.{sysctl}={limit} \
+                         (getsockopt reports {}, twice the cap); {} call(s) clamped",
                         o.option.as_str(),
                         kib(o.requested as f64),
                         kib(o.effective as f64),
@@ -513,7 +514,11 @@ fn clamps(b: &mut Builder<'_>) {
                         ("limit_bytes", limit as f64),
                         ("calls", clamped.len() as f64),
                     ],
-                    if tcp { Rule::TcpAutotune.citation() } else { Rule::UdpDefault.citation() },
+                    if tcp {
+                        Rule::TcpAutotune.citation()
+                    } else {
+                        Rule::UdpDefault.citation()
+                    },
                 );
             }
         }

@@ -176,6 +176,26 @@ impl Drop for Workload {
     }
 }
 
+/// Socket memory of UDP socket `inode` as `ss -uame` shows it (`skmem:(…,rb<N>,…)`): the
+/// kernel's effective receive buffer (`sk_rcvbuf`). Host network namespace.
+pub fn ss_udp_rcvbuf(inode: u64) -> Option<u64> {
+    let out = Command::new("ss").args(["-uameH"]).output().ok()?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    let ino = format!("ino:{inode} ");
+    // skmem is on the socket's line or on the indented line after it.
+    let mut lines = text.lines().skip_while(|l| !l.contains(&ino));
+    let first = lines.next()?;
+    let second = lines.next().unwrap_or("");
+    let skmem = first
+        .split("skmem:(")
+        .nth(1)
+        .or_else(|| second.split("skmem:(").nth(1))?;
+    skmem
+        .split(',')
+        .find_map(|f| f.strip_prefix("rb"))
+        .and_then(|v| v.trim_end_matches(')').parse().ok())
+}
+
 /// A running `bufscope run`. Dropping it stops it with SIGTERM (graceful detach).
 pub struct Exporter {
     child: Child,
@@ -211,7 +231,8 @@ impl Exporter {
             let logs = logs.clone();
             std::thread::spawn(move || {
                 for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                    if let Some(rest) = line.split("serving metrics on http://").nth(1) {
+                    if let Some(rest) = line.split("serving metrics on ").nth(1) {
+                        let rest = rest.split("://").nth(1).unwrap_or("");
                         let addr = rest.split('/').next().unwrap_or("").to_string();
                         let _ = tx.send(addr);
                     }

@@ -29,6 +29,9 @@ pub const DEBIAN_PACKAGES: &[(&str, &str)] = &[
     ("bpftrace", "/usr/bin/bpftrace"),
     ("libcap2-bin", "/usr/sbin/capsh"),
     ("procps", "/usr/bin/pgrep"),
+    ("chromium", "/usr/bin/chromium"),
+    ("openssl", "/usr/bin/openssl"),
+    ("curl", "/usr/bin/curl"),
 ];
 
 /// Arguments of `cargo xtask setup`.
