@@ -669,6 +669,7 @@ fn autotune(b: &mut Builder<'_>) {
 
 #[cfg(test)]
 mod tests {
+    #![allow(clippy::unwrap_used)]
     use super::*;
 
     fn p(t: u32) -> ProcRef {
@@ -795,15 +796,6 @@ mod tests {
             rcvbuf: 131_072,
             copied: 65536,
             interval_us: 190_000,
-            ..TuneView {
-                owner: None,
-                inode: 0,
-                suppressed: 0,
-                rtt_us: 0,
-                rcvbuf: 0,
-                copied: 0,
-                interval_us: 0,
-            }
         });
         let f = evaluate(&i);
         let a = f

@@ -112,25 +112,26 @@ pub fn run(args: &CheckArgs) -> i32 {
 
     println!("probes:");
     let mut attach_results: Vec<(String, bool, Option<String>)> = Vec::new();
-    if !args.no_attach && missing.is_empty() {
-        if let Some(k) = kinfo.as_ref() {
-            let disabled: HashSet<String> = args.kernel.disable.iter().cloned().collect();
-            match probes::load(
-                k,
-                &args.kernel.btf_path,
-                &disabled,
-                MapSizes::default(),
-                tracing::Level::WARN,
-            ) {
-                Ok(p) => {
-                    attach_results = p
-                        .status
-                        .iter()
-                        .map(|s| (s.spec.name.to_string(), s.attached, s.error.clone()))
-                        .collect()
-                }
-                Err(e) => println!("       loading the BPF object failed: {e:#}"),
+    if !args.no_attach
+        && missing.is_empty()
+        && let Some(k) = kinfo.as_ref()
+    {
+        let disabled: HashSet<String> = args.kernel.disable.iter().cloned().collect();
+        match probes::load(
+            k,
+            &args.kernel.btf_path,
+            &disabled,
+            MapSizes::default(),
+            tracing::Level::WARN,
+        ) {
+            Ok(p) => {
+                attach_results = p
+                    .status
+                    .iter()
+                    .map(|s| (s.spec.name.to_string(), s.attached, s.error.clone()))
+                    .collect()
             }
+            Err(e) => println!("       loading the BPF object failed: {e:#}"),
         }
     }
     let mut drop_probe_ok = false;

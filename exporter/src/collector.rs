@@ -139,12 +139,11 @@ impl Collector {
         };
         match kind {
             event_kind::SOCKOPT => {
-                if let Some(ev) = read::<SockoptEvent>(bytes) {
-                    if let Some(Who::Proc(p)) =
+                if let Some(ev) = read::<SockoptEvent>(bytes)
+                    && let Some(Who::Proc(p)) =
                         sockopt::handle(&ev, &mut self.attr, &mut self.store)
-                    {
-                        self.note_sockopt(&ev, p);
-                    }
+                {
+                    self.note_sockopt(&ev, p);
                 }
             }
             event_kind::ESTABLISHED => {

@@ -153,10 +153,10 @@ pub fn apply(file: FileConfig, args: &mut RunArgs, m: &ArgMatches) -> anyhow::Re
         args.telemetry_path,
         file.web.telemetry_path
     );
-    if let Some(v) = file.web.config_file {
-        if !from_cli("web_config") {
-            args.web_config = Some(v);
-        }
+    if let Some(v) = file.web.config_file
+        && !from_cli("web_config")
+    {
+        args.web_config = Some(v);
     }
     set!("disable", args.kernel.disable, file.probes.disable);
     set!("reasons", args.kernel.reasons, file.drops.reasons);

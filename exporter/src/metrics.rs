@@ -76,31 +76,33 @@ pub struct Health {
     pub wmem_max: i64,
 }
 
+/// Receives (extra labels, value) for one sample.
+type Emit<'a> = dyn FnMut(&[(&str, &str)], f64) + 'a;
+
 /// Builds every metric family.
 pub fn families(store: &Store, health: &Health, findings: &[Finding]) -> Vec<MetricFamily> {
     let mut out = Vec::new();
     let procs: Vec<(String, &ProcStats)> = store.iter().collect();
 
-    let per_proc =
-        |name: &str,
-         help: &str,
-         out: &mut Vec<MetricFamily>,
-         f: &dyn Fn(&ProcStats, &mut dyn FnMut(&[(&str, &str)], f64))| {
-            let mut fam = Family::new(name, help, MetricType::COUNTER);
-            for (pid, s) in &procs {
-                let base = [
-                    ("comm", s.meta.comm.as_str()),
-                    ("pid", pid.as_str()),
-                    ("container", s.meta.container.as_str()),
-                ];
-                f(s, &mut |extra, v| {
-                    let mut labels: Vec<(&str, &str)> = base.to_vec();
-                    labels.extend_from_slice(extra);
-                    fam.push(&labels, v);
-                });
-            }
-            fam.done(out);
-        };
+    let per_proc = |name: &str,
+                    help: &str,
+                    out: &mut Vec<MetricFamily>,
+                    f: &dyn Fn(&ProcStats, &mut Emit<'_>)| {
+        let mut fam = Family::new(name, help, MetricType::COUNTER);
+        for (pid, s) in &procs {
+            let base = [
+                ("comm", s.meta.comm.as_str()),
+                ("pid", pid.as_str()),
+                ("container", s.meta.container.as_str()),
+            ];
+            f(s, &mut |extra, v| {
+                let mut labels: Vec<(&str, &str)> = base.to_vec();
+                labels.extend_from_slice(extra);
+                fam.push(&labels, v);
+            });
+        }
+        fam.done(out);
+    };
 
     per_proc(
         "bufscope_socket_drops_total",

@@ -271,11 +271,11 @@ impl Store {
             .iter()
             .min_by_key(|(p, s)| (s.exited.is_none(), s.last_active, **p))
             .map(|(p, _)| *p);
-        if let Some(v) = victim {
-            if let Some(stats) = self.procs.remove(&v) {
-                self.other.absorb(&stats);
-                self.folded += 1;
-            }
+        if let Some(v) = victim
+            && let Some(stats) = self.procs.remove(&v)
+        {
+            self.other.absorb(&stats);
+            self.folded += 1;
         }
     }
 

@@ -111,10 +111,10 @@ impl WebConfig {
         let dir = path.parent().unwrap_or(Path::new("."));
         if let Some(t) = c.tls_server_config.as_mut() {
             for f in [&mut t.cert_file, &mut t.key_file, &mut t.client_ca_file] {
-                if let Some(p) = f.as_mut() {
-                    if p.is_relative() {
-                        *p = dir.join(&*p);
-                    }
+                if let Some(p) = f.as_mut()
+                    && p.is_relative()
+                {
+                    *p = dir.join(&*p);
                 }
             }
         }
@@ -305,19 +305,16 @@ impl Auth {
             );
             return false;
         };
-        if let Ok(cache) = self.ok.lock() {
-            if cache
+        if let Ok(cache) = self.ok.lock()
+            && cache
                 .get(user)
                 .is_some_and(|p| constant_eq(p.as_bytes(), pass.as_bytes()))
-            {
-                return true;
-            }
+        {
+            return true;
         }
         let good = bcrypt::verify(pass, hash).unwrap_or(false);
-        if good {
-            if let Ok(mut cache) = self.ok.lock() {
-                cache.insert(user.to_string(), pass.to_string());
-            }
+        if good && let Ok(mut cache) = self.ok.lock() {
+            cache.insert(user.to_string(), pass.to_string());
         }
         good
     }

@@ -489,18 +489,16 @@ pub fn ss_tcp() -> Vec<SsConn> {
                 _ => None,
             };
         } else if let Some((l, p)) = current {
-            if let Some(ws) = line
+            let ws = line
                 .split_whitespace()
-                .find_map(|t| t.strip_prefix("wscale:"))
-            {
-                if let Some((snd, rcv)) = ws.split_once(',') {
-                    conns.push(SsConn {
-                        local_port: l,
-                        peer_port: p,
-                        snd_wscale: snd.parse().unwrap_or(0),
-                        rcv_wscale: rcv.parse().unwrap_or(0),
-                    });
-                }
+                .find_map(|t| t.strip_prefix("wscale:"));
+            if let Some((snd, rcv)) = ws.and_then(|w| w.split_once(',')) {
+                conns.push(SsConn {
+                    local_port: l,
+                    peer_port: p,
+                    snd_wscale: snd.parse().unwrap_or(0),
+                    rcv_wscale: rcv.parse().unwrap_or(0),
+                });
             }
             current = None;
         }

@@ -102,21 +102,33 @@ fn wscale_shrink_locks_and_established_match_ss() {
     assert_eq!(expected[&c1.pid()], (2, 0, 0));
     assert_eq!(expected[&la.pid()], (5, 0, 0));
 
-    let ok = eventually(Duration::from_secs(10), "TCP metrics to match ss", || {
+    let observe = || -> HashMap<u32, (usize, usize, usize)> {
         let m = e.scrape();
-        let all = expected.iter().all(|(pid, (est, shrunk, locks))| {
-            let p = pid.to_string();
-            let l = [("pid", p.as_str())];
-            m.sum("bufscope_tcp_established_total", &l) == *est as f64
-                && m.sum("bufscope_tcp_wscale_shrunk_total", &l) == *shrunk as f64
-                && m.sum(
-                    "bufscope_rcvbuf_locks_total",
-                    &[("pid", p.as_str()), ("proto", "tcp")],
-                ) == *locks as f64
-        });
-        all.then_some(())
-    });
-    let _ = ok;
+        expected
+            .keys()
+            .map(|pid| {
+                let p = pid.to_string();
+                let l = [("pid", p.as_str())];
+                let tcp = [("pid", p.as_str()), ("proto", "tcp")];
+                (
+                    *pid,
+                    (
+                        m.sum("bufscope_tcp_established_total", &l) as usize,
+                        m.sum("bufscope_tcp_wscale_shrunk_total", &l) as usize,
+                        m.sum("bufscope_rcvbuf_locks_total", &tcp) as usize,
+                    ),
+                )
+            })
+            .collect()
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let mut got = observe();
+    while got != expected && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(200));
+        got = observe();
+    }
+    // pid -> (established, shrunk, locks): bufscope vs the kernel
+    assert_eq!(got, expected);
 }
 
 /// Counts `tcp:tcp_rcvbuf_grow` events on local port `port` while `run` runs, with bpftrace:

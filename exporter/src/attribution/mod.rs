@@ -30,6 +30,9 @@ const NEGATIVE_TTL: Duration = Duration::from_secs(5);
 /// How long TUN and listener lookups are cached.
 const CACHE_TTL: Duration = Duration::from_secs(10);
 
+/// (netns, TUN interface name) → pid holding the device.
+type TunHolders = HashMap<(u32, String), u32>;
+
 /// The attribution service shared by every signal.
 pub struct Attributor {
     procfs: Procfs,
@@ -38,7 +41,7 @@ pub struct Attributor {
     meta: HashMap<ProcRef, ProcMeta>,
     negative: HashMap<u64, Instant>,
     listeners: HashMap<(u32, u16), (Option<ProcRef>, Instant)>,
-    tun: Option<(HashMap<(u32, String), u32>, Instant)>,
+    tun: Option<(TunHolders, Instant)>,
     netns_pid: HashMap<u32, u32>,
     /// `/proc` scans done (self-metric).
     pub scans: u64,
@@ -162,10 +165,10 @@ impl Attributor {
 
     /// A process in network namespace `netns` (to read that namespace's `/proc/<pid>/net`).
     fn pid_in_netns(&mut self, netns: u32) -> Option<u32> {
-        if let Some(pid) = self.netns_pid.get(&netns) {
-            if self.procfs.netns(*pid) == Some(netns) {
-                return Some(*pid);
-            }
+        if let Some(pid) = self.netns_pid.get(&netns)
+            && self.procfs.netns(*pid) == Some(netns)
+        {
+            return Some(*pid);
         }
         let pid = self
             .procfs
@@ -179,10 +182,10 @@ impl Attributor {
     /// Owner of the TCP listener on (`netns`, `port`).
     pub fn listener(&mut self, netns: u32, port: u16) -> Option<ProcRef> {
         let now = Instant::now();
-        if let Some((p, t)) = self.listeners.get(&(netns, port)) {
-            if now.duration_since(*t) < CACHE_TTL {
-                return *p;
-            }
+        if let Some((p, t)) = self.listeners.get(&(netns, port))
+            && now.duration_since(*t) < CACHE_TTL
+        {
+            return *p;
         }
         let found = self.pid_in_netns(netns).and_then(|pid| {
             let ino = self.procfs.tcp_listener_inode(pid, port)?;

@@ -120,17 +120,17 @@ impl KernelBtf {
 
     /// The complete struct (or union) called `name`.
     fn find_struct(&self, name: &str) -> Result<btf_rs::Struct, BtfError> {
-        if let Some(id) = self.structs.borrow().get(name) {
-            if let Type::Struct(s) | Type::Union(s) = self.btf.resolve_type_by_id(*id)? {
-                return Ok(s);
-            }
+        if let Some(id) = self.structs.borrow().get(name)
+            && let Type::Struct(s) | Type::Union(s) = self.btf.resolve_type_by_id(*id)?
+        {
+            return Ok(s);
         }
         for id in self.btf.resolve_ids_by_name(name).unwrap_or_default() {
-            if let Type::Struct(s) | Type::Union(s) = self.btf.resolve_type_by_id(id)? {
-                if !s.members.is_empty() {
-                    self.structs.borrow_mut().insert(name.to_string(), id);
-                    return Ok(s);
-                }
+            if let Type::Struct(s) | Type::Union(s) = self.btf.resolve_type_by_id(id)?
+                && !s.members.is_empty()
+            {
+                self.structs.borrow_mut().insert(name.to_string(), id);
+                return Ok(s);
             }
         }
         Err(BtfError::NoStruct(name.to_string()))
@@ -150,10 +150,10 @@ impl KernelBtf {
             }
             if mname.is_empty() {
                 let inner = self.strip(self.btf.resolve_chained_type(m)?)?;
-                if let Type::Struct(inner) | Type::Union(inner) = inner {
-                    if let Some((off, found)) = self.find_member(&inner, name)? {
-                        return Ok(Some((m.bit_offset() + off, found)));
-                    }
+                if let Type::Struct(inner) | Type::Union(inner) = inner
+                    && let Some((off, found)) = self.find_member(&inner, name)?
+                {
+                    return Ok(Some((m.bit_offset() + off, found)));
                 }
             }
         }

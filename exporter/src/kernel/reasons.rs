@@ -55,14 +55,13 @@ impl DropReasons {
             let pair = &rest[..end];
             if let Some((num, name)) = pair.split_once(", ") {
                 let name = name.trim_matches('"');
-                if let Ok(v) = num.trim().parse::<u16>() {
-                    if name != "MAX"
-                        && name
-                            .chars()
-                            .all(|c| c.is_ascii_uppercase() || c.is_ascii_digit() || c == '_')
-                    {
-                        by_value.insert(v, name.to_string());
-                    }
+                if let Ok(v) = num.trim().parse::<u16>()
+                    && name != "MAX"
+                    && name
+                        .chars()
+                        .all(|c| c.is_ascii_uppercase() || c.is_ascii_digit() || c == '_')
+                {
+                    by_value.insert(v, name.to_string());
                 }
             }
         }
