@@ -281,6 +281,15 @@ impl Exporter {
         self.logs.lock().unwrap().join("\n")
     }
 
+    /// Stops it with SIGTERM and returns its exit status (graceful shutdown).
+    pub fn stop(mut self) -> std::process::ExitStatus {
+        // SAFETY: kill(2) on our own child's pid.
+        unsafe {
+            libc::kill(self.child.id() as i32, libc::SIGTERM);
+        }
+        self.child.wait().expect("wait for bufscope")
+    }
+
     /// Sends SIGKILL and reaps (for restart tests).
     pub fn kill9(mut self) {
         let _ = self.child.kill();
