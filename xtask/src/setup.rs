@@ -32,6 +32,19 @@ pub const DEBIAN_PACKAGES: &[(&str, &str)] = &[
     ("chromium", "/usr/bin/chromium"),
     ("openssl", "/usr/bin/openssl"),
     ("curl", "/usr/bin/curl"),
+    // `kubectl kustomize` renders deploy/kustomize (integration/tests/deploy.rs); the package
+    // comes from the cloud SDK apt repository of these machines' image.
+    ("kubectl", "/usr/bin/kubectl"),
+];
+
+/// PyPI packages the deploy tests' offline validator (deploy/validate.py) imports: Kubernetes
+/// OpenAPI schemas per release, and the Prometheus Operator's PodMonitor/ServiceMonitor models.
+pub const PIP_PACKAGES: &[(&str, &str)] = &[
+    ("kubernetes-validate==1.37.0", "kubernetes_validate"),
+    (
+        "cloudcoil-models-prometheus-operator==0.80.1.0",
+        "cloudcoil.models.prometheus_operator",
+    ),
 ];
 
 /// Arguments of `cargo xtask setup`.
@@ -50,6 +63,7 @@ pub fn run(a: &Args) -> anyhow::Result<()> {
     ensure_bpf_linker()?;
     if !a.no_packages {
         ensure_debian_packages()?;
+        ensure_pip_packages()?;
     }
     eprintln!("xtask setup: done");
     Ok(())
@@ -195,4 +209,32 @@ fn ensure_debian_packages() -> anyhow::Result<()> {
             .args(["install", "-y", "-qq", "--no-install-recommends"])
             .args(&missing),
     )
+}
+
+fn ensure_pip_packages() -> anyhow::Result<()> {
+    let missing: Vec<&str> = PIP_PACKAGES
+        .iter()
+        .filter(|(_, module)| {
+            !Command::new("python3")
+                .args(["-c", &format!("import {module}")])
+                .output()
+                .is_ok_and(|o| o.status.success())
+        })
+        .map(|(req, _)| *req)
+        .collect();
+    if missing.is_empty() {
+        return Ok(());
+    }
+    run_cmd(
+        Command::new("python3")
+            .args([
+                "-m",
+                "pip",
+                "install",
+                "--quiet",
+                "--disable-pip-version-check",
+            ])
+            .args(&missing),
+    )
+    .context("pip install of the deploy validator's packages failed")
 }

@@ -1,0 +1,596 @@
+//! `deploy/`: the Kubernetes manifests and the Dockerfile. Every kustomize target is rendered
+//! with the real kustomize (`kubectl kustomize`) and validated offline and strictly against the
+//! Kubernetes 1.30 OpenAPI schemas (`kubernetes-validate`) and the Prometheus Operator's
+//! PodMonitor/ServiceMonitor schemas (`deploy/validate.py`); the DaemonSet's security properties
+//! are asserted, its capabilities against what the real `bufscope check` says it needs and its
+//! arguments against the real `bufscope run --help`. Privileged: the real binary runs the way
+//! the DaemonSet runs it (exactly those capabilities, no_new_privs, read-only root, the host's
+//! /proc at the mount path) and must attach every probe and attribute a socket of another user's
+//! process; without CAP_SYS_PTRACE + CAP_DAC_READ_SEARCH it must not.
+#![allow(clippy::unwrap_used)]
+
+use std::collections::BTreeSet;
+use std::io::{BufRead as _, BufReader, Write as _};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc::channel;
+use std::time::{Duration, Instant};
+
+use bufscope_integration::{Metrics, Workload, bufscope_bin, eventually, http_get, proc_udp_drops};
+use serde_json::Value;
+
+/// Kubernetes release the manifests are validated against (kubernetes-validate schemas).
+const KUBERNETES_VERSION: &str = "1.30.0";
+const TARGETS: [&str; 3] = [
+    "base",
+    "overlays/gateway",
+    "overlays/gateway-servicemonitor",
+];
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap()
+        .to_path_buf()
+}
+
+fn output(cmd: &mut Command, stdin: Option<&str>) -> (bool, String, String) {
+    let mut child = cmd
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("{cmd:?}: {e} (cargo xtask setup installs the tools)"));
+    let mut input = child.stdin.take().unwrap();
+    input.write_all(stdin.unwrap_or("").as_bytes()).unwrap();
+    drop(input);
+    let out = child.wait_with_output().unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// `kubectl kustomize deploy/kustomize/<target>`.
+fn render(target: &str) -> String {
+    let dir = repo().join("deploy/kustomize").join(target);
+    let (ok, out, err) = output(Command::new("kubectl").arg("kustomize").arg(&dir), None);
+    assert!(ok, "kubectl kustomize {}: {err}", dir.display());
+    out
+}
+
+/// The documents of a multi-document YAML stream, as JSON (PyYAML, which validate.py uses too).
+fn docs(yaml: &str) -> Vec<Value> {
+    let (ok, out, err) = output(
+        Command::new("python3").args([
+            "-c",
+            "import json, sys, yaml; json.dump([d for d in yaml.safe_load_all(sys.stdin) if d], sys.stdout)",
+        ]),
+        Some(yaml),
+    );
+    assert!(ok, "YAML → JSON: {err}");
+    serde_json::from_str::<Vec<Value>>(&out).unwrap()
+}
+
+/// `deploy/validate.py -k <version> -` on `yaml`: (success, report).
+fn validate(yaml: &str) -> (bool, String) {
+    let (ok, out, err) = output(
+        Command::new("python3")
+            .arg(repo().join("deploy/validate.py"))
+            .args(["-k", KUBERNETES_VERSION, "-"]),
+        Some(yaml),
+    );
+    (ok, format!("{out}{err}"))
+}
+
+fn kind<'a>(docs: &'a [Value], k: &str) -> Option<&'a Value> {
+    docs.iter().find(|d| d["kind"] == k)
+}
+
+fn strings(v: &Value) -> Vec<String> {
+    v.as_array()
+        .map(|a| a.iter().map(|x| x.as_str().unwrap().to_string()).collect())
+        .unwrap_or_default()
+}
+
+#[test]
+fn every_kustomize_target_validates_strictly_against_kubernetes_and_operator_schemas() {
+    for t in TARGETS {
+        let yaml = render(t);
+        let ds = docs(&yaml);
+        let (ok, report) = validate(&yaml);
+        assert!(ok, "{t}:\n{report}");
+        let oks = report.lines().filter(|l| l.starts_with("OK ")).count();
+        assert_eq!(oks, ds.len(), "{t}: every document validated:\n{report}");
+        let kinds: BTreeSet<&str> = ds.iter().map(|d| d["kind"].as_str().unwrap()).collect();
+        for k in ["Namespace", "ServiceAccount", "DaemonSet", "Service"] {
+            assert!(kinds.contains(k), "{t} lacks a {k}");
+        }
+        assert!(
+            kinds.contains("PodMonitor") ^ kinds.contains("ServiceMonitor"),
+            "{t}: exactly one of PodMonitor/ServiceMonitor: {kinds:?}"
+        );
+        eprintln!(
+            "{t}: {} documents valid for Kubernetes {KUBERNETES_VERSION}",
+            ds.len()
+        );
+    }
+    // The validator is not a rubber stamp: a misspelt field in each kind of document fails.
+    let yaml = render("overlays/gateway-servicemonitor") + "---\n" + &render("base");
+    for (from, to) in [
+        ("readOnlyRootFilesystem", "readOnlyRootFileSystem"),
+        ("clusterIP: None", "clusterIp: None"),
+        ("sourceLabels:", "sourceLabel:"),
+        ("interval: 15s", "interval: 15 seconds"),
+        (
+            "automountServiceAccountToken",
+            "automountServiceAccountTokens",
+        ),
+    ] {
+        assert!(yaml.contains(from), "{from}");
+        let (ok, report) = validate(&yaml.replacen(from, to, 1));
+        assert!(!ok, "{from} → {to} was accepted:\n{report}");
+    }
+}
+
+/// The capabilities the real binary says it needs (`bufscope check --no-attach`), without
+/// CAP_SYS_ADMIN, which it only wants to mount tracefs when the host has none.
+fn capabilities_bufscope_checks() -> BTreeSet<String> {
+    let (_, out, err) = output(
+        Command::new(bufscope_bin()).args(["check", "--no-attach"]),
+        None,
+    );
+    let caps: BTreeSet<String> = format!("{out}{err}")
+        .lines()
+        .filter_map(|l| l.split_whitespace().find(|w| w.starts_with("CAP_")))
+        .map(|c| c.trim_start_matches("CAP_").to_string())
+        .filter(|c| c != "SYS_ADMIN")
+        .collect();
+    assert!(caps.contains("BPF"), "bufscope check output: {out}{err}");
+    caps
+}
+
+/// Long flags `bufscope run --help` lists.
+fn run_flags() -> BTreeSet<String> {
+    let (ok, out, _) = output(Command::new(bufscope_bin()).args(["run", "--help"]), None);
+    assert!(ok);
+    out.split_whitespace()
+        .filter(|w| w.starts_with("--"))
+        .map(|w| {
+            w.trim_end_matches(',')
+                .split(['=', '<'])
+                .next()
+                .unwrap()
+                .to_string()
+        })
+        .collect()
+}
+
+/// Kubernetes quantity → base units (cores or bytes).
+fn quantity(q: &Value) -> f64 {
+    let s = q
+        .as_str()
+        .map(str::to_string)
+        .unwrap_or_else(|| q.to_string());
+    let (num, unit) = s.split_at(s.find(|c: char| c.is_ascii_alphabetic()).unwrap_or(s.len()));
+    let n: f64 = num.parse().unwrap_or_else(|_| panic!("quantity {s}"));
+    n * match unit {
+        "" => 1.0,
+        "m" => 1e-3,
+        "Ki" => 1024.0,
+        "Mi" => 1024.0 * 1024.0,
+        "Gi" => 1024.0 * 1024.0 * 1024.0,
+        "k" => 1e3,
+        "M" => 1e6,
+        "G" => 1e9,
+        u => panic!("unit {u} in {s}"),
+    }
+}
+
+/// The capability names in docs/kubernetes.md's capability table (`| CAP_X | … |` rows).
+fn capabilities_documented() -> BTreeSet<String> {
+    let doc = std::fs::read_to_string(repo().join("docs/kubernetes.md")).unwrap();
+    doc.lines()
+        .filter(|l| l.starts_with("| `CAP_"))
+        .filter(|l| !l.contains("not granted"))
+        .map(|l| {
+            l.trim_start_matches("| `CAP_")
+                .split('`')
+                .next()
+                .unwrap()
+                .to_string()
+        })
+        .collect()
+}
+
+#[test]
+fn daemonset_is_least_privilege_and_consistent_with_the_binary() {
+    let needed = capabilities_bufscope_checks();
+    let documented = capabilities_documented();
+    assert_eq!(documented, needed, "docs/kubernetes.md vs bufscope check");
+    let flags = run_flags();
+    assert!(flags.contains("--path.procfs"), "{flags:?}");
+    for t in TARGETS {
+        let ds = docs(&render(t));
+        let d = kind(&ds, "DaemonSet").unwrap();
+        let pod = &d["spec"]["template"]["spec"];
+        let labels = &d["spec"]["template"]["metadata"]["labels"];
+        assert_eq!(
+            pod["hostPID"], true,
+            "{t}: hostPID (host pids for attribution)"
+        );
+        assert_ne!(pod["hostNetwork"], true, "{t}: hostNetwork is not needed");
+        assert_eq!(pod["automountServiceAccountToken"], false, "{t}");
+        assert_eq!(
+            pod["securityContext"]["seccompProfile"]["type"], "RuntimeDefault",
+            "{t}"
+        );
+        assert_eq!(
+            pod["securityContext"]["appArmorProfile"]["type"], "Unconfined",
+            "{t}"
+        );
+        let cs = pod["containers"].as_array().unwrap();
+        assert_eq!(cs.len(), 1);
+        assert!(pod["initContainers"].is_null(), "{t}: no init containers");
+        let c = &cs[0];
+        let sc = &c["securityContext"];
+        assert_ne!(sc["privileged"], true, "{t}: not privileged");
+        assert_eq!(sc["allowPrivilegeEscalation"], false, "{t}");
+        assert_eq!(sc["readOnlyRootFilesystem"], true, "{t}");
+        assert_eq!(
+            sc["runAsUser"], 0,
+            "{t}: root, so added capabilities are effective"
+        );
+        assert_eq!(strings(&sc["capabilities"]["drop"]), ["ALL"], "{t}");
+        let add: BTreeSet<String> = strings(&sc["capabilities"]["add"]).into_iter().collect();
+        assert_eq!(add, needed, "{t}: capabilities = what bufscope check needs");
+        assert!(
+            !add.contains("SYS_ADMIN") && !add.contains("NET_ADMIN"),
+            "{t}"
+        );
+        // mounts: exactly the host paths bufscope reads, all read-only
+        let mounts = c["volumeMounts"].as_array().unwrap();
+        assert!(
+            mounts.iter().all(|m| m["readOnly"] == true),
+            "{t}: read-only mounts"
+        );
+        let host: BTreeSet<(String, String)> = mounts
+            .iter()
+            .map(|m| {
+                let v = pod["volumes"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .find(|v| v["name"] == m["name"])
+                    .unwrap();
+                (
+                    v["hostPath"]["path"].as_str().unwrap().to_string(),
+                    m["mountPath"].as_str().unwrap().to_string(),
+                )
+            })
+            .collect();
+        let want: BTreeSet<(String, String)> = [
+            ("/proc", "/host/proc"),
+            ("/sys/kernel/btf", "/sys/kernel/btf"),
+            ("/sys/kernel/tracing", "/sys/kernel/tracing"),
+        ]
+        .iter()
+        .map(|(a, b)| (a.to_string(), b.to_string()))
+        .collect();
+        assert_eq!(host, want, "{t}: host mounts");
+        // args: `run` and only flags the binary has; procfs is the mounted host /proc
+        let args = strings(&c["args"]);
+        assert_eq!(args[0], "run", "{t}");
+        for a in &args[1..] {
+            let flag = a.split('=').next().unwrap();
+            assert!(
+                flags.contains(flag),
+                "{t}: {flag} is not a `bufscope run` flag"
+            );
+        }
+        assert!(
+            args.contains(&"--path.procfs=/host/proc".to_string()),
+            "{t}"
+        );
+        let port = c["ports"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|p| p["name"] == "metrics")
+            .unwrap();
+        assert_eq!(port["containerPort"], 9477);
+        assert!(
+            args.contains(&"--web.listen-address=:9477".to_string()),
+            "{t}"
+        );
+        for probe in ["startupProbe", "livenessProbe", "readinessProbe"] {
+            assert_eq!(c[probe]["httpGet"]["path"], "/healthz", "{t} {probe}");
+            assert_eq!(c[probe]["httpGet"]["port"], "metrics", "{t} {probe}");
+        }
+        let r = &c["resources"];
+        for res in ["cpu", "memory"] {
+            let (req, lim) = (quantity(&r["requests"][res]), quantity(&r["limits"][res]));
+            assert!(
+                req > 0.0 && req <= lim,
+                "{t}: {res} request {req} limit {lim}"
+            );
+        }
+        // Service, monitors and the namespace fit the pods
+        let ns = kind(&ds, "Namespace").unwrap();
+        assert_eq!(
+            ns["metadata"]["labels"]["pod-security.kubernetes.io/enforce"], "privileged",
+            "{t}: hostPID/hostPath/capabilities need the privileged PSA level"
+        );
+        let svc = kind(&ds, "Service").unwrap();
+        for (k, v) in svc["spec"]["selector"].as_object().unwrap() {
+            assert_eq!(&labels[k], v, "{t}: Service selects the pods");
+        }
+        assert_eq!(svc["spec"]["ports"][0]["targetPort"], "metrics");
+        for (mk, ep) in [
+            ("PodMonitor", "podMetricsEndpoints"),
+            ("ServiceMonitor", "endpoints"),
+        ] {
+            let Some(m) = kind(&ds, mk) else { continue };
+            let target_labels = if mk == "PodMonitor" {
+                labels
+            } else {
+                &svc["metadata"]["labels"]
+            };
+            for (k, v) in m["spec"]["selector"]["matchLabels"].as_object().unwrap() {
+                assert_eq!(&target_labels[k], v, "{t}: {mk} selects its targets");
+            }
+            let job = m["spec"]["jobLabel"].as_str().unwrap();
+            assert_eq!(
+                target_labels[job], "bufscope",
+                "{t}: job=\"bufscope\" as dashboards/alerts.yaml expects"
+            );
+            assert_eq!(m["spec"][ep][0]["port"], "metrics");
+            assert_eq!(m["spec"][ep][0]["path"], "/metrics");
+        }
+        if t.starts_with("overlays/gateway") {
+            assert!(
+                pod["nodeSelector"]
+                    .as_object()
+                    .unwrap()
+                    .contains_key("node-role.kubernetes.io/gateway"),
+                "{t}"
+            );
+            assert!(!pod["tolerations"].as_array().unwrap().is_empty(), "{t}");
+            assert_ne!(
+                c["image"], "bufscope:0.1.0",
+                "{t}: the overlay sets the image"
+            );
+        }
+    }
+}
+
+#[test]
+fn dockerfile_builds_the_binary_the_daemonset_runs() {
+    let df = std::fs::read_to_string(repo().join("Dockerfile")).unwrap();
+    let froms: Vec<&str> = df.lines().filter(|l| l.starts_with("FROM ")).collect();
+    assert!(froms.len() >= 2, "multi-stage: {froms:?}");
+    // the runtime stage starts `bufscope` with the DaemonSet's args (`run …`)
+    assert!(
+        df.contains(r#"ENTRYPOINT ["/usr/bin/bufscope"]"#),
+        "ENTRYPOINT is the binary"
+    );
+    // the builder builds the exporter package the way the workspace does
+    assert!(
+        df.contains("cargo xtask setup") && df.contains("-p bufscope"),
+        "builder"
+    );
+    let ignore = std::fs::read_to_string(repo().join(".dockerignore")).unwrap();
+    assert!(
+        ignore.lines().any(|l| l.trim() == "target"),
+        "the build context skips target/"
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// Privileged: the DaemonSet's security context, emulated.
+
+/// `bufscope run` as the pod would run it; SIGTERM and reaped on drop.
+struct PodLike {
+    child: Child,
+    addr: String,
+    log: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
+}
+
+impl PodLike {
+    /// Runs the rendered DaemonSet's container args in a private mount namespace with a
+    /// read-only root, /sys and tracefs, the host's /proc bind-mounted at `<dir>/host/proc`,
+    /// bounding/inheritable capabilities = `caps`, and no_new_privs.
+    fn start(args: &[String], caps: &BTreeSet<String>, dir: &Path) -> Self {
+        let host_proc = dir.join("host/proc");
+        std::fs::create_dir_all(&host_proc).unwrap();
+        let caps_arg = format!(
+            "-all,{}",
+            caps.iter()
+                .map(|c| format!("+{}", c.to_lowercase()))
+                .collect::<Vec<_>>()
+                .join(",")
+        );
+        let mut bufscope_args: Vec<String> = args
+            .iter()
+            .map(|a| {
+                if a.starts_with("--web.listen-address") {
+                    "--web.listen-address=127.0.0.1:0".to_string()
+                } else if let Some(p) = a.strip_prefix("--path.procfs=") {
+                    format!("--path.procfs={}{p}", dir.display())
+                } else {
+                    a.clone()
+                }
+            })
+            .collect();
+        bufscope_args.insert(0, bufscope_bin().display().to_string());
+        let script = format!(
+            "set -e; mount --rbind /proc {hp}; mount -o remount,bind,ro {hp}; \
+             mount -o remount,bind,ro /; mount -o remount,bind,ro /sys; \
+             mount -o remount,bind,ro /sys/kernel/tracing; \
+             exec setpriv --bounding-set {c} --inh-caps {c} --no-new-privs -- \"$@\"",
+            hp = host_proc.display(),
+            c = caps_arg
+        );
+        let mut child = Command::new("unshare")
+            .args([
+                "--mount",
+                "--propagation",
+                "private",
+                "sh",
+                "-c",
+                &script,
+                "sh",
+            ])
+            .args(&bufscope_args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("unshare");
+        let stderr = child.stderr.take().unwrap();
+        let log = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let (tx, rx) = channel();
+        {
+            let log = log.clone();
+            std::thread::spawn(move || {
+                for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                    if let Some(rest) = line.split("serving metrics on http://").nth(1) {
+                        let _ = tx.send(rest.split('/').next().unwrap_or("").to_string());
+                    }
+                    log.lock().unwrap().push(line);
+                }
+            });
+        }
+        let addr = rx.recv_timeout(Duration::from_secs(60));
+        let mut p = Self {
+            child,
+            addr: String::new(),
+            log,
+        };
+        match addr {
+            Ok(a) => p.addr = a,
+            Err(_) => panic!("bufscope did not serve as the pod would:\n{}", p.log()),
+        }
+        p
+    }
+
+    fn log(&self) -> String {
+        self.log.lock().unwrap().join("\n")
+    }
+
+    fn scrape(&self) -> Metrics {
+        let (status, body) = http_get(&self.addr, "/metrics");
+        assert_eq!(status, 200, "{body}");
+        Metrics::parse(&body)
+    }
+}
+
+impl Drop for PodLike {
+    fn drop(&mut self) {
+        // SAFETY: signalling our own child (unshare exec'd sh, which exec'd bufscope).
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+struct TempDir(PathBuf);
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+#[test]
+#[ignore = "needs root: run via cargo xtask test"]
+fn the_daemonsets_capabilities_are_enough_and_each_attribution_capability_is_needed() {
+    bufscope_integration::require_root();
+    let ds = docs(&render("overlays/gateway"));
+    let c = &kind(&ds, "DaemonSet").unwrap()["spec"]["template"]["spec"]["containers"][0];
+    let args = strings(&c["args"]);
+    let caps: BTreeSet<String> = strings(&c["securityContext"]["capabilities"]["add"])
+        .into_iter()
+        .collect();
+
+    // A UDP receiver of another user, created before bufscope starts: only /proc/<pid>/fd can
+    // tell whose socket it is.
+    let recv = Workload::start_wrapped(
+        &[
+            "setpriv",
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+            "--",
+        ],
+        &["udp-recv", "--rcvbuf", "4096"],
+    );
+    let port = recv.get("ports").to_string();
+    let inode: u64 = recv.get("inodes").parse().unwrap();
+    let pid = recv.pid().to_string();
+
+    for (name, granted, attributable) in [
+        ("the DaemonSet's capabilities", caps.clone(), true),
+        (
+            "without CAP_SYS_PTRACE and CAP_DAC_READ_SEARCH",
+            caps.iter()
+                .filter(|c| *c != "SYS_PTRACE" && *c != "DAC_READ_SEARCH")
+                .cloned()
+                .collect(),
+            false,
+        ),
+    ] {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .subsec_nanos();
+        let dir = TempDir(
+            std::env::temp_dir().join(format!("bufscope-pod-{}-{nanos}", std::process::id())),
+        );
+        let pod = PodLike::start(&args, &granted, &dir.0);
+        let m = pod.scrape();
+        for s in m.find("bufscope_probe_attached", &[]) {
+            assert_eq!(s.value, 1.0, "{name}: {s:?} not attached:\n{}", pod.log());
+        }
+        assert_eq!(m.find("bufscope_probe_attached", &[]).count(), 5, "{name}");
+        let before = proc_udp_drops(recv.pid(), inode).unwrap();
+        assert!(
+            Workload::start(&["udp-flood", "--port", &port, "--count", "2000"]).wait(),
+            "flood"
+        );
+        let kernel = (proc_udp_drops(recv.pid(), inode).unwrap() - before) as f64;
+        assert!(kernel > 0.0);
+        if attributable {
+            let got = eventually(Duration::from_secs(20), "drops on the receiver", || {
+                let v = pod
+                    .scrape()
+                    .sum("bufscope_socket_drops_total", &[("pid", pid.as_str())]);
+                (v == kernel).then_some(v)
+            });
+            eprintln!("{name}: receiver (uid 65534) drops kernel {kernel} / bufscope {got}");
+        } else {
+            // Past the attribution hold, the drops are counted as unknown, not on the receiver.
+            let unknown = eventually(Duration::from_secs(30), "unattributed drops", || {
+                let m = pod.scrape();
+                let u = m.sum("bufscope_socket_drops_total", &[("comm", "_unknown")]);
+                (u >= kernel).then_some((u, m))
+            });
+            assert_eq!(
+                unknown
+                    .1
+                    .sum("bufscope_socket_drops_total", &[("pid", pid.as_str())]),
+                0.0,
+                "{name}: attributed anyway"
+            );
+            eprintln!("{name}: {} drops under comm=\"_unknown\"", unknown.0);
+        }
+    }
+}
