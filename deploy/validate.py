@@ -19,7 +19,7 @@ import jsonschema
 import kubernetes_validate
 import yaml
 
-OPERATOR_KINDS = {"PodMonitor", "ServiceMonitor"}
+OPERATOR_KINDS = {"PodMonitor", "ServiceMonitor", "PrometheusRule"}
 OPERATOR_API = "monitoring.coreos.com/v1"
 
 
@@ -27,6 +27,10 @@ def strict(schema):
     """Every object schema that lists properties rejects the others (like kubectl --validate=strict)."""
     if isinstance(schema, dict):
         out = {k: strict(v) for k, v in schema.items()}
+        pattern = out.get("pattern")
+        if isinstance(pattern, str) and "(?i)" in pattern and not pattern.startswith("(?i)"):
+            # Go's RE2 allows inline flags anywhere (`^(?i)(abort|warn)?$`); Python's re only first.
+            out["pattern"] = "(?i)" + pattern.replace("(?i)", "")
         if out.get("type") == "object" and "properties" in out and "additionalProperties" not in out:
             out["additionalProperties"] = False
         return out

@@ -104,7 +104,13 @@ fn every_kustomize_target_validates_strictly_against_kubernetes_and_operator_sch
         let oks = report.lines().filter(|l| l.starts_with("OK ")).count();
         assert_eq!(oks, ds.len(), "{t}: every document validated:\n{report}");
         let kinds: BTreeSet<&str> = ds.iter().map(|d| d["kind"].as_str().unwrap()).collect();
-        for k in ["Namespace", "ServiceAccount", "DaemonSet", "Service"] {
+        for k in [
+            "Namespace",
+            "ServiceAccount",
+            "DaemonSet",
+            "Service",
+            "PrometheusRule",
+        ] {
             assert!(kinds.contains(k), "{t} lacks a {k}");
         }
         assert!(
@@ -127,10 +133,26 @@ fn every_kustomize_target_validates_strictly_against_kubernetes_and_operator_sch
             "automountServiceAccountToken",
             "automountServiceAccountTokens",
         ),
+        ("- alert: BufscopeDown", "- alrt: BufscopeDown"),
     ] {
         assert!(yaml.contains(from), "{from}");
         let (ok, report) = validate(&yaml.replacen(from, to, 1));
         assert!(!ok, "{from} → {to} was accepted:\n{report}");
+    }
+}
+
+#[test]
+fn prometheusrule_is_dashboards_alerts_yaml() {
+    let alerts = std::fs::read_to_string(repo().join("dashboards/alerts.yaml")).unwrap();
+    let alerts = &docs(&alerts)[0];
+    for t in TARGETS {
+        let ds = docs(&render(t));
+        let rule = kind(&ds, "PrometheusRule").unwrap();
+        assert_eq!(
+            rule["spec"]["groups"], alerts["groups"],
+            "{t}: deploy/kustomize/base/prometheusrule.yaml differs from dashboards/alerts.yaml: \
+             regenerate it"
+        );
     }
 }
 
