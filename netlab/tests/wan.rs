@@ -101,8 +101,9 @@ fn rate_single_tcp_flow_50ms_within_10pct() {
 #[ignore = "needs root: run via cargo xtask test"]
 fn rate_single_tcp_flow_190ms_reverse_within_10pct() {
     // Slow start overshoots the one-BDP buffer and recovery takes ~4 s at 190 ms (iperf3
-    // intervals: 3.5, 66, 77, 116, then 96 Mbit/s steady): measure the 8 s after that.
-    assert_rate(100, 190, 8, 6, true);
+    // intervals: 3.5, 66, 77, 116, then 96 Mbit/s steady), longer when the CPUs are busy (one
+    // CI run under load measured 89.5 over 8 s): measure the 12 s after that.
+    assert_rate(100, 190, 12, 6, true);
 }
 
 #[test]

@@ -684,18 +684,19 @@ fn ratio(x: f64, of: Option<f64>) -> String {
     }
 }
 
-/// Inner MTU of both tunnels (bufscope-tunnel's and wireguard-go's default).
+/// Inner MTU over UDP (bufscope-tunnel's and wireguard-go's default).
 const INNER_MTU: f64 = 1420.0;
+/// bufscope-tunnel's default inner MTU over the TCP transport (`DEFAULT_TCP_MTU`).
+const INNER_MTU_TCP: f64 = 8920.0;
 
 /// The largest fraction of the emulated link rate (which counts outer IP bytes) that one
 /// inner TCP flow can carry: inner TCP payload (MTU − 20 IP − 32 TCP with timestamps) over
 /// what crosses the link per inner packet. UDP: + 32 WireGuard + 8 UDP + 20 IP. TCP: the
 /// WireGuard packet + 2-byte length prefix rides in outer TCP segments of 1448/1500 bytes.
 fn payload_ceiling(t: Transport) -> f64 {
-    let payload = INNER_MTU - 52.0;
     match t {
-        Transport::Udp => payload / (INNER_MTU + 60.0),
-        Transport::Tcp => payload / (INNER_MTU + 34.0) * 1448.0 / 1500.0,
+        Transport::Udp => (INNER_MTU - 52.0) / (INNER_MTU + 60.0),
+        Transport::Tcp => (INNER_MTU_TCP - 52.0) / (INNER_MTU_TCP + 34.0) * 1448.0 / 1500.0,
     }
 }
 
