@@ -200,10 +200,10 @@ pub struct Inputs {
     pub tunes: Vec<TuneView>,
     /// Labels of each process.
     pub meta: BTreeMap<ProcRef, ProcMeta>,
-    /// `net.core.rmem_max`.
-    pub rmem_max: i64,
-    /// `net.core.wmem_max`.
-    pub wmem_max: i64,
+    /// `net.core.rmem_max` (None: not readable here).
+    pub rmem_max: Option<i64>,
+    /// `net.core.wmem_max` (None: not readable here).
+    pub wmem_max: Option<i64>,
     /// Host `net.ipv4.tcp_rmem[2]` (autotuning's ceiling).
     pub tcp_rmem_max: i64,
     /// Window over which drop rates are measured.
@@ -216,6 +216,11 @@ fn kib(b: f64) -> String {
     } else {
         format!("{:.0} KiB", b / 1024.0)
     }
+}
+
+/// A sysctl value, or "unknown".
+fn limit(v: Option<i64>) -> String {
+    v.map_or_else(|| "unknown".to_string(), |v| v.to_string())
 }
 
 fn mbit(bps: f64) -> String {
@@ -332,8 +337,10 @@ fn udp_drops(b: &mut Builder<'_>) {
             ("rcvbuf_bytes", worst.rcvbuf as f64),
             ("sockets", socks.len() as f64),
             ("recommended_bytes", want as f64),
-            ("rmem_max_bytes", b.inputs.rmem_max as f64),
         ];
+        if let Some(r) = b.inputs.rmem_max {
+            evidence.push(("rmem_max_bytes", r as f64));
+        }
         let what = if rate > 0.0 {
             format!("dropping {rate:.0}/s over the last {window}s")
         } else {
@@ -352,7 +359,7 @@ fn udp_drops(b: &mut Builder<'_>) {
                 summary.push_str(&format!(
                     "; requested {} was clamped by net.core.rmem_max={}",
                     kib(o.requested as f64),
-                    b.inputs.rmem_max
+                    limit(b.inputs.rmem_max)
                 ));
                 format!(
                     "raise it: {} — then the {} request takes effect",
@@ -368,7 +375,7 @@ fn udp_drops(b: &mut Builder<'_>) {
                 "request a {} receive buffer: SO_RCVBUFFORCE (with CAP_NET_ADMIN), else SO_RCVBUF \
                  with net.core.rmem_max >= {want} (now {}); UDP has no autotuning",
                 kib(want as f64),
-                b.inputs.rmem_max
+                limit(b.inputs.rmem_max)
             ),
             None => "the buffer is already large: the reader is too slow for the arrival rate \
                      (read in batches with recvmmsg/GRO, more reader threads or SO_REUSEPORT)"
@@ -467,7 +474,7 @@ fn tun_ring(b: &mut Builder<'_>) {
 fn clamps(b: &mut Builder<'_>) {
     let groups = by_owner(b.inputs.opts.iter().map(|o| (o.owner, o)));
     for (p, opts) in groups {
-        for (k, dir, limit) in [
+        for (k, dir, cap) in [
             (kind::RCVBUF_CLAMPED, Direction::Receive, b.inputs.rmem_max),
             (kind::SNDBUF_CLAMPED, Direction::Send, b.inputs.wmem_max),
         ] {
@@ -500,10 +507,11 @@ fn clamps(b: &mut Builder<'_>) {
                         proto: o.proto.as_str(),
                     }),
                     format!(
-                        "{} requested {} but the kernel capped it at net.core.{sysctl}={limit} \
+                        "{} requested {} but the kernel capped it at net.core.{sysctl}={} \
                          (getsockopt reports {}, twice the cap); {} call(s) clamped",
                         o.option.as_str(),
                         kib(o.requested as f64),
+                        limit(cap),
                         kib(o.effective as f64),
                         clamped.len()
                     ),
@@ -511,7 +519,7 @@ fn clamps(b: &mut Builder<'_>) {
                     vec![
                         ("requested_bytes", o.requested as f64),
                         ("effective_bytes", o.effective as f64),
-                        ("limit_bytes", limit as f64),
+                        ("limit_bytes", cap.unwrap_or(o.effective / 2) as f64),
                         ("calls", clamped.len() as f64),
                     ],
                     if tcp {
@@ -690,8 +698,8 @@ mod tests {
         );
         Inputs {
             meta,
-            rmem_max: 212_992,
-            wmem_max: 212_992,
+            rmem_max: Some(212_992),
+            wmem_max: Some(212_992),
             tcp_rmem_max: 6_291_456,
             window: Duration::from_secs(60),
             ..Inputs::default()

@@ -60,6 +60,7 @@ pub struct Collector {
     wscale_examples: HashMap<ProcRef, (u8, u8)>,
     /// Window over which advice measures rates.
     pub advice_window: Duration,
+    warned_limits: bool,
 }
 
 impl Collector {
@@ -87,6 +88,7 @@ impl Collector {
             notes: HashMap::new(),
             wscale_examples: HashMap::new(),
             advice_window: Duration::from_secs(60),
+            warned_limits: false,
         }
     }
 
@@ -98,6 +100,14 @@ impl Collector {
     /// Reads every map into the store (and runs GC when due).
     pub fn poll(&mut self) {
         self.limits = BufferLimits::read();
+        if self.limits.rmem_max.is_none() && !self.warned_limits {
+            self.warned_limits = true;
+            tracing::warn!(
+                "cannot read net.core.rmem_max/wmem_max from this network namespace (kernels before \
+                 6.11 hide them in containers): clamp advice will say \"unknown\"; run with \
+                 hostNetwork to see them"
+            );
+        }
         if let Some(d) = self.drops.as_mut() {
             d.poll(&mut self.attr, &mut self.store);
         }
@@ -148,7 +158,8 @@ impl Collector {
             }
             event_kind::ESTABLISHED => {
                 if let Some(ev) = read::<EstablishedEvent>(bytes) {
-                    let rmem_max = self.limits.rmem_max;
+                    // Unknown rmem_max: judge by tcp_rmem[2] alone (never a false "shrunk").
+                    let rmem_max = self.limits.rmem_max.unwrap_or(0);
                     let who = tcp::handle(&ev, rmem_max, &mut self.attr, &mut self.store);
                     if let (Who::Proc(p), true) = (who, tcp::shrunk(&ev, rmem_max)) {
                         let expected = tcp::expected_wscale(ev.tcp_rmem_max as i64, rmem_max);

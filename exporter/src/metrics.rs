@@ -70,10 +70,10 @@ pub struct Health {
     pub bpf_lost: Vec<(&'static str, u64)>,
     /// Map fill level by map name: (entries, max entries).
     pub map_entries: Vec<(&'static str, u64, u64)>,
-    /// `net.core.rmem_max` / `wmem_max` now.
-    pub rmem_max: i64,
-    /// `net.core.wmem_max` now.
-    pub wmem_max: i64,
+    /// `net.core.rmem_max` now (None: unreadable here).
+    pub rmem_max: Option<i64>,
+    /// `net.core.wmem_max` now (None: unreadable here).
+    pub wmem_max: Option<i64>,
 }
 
 /// Receives (extra labels, value) for one sample.
@@ -290,14 +290,18 @@ pub fn families(store: &Store, health: &Health, findings: &[Finding]) -> Vec<Met
         "net.core.rmem_max: the ceiling SO_RCVBUF requests are clamped to (the kernel doubles it).",
         MetricType::GAUGE,
     );
-    f.push(&[], health.rmem_max as f64);
+    if let Some(v) = health.rmem_max {
+        f.push(&[], v as f64);
+    }
     f.done(&mut out);
     let mut f = Family::new(
         "bufscope_net_core_wmem_max_bytes",
         "net.core.wmem_max: the ceiling SO_SNDBUF requests are clamped to (the kernel doubles it).",
         MetricType::GAUGE,
     );
-    f.push(&[], health.wmem_max as f64);
+    if let Some(v) = health.wmem_max {
+        f.push(&[], v as f64);
+    }
     f.done(&mut out);
 
     let mut f = Family::new(

@@ -165,11 +165,15 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         None
     };
     let stats: PerCpuArray<MapData, u64> = take(ebpf, "STATS")?;
+    let kernel_release = kinfo.release.clone();
+    // The parsed kernel BTF (tens of MiB) is only needed to load: give it back.
+    drop(kinfo);
+    release_free_memory();
     let events: RingBuf<MapData> = take(ebpf, "EVENTS")?;
 
     let health = Health {
         version: env!("CARGO_PKG_VERSION").to_string(),
-        kernel: kinfo.release.clone(),
+        kernel: kernel_release,
         probes: loaded
             .status
             .iter()
@@ -302,6 +306,16 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     drop(loaded);
     tracing::info!("probes detached; bye");
     Ok(())
+}
+
+/// Returns freed heap to the kernel (glibc keeps it otherwise; start-up parsed ~5 MB of BTF
+/// into many small allocations).
+fn release_free_memory() {
+    // SAFETY: malloc_trim only walks glibc's own heap.
+    #[cfg(target_env = "gnu")]
+    unsafe {
+        libc::malloc_trim(0);
+    }
 }
 
 /// Registers a BPF map fd (owned by `inner` for its whole life) with the tokio reactor.

@@ -231,12 +231,15 @@ impl Exporter {
             let logs = logs.clone();
             std::thread::spawn(move || {
                 for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                    if let Some(rest) = line.split("serving metrics on ").nth(1) {
+                    let addr = line.split("serving metrics on ").nth(1).map(|rest| {
                         let rest = rest.split("://").nth(1).unwrap_or("");
-                        let addr = rest.split('/').next().unwrap_or("").to_string();
-                        let _ = tx.send(addr);
-                    }
+                        rest.split('/').next().unwrap_or("").to_string()
+                    });
+                    // Log first, so the caller sees the line once start() returns.
                     logs.lock().unwrap().push(line);
+                    if let Some(a) = addr {
+                        let _ = tx.send(a);
+                    }
                 }
             });
         }

@@ -187,21 +187,23 @@ pub fn sysctl_i64(name: &str) -> Option<i64> {
         .ok()
 }
 
-/// The global socket buffer ceilings that `SO_RCVBUF`/`SO_SNDBUF` are clamped to.
+/// The global socket buffer ceilings that `SO_RCVBUF`/`SO_SNDBUF` are clamped to. `None` when
+/// this process cannot read them (kernels before ≈6.11 hide them inside a container's own
+/// network namespace): bufscope then says "unknown" rather than guess.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct BufferLimits {
     /// `net.core.rmem_max`.
-    pub rmem_max: i64,
+    pub rmem_max: Option<i64>,
     /// `net.core.wmem_max`.
-    pub wmem_max: i64,
+    pub wmem_max: Option<i64>,
 }
 
 impl BufferLimits {
     /// Reads them now (they can change at run time).
     pub fn read() -> Self {
         Self {
-            rmem_max: sysctl_i64("net/core/rmem_max").unwrap_or(212_992),
-            wmem_max: sysctl_i64("net/core/wmem_max").unwrap_or(212_992),
+            rmem_max: sysctl_i64("net/core/rmem_max"),
+            wmem_max: sysctl_i64("net/core/wmem_max"),
         }
     }
 }
