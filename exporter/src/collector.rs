@@ -61,6 +61,8 @@ pub struct Collector {
     /// Window over which advice measures rates.
     pub advice_window: Duration,
     warned_limits: bool,
+    /// Counter series already exposed at least once (see `zero_new_counters`).
+    exposed: HashSet<String>,
 }
 
 impl Collector {
@@ -89,16 +91,18 @@ impl Collector {
             wscale_examples: HashMap::new(),
             advice_window: Duration::from_secs(60),
             warned_limits: false,
+            exposed: HashSet::new(),
         }
     }
 
-    /// When the maps were last read.
-    pub fn last_poll(&self) -> Option<Instant> {
+    /// When the last read of the maps started.
+    pub fn last_poll_started(&self) -> Option<Instant> {
         self.last_poll
     }
 
     /// Reads every map into the store (and runs GC when due).
     pub fn poll(&mut self) {
+        self.last_poll = Some(Instant::now());
         self.limits = BufferLimits::read();
         if self.limits.rmem_max.is_none() && !self.warned_limits {
             self.warned_limits = true;
@@ -115,7 +119,6 @@ impl Collector {
             a.poll(&mut self.attr, &mut self.store);
         }
         self.read_stats();
-        self.last_poll = Some(Instant::now());
         if self.last_gc.elapsed() >= self.timing.gc_every {
             self.gc();
         }
@@ -402,11 +405,43 @@ impl Collector {
             ),
         ];
         let findings = self.findings();
-        let fams = metrics::families(&self.store, &self.health, &findings);
+        let mut fams = metrics::families(&self.store, &self.health, &findings);
+        self.zero_new_counters(&mut fams);
         metrics::encode(&fams).unwrap_or_else(|e| {
             tracing::error!("encoding metrics: {e}");
             String::new()
         })
+    }
+}
+
+impl Collector {
+    /// Shows every counter series at 0 the first time it is exposed; its real value follows at
+    /// the next scrape. Without this a series is born non-zero and `rate()`/`increase()` never
+    /// see its first burst (e.g. the only drops of a short flood).
+    fn zero_new_counters(&mut self, fams: &mut [prometheus::proto::MetricFamily]) {
+        let mut seen = HashSet::with_capacity(self.exposed.len());
+        for mf in fams.iter_mut() {
+            if mf.get_field_type() != prometheus::proto::MetricType::COUNTER {
+                continue;
+            }
+            let name = mf.name().to_string();
+            for m in mf.mut_metric().iter_mut() {
+                let mut key = name.clone();
+                for l in m.get_label() {
+                    key.push('\u{0}');
+                    key.push_str(l.name());
+                    key.push('=');
+                    key.push_str(l.value());
+                }
+                if !self.exposed.contains(&key) {
+                    let mut c = prometheus::proto::Counter::default();
+                    c.set_value(0.0);
+                    m.set_counter(c);
+                }
+                seen.insert(key);
+            }
+        }
+        self.exposed = seen;
     }
 }
 

@@ -34,9 +34,6 @@ struct App {
 /// The status page (self-contained: no external assets).
 const STATUS_PAGE: &str = include_str!("status.html");
 
-/// A scrape reads the maps itself unless they were read this recently.
-const SCRAPE_FRESHNESS: Duration = Duration::from_millis(100);
-
 fn take<T>(ebpf: &mut aya::Ebpf, name: &str) -> anyhow::Result<T>
 where
     T: TryFrom<aya::maps::Map, Error = aya::maps::MapError>,
@@ -386,18 +383,18 @@ async fn index() -> Html<&'static str> {
     Html(STATUS_PAGE)
 }
 
-/// Runs `f` on the collector in a blocking thread after a fresh poll.
+/// Runs `f` on the collector in a blocking thread after a poll that started after this request
+/// arrived: a scrape always reflects everything that happened before it. Concurrent requests
+/// share one poll (they queue on the lock and find it already done).
 async fn with_fresh<T: Send + 'static>(
     app: &App,
     f: impl FnOnce(&mut Collector) -> T + Send + 'static,
 ) -> Option<T> {
     let collector = app.collector.clone();
+    let arrived = Instant::now();
     tokio::task::spawn_blocking(move || {
         let mut c = collector.lock().ok()?;
-        let fresh = c
-            .last_poll()
-            .is_some_and(|t| Instant::now().duration_since(t) < SCRAPE_FRESHNESS);
-        if !fresh {
+        if c.last_poll_started().is_none_or(|t| t < arrived) {
             c.poll();
         }
         Some(f(&mut c))
