@@ -210,13 +210,7 @@ impl Exporter {
     pub fn start(extra: &[&str]) -> Self {
         require_root();
         let mut child = Command::new(bufscope_bin())
-            .args([
-                "run",
-                "--web.listen-address",
-                "127.0.0.1:0",
-                "--log.level",
-                "info",
-            ])
+            .args(["run", "--web.listen-address", "127.0.0.1:0"])
             .args(extra)
             .env("NO_COLOR", "1")
             .stdin(Stdio::null())

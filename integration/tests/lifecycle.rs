@@ -94,3 +94,22 @@ fn json_logs_are_one_object_per_line() {
     }
     assert!(lines.iter().any(|l| l.contains("probe attached")), "{log}");
 }
+
+#[test]
+#[ignore = "needs root: run via cargo xtask test"]
+fn bpf_side_logs_reach_the_daemon_log_at_debug() {
+    let e = Exporter::start(&["--log.level", "debug"]);
+    let w = bufscope_integration::Workload::start(&[
+        "setsockopt",
+        "--proto",
+        "udp",
+        "--opt",
+        "SO_RCVBUF",
+        "--value",
+        "65536",
+    ]);
+    let want = format!("setsockopt tgid={} opt=8 req=65536", w.pid());
+    bufscope_integration::eventually(Duration::from_secs(10), "the BPF log line", || {
+        e.log().contains(&want).then_some(())
+    });
+}
