@@ -23,6 +23,7 @@ pub fn run(a: &Args) -> anyhow::Result<()> {
     c.env("BUFSCOPE_BIN", root.join("target/debug/bufscope"))
         .args([
             "test",
+            "--no-fail-fast",
             "--workspace",
             "--exclude",
             "bufscope-ebpf",
