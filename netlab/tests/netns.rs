@@ -66,6 +66,11 @@ fn netns_veth_sysctl_and_drop() {
         // A process left running inside is killed when the namespace goes.
         let p = a.spawn("sleep", ["600"]).unwrap();
         let child_pid = p.pid();
+        // `ip netns exec` enters the namespace just after the fork: wait for it to get there.
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        while !a.pids().unwrap().contains(&child_pid) && std::time::Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+        }
         assert!(a.pids().unwrap().contains(&child_pid));
         std::mem::forget(p); // leave it to the namespace's drop
         child_pid

@@ -188,8 +188,9 @@ fn tcp_buffer_policies_as_the_kernel_reports_them() {
     for policy in ["recommended", "fixed=65536"] {
         let p = pair(&["Transport = tcp"], &["--buffer-policy", policy]);
         wait_ping(&p.net.a, INNER_B, Duration::from_secs(10), &[&p.ta, &p.tb]);
-        // Push some data so autotuning has a chance to grow unlocked buffers.
-        iperf3(&p.net, policy, false, 2);
+        // Push data towards `a` (reverse: b sends), so a's outer socket is the one receiving
+        // bulk data and autotuning has a reason to grow it when unlocked.
+        iperf3(&p.net, policy, true, 2);
         let info = ss(
             &p.net.a,
             &["-t", "-i", "-m", "state", "established", "dport = :51822"],
