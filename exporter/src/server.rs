@@ -207,12 +207,14 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
                         break;
                     }
                 };
-                let rb = guard.get_inner_mut();
                 let mut batch: Vec<Vec<u8>> = Vec::new();
-                while let Some(item) = rb.next() {
-                    batch.push(item.to_vec());
-                }
+                drain(guard.get_inner_mut(), &mut batch);
                 guard.clear_ready();
+                // Records committed between the drain and clear_ready() signalled readiness
+                // that clear_ready() just discarded, and the kernel's adaptive wake-up only
+                // fires again once the consumer has caught up: drain once more or stall.
+                drain(guard.get_inner_mut(), &mut batch);
+                drop(guard);
                 if batch.is_empty() {
                     continue;
                 }
@@ -312,6 +314,13 @@ fn release_free_memory() {
     #[cfg(target_env = "gnu")]
     unsafe {
         libc::malloc_trim(0);
+    }
+}
+
+/// Copies every available ring-buffer record into `batch`.
+fn drain(rb: &mut RingBuf<MapData>, batch: &mut Vec<Vec<u8>>) {
+    while let Some(item) = rb.next() {
+        batch.push(item.to_vec());
     }
 }
 
