@@ -245,6 +245,20 @@ impl Store {
             Who::Proc(p) => p,
         };
         if !self.procs.contains_key(&p) {
+            // A reused pid: the earlier process (exited, kept for retention) would produce
+            // series with exactly the same labels. Fold it into `_other` first.
+            let reused: Vec<ProcRef> = self
+                .procs
+                .keys()
+                .filter(|q| q.tgid == p.tgid)
+                .copied()
+                .collect();
+            for q in reused {
+                if let Some(old) = self.procs.remove(&q) {
+                    self.other.absorb(&old);
+                    self.folded += 1;
+                }
+            }
             if self.procs.len() >= self.max_processes {
                 self.fold_least_active();
             }
@@ -379,6 +393,22 @@ mod tests {
         std::thread::sleep(Duration::from_millis(30));
         s.expire(|_| false);
         assert!(s.is_empty());
+    }
+
+    #[test]
+    fn a_reused_pid_never_duplicates_series() {
+        let mut s = Store::new(10, Duration::from_secs(600));
+        s.proc_mut(p(7), meta("a")).tcp_established += 2;
+        s.expire(|_| false); // exited, kept for retention
+        let reused = Who::Proc(ProcRef {
+            tgid: 7,
+            start_ticks: 99,
+        });
+        s.proc_mut(reused, meta("a")).tcp_established += 1;
+        let pids: Vec<String> = s.iter().map(|(pid, _)| pid).collect();
+        assert_eq!(pids.iter().filter(|x| *x == "7").count(), 1, "{pids:?}");
+        let total: u64 = s.iter().map(|(_, st)| st.tcp_established).sum();
+        assert_eq!(total, 3, "the old process's counts moved to _other");
     }
 
     #[test]

@@ -129,6 +129,7 @@ fn wscale_shrink_locks_and_established_match_ss() {
     }
     // pid -> (established, shrunk, locks): bufscope vs the kernel
     assert_eq!(got, expected);
+    eprintln!("control wscale {control_wscale}; pid -> (established, shrunk, locks): {got:?}");
 }
 
 /// Counts `tcp:tcp_rcvbuf_grow` events on local port `port` while `run` runs, with bpftrace:
@@ -230,5 +231,6 @@ fn autotune_suppressed_matches_an_independent_count() {
             got, want,
             "{name}: bpftrace counted {grows} tcp_rcvbuf_grow events"
         );
+        eprintln!("{name}: bpftrace tcp_rcvbuf_grow {grows}, bufscope suppressed {got}");
     }
 }

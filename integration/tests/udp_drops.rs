@@ -68,6 +68,9 @@ fn flood_and_compare(recv_args: &[&str], v6: bool, pre_existing: bool) {
         },
     );
     assert_eq!(got, want);
+    eprintln!(
+        "{recv_args:?} pre_existing={pre_existing}: kernel drops column {kernel}, bufscope {got} on pid {rpid}, sender pid {spid}"
+    );
     let m = exporter.scrape();
     // Exact: nothing more (e.g. double counting) shows up later either.
     assert_eq!(
