@@ -190,8 +190,10 @@ pub struct Config {
     pub dev_name: u32,
     /// `net_device.nd_net` (a `struct net *`).
     pub dev_net: u32,
-    /// Padding (keeps `reason_mask` 8-byte aligned without implicit padding).
-    pub _pad: u32,
+    /// `sock.sk_ino` (`unsigned long`, 6.18+: the socket's inode number cached in the sock,
+    /// 0 once orphaned); 0 when this kernel has no such member (then `sk_socket` +
+    /// [`Config::socket_ino`] is read instead). Also keeps `reason_mask` 8-byte aligned.
+    pub sk_ino: u32,
 
     // --- behaviour ---
     /// Bitmap of tracked `enum skb_drop_reason` values (bit r set: count reason r).
@@ -264,7 +266,9 @@ pub struct DropVal {
     pub rcvbuf: i32,
     /// `sk_rmem_alloc` at the last drop on this CPU.
     pub rmem_alloc: i32,
-    /// `bpf_ktime_get_ns()` of the last drop on this CPU.
+    /// When this CPU last counted a drop, in jiffies (`bpf_jiffies64()`: inlined by the JIT,
+    /// unlike `bpf_ktime_get_ns()`, which cost the per-packet path ≈25 ns). Only compared
+    /// between CPUs to pick the latest `rcvbuf`/`rmem_alloc`; the name predates the change.
     pub last_ns: u64,
     /// Device name for [`drop_site::DEVICE`] drops.
     pub ifname: [u8; 16],
@@ -283,7 +287,8 @@ pub struct AutotuneVal {
     pub copied: u64,
     /// Length of that interval (µs, the tracepoint's `time`).
     pub interval_us: u64,
-    /// `bpf_ktime_get_ns()` of the last event on this CPU.
+    /// When this CPU last saw an event, in jiffies (`bpf_jiffies64()`, as
+    /// [`DropVal::last_ns`]); only compared between CPUs.
     pub last_ns: u64,
     /// Receiver RTT estimate at the last event (µs).
     pub rtt_us: u32,

@@ -24,7 +24,8 @@ use aya_ebpf::{
     bindings::BPF_NOEXIST,
     helpers::{
         bpf_get_current_cgroup_id, bpf_get_current_comm, bpf_get_current_pid_tgid,
-        bpf_get_current_task, bpf_ktime_get_ns, bpf_probe_read_kernel, bpf_probe_read_user,
+        bpf_get_current_task_btf, bpf_jiffies64, bpf_probe_read_kernel, bpf_probe_read_user,
+        bpf_skc_to_tcp_sock,
     },
     macros::{btf_tracepoint, map, tracepoint},
     maps::{LruHashMap, PerCpuArray, PerCpuHashMap, RingBuf},
@@ -127,6 +128,61 @@ fn kread_field(base: u64, f: Field) -> u32 {
     (word >> f.shift) & f.mask()
 }
 
+/// Loads a `T` at `base + off` directly (a PROBE_MEM load: a fault reads 0), without a helper
+/// call. Only for BTF-typed pointers — `tp_btf` arguments and pointers loaded from them with
+/// [`load`] — and only at the offset of a whole member of exactly `T`'s size (or a bitfield
+/// [`load_field`] covers): the verifier checks every such access against the kernel's BTF and
+/// refuses reads that cross a member's end. `off` comes from the frozen `CONFIG`, so the verifier
+/// sees a constant.
+#[inline(always)]
+fn load<T: Copy>(base: u64, off: u32) -> T {
+    // SAFETY: see above; the verifier rewrites this into an exception-table-protected load.
+    unsafe { core::ptr::read_volatile((base as *const u8).add(off as usize) as *const T) }
+}
+
+/// [`kread_field`] with direct loads: reads exactly the bytes that hold the (bit)field, so the
+/// access never crosses into the next member. `f` is a constant to the verifier, which keeps
+/// only the branch for this kernel's layout.
+#[inline(always)]
+fn load_field(base: u64, f: Field) -> u32 {
+    if f.bits == 0 {
+        return 0;
+    }
+    let end = f.shift as u32 + f.bits as u32;
+    let word: u32 = if end <= 8 {
+        load::<u8>(base, f.off) as u32
+    } else if end <= 16 {
+        load::<u16>(base, f.off) as u32
+    } else {
+        load::<u32>(base, f.off)
+    };
+    (word >> f.shift) & f.mask()
+}
+
+/// `sock_i_ino(sk)` for a BTF-typed `sk`: the `sk_ino` cache where the kernel has one (one
+/// load), else `SOCK_INODE(sk->sk_socket)->i_ino` (one load and one helper call: the inode
+/// sits after `struct socket` in `struct socket_alloc`, outside what the verifier lets a
+/// `struct socket *` reach). 0 when the sock has no socket.
+#[inline(always)]
+fn btf_sk_inode(sk: u64) -> u64 {
+    let off = cfg!(sk_ino);
+    if off != 0 {
+        return load::<u64>(sk, off);
+    }
+    let sock: u64 = load(sk, cfg!(sk_socket));
+    if sock == 0 {
+        return 0;
+    }
+    kread(sock, cfg!(socket_ino))
+}
+
+/// `sock_net(sk)->ns.inum` for a BTF-typed `sk` (two loads).
+#[inline(always)]
+fn btf_sk_netns(sk: u64) -> u32 {
+    let net: u64 = load(sk, cfg!(sk_net));
+    load(net, cfg!(net_inum))
+}
+
 #[inline(always)]
 fn stat_inc(idx: u32) {
     if let Some(p) = STATS.get_ptr_mut(idx) {
@@ -141,48 +197,59 @@ fn sk_netns(sk: u64) -> u32 {
     kread(net, cfg!(net_inum))
 }
 
-/// `sock_i_ino(sk)`: `SOCK_INODE(sk->sk_socket)->i_ino`, 0 when the sock has no socket (a
-/// passive child not accepted yet, or an orphan after close()).
-#[inline(always)]
-fn sk_inode(sk: u64) -> u64 {
-    let sock: u64 = kread(sk, cfg!(sk_socket));
-    if sock == 0 {
-        return 0;
-    }
-    kread(sock, cfg!(socket_ino))
-}
-
 #[inline(always)]
 fn sk_userlocks(sk: u64) -> u32 {
     kread_field(sk, cfg!(sk_userlocks)) & SOCK_BUF_LOCK_MASK as u32
+}
+
+/// [`sk_userlocks`] for a BTF-typed `sk`.
+#[inline(always)]
+fn btf_sk_userlocks(sk: u64) -> u32 {
+    load_field(sk, cfg!(sk_userlocks)) & SOCK_BUF_LOCK_MASK as u32
+}
+
+/// `current` as a BTF-typed (trusted) `struct task_struct *`, for [`load`].
+#[inline(always)]
+fn current_task() -> u64 {
+    unsafe { bpf_get_current_task_btf() as u64 }
 }
 
 /// The calling process, as recorded for owners and setsockopt events.
 #[inline(always)]
 fn current_owner() -> Owner {
     let pid_tgid = bpf_get_current_pid_tgid();
-    let task = unsafe { bpf_get_current_task() };
-    let leader: u64 = kread(task, cfg!(task_group_leader));
+    let leader: u64 = load(current_task(), cfg!(task_group_leader));
+    let start_ns = if leader == 0 {
+        0
+    } else {
+        load::<u64>(leader, cfg!(task_start_boottime))
+    };
     Owner {
         tgid: (pid_tgid >> 32) as u32,
         pid: pid_tgid as u32,
         cgroup_id: unsafe { bpf_get_current_cgroup_id() },
-        start_ns: kread(leader, cfg!(task_start_boottime)),
+        start_ns,
         comm: bpf_get_current_comm().unwrap_or_default(),
     }
 }
 
-/// `current->files->fdt->fd[fd]` (a `struct file *`), 0 when out of range.
+/// `current->files->fdt->fd[fd]` (a `struct file *`), 0 when out of range. Direct loads down
+/// to the fd array (a plain pointer to the verifier), then one helper read.
 #[inline(always)]
 fn fd_file(fd: u64) -> u64 {
-    let task = unsafe { bpf_get_current_task() };
-    let files: u64 = kread(task, cfg!(task_files));
-    let fdt: u64 = kread(files, cfg!(files_fdt));
-    let max_fds: u32 = kread(fdt, cfg!(fdt_max_fds));
+    let files: u64 = load(current_task(), cfg!(task_files));
+    if files == 0 {
+        return 0;
+    }
+    let fdt: u64 = load(files, cfg!(files_fdt));
+    if fdt == 0 {
+        return 0;
+    }
+    let max_fds: u32 = load(fdt, cfg!(fdt_max_fds));
     if fd >= max_fds as u64 {
         return 0;
     }
-    let fd_array: u64 = kread(fdt, cfg!(fdt_fd));
+    let fd_array: u64 = load(fdt, cfg!(fdt_fd));
     if fd_array == 0 {
         return 0;
     }
@@ -306,7 +373,10 @@ pub fn sys_exit_setsockopt(ctx: TracePointContext) -> u32 {
     }
     let sk = p.sk;
     let owner = current_owner();
-    if p.inode != 0 && OWNERS.insert(&p.inode, &owner, 0).is_err() {
+    // An LRU update costs a lock and an element swap; most calls come from the recorded owner.
+    let known = unsafe { OWNERS.get(&p.inode) }
+        .is_some_and(|o| o.tgid == owner.tgid && o.start_ns == owner.start_ns);
+    if p.inode != 0 && !known && OWNERS.insert(&p.inode, &owner, 0).is_err() {
         stat_inc(stat::OWNERS_FULL);
     }
     let Some(mut entry) = EVENTS.reserve::<SockoptEvent>(0) else {
@@ -366,11 +436,11 @@ pub fn inet_sock_set_state(ctx: BtfTracePointContext) -> i32 {
         return 0;
     }
     let sk: u64 = ctx.arg(0);
-    if kread_field(sk, cfg!(sk_protocol)) != IPPROTO_TCP as u32 {
+    if load_field(sk, cfg!(sk_protocol)) != IPPROTO_TCP as u32 {
         return 0;
     }
-    let netns = sk_netns(sk);
-    let lport: u16 = kread(sk, cfg!(sk_num));
+    let netns = btf_sk_netns(sk);
+    let lport: u16 = load(sk, cfg!(sk_num));
     let lkey = ListenKey {
         netns,
         port: lport as u32,
@@ -382,7 +452,7 @@ pub fn inet_sock_set_state(ctx: BtfTracePointContext) -> i32 {
         }
         // connect(): process context, `current` owns the socket.
         TCP_SYN_SENT => {
-            let inode = sk_inode(sk);
+            let inode = btf_sk_inode(sk);
             if inode != 0 {
                 record_owner(inode);
             }
@@ -398,7 +468,7 @@ pub fn inet_sock_set_state(ctx: BtfTracePointContext) -> i32 {
 #[inline(always)]
 fn established(sk: u64, oldstate: i32, netns: u32, lport: u16, lkey: &ListenKey) {
     let passive = oldstate == TCP_SYN_RECV;
-    let inode = if passive { 0 } else { sk_inode(sk) };
+    let inode = if passive { 0 } else { btf_sk_inode(sk) };
     // softirq context (SYN-ACK / final ACK): never `current`.
     let owner = if passive {
         unsafe { LISTENERS.get(lkey) }.copied()
@@ -407,17 +477,22 @@ fn established(sk: u64, oldstate: i32, netns: u32, lport: u16, lkey: &ListenKey)
     } else {
         None
     };
+    // `struct tcp_sock` members lie beyond `struct sock`: the verifier needs a `tcp_sock *`.
+    let tp = unsafe { bpf_skc_to_tcp_sock(sk as *mut _) } as u64;
+    if tp == 0 {
+        return;
+    }
     let mut flags = 0;
     if passive {
         flags |= estab_flags::PASSIVE;
     }
-    if kread_field(sk, cfg!(tcp_wscale_ok)) != 0 {
+    if load_field(tp, cfg!(tcp_wscale_ok)) != 0 {
         flags |= estab_flags::WSCALE_OK;
     }
     if owner.is_some() {
         flags |= estab_flags::OWNER_KNOWN;
     }
-    let net: u64 = kread(sk, cfg!(sk_net));
+    let net: u64 = load(sk, cfg!(sk_net));
     let Some(mut entry) = EVENTS.reserve::<EstablishedEvent>(0) else {
         stat_inc(stat::RINGBUF_FULL);
         return;
@@ -428,15 +503,15 @@ fn established(sk: u64, oldstate: i32, netns: u32, lport: u16, lkey: &ListenKey)
         owner: owner.unwrap_or_default(),
         inode,
         netns,
-        rcvbuf: kread(sk, cfg!(sk_rcvbuf)),
-        tcp_rmem_max: kread(net, cfg!(net_tcp_rmem_max)),
-        window_clamp: kread(sk, cfg!(tcp_window_clamp)),
+        rcvbuf: load(sk, cfg!(sk_rcvbuf)),
+        tcp_rmem_max: load(net, cfg!(net_tcp_rmem_max)),
+        window_clamp: load(tp, cfg!(tcp_window_clamp)),
         lport,
-        family: kread(sk, cfg!(sk_family)),
-        rcv_wscale: kread_field(sk, cfg!(tcp_rcv_wscale)) as u8,
-        snd_wscale: kread_field(sk, cfg!(tcp_snd_wscale)) as u8,
-        userlocks: sk_userlocks(sk) as u8,
-        window_scaling: kread_field(net, cfg!(net_tcp_window_scaling)) as u8,
+        family: load(sk, cfg!(sk_family)),
+        rcv_wscale: load_field(tp, cfg!(tcp_rcv_wscale)) as u8,
+        snd_wscale: load_field(tp, cfg!(tcp_snd_wscale)) as u8,
+        userlocks: btf_sk_userlocks(sk) as u8,
+        window_scaling: load_field(net, cfg!(net_tcp_window_scaling)) as u8,
     });
     entry.submit(0);
 }
@@ -451,22 +526,27 @@ fn established(sk: u64, oldstate: i32, netns: u32, lport: u16, lkey: &ListenKey)
 pub fn tcp_rcvbuf_grow(ctx: BtfTracePointContext) -> i32 {
     let sk: u64 = ctx.arg(0);
     let time: i32 = ctx.arg(1);
-    let inode = sk_inode(sk);
+    let inode = btf_sk_inode(sk);
     if inode == 0 {
         return 0;
     }
-    let locks = sk_userlocks(sk);
-    let net: u64 = kread(sk, cfg!(sk_net));
+    let tp = unsafe { bpf_skc_to_tcp_sock(sk as *mut _) } as u64;
+    if tp == 0 {
+        return 0;
+    }
+    let locks = btf_sk_userlocks(sk);
+    let net: u64 = load(sk, cfg!(sk_net));
     let moderate = {
         let f = cfg!(net_tcp_moderate_rcvbuf);
         // Kernels without the per-netns field always moderate (unless globally off).
-        if f.present() { kread_field(net, f) } else { 1 }
+        if f.present() { load_field(net, f) } else { 1 }
     };
     let suppressed = (locks & SOCK_RCVBUF_LOCK as u32) != 0 || moderate == 0;
-    let copied_seq: u32 = kread(sk, cfg!(tcp_copied_seq));
-    let space_seq: u32 = kread(sk, cfg!(tcp_rcvq_space_seq));
-    let rtt8: u32 = kread(sk, cfg!(tcp_rcv_rtt_us));
-    let now = unsafe { bpf_ktime_get_ns() };
+    let copied_seq: u32 = load(tp, cfg!(tcp_copied_seq));
+    let space_seq: u32 = load(tp, cfg!(tcp_rcvq_space_seq));
+    let rtt8: u32 = load(tp, cfg!(tcp_rcv_rtt_us));
+    let rcvbuf: i32 = load(sk, cfg!(sk_rcvbuf));
+    let now = unsafe { bpf_jiffies64() };
     let update = |v: &mut AutotuneVal| {
         v.grow_events += 1;
         if suppressed {
@@ -476,7 +556,7 @@ pub fn tcp_rcvbuf_grow(ctx: BtfTracePointContext) -> i32 {
         v.interval_us = if time > 0 { time as u64 } else { 0 };
         v.last_ns = now;
         v.rtt_us = rtt8 >> 3;
-        v.rcvbuf = kread(sk, cfg!(sk_rcvbuf));
+        v.rcvbuf = rcvbuf;
         v.userlocks = locks;
     };
     if let Some(p) = AUTOTUNE.get_ptr_mut(&inode) {
@@ -484,7 +564,7 @@ pub fn tcp_rcvbuf_grow(ctx: BtfTracePointContext) -> i32 {
         return 0;
     }
     let mut v = AutotuneVal {
-        netns: sk_netns(sk),
+        netns: btf_sk_netns(sk),
         ..AutotuneVal::default()
     };
     update(&mut v);
@@ -517,15 +597,17 @@ fn reason_tracked(reason: u32) -> bool {
     word & (1u64 << (reason & 63)) != 0
 }
 
-/// Segments carried by a GRO/GSO skb (`skb_shinfo(skb)->gso_segs`), at least 1.
+/// Segments carried by a GRO/GSO skb (`skb_shinfo(skb)->gso_segs`), at least 1. `skb` is the
+/// BTF-typed tracepoint argument; `head` is a plain byte pointer to the verifier, so the
+/// shared info needs one helper read.
 #[inline(always)]
 fn skb_segs(skb: u64) -> u64 {
-    let head: u64 = kread(skb, cfg!(skb_head));
+    let head: u64 = load(skb, cfg!(skb_head));
     let shinfo = if cfg!(skb_end_is_offset) != 0 {
-        let end: u32 = kread(skb, cfg!(skb_end));
+        let end: u32 = load(skb, cfg!(skb_end));
         head + end as u64
     } else {
-        kread::<u64>(skb, cfg!(skb_end))
+        load::<u64>(skb, cfg!(skb_end))
     };
     let segs: u16 = kread(shinfo, cfg!(shinfo_gso_segs));
     if segs == 0 { 1 } else { segs as u64 }
@@ -533,6 +615,11 @@ fn skb_segs(skb: u64) -> u64 {
 
 /// `tp_btf/kfree_skb(struct sk_buff *skb, void *location, enum skb_drop_reason reason,
 /// struct sock *rx_sk)` (rx_sk: 6.11+).
+///
+/// Per dropped packet: the reason filter, then direct (PROBE_MEM) loads through the typed
+/// `rx_sk`/`skb` pointers — one helper call (`gso_segs`) instead of one per field — and one
+/// per-CPU hash update. Keys and values are built field by field (no `Default` + update:
+/// that compiles to calls of a `memset` subprogram).
 #[btf_tracepoint(function = "kfree_skb")]
 pub fn kfree_skb(ctx: BtfTracePointContext) -> i32 {
     let reason: u32 = ctx.arg(2);
@@ -542,46 +629,68 @@ pub fn kfree_skb(ctx: BtfTracePointContext) -> i32 {
     stat_inc(stat::DROPS_SEEN);
     let skb: u64 = ctx.arg(0);
     let sk: u64 = ctx.arg(3);
-    let mut key = DropKey {
-        reason: reason as u16,
-        ..DropKey::default()
-    };
-    let mut val = DropVal::default();
+    let key;
+    let (rcvbuf, rmem_alloc);
+    let mut ifname = [0u8; 16];
     if sk != 0 {
-        key.inode = sk_inode(sk);
-        key.netns = sk_netns(sk);
-        key.proto = kread_field(sk, cfg!(sk_protocol)) as u8;
-        if key.inode == 0 {
-            key.site = drop_site::SOCKET_NO_INODE;
-            key.id = kread::<u16>(sk, cfg!(sk_num)) as u32;
+        let inode = btf_sk_inode(sk);
+        let (site, id) = if inode == 0 {
             stat_inc(stat::DROP_NO_INODE);
-        }
-        val.rcvbuf = kread(sk, cfg!(sk_rcvbuf));
-        val.rmem_alloc = kread(sk, cfg!(sk_rmem_alloc));
+            (
+                drop_site::SOCKET_NO_INODE,
+                load::<u16>(sk, cfg!(sk_num)) as u32,
+            )
+        } else {
+            (drop_site::SOCKET, 0)
+        };
+        key = DropKey {
+            inode,
+            netns: btf_sk_netns(sk),
+            id,
+            reason: reason as u16,
+            proto: load_field(sk, cfg!(sk_protocol)) as u8,
+            site,
+            _pad: 0,
+        };
+        rcvbuf = load::<i32>(sk, cfg!(sk_rcvbuf));
+        rmem_alloc = load::<i32>(sk, cfg!(sk_rmem_alloc));
     } else if reason == cfg!(reason_full_ring) {
-        // A full TUN/TAP ring: no socket; the device's owner is found by userspace.
+        // A full TUN/TAP ring: no socket; the device's owner is found by userspace. Rare:
+        // helper reads are fine here.
         let dev: u64 = kread(skb, cfg!(skb_dev));
-        key.site = drop_site::DEVICE;
-        key.id = kread(dev, cfg!(dev_ifindex));
-        key.netns = kread(kread::<u64>(dev, cfg!(dev_net)), cfg!(net_inum));
-        val.ifname = kread(dev, cfg!(dev_name));
+        key = DropKey {
+            inode: 0,
+            netns: kread(kread::<u64>(dev, cfg!(dev_net)), cfg!(net_inum)),
+            id: kread(dev, cfg!(dev_ifindex)),
+            reason: reason as u16,
+            proto: 0,
+            site: drop_site::DEVICE,
+            _pad: 0,
+        };
+        ifname = kread(dev, cfg!(dev_name));
+        (rcvbuf, rmem_alloc) = (0, 0);
     } else {
         return 0;
     }
     let segs = skb_segs(skb);
-    let now = unsafe { bpf_ktime_get_ns() };
+    let now = unsafe { bpf_jiffies64() };
     if let Some(p) = DROPS.get_ptr_mut(&key) {
         let v = unsafe { &mut *p };
         v.packets += segs;
         v.skbs += 1;
-        v.rcvbuf = val.rcvbuf;
-        v.rmem_alloc = val.rmem_alloc;
+        v.rcvbuf = rcvbuf;
+        v.rmem_alloc = rmem_alloc;
         v.last_ns = now;
         return 0;
     }
-    val.packets = segs;
-    val.skbs = 1;
-    val.last_ns = now;
+    let val = DropVal {
+        packets: segs,
+        skbs: 1,
+        rcvbuf,
+        rmem_alloc,
+        last_ns: now,
+        ifname,
+    };
     if DROPS.insert(&key, &val, BPF_NOEXIST as u64).is_err() {
         match DROPS.get_ptr_mut(&key) {
             Some(p) => {

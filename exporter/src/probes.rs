@@ -200,9 +200,10 @@ pub fn load(
         tracing::Level::DEBUG => 4,
         tracing::Level::TRACE => 5,
     };
+    let config = fast_path_config(kernel);
     let mut ebpf = EbpfLoader::new()
         .btf(Some(&btf))
-        .override_global("CONFIG", &kernel.config, true)
+        .override_global("CONFIG", &config, true)
         .override_global("AYA_LOG_LEVEL", &aya_level, false)
         .map_max_entries("DROPS", sizes.drops)
         .map_max_entries("OWNERS", sizes.owners)
@@ -246,6 +247,19 @@ pub fn load(
         }
     }
     Ok(Probes { ebpf, status })
+}
+
+/// `kernel.config` plus the members only the hot paths use: `sock.sk_ino` (6.18+), which
+/// saves the drop probe a helper call per packet where the kernel has it (0 = absent: the probe
+/// falls back to `SOCK_INODE(sk->sk_socket)`).
+fn fast_path_config(kernel: &KernelInfo) -> bufscope_common::Config {
+    let mut c = kernel.config;
+    c.sk_ino = match kernel.btf.member("sock", "sk_ino") {
+        // `unsigned long`: the probe loads exactly 8 bytes.
+        Ok(m) if !m.bitfield && m.bits == 64 => m.byte_offset(),
+        _ => 0,
+    };
+    c
 }
 
 fn hooks_of(spec: &ProbeSpec) -> String {
