@@ -203,6 +203,12 @@ pub struct Config {
     pub reason_full_ring: u32,
     /// Non-zero when the kernel's `sk_buff.end` is an offset from `head` (64-bit kernels).
     pub skb_end_is_offset: u32,
+    /// Event ring buffer wake-ups: 0 = the kernel default (the reader is woken for nearly
+    /// every event when it keeps up: an irq_work self-IPI per event); N = wake it only once
+    /// N bytes wait (the reader must then also drain on a timer).
+    pub ringbuf_wakeup_bytes: u32,
+    /// Padding (keeps the size a multiple of 8 without implicit padding).
+    pub _pad2: u32,
 }
 
 /// What the owner of a socket is: the process that created, bound, connected, accepted or
@@ -417,7 +423,7 @@ pub mod stat {
 }
 
 const _: () = assert!(core::mem::size_of::<Field>() == 8);
-const _: () = assert!(core::mem::size_of::<Config>() == 232);
+const _: () = assert!(core::mem::size_of::<Config>() == 240);
 const _: () = assert!(core::mem::offset_of!(Config, reason_mask) == 192);
 const _: () = assert!(core::mem::size_of::<Owner>() == 40);
 const _: () = assert!(core::mem::size_of::<DropKey>() == 24);

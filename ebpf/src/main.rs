@@ -21,7 +21,7 @@
 
 use aya_ebpf::{
     EbpfContext as _,
-    bindings::BPF_NOEXIST,
+    bindings::{BPF_NOEXIST, BPF_RB_AVAIL_DATA, BPF_RB_FORCE_WAKEUP, BPF_RB_NO_WAKEUP},
     helpers::{
         bpf_get_current_cgroup_id, bpf_get_current_comm, bpf_get_current_pid_tgid,
         bpf_get_current_task_btf, bpf_jiffies64, bpf_probe_read_kernel, bpf_probe_read_user,
@@ -256,6 +256,23 @@ fn fd_file(fd: u64) -> u64 {
     unsafe { bpf_probe_read_kernel((fd_array + fd * 8) as *const u64) }.unwrap_or(0)
 }
 
+/// `bpf_ringbuf_submit` flags. With `CONFIG.ringbuf_wakeup_bytes == 0`, the kernel's default
+/// (wake the reader when it has caught up, i.e. for nearly every event at low rates; each
+/// wake-up is an irq_work self-IPI, about 1 µs in a VM). Otherwise no wake-up until that much
+/// data waits: the reader must then also drain on a timer.
+#[inline(always)]
+fn submit_flags() -> u64 {
+    let bytes = cfg!(ringbuf_wakeup_bytes);
+    if bytes == 0 {
+        return 0;
+    }
+    if EVENTS.query(BPF_RB_AVAIL_DATA as u64) >= bytes as u64 {
+        BPF_RB_FORCE_WAKEUP as u64
+    } else {
+        BPF_RB_NO_WAKEUP as u64
+    }
+}
+
 /// Records `current` as the owner of the socket behind `file`.
 #[inline(always)]
 fn record_owner_of_file(file: u64) {
@@ -404,7 +421,7 @@ pub fn sys_exit_setsockopt(ctx: TracePointContext) -> u32 {
         _pad1: 0,
     };
     entry.write(ev);
-    entry.submit(0);
+    entry.submit(submit_flags());
     debug!(
         &ctx,
         "setsockopt tgid={} opt={} req={} ret={} rcvbuf={}->{}",
@@ -513,7 +530,7 @@ fn established(sk: u64, oldstate: i32, netns: u32, lport: u16, lkey: &ListenKey)
         userlocks: btf_sk_userlocks(sk) as u8,
         window_scaling: load_field(net, cfg!(net_tcp_window_scaling)) as u8,
     });
-    entry.submit(0);
+    entry.submit(submit_flags());
 }
 
 // ---------------------------------------------------------------------------------------------

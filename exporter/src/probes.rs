@@ -249,11 +249,19 @@ pub fn load(
     Ok(Probes { ebpf, status })
 }
 
+/// Ring-buffer wake-up threshold written to `Config::ringbuf_wakeup_bytes`. 0 keeps the
+/// kernel's default: the event reader is woken for nearly every event (≈1 µs of irq_work
+/// self-IPI per setsockopt call or TCP connection on this VM). Raise it (e.g. 64 KiB) only
+/// together with a reader that also drains the ring buffer on a timer, or events wait until
+/// that many bytes pile up.
+pub const RINGBUF_WAKEUP_BYTES: u32 = 0;
+
 /// `kernel.config` plus the members only the hot paths use: `sock.sk_ino` (6.18+), which
 /// saves the drop probe a helper call per packet where the kernel has it (0 = absent: the probe
-/// falls back to `SOCK_INODE(sk->sk_socket)`).
+/// falls back to `SOCK_INODE(sk->sk_socket)`), and the ring-buffer wake-up policy.
 fn fast_path_config(kernel: &KernelInfo) -> bufscope_common::Config {
     let mut c = kernel.config;
+    c.ringbuf_wakeup_bytes = RINGBUF_WAKEUP_BYTES;
     c.sk_ino = match kernel.btf.member("sock", "sk_ino") {
         // `unsigned long`: the probe loads exactly 8 bytes.
         Ok(m) if !m.bitfield && m.bits == 64 => m.byte_offset(),
