@@ -388,6 +388,9 @@ impl Collector {
         if removed > 0 {
             tracing::debug!(removed, "garbage-collected map entries of closed sockets");
         }
+        // What churn freed (exited processes, closed sockets) goes back to the kernel instead
+        // of staying in the allocator's arenas.
+        crate::probes::trim_heap();
     }
 
     /// Prometheus text exposition.

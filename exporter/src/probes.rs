@@ -246,7 +246,22 @@ pub fn load(
             }
         }
     }
+    // The parsed BTF (tens of MiB of small allocations) is gone: give the pages back.
+    drop(btf);
+    trim_heap();
     Ok(Probes { ebpf, status })
+}
+
+/// Returns freed heap pages to the kernel (glibc keeps them otherwise). Start-up parses the
+/// kernel's BTF into tens of MiB of small allocations; once they are dropped, this brings the
+/// resident set down to what the daemon really uses (measured: 64 → 48 MiB after [`load`];
+/// 8.6 MiB when the caller also drops its `KernelInfo` and calls this again).
+pub fn trim_heap() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: malloc_trim only walks glibc's own arenas.
+    unsafe {
+        libc::malloc_trim(0);
+    }
 }
 
 /// Ring-buffer wake-up threshold written to `Config::ringbuf_wakeup_bytes`. 0 keeps the
