@@ -165,7 +165,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     let kernel_release = kinfo.release.clone();
     // The parsed kernel BTF (tens of MiB) is only needed to load: give it back.
     drop(kinfo);
-    release_free_memory();
+    probes::trim_heap();
     let events: RingBuf<MapData> = take(ebpf, "EVENTS")?;
 
     let health = Health {
@@ -305,16 +305,6 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     drop(loaded);
     tracing::info!("probes detached; bye");
     Ok(())
-}
-
-/// Returns freed heap to the kernel (glibc keeps it otherwise; start-up parsed ~5 MB of BTF
-/// into many small allocations).
-fn release_free_memory() {
-    // SAFETY: malloc_trim only walks glibc's own heap.
-    #[cfg(target_env = "gnu")]
-    unsafe {
-        libc::malloc_trim(0);
-    }
 }
 
 /// Copies every available ring-buffer record into `batch`.
