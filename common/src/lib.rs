@@ -416,10 +416,15 @@ pub mod stat {
     pub const FD_WALK_FAILED: u32 = 5;
     /// `PENDING` insert failed (too many threads inside setsockopt at once).
     pub const PENDING_FULL: u32 = 6;
-    /// Drops seen with a tracked reason (skbs), whatever happened next.
+    /// Drops with a tracked reason (skbs) counted into `DROPS` (or lost to a full map),
+    /// bumped after the map update: while it stands still, `DROPS` has not changed and
+    /// userspace need not read it.
     pub const DROPS_SEEN: u32 = 7;
+    /// `tcp_rcvbuf_grow` events counted into `AUTOTUNE` (or lost), bumped after the update
+    /// (as [`DROPS_SEEN`]).
+    pub const AUTOTUNE_SEEN: u32 = 8;
     /// Number of slots.
-    pub const COUNT: u32 = 8;
+    pub const COUNT: u32 = 9;
 }
 
 const _: () = assert!(core::mem::size_of::<Field>() == 8);

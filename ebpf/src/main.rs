@@ -578,6 +578,7 @@ pub fn tcp_rcvbuf_grow(ctx: BtfTracePointContext) -> i32 {
     };
     if let Some(p) = AUTOTUNE.get_ptr_mut(&inode) {
         update(unsafe { &mut *p });
+        stat_inc(stat::AUTOTUNE_SEEN);
         return 0;
     }
     let mut v = AutotuneVal {
@@ -592,6 +593,8 @@ pub fn tcp_rcvbuf_grow(ctx: BtfTracePointContext) -> i32 {
             None => stat_inc(stat::AUTOTUNE_MAP_FULL),
         }
     }
+    // After the update: userspace skips reading AUTOTUNE while this has not moved.
+    stat_inc(stat::AUTOTUNE_SEEN);
     0
 }
 
@@ -643,7 +646,6 @@ pub fn kfree_skb(ctx: BtfTracePointContext) -> i32 {
     if !reason_tracked(reason) {
         return 0;
     }
-    stat_inc(stat::DROPS_SEEN);
     let skb: u64 = ctx.arg(0);
     let sk: u64 = ctx.arg(3);
     let key;
@@ -689,36 +691,42 @@ pub fn kfree_skb(ctx: BtfTracePointContext) -> i32 {
     } else {
         return 0;
     }
-    let segs = skb_segs(skb);
-    let now = unsafe { bpf_jiffies64() };
-    if let Some(p) = DROPS.get_ptr_mut(&key) {
-        let v = unsafe { &mut *p };
-        v.packets += segs;
-        v.skbs += 1;
-        v.rcvbuf = rcvbuf;
-        v.rmem_alloc = rmem_alloc;
-        v.last_ns = now;
-        return 0;
-    }
     let val = DropVal {
-        packets: segs,
+        packets: skb_segs(skb),
         skbs: 1,
         rcvbuf,
         rmem_alloc,
-        last_ns: now,
+        last_ns: unsafe { bpf_jiffies64() },
         ifname,
     };
-    if DROPS.insert(&key, &val, BPF_NOEXIST as u64).is_err() {
-        match DROPS.get_ptr_mut(&key) {
+    count_drop(&key, &val);
+    // After the update: userspace skips reading DROPS while this has not moved.
+    stat_inc(stat::DROPS_SEEN);
+    0
+}
+
+/// Adds one dropped skb (`val`: its segments, and the socket's state now) to `DROPS`.
+#[inline(always)]
+fn count_drop(key: &DropKey, val: &DropVal) {
+    if let Some(p) = DROPS.get_ptr_mut(key) {
+        let v = unsafe { &mut *p };
+        v.packets += val.packets;
+        v.skbs += 1;
+        v.rcvbuf = val.rcvbuf;
+        v.rmem_alloc = val.rmem_alloc;
+        v.last_ns = val.last_ns;
+        return;
+    }
+    if DROPS.insert(key, val, BPF_NOEXIST as u64).is_err() {
+        match DROPS.get_ptr_mut(key) {
             Some(p) => {
                 let v = unsafe { &mut *p };
-                v.packets += segs;
+                v.packets += val.packets;
                 v.skbs += 1;
             }
             None => stat_inc(stat::DROPS_MAP_FULL),
         }
     }
-    0
 }
 
 #[cfg(not(test))]
