@@ -14,6 +14,9 @@ use crate::metrics::{self, Health};
 use crate::signals::{autotune::Autotune, drops::Drops, sockopt, tcp};
 use crate::store::{BufOption, ProcMeta, ProcRef, Proto, Store, Who};
 
+/// How long a pass over `/proc/*/fd` stays good for GC (see `Collector::live_sockets`).
+const LIVE_TTL: Duration = Duration::from_secs(60);
+
 /// Most per-socket setsockopt notes kept for advice (oldest dropped first).
 const MAX_NOTES: usize = 20_000;
 
@@ -53,6 +56,8 @@ pub struct Collector {
     pub limits: BufferLimits,
     timing: Timing,
     last_gc: Instant,
+    /// Socket inodes held by any process, from the last pass over `/proc/*/fd`.
+    live: Option<(Instant, HashSet<u64>)>,
     last_poll: Option<Instant>,
     /// Last setsockopt per (socket, option), for advice.
     notes: HashMap<(u64, BufOption), SocketOpt>,
@@ -86,6 +91,7 @@ impl Collector {
             limits: BufferLimits::read(),
             timing,
             last_gc: Instant::now(),
+            live: None,
             last_poll: None,
             notes: HashMap::new(),
             wscale_examples: HashMap::new(),
@@ -112,16 +118,25 @@ impl Collector {
                  hostNetwork to see them"
             );
         }
+        // Read before the maps: a count that lands meanwhile moves them for the next poll.
+        let drops_gen = self.stat_total(stat::DROPS_SEEN);
+        let autotune_gen = self.stat_total(stat::AUTOTUNE_SEEN);
         if let Some(d) = self.drops.as_mut() {
-            d.poll(&mut self.attr, &mut self.store);
+            d.poll_if_changed(drops_gen, &mut self.attr, &mut self.store);
         }
         if let Some(a) = self.autotune.as_mut() {
-            a.poll(&mut self.attr, &mut self.store);
+            a.poll_if_changed(autotune_gen, &mut self.attr, &mut self.store);
         }
         self.read_stats();
         if self.last_gc.elapsed() >= self.timing.gc_every {
             self.gc();
         }
+    }
+
+    /// One `STATS` slot summed over CPUs (None when the map cannot be read).
+    fn stat_total(&self, idx: u32) -> Option<u64> {
+        let vals = self.stats.as_ref()?.get(&idx, 0).ok()?;
+        Some(vals.iter().sum())
     }
 
     fn read_stats(&mut self) {
@@ -278,9 +293,11 @@ impl Collector {
     /// Findings for tracked processes (those folded or unknown are not actionable).
     pub fn findings(&self) -> Vec<Finding> {
         let inputs = self.advice_inputs();
+        // A set, not a scan of every tracked process per finding (1,000 × 1,000 per scrape).
+        let tracked: HashSet<u32> = inputs.meta.keys().map(|p| p.tgid).collect();
         advice::evaluate(&inputs)
             .into_iter()
-            .filter(|f| inputs.meta.keys().any(|p| p.tgid == f.process.pid))
+            .filter(|f| tracked.contains(&f.process.pid))
             .collect()
     }
 
@@ -362,12 +379,7 @@ impl Collector {
         self.last_gc = Instant::now();
         let attr = &self.attr;
         self.store.expire(|p| attr.alive(p));
-        let live: HashSet<u64> = self
-            .attr
-            .procfs()
-            .all_socket_holders()
-            .into_keys()
-            .collect();
+        let live = self.live_sockets();
         let mut removed = 0;
         if let Some(d) = self.drops.as_mut() {
             removed += d.gc(&live, self.timing.idle, &mut self.attr);
@@ -378,19 +390,51 @@ impl Collector {
         self.notes.retain(|(ino, _), _| live.contains(ino));
         let store = &self.store;
         self.wscale_examples.retain(|p, _| store.get(p).is_some());
-        let drops = &self.drops;
-        self.attr.retain_procs(|p| {
-            store.get(p).is_some()
-                || drops
-                    .as_ref()
-                    .is_some_and(|d| d.seen().any(|(_, s)| s.owner.as_ref() == Some(p)))
-        });
+        // One pass over the drop keys (not one per cached process: with 1,000 processes and
+        // 10,000 sockets that was 10 M comparisons per GC).
+        let owners: HashSet<ProcRef> = self
+            .drops
+            .as_ref()
+            .map(|d| d.seen().filter_map(|(_, s)| s.owner).collect())
+            .unwrap_or_default();
+        self.attr
+            .retain_procs(|p| store.get(p).is_some() || owners.contains(p));
         if removed > 0 {
             tracing::debug!(removed, "garbage-collected map entries of closed sockets");
         }
         // What churn freed (exited processes, closed sockets) goes back to the kernel instead
         // of staying in the allocator's arenas.
         crate::probes::trim_heap();
+    }
+
+    /// Socket inodes held by any process. A pass over every `/proc/<pid>/fd` is the
+    /// expensive part of GC (≈13,000 readlinks with 1,000 processes holding 10,000 sockets), so
+    /// the last pass is reused for up to [`LIVE_TTL`] while every GC candidate (an idle map
+    /// entry) was live in it: a closed socket's entry then goes at most that much later.
+    fn live_sockets(&mut self) -> HashSet<u64> {
+        let idle = self.timing.idle;
+        let mut candidates = self
+            .drops
+            .as_ref()
+            .map(|d| d.idle_inodes(idle))
+            .unwrap_or_default();
+        if let Some(a) = self.autotune.as_ref() {
+            candidates.extend(a.idle_inodes(idle));
+        }
+        if let Some((at, live)) = &self.live
+            && at.elapsed() < LIVE_TTL
+            && candidates.iter().all(|i| live.contains(i))
+        {
+            return live.clone();
+        }
+        let live: HashSet<u64> = self
+            .attr
+            .procfs()
+            .all_socket_holders()
+            .into_keys()
+            .collect();
+        self.live = Some((Instant::now(), live.clone()));
+        live
     }
 
     /// Prometheus text exposition.

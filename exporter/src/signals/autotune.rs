@@ -38,6 +38,8 @@ pub struct SockTune {
 pub struct Autotune {
     map: PerCpuHashMap<MapData, u64, AutotuneVal>,
     last: HashMap<u64, SockTune>,
+    /// `stat::AUTOTUNE_SEEN` as read just before the last full read of the map.
+    generation: Option<u64>,
 }
 
 fn sum(values: &[AutotuneVal]) -> AutotuneVal {
@@ -64,7 +66,23 @@ impl Autotune {
         Self {
             map,
             last: HashMap::new(),
+            generation: None,
         }
+    }
+
+    /// [`Autotune::poll`], unless `generation` (the probe's `stat::AUTOTUNE_SEEN`, read just
+    /// before this call) shows that no event was counted since the last full read.
+    pub fn poll_if_changed(
+        &mut self,
+        generation: Option<u64>,
+        attr: &mut Attributor,
+        store: &mut Store,
+    ) {
+        if generation.is_some() && generation == self.generation {
+            return;
+        }
+        self.poll(attr, store);
+        self.generation = generation;
     }
 
     /// Entries (as of the last poll).
@@ -137,6 +155,16 @@ impl Autotune {
                 },
             );
         }
+    }
+
+    /// Socket inodes of entries [`Autotune::gc`] would delete if their socket were gone.
+    pub fn idle_inodes(&self, idle: Duration) -> Vec<u64> {
+        let now = Instant::now();
+        self.last
+            .iter()
+            .filter(|(_, s)| now.duration_since(s.changed) >= idle)
+            .map(|(ino, _)| *ino)
+            .collect()
     }
 
     /// Deletes idle entries of sockets that no longer exist.

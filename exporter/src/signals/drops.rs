@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 use aya::maps::{MapData, PerCpuHashMap};
 use bufscope_common::{DropKey, DropVal, drop_site};
 
+use super::batch::BatchReader;
 use crate::attribution::Attributor;
 use crate::kernel::DropReasons;
 use crate::store::{ProcRef, Proto, Store, Who};
@@ -38,6 +39,10 @@ pub struct Seen {
 
 /// How much per-key history is kept for rates.
 pub const HISTORY: Duration = Duration::from_secs(300);
+
+/// Spacing of the kept samples (rates are exact over [sample, now], with the window start
+/// rounded down to a sample at most this much earlier).
+pub const HISTORY_STEP: Duration = Duration::from_secs(10);
 
 impl Seen {
     /// Packets per second over the last `window` (0 when nothing moved in it).
@@ -81,6 +86,13 @@ pub struct Drops {
     held: HashMap<DropKey, Held>,
     hold: Duration,
     last_poll: Option<Instant>,
+    /// `stat::DROPS_SEEN` as read just before the last full read of the map.
+    generation: Option<u64>,
+    /// Reason names by number (resolved once).
+    names: HashMap<u16, String>,
+    /// Reads the map in batches (None: the kernel or the map does not allow it; then aya's
+    /// key-by-key iterator).
+    batch: Option<BatchReader>,
 }
 
 /// Sums one key's per-CPU values (latest `rcvbuf`/`rmem_alloc` win).
@@ -118,7 +130,32 @@ impl Drops {
             held: HashMap::new(),
             hold,
             last_poll: None,
+            generation: None,
+            names: HashMap::new(),
+            batch: BatchReader::find(
+                "DROPS",
+                std::mem::size_of::<DropKey>(),
+                std::mem::size_of::<DropVal>(),
+            ),
         }
+    }
+
+    /// [`Drops::poll`], unless `generation` (the probe's `stat::DROPS_SEEN`, read just before
+    /// this call) shows that nothing was counted since the last full read and no delta waits
+    /// for its owner. Reading the map costs two syscalls per entry, so an idle host with
+    /// thousands of sockets that once dropped would otherwise pay for them every poll.
+    pub fn poll_if_changed(
+        &mut self,
+        generation: Option<u64>,
+        attr: &mut Attributor,
+        store: &mut Store,
+    ) {
+        if generation.is_some() && generation == self.generation && self.held.is_empty() {
+            self.last_poll = Some(Instant::now());
+            return;
+        }
+        self.poll(attr, store);
+        self.generation = generation;
     }
 
     /// Entries currently in the BPF map (as of the last poll).
@@ -139,37 +176,55 @@ impl Drops {
     /// Reads the map and attributes new drops.
     pub fn poll(&mut self, attr: &mut Attributor, store: &mut Store) {
         let now = Instant::now();
-        let mut current = Vec::new();
-        for item in self.map.iter() {
-            match item {
-                Ok((k, v)) => current.push((k, sum(&v))),
-                Err(e) => {
-                    tracing::debug!("DROPS iteration: {e}");
-                    break;
-                }
-            }
-        }
+        let current = self.read_map();
         for (k, v) in current {
-            let prev = self.last.get(&k);
             // A key that was deleted and re-created starts from zero again.
-            let (dp, moved) = match prev {
+            let (dp, moved) = match self.last.get(&k) {
                 Some(p) if v.packets >= p.packets => (v.packets - p.packets, v.skbs != p.skbs),
                 _ => (v.packets, true),
             };
-            let owner = prev.and_then(|p| p.owner);
-            let changed = if moved {
-                now
-            } else {
-                prev.map_or(now, |p| p.changed)
+            let seen = match self.last.get_mut(&k) {
+                // Known key: update in place (no per-key allocation on every poll).
+                Some(seen) => {
+                    if moved {
+                        seen.changed = now;
+                    }
+                    seen.packets = v.packets;
+                    seen.skbs = v.skbs;
+                    seen.rcvbuf = v.rcvbuf;
+                    seen.rmem_alloc = v.rmem_alloc;
+                    if k.site == drop_site::DEVICE && moved {
+                        seen.ifname = ifname(&v.ifname);
+                    }
+                    seen
+                }
+                None => {
+                    // First sight: the new packets were dropped since the previous poll.
+                    let base = self.last_poll.unwrap_or(now - Duration::from_secs(1));
+                    let history = VecDeque::from([(base, v.packets.saturating_sub(dp))]);
+                    self.last.entry(k).or_insert(Seen {
+                        packets: v.packets,
+                        skbs: v.skbs,
+                        changed: now,
+                        rcvbuf: v.rcvbuf,
+                        rmem_alloc: v.rmem_alloc,
+                        owner: None,
+                        ifname: ifname(&v.ifname),
+                        history,
+                    })
+                }
             };
-            let mut history = self.last.remove(&k).map(|p| p.history).unwrap_or_default();
-            if history.is_empty() {
-                // First sight: the new packets were dropped since the previous poll.
-                let base = self.last_poll.unwrap_or(now - Duration::from_secs(1));
-                history.push_back((base, v.packets.saturating_sub(dp)));
-            }
+            let history = &mut seen.history;
             if moved || history.len() < 2 {
-                history.push_back((now, v.packets));
+                // One sample per HISTORY_STEP at most (the newest one keeps moving): a socket
+                // that drops on every poll would otherwise keep HISTORY / poll interval = 300
+                // samples, 4.8 KiB per socket (48 MiB with 10,000 sockets).
+                let n = history.len();
+                let recent = n >= 2 && now.duration_since(history[n - 2].0) < HISTORY_STEP;
+                match history.back_mut() {
+                    Some(last) if recent => *last = (now, v.packets),
+                    _ => history.push_back((now, v.packets)),
+                }
             }
             while history.len() > 2
                 && history
@@ -178,19 +233,6 @@ impl Drops {
             {
                 history.pop_front();
             }
-            self.last.insert(
-                k,
-                Seen {
-                    packets: v.packets,
-                    skbs: v.skbs,
-                    changed,
-                    rcvbuf: v.rcvbuf,
-                    rmem_alloc: v.rmem_alloc,
-                    owner,
-                    ifname: ifname(&v.ifname),
-                    history,
-                },
-            );
             if dp > 0 {
                 let h = self.held.entry(k).or_insert(Held {
                     packets: 0,
@@ -201,6 +243,30 @@ impl Drops {
         }
         self.attribute(attr, store, now);
         self.last_poll = Some(now);
+    }
+
+    /// Every key with its per-CPU values summed: in batches when possible, else key by key.
+    fn read_map(&mut self) -> Vec<(DropKey, DropVal)> {
+        if let Some(b) = &self.batch {
+            match b.read::<DropKey, DropVal>() {
+                Ok(all) => return all.into_iter().map(|(k, v)| (k, sum(&v))).collect(),
+                Err(e) => {
+                    tracing::debug!("DROPS batch read failed ({e}); reading key by key");
+                    self.batch = None;
+                }
+            }
+        }
+        let mut current = Vec::new();
+        for item in self.map.iter() {
+            match item {
+                Ok((k, v)) => current.push((k, sum(&v))),
+                Err(e) => {
+                    tracing::debug!("DROPS iteration: {e}");
+                    break;
+                }
+            }
+        }
+        current
     }
 
     fn resolve(&self, k: &DropKey, attr: &mut Attributor) -> Option<ProcRef> {
@@ -243,22 +309,54 @@ impl Drops {
             let Some(h) = self.held.remove(&k) else {
                 continue;
             };
-            let (who, meta) = match who {
-                Some(p) => (Who::Proc(p), attr.meta(&p)),
+            let who = match who {
+                Some(p) => Who::Proc(p),
                 None => {
                     store.count_unknown("drops", h.packets);
-                    (Who::Unknown, Default::default())
+                    Who::Unknown
                 }
             };
             if let (Some(seen), Who::Proc(p)) = (self.last.get_mut(&k), who) {
                 seen.owner = Some(p);
             }
-            let reason = self.reasons.name(k.reason);
-            let s = store.proc_mut(who, || meta);
-            *s.drops
-                .entry((Proto::from_ip(k.proto), reason))
-                .or_default() += h.packets;
+            // Labels are cloned only for a process the store does not know yet, and the
+            // (proto, reason) entry is found without allocating its name: with thousands of
+            // dropping sockets this loop runs for each of them on every poll.
+            let s = store.proc_mut(who, || match who {
+                Who::Proc(p) => attr.meta(&p),
+                Who::Unknown => Default::default(),
+            });
+            let proto = Proto::from_ip(k.proto);
+            let reasons = &self.reasons;
+            let name = self
+                .names
+                .entry(k.reason)
+                .or_insert_with(|| reasons.name(k.reason));
+            match s
+                .drops
+                .iter_mut()
+                .find(|((p, r), _)| *p == proto && r == name)
+            {
+                Some((_, n)) => *n += h.packets,
+                None => {
+                    s.drops.insert((proto, name.clone()), h.packets);
+                }
+            }
         }
+    }
+
+    /// Socket inodes of entries [`Drops::gc`] would delete if their socket were gone.
+    pub fn idle_inodes(&self, idle: Duration) -> Vec<u64> {
+        let now = Instant::now();
+        self.last
+            .iter()
+            .filter(|(k, s)| {
+                k.site == drop_site::SOCKET
+                    && now.duration_since(s.changed) >= idle
+                    && !self.held.contains_key(k)
+            })
+            .map(|(k, _)| k.inode)
+            .collect()
     }
 
     /// Deletes entries idle for `idle` whose socket no longer exists (`live` = socket inodes

@@ -10,6 +10,7 @@
 //! | [`autotune`] | `autotune` (`AUTOTUNE`) | `bufscope_tcp_autotune_suppressed_total` |
 
 pub mod autotune;
+pub mod batch;
 pub mod drops;
 pub mod sockopt;
 pub mod tcp;
