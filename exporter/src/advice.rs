@@ -234,6 +234,10 @@ fn mbit(bps: f64) -> String {
 struct Builder<'a> {
     inputs: &'a Inputs,
     out: Vec<Finding>,
+    /// Clamped receive-buffer requests by socket inode (looked up once per process).
+    clamped_rcv: std::collections::HashMap<u64, &'a SocketOpt>,
+    /// Processes with locked TCP sockets.
+    tcp_locked: std::collections::HashSet<ProcRef>,
 }
 
 impl Builder<'_> {
@@ -273,11 +277,7 @@ impl Builder<'_> {
 
     /// The clamped receive request of `inode`, if any.
     fn clamped_request(&self, inode: u64) -> Option<&SocketOpt> {
-        self.inputs.opts.iter().find(|o| {
-            o.inode == inode
-                && o.clamped
-                && matches!(o.option, BufOption::Rcvbuf | BufOption::RcvbufForce)
-        })
+        self.clamped_rcv.get(&inode).copied()
     }
 }
 
@@ -295,6 +295,18 @@ pub fn evaluate(inputs: &Inputs) -> Vec<Finding> {
     let mut b = Builder {
         inputs,
         out: Vec::new(),
+        clamped_rcv: inputs
+            .opts
+            .iter()
+            .filter(|o| o.clamped && matches!(o.option, BufOption::Rcvbuf | BufOption::RcvbufForce))
+            .map(|o| (o.inode, o))
+            .collect(),
+        tcp_locked: inputs
+            .tcp
+            .iter()
+            .filter(|(_, s)| s.locks > 0)
+            .map(|(p, _)| *p)
+            .collect(),
     };
     udp_drops(&mut b);
     tcp_drops(&mut b);
@@ -409,7 +421,7 @@ fn tcp_drops(b: &mut Builder<'_>) {
         let mut reasons: Vec<&str> = drops.iter().map(|d| d.reason.as_str()).collect();
         reasons.sort_unstable();
         reasons.dedup();
-        let locked = b.inputs.tcp.iter().any(|(q, s)| *q == p && s.locks > 0);
+        let locked = b.tcp_locked.contains(&p);
         let fix = if locked {
             "this process locks its TCP receive buffers (SO_RCVBUF): remove the setsockopt so \
              autotuning can size them"

@@ -120,7 +120,7 @@ pub struct RunArgs {
     pub advice_window: Duration,
     /// Most processes with their own series; the least active beyond this are folded into
     /// `comm="_other"`.
-    #[arg(long = "max-processes", default_value_t = 1000, value_name = "N")]
+    #[arg(long = "max-processes", default_value_t = 1000, value_name = "N", value_parser = at_least_one::<usize>)]
     pub max_processes: usize,
     /// How long series of an exited process stay (e.g. `5m`, `30s`).
     #[arg(long = "retention", default_value = "5m", value_parser = parse_duration, value_name = "DURATION")]
@@ -139,21 +139,29 @@ pub struct RunArgs {
     #[arg(
         long = "bpf.drops-map-entries",
         default_value_t = 16384,
-        value_name = "N"
+        value_name = "N",
+        value_parser = at_least_one::<u32>
     )]
     pub drops_entries: u32,
     /// Entries of the socket-owner map (LRU).
     #[arg(
         long = "bpf.owners-map-entries",
         default_value_t = 65536,
-        value_name = "N"
+        value_name = "N",
+        value_parser = at_least_one::<u32>
     )]
     pub owners_entries: u32,
+    /// Size of the event ring buffer in bytes (a power of two, at least 4096): bursts of
+    /// setsockopt calls or connections beyond what it holds between drains are counted in
+    /// `bufscope_bpf_events_lost_total{cause="ringbuf_full"}`.
+    #[arg(long = "bpf.events-ring-bytes", default_value_t = 1 << 20, value_parser = parse_ring_bytes, value_name = "BYTES")]
+    pub events_ring_bytes: u32,
     /// Entries of the per-socket autotune map.
     #[arg(
         long = "bpf.autotune-map-entries",
         default_value_t = 16384,
-        value_name = "N"
+        value_name = "N",
+        value_parser = at_least_one::<u32>
     )]
     pub autotune_entries: u32,
     /// Kernel, probe and log flags.
@@ -170,6 +178,26 @@ pub struct CheckArgs {
     /// Kernel, probe and log flags.
     #[command(flatten)]
     pub kernel: KernelArgs,
+}
+
+/// A count that must be at least 1.
+fn at_least_one<T: std::str::FromStr + PartialEq + From<u8>>(s: &str) -> Result<T, String> {
+    let v: T = s.parse().map_err(|_| format!("invalid number {s:?}"))?;
+    if v == T::from(0u8) {
+        return Err("must be at least 1".into());
+    }
+    Ok(v)
+}
+
+/// A ring-buffer size: a power of two of at least one page.
+fn parse_ring_bytes(s: &str) -> Result<u32, String> {
+    let v: u32 = s
+        .parse()
+        .map_err(|_| format!("invalid size {s:?}: expected a number of bytes"))?;
+    if v < 4096 || !v.is_power_of_two() {
+        return Err(format!("{v} is not a power of two of at least 4096"));
+    }
+    Ok(v)
 }
 
 /// Parses `500ms`, `30s`, `5m`, `1h` (and a bare number of seconds).

@@ -4,7 +4,7 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::time::{Duration, Instant, SystemTime};
 
-use aya::maps::{MapData, PerCpuArray};
+use aya::maps::{MapData, PerCpuArray, RingBuf};
 use bufscope_common::{EstablishedEvent, SockoptEvent, event_kind, stat};
 
 use crate::advice::{self, Finding, Inputs, Report, SocketDrops, SocketOpt, TcpShape, TuneView};
@@ -65,6 +65,9 @@ pub struct Collector {
     wscale_examples: HashMap<ProcRef, (u8, u8)>,
     /// Window over which advice measures rates.
     pub advice_window: Duration,
+    /// The probes' event ring buffer, drained on every poll (so a scrape sees every event
+    /// committed before it) and by the event task when the kernel signals it.
+    events: Option<RingBuf<MapData>>,
     warned_limits: bool,
     /// Counter series already exposed at least once (see `zero_new_counters`).
     exposed: HashSet<String>,
@@ -98,7 +101,27 @@ impl Collector {
             advice_window: Duration::from_secs(60),
             warned_limits: false,
             exposed: HashSet::new(),
+            events: None,
         }
+    }
+
+    /// Hands the event ring buffer to the collector.
+    pub fn set_events(&mut self, rb: RingBuf<MapData>) {
+        self.events = Some(rb);
+    }
+
+    /// Handles every event waiting in the ring buffer; returns how many.
+    pub fn drain_events(&mut self) -> usize {
+        let Some(mut rb) = self.events.take() else {
+            return 0;
+        };
+        let mut n = 0;
+        while let Some(item) = rb.next() {
+            self.handle_event(&item);
+            n += 1;
+        }
+        self.events = Some(rb);
+        n
     }
 
     /// When the last read of the maps started.
@@ -109,6 +132,7 @@ impl Collector {
     /// Reads every map into the store (and runs GC when due).
     pub fn poll(&mut self) {
         self.last_poll = Some(Instant::now());
+        self.drain_events();
         self.limits = BufferLimits::read();
         if self.limits.rmem_max.is_none() && !self.warned_limits {
             self.warned_limits = true;

@@ -27,6 +27,7 @@
 //!   drops_map_entries: 16384
 //!   owners_map_entries: 65536
 //!   autotune_map_entries: 16384
+//!   events_ring_bytes: 1048576
 //! log:
 //!   level: info
 //!   format: logfmt   # or json
@@ -117,6 +118,7 @@ struct Bpf {
     drops_map_entries: Option<u32>,
     owners_map_entries: Option<u32>,
     autotune_map_entries: Option<u32>,
+    events_ring_bytes: Option<u32>,
 }
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -210,6 +212,26 @@ pub fn apply(file: FileConfig, args: &mut RunArgs, m: &ArgMatches) -> anyhow::Re
         args.autotune_entries,
         file.bpf.autotune_map_entries
     );
+    if let Some(v) = file.bpf.events_ring_bytes {
+        if v < 4096 || !v.is_power_of_two() {
+            anyhow::bail!(
+                "--config.file: bpf.events_ring_bytes {v} is not a power of two of at least 4096"
+            );
+        }
+        set!("events_ring_bytes", args.events_ring_bytes, Some(v));
+    }
+    for (key, v) in [
+        ("bpf.drops_map_entries", args.drops_entries),
+        ("bpf.owners_map_entries", args.owners_entries),
+        ("bpf.autotune_map_entries", args.autotune_entries),
+    ] {
+        if v == 0 {
+            anyhow::bail!("--config.file: {key} must be at least 1");
+        }
+    }
+    if args.max_processes == 0 {
+        anyhow::bail!("--config.file: cardinality.max_processes must be at least 1");
+    }
     if let Some(v) = file.log.level {
         let lvl = v.parse().map_err(|_| {
             anyhow::anyhow!("--config.file: log.level {v:?}: use error, warn, info, debug or trace")

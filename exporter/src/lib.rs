@@ -14,6 +14,7 @@ pub mod explain;
 pub mod kernel;
 pub mod metrics;
 pub mod probes;
+pub mod serve;
 pub mod server;
 pub mod signals;
 pub mod store;

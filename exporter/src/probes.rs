@@ -159,6 +159,8 @@ pub struct MapSizes {
     pub owners: u32,
     /// `AUTOTUNE`: TCP sockets.
     pub autotune: u32,
+    /// `EVENTS` ring buffer size in bytes (a power of two, at least one page).
+    pub events_bytes: u32,
 }
 
 impl Default for MapSizes {
@@ -167,6 +169,7 @@ impl Default for MapSizes {
             drops: 16384,
             owners: 65536,
             autotune: 16384,
+            events_bytes: 1 << 20,
         }
     }
 }
@@ -208,6 +211,7 @@ pub fn load(
         .map_max_entries("DROPS", sizes.drops)
         .map_max_entries("OWNERS", sizes.owners)
         .map_max_entries("AUTOTUNE", sizes.autotune)
+        .map_max_entries("EVENTS", sizes.events_bytes)
         .load(OBJECT)
         .context("loading the BPF object (maps) failed")?;
 
@@ -264,12 +268,12 @@ pub fn trim_heap() {
     }
 }
 
-/// Ring-buffer wake-up threshold written to `Config::ringbuf_wakeup_bytes`. 0 keeps the
-/// kernel's default: the event reader is woken for nearly every event (≈1 µs of irq_work
-/// self-IPI per setsockopt call or TCP connection on this VM). Raise it (e.g. 64 KiB) only
-/// together with a reader that also drains the ring buffer on a timer, or events wait until
-/// that many bytes pile up.
-pub const RINGBUF_WAKEUP_BYTES: u32 = 0;
+/// Ring-buffer wake-up threshold written to `Config::ringbuf_wakeup_bytes`: the reader is woken
+/// only once this much data waits (0 would be the kernel's default, a wake-up for nearly every
+/// event: ≈1 µs of irq_work self-IPI per setsockopt call or TCP connection on this VM). The
+/// exporter drains the ring buffer on a 200 ms timer and before every poll/scrape, so events
+/// are never stale.
+pub const RINGBUF_WAKEUP_BYTES: u32 = 64 * 1024;
 
 /// `kernel.config` plus the members only the hot paths use: `sock.sk_ino` (6.18+), which
 /// saves the drop probe a helper call per packet where the kernel has it (0 = absent: the probe

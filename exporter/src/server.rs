@@ -1,6 +1,7 @@
 //! `bufscope run`: load, attach, serve.
 
 use std::collections::HashSet;
+use std::os::fd::AsFd as _;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -30,6 +31,9 @@ struct App {
     any_attached: bool,
     probes: Arc<Vec<probes::ProbeStatus>>,
 }
+
+/// How often the event task drains the ring buffer when the kernel has not woken it.
+const EVENTS_DRAIN_EVERY: Duration = Duration::from_millis(200);
 
 /// The status page (self-contained: no external assets).
 const STATUS_PAGE: &str = include_str!("status.html");
@@ -69,6 +73,17 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         );
     }
     preflight()?;
+    for cap in [caps::CAP_SYS_PTRACE, caps::CAP_DAC_READ_SEARCH] {
+        if !caps::has(cap) {
+            tracing::warn!(
+                capability = cap.name,
+                "{} is missing: bufscope cannot {}; drops on such sockets are counted under comm=\"_unknown\"",
+                cap.name,
+                cap.why
+            );
+        }
+    }
+    crate::serve::raise_nofile_limit();
     if !args.kernel.btf_path.exists() {
         bail!(
             "kernel BTF not found at {}: bufscope needs a kernel built with CONFIG_DEBUG_INFO_BTF=y \
@@ -99,6 +114,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         drops: args.drops_entries,
         owners: args.owners_entries,
         autotune: args.autotune_entries,
+        events_bytes: args.events_ring_bytes,
     };
     let disabled: HashSet<String> = args.kernel.disable.iter().cloned().collect();
     let mut loaded = probes::load(
@@ -192,38 +208,40 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     );
     let mut collector = collector;
     collector.advice_window = args.advice_window;
-    let collector = Arc::new(Mutex::new(collector));
 
-    // Ring buffer → store, in batches (one lock per wake-up).
+    // Ring buffer → store. The BPF side wakes the reader only once `RINGBUF_WAKEUP_BYTES` wait
+    // (a wake-up per event costs each event ~1 µs of irq_work); so this task also drains on a
+    // short timer, and every poll (every scrape) drains first, so events are never stale.
+    let events_fd = events
+        .as_fd()
+        .try_clone_to_owned()
+        .context("duplicating the ring buffer fd")?;
+    collector.set_events(events);
+    let collector = Arc::new(Mutex::new(collector));
     let events_task = {
         let collector = collector.clone();
-        let mut fd = register(events).context("polling the BPF ring buffer")?;
+        let mut fd = register(events_fd).context("polling the BPF ring buffer")?;
         tokio::spawn(async move {
+            let mut tick = tokio::time::interval(EVENTS_DRAIN_EVERY);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             loop {
-                let mut guard = match fd.readable_mut().await {
-                    Ok(g) => g,
-                    Err(e) => {
-                        tracing::error!("ring buffer polling failed: {e}");
-                        break;
-                    }
-                };
-                let mut batch: Vec<Vec<u8>> = Vec::new();
-                drain(guard.get_inner_mut(), &mut batch);
-                guard.clear_ready();
-                // Records committed between the drain and clear_ready() signalled readiness
-                // that clear_ready() just discarded, and the kernel's adaptive wake-up only
-                // fires again once the consumer has caught up: drain once more or stall.
-                drain(guard.get_inner_mut(), &mut batch);
-                drop(guard);
-                if batch.is_empty() {
-                    continue;
+                tokio::select! {
+                    ready = fd.readable_mut() => match ready {
+                        // Readiness is only a hint to drain now; the drain below reads
+                        // whatever is there, and a record committed after clear_ready() is
+                        // picked up by the next tick at the latest.
+                        Ok(mut guard) => guard.clear_ready(),
+                        Err(e) => {
+                            tracing::error!("ring buffer polling failed: {e}");
+                            break;
+                        }
+                    },
+                    _ = tick.tick() => {}
                 }
                 let collector = collector.clone();
                 let r = tokio::task::spawn_blocking(move || {
                     if let Ok(mut c) = collector.lock() {
-                        for ev in &batch {
-                            c.handle_event(ev);
-                        }
+                        c.drain_events();
                     }
                 })
                 .await;
@@ -287,17 +305,9 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     match tls {
         Some(cfg) => {
             let l = crate::web::TlsListener::new(listener, cfg).context("TLS listener")?;
-            axum::serve(l, router)
-                .with_graceful_shutdown(shutdown_signal())
-                .await
-                .context("HTTPS server failed")?;
+            crate::serve::serve(l, router, shutdown_signal()).await;
         }
-        None => {
-            axum::serve(listener, router)
-                .with_graceful_shutdown(shutdown_signal())
-                .await
-                .context("HTTP server failed")?;
-        }
+        None => crate::serve::serve(listener, router, shutdown_signal()).await,
     }
     events_task.abort();
     poll_task.abort();
@@ -305,13 +315,6 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     drop(loaded);
     tracing::info!("probes detached; bye");
     Ok(())
-}
-
-/// Copies every available ring-buffer record into `batch`.
-fn drain(rb: &mut RingBuf<MapData>, batch: &mut Vec<Vec<u8>>) {
-    while let Some(item) = rb.next() {
-        batch.push(item.to_vec());
-    }
 }
 
 /// Registers a BPF map fd (owned by `inner` for its whole life) with the tokio reactor.

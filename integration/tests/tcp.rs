@@ -188,7 +188,14 @@ fn bpftrace_count(port: u16, run: impl FnOnce()) -> u64 {
             );
         }
     }
-    let _ = child.0.wait();
+    // bpftrace exits after printing; never wait on it for long (Guard kills it on drop).
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while std::time::Instant::now() < deadline {
+        if let Ok(Some(_)) = child.0.try_wait() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
     count.expect("bpftrace printed no COUNT")
 }
 

@@ -13,7 +13,7 @@ use bufscope_common::Field;
 pub enum BtfError {
     /// The BTF file could not be read or parsed.
     #[error(
-        "cannot read kernel BTF from {path}: {source} (bufscope needs a kernel built with \
+        "cannot read kernel BTF from {path} (bufscope needs a kernel built with \
          CONFIG_DEBUG_INFO_BTF=y, or a BTF file for this kernel passed with --kernel.btf-path)"
     )]
     Open {
