@@ -334,10 +334,6 @@ pub struct SockoptEvent {
     pub ret: i32,
     /// `optlen` passed by the caller.
     pub optlen: u32,
-    /// `sk_rcvbuf` before the call.
-    pub rcvbuf_before: i32,
-    /// `sk_sndbuf` before the call.
-    pub sndbuf_before: i32,
     /// `sk_rcvbuf` after the call (what the kernel actually gave).
     pub rcvbuf_after: i32,
     /// `sk_sndbuf` after the call.
@@ -434,7 +430,7 @@ const _: () = assert!(core::mem::size_of::<Owner>() == 40);
 const _: () = assert!(core::mem::size_of::<DropKey>() == 24);
 const _: () = assert!(core::mem::size_of::<DropVal>() == 48);
 const _: () = assert!(core::mem::size_of::<AutotuneVal>() == 56);
-const _: () = assert!(core::mem::size_of::<SockoptEvent>() == 96);
+const _: () = assert!(core::mem::size_of::<SockoptEvent>() == 88);
 const _: () = assert!(core::mem::size_of::<EstablishedEvent>() == 80);
 
 #[cfg(feature = "user")]

@@ -95,13 +95,12 @@ struct ListenKey {
 #[repr(C)]
 #[derive(Clone, Copy)]
 struct Pending {
+    /// The `struct file` behind the fd (the inode is read at exit: fewer reads on entry).
+    file: u64,
     sk: u64,
-    inode: u64,
     optname: i32,
     requested: i32,
     optlen: u32,
-    rcvbuf_before: i32,
-    sndbuf_before: i32,
     locks_before: u32,
 }
 
@@ -283,6 +282,14 @@ fn record_owner_of_file(file: u64) {
     }
 }
 
+/// Whether `OWNERS` already names the calling process for `inode` (usually: `socket()` was
+/// seen); a lookup costs much less than the LRU update it saves.
+#[inline(always)]
+fn owned_by_current(inode: u64) -> bool {
+    let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
+    unsafe { OWNERS.get(&inode) }.is_some_and(|o| o.tgid == tgid)
+}
+
 #[inline(always)]
 fn record_owner(inode: u64) {
     let owner = current_owner();
@@ -353,17 +360,15 @@ pub fn sys_enter_setsockopt(ctx: TracePointContext) -> u32 {
         return 0;
     }
     // Not necessarily a socket: sys_exit discards the call when the kernel says ENOTSOCK.
+    // Only what the call may change is read here (the lock bits); the rest waits for exit.
     let sock: u64 = kread(file, cfg!(file_private_data));
     let sk: u64 = kread(sock, cfg!(socket_sk));
-    let inode: u64 = kread(kread::<u64>(file, cfg!(file_inode)), cfg!(inode_ino));
     let p = Pending {
+        file,
         sk,
-        inode,
         optname: optname as i32,
         requested,
         optlen: optlen as u32,
-        rcvbuf_before: kread(sk, cfg!(sk_rcvbuf)),
-        sndbuf_before: kread(sk, cfg!(sk_sndbuf)),
         locks_before: sk_userlocks(sk),
     };
     if PENDING.insert(&bpf_get_current_pid_tgid(), &p, 0).is_err() {
@@ -389,11 +394,14 @@ pub fn sys_exit_setsockopt(ctx: TracePointContext) -> u32 {
         return 0;
     }
     let sk = p.sk;
+    // Read through the file at exit, like `sk` below: probe reads, safe even in the rare
+    // case another thread closed the fd during the call.
+    let inode: u64 = kread(kread::<u64>(p.file, cfg!(file_inode)), cfg!(inode_ino));
     let owner = current_owner();
     // An LRU update costs a lock and an element swap; most calls come from the recorded owner.
-    let known = unsafe { OWNERS.get(&p.inode) }
+    let known = unsafe { OWNERS.get(&inode) }
         .is_some_and(|o| o.tgid == owner.tgid && o.start_ns == owner.start_ns);
-    if p.inode != 0 && !known && OWNERS.insert(&p.inode, &owner, 0).is_err() {
+    if inode != 0 && !known && OWNERS.insert(&inode, &owner, 0).is_err() {
         stat_inc(stat::OWNERS_FULL);
     }
     let Some(mut entry) = EVENTS.reserve::<SockoptEvent>(0) else {
@@ -404,13 +412,11 @@ pub fn sys_exit_setsockopt(ctx: TracePointContext) -> u32 {
         kind: event_kind::SOCKOPT,
         optname: p.optname,
         owner,
-        inode: p.inode,
+        inode,
         netns: sk_netns(sk),
         requested: p.requested,
         ret: ret as i32,
         optlen: p.optlen,
-        rcvbuf_before: p.rcvbuf_before,
-        sndbuf_before: p.sndbuf_before,
         rcvbuf_after: kread(sk, cfg!(sk_rcvbuf)),
         sndbuf_after: kread(sk, cfg!(sk_sndbuf)),
         locks_before: p.locks_before as u8,
@@ -424,12 +430,11 @@ pub fn sys_exit_setsockopt(ctx: TracePointContext) -> u32 {
     entry.submit(submit_flags());
     debug!(
         &ctx,
-        "setsockopt tgid={} opt={} req={} ret={} rcvbuf={}->{}",
+        "setsockopt tgid={} opt={} req={} ret={} rcvbuf={}",
         owner.tgid,
         p.optname,
         p.requested,
         ret,
-        p.rcvbuf_before,
         ev.rcvbuf_after
     );
     0
@@ -470,7 +475,7 @@ pub fn inet_sock_set_state(ctx: BtfTracePointContext) -> i32 {
         // connect(): process context, `current` owns the socket.
         TCP_SYN_SENT => {
             let inode = btf_sk_inode(sk);
-            if inode != 0 {
+            if inode != 0 && !owned_by_current(inode) {
                 record_owner(inode);
             }
         }

@@ -122,8 +122,8 @@ pub struct SocketDrops {
     pub inode: u64,
     /// Transport.
     pub proto: Proto,
-    /// Kernel drop reason name.
-    pub reason: String,
+    /// Kernel drop reason name (shared: thousands of sockets drop for the same few reasons).
+    pub reason: std::sync::Arc<str>,
     /// Packets dropped so far.
     pub packets: u64,
     /// Packets per second over the advice window.
@@ -235,9 +235,9 @@ struct Builder<'a> {
     inputs: &'a Inputs,
     out: Vec<Finding>,
     /// Clamped receive-buffer requests by socket inode (looked up once per process).
-    clamped_rcv: std::collections::HashMap<u64, &'a SocketOpt>,
+    clamped_rcv: foldhash::HashMap<u64, &'a SocketOpt>,
     /// Processes with locked TCP sockets.
-    tcp_locked: std::collections::HashSet<ProcRef>,
+    tcp_locked: foldhash::HashSet<ProcRef>,
 }
 
 impl Builder<'_> {
@@ -324,7 +324,7 @@ fn udp_drops(b: &mut Builder<'_>) {
     let window = b.inputs.window.as_secs();
     let groups = by_owner(b.inputs.drops.iter().filter_map(|d| {
         let udp = d.proto == Proto::Udp && d.inode != 0;
-        let full = matches!(d.reason.as_str(), "SOCKET_RCVBUFF" | "PROTO_MEM");
+        let full = matches!(&*d.reason, "SOCKET_RCVBUFF" | "PROTO_MEM");
         (udp && full).then(|| d.owner.map(|o| (o, d))).flatten()
     }));
     let (want, rule) = policy::recommended_udp_buffer(None);
@@ -418,7 +418,7 @@ fn tcp_drops(b: &mut Builder<'_>) {
     for (p, drops) in groups {
         let total: u64 = drops.iter().map(|d| d.packets).sum();
         let rate: f64 = drops.iter().map(|d| d.rate).sum();
-        let mut reasons: Vec<&str> = drops.iter().map(|d| d.reason.as_str()).collect();
+        let mut reasons: Vec<&str> = drops.iter().map(|d| &*d.reason).collect();
         reasons.sort_unstable();
         reasons.dedup();
         let locked = b.tcp_locked.contains(&p);
@@ -453,7 +453,7 @@ fn tcp_drops(b: &mut Builder<'_>) {
 
 fn tun_ring(b: &mut Builder<'_>) {
     let groups = by_owner(b.inputs.drops.iter().filter_map(|d| {
-        (d.reason == "FULL_RING" && d.inode == 0)
+        (&*d.reason == "FULL_RING" && d.inode == 0)
             .then(|| d.owner.map(|o| (o, d)))
             .flatten()
     }));

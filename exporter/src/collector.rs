@@ -1,7 +1,10 @@
 //! Ties the probes' maps, attribution and the store together: `poll` (maps → store),
 //! `handle_event` (ring buffer → store), `gc` (bounded memory) and `render` (text exposition).
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use foldhash::{HashMap, HashMapExt as _, HashSet, HashSetExt as _};
 use std::time::{Duration, Instant, SystemTime};
 
 use aya::maps::{MapData, PerCpuArray, RingBuf};
@@ -14,8 +17,15 @@ use crate::metrics::{self, Health};
 use crate::signals::{autotune::Autotune, drops::Drops, sockopt, tcp};
 use crate::store::{BufOption, ProcMeta, ProcRef, Proto, Store, Who};
 
-/// How long a pass over `/proc/*/fd` stays good for GC (see `Collector::live_sockets`).
+/// How long a pass over `/proc/*/fd` stays good for GC (see `Collector::gc_plan`).
 const LIVE_TTL: Duration = Duration::from_secs(60);
+
+/// How long an evaluation of the advice rules is reused while nothing it reads changed.
+const FINDINGS_MAX_AGE: Duration = Duration::from_secs(5);
+
+/// How long `/metrics` reuses an evaluation of the advice rules (the `bufscope_finding`
+/// gauges) even when something changed; `/api/v1/findings` always re-evaluates.
+const FINDINGS_MIN_AGE_SCRAPE: Duration = Duration::from_secs(1);
 
 /// Most per-socket setsockopt notes kept for advice (oldest dropped first).
 const MAX_NOTES: usize = 20_000;
@@ -71,6 +81,12 @@ pub struct Collector {
     warned_limits: bool,
     /// Counter series already exposed at least once (see `zero_new_counters`).
     exposed: HashSet<String>,
+    /// The last evaluation of the advice rules (see [`Collector::findings`]).
+    findings_cache: Option<(Instant, Arc<Vec<Finding>>)>,
+    /// Something the advice rules read changed since `findings_cache` was computed.
+    advice_dirty: bool,
+    /// `STATS` generations and limits the last poll saw (to tell whether it changed anything).
+    last_seen: (Option<u64>, Option<u64>, BufferLimits),
 }
 
 impl Collector {
@@ -102,6 +118,9 @@ impl Collector {
             warned_limits: false,
             exposed: HashSet::new(),
             events: None,
+            findings_cache: None,
+            advice_dirty: true,
+            last_seen: (None, None, BufferLimits::default()),
         }
     }
 
@@ -121,6 +140,9 @@ impl Collector {
             n += 1;
         }
         self.events = Some(rb);
+        if n > 0 {
+            self.advice_dirty = true;
+        }
         n
     }
 
@@ -129,7 +151,7 @@ impl Collector {
         self.last_poll
     }
 
-    /// Reads every map into the store (and runs GC when due).
+    /// Reads every map into the store.
     pub fn poll(&mut self) {
         self.last_poll = Some(Instant::now());
         self.drain_events();
@@ -145,6 +167,12 @@ impl Collector {
         // Read before the maps: a count that lands meanwhile moves them for the next poll.
         let drops_gen = self.stat_total(stat::DROPS_SEEN);
         let autotune_gen = self.stat_total(stat::AUTOTUNE_SEEN);
+        let seen = (drops_gen, autotune_gen, self.limits);
+        let pending = self.drops.as_ref().is_some_and(|d| d.pending());
+        if seen != self.last_seen || drops_gen.is_none() || autotune_gen.is_none() || pending {
+            self.advice_dirty = true;
+        }
+        self.last_seen = seen;
         if let Some(d) = self.drops.as_mut() {
             d.poll_if_changed(drops_gen, &mut self.attr, &mut self.store);
         }
@@ -152,9 +180,11 @@ impl Collector {
             a.poll_if_changed(autotune_gen, &mut self.attr, &mut self.store);
         }
         self.read_stats();
-        if self.last_gc.elapsed() >= self.timing.gc_every {
-            self.gc();
-        }
+    }
+
+    /// Whether GC is due (the poll task runs it, see [`Collector::gc_plan`]).
+    pub fn gc_due(&self) -> bool {
+        self.last_gc.elapsed() >= self.timing.gc_every
     }
 
     /// One `STATS` slot summed over CPUs (None when the map cannot be read).
@@ -262,6 +292,7 @@ impl Collector {
                 ));
             }
         }
+        let mut names: HashMap<u16, Arc<str>> = HashMap::new();
         let drops = self
             .drops
             .as_ref()
@@ -271,7 +302,10 @@ impl Collector {
                         owner: s.owner,
                         inode: k.inode,
                         proto: Proto::from_ip(k.proto),
-                        reason: d.reasons().name(k.reason),
+                        reason: names
+                            .entry(k.reason)
+                            .or_insert_with(|| d.reasons().name(k.reason).into())
+                            .clone(),
                         packets: s.packets,
                         rate: s.rate(self.advice_window, now),
                         rcvbuf: s.rcvbuf,
@@ -315,25 +349,43 @@ impl Collector {
     }
 
     /// Findings for tracked processes (those folded or unknown are not actionable).
-    pub fn findings(&self) -> Vec<Finding> {
+    ///
+    /// Evaluating the rules walks every socket that ever dropped (10,000 of them cost more
+    /// than the rest of a scrape), so the result is reused until something it depends on
+    /// changes (a poll that read new counts, an event, GC, new sysctl limits) or
+    /// [`FINDINGS_MAX_AGE`] passes (drop rates decay with time alone). `min_age`: reuse an
+    /// evaluation younger than this even if something changed (the rules measure rates over
+    /// a minute; scrapes that come in bursts need not each re-evaluate them).
+    pub fn findings(&mut self, min_age: Duration) -> Arc<Vec<Finding>> {
+        if let Some((at, f)) = &self.findings_cache {
+            let age = at.elapsed();
+            if age < min_age || (!self.advice_dirty && age < FINDINGS_MAX_AGE) {
+                return f.clone();
+            }
+        }
         let inputs = self.advice_inputs();
         // A set, not a scan of every tracked process per finding (1,000 × 1,000 per scrape).
         let tracked: HashSet<u32> = inputs.meta.keys().map(|p| p.tgid).collect();
-        advice::evaluate(&inputs)
-            .into_iter()
-            .filter(|f| tracked.contains(&f.process.pid))
-            .collect()
+        let findings: Arc<Vec<Finding>> = Arc::new(
+            advice::evaluate(&inputs)
+                .into_iter()
+                .filter(|f| tracked.contains(&f.process.pid))
+                .collect(),
+        );
+        self.findings_cache = Some((Instant::now(), findings.clone()));
+        self.advice_dirty = false;
+        findings
     }
 
     /// The `/api/v1/findings` document.
-    pub fn report(&self) -> Report {
+    pub fn report(&mut self) -> Report {
         Report {
             version: advice::SCHEMA_VERSION,
             generated_at: SystemTime::now()
                 .duration_since(SystemTime::UNIX_EPOCH)
                 .map(|d| d.as_secs())
                 .unwrap_or(0),
-            findings: self.findings(),
+            findings: self.findings(Duration::ZERO).as_ref().clone(),
         }
     }
 
@@ -398,18 +450,56 @@ impl Collector {
         })
     }
 
-    /// Expires exited processes and deletes map entries of closed sockets.
+    /// Expires exited processes and deletes map entries of closed sockets, all under one
+    /// borrow (tests; the exporter splits it so that `/proc` is read without the lock).
     pub fn gc(&mut self) {
+        let plan = self.gc_plan();
+        let scan = plan.scan();
+        self.gc_apply(scan);
+    }
+
+    /// What GC must look up in `/proc`: taken under the collector lock, cheap.
+    pub fn gc_plan(&mut self) -> GcPlan {
         self.last_gc = Instant::now();
-        let attr = &self.attr;
-        self.store.expire(|p| attr.alive(p));
-        let live = self.live_sockets();
+        let idle = self.timing.idle;
+        let mut candidates = self
+            .drops
+            .as_ref()
+            .map(|d| d.idle_inodes(idle))
+            .unwrap_or_default();
+        if let Some(a) = self.autotune.as_ref() {
+            candidates.extend(a.idle_inodes(idle));
+        }
+        // A pass over every `/proc/<pid>/fd` is the expensive part of GC (≈13,000 readlinks
+        // with 1,000 processes holding 10,000 sockets), so the last pass is reused for up to
+        // LIVE_TTL while every GC candidate (an idle map entry) was live in it: a closed
+        // socket's entry then goes at most that much later.
+        let reuse = self.live.as_ref().is_some_and(|(at, live)| {
+            at.elapsed() < LIVE_TTL && candidates.iter().all(|i| live.contains(i))
+        });
+        GcPlan {
+            procfs: self.attr.procfs().clone(),
+            procs: self.store.running(),
+            scan_sockets: !reuse,
+        }
+    }
+
+    /// Applies what [`GcPlan::scan`] found.
+    pub fn gc_apply(&mut self, scan: GcScan) {
+        self.advice_dirty = true;
+        let dead: HashSet<ProcRef> = scan.dead.into_iter().collect();
+        self.store.expire(|p| !dead.contains(p));
+        if let Some(live) = scan.live {
+            self.live = Some((scan.at, live));
+        }
+        let empty = HashSet::new();
+        let live = self.live.as_ref().map_or(&empty, |(_, l)| l);
         let mut removed = 0;
         if let Some(d) = self.drops.as_mut() {
-            removed += d.gc(&live, self.timing.idle, &mut self.attr);
+            removed += d.gc(live, self.timing.idle, &mut self.attr);
         }
         if let Some(a) = self.autotune.as_mut() {
-            removed += a.gc(&live, self.timing.idle);
+            removed += a.gc(live, self.timing.idle);
         }
         self.notes.retain(|(ino, _), _| live.contains(ino));
         let store = &self.store;
@@ -431,36 +521,6 @@ impl Collector {
         crate::probes::trim_heap();
     }
 
-    /// Socket inodes held by any process. A pass over every `/proc/<pid>/fd` is the
-    /// expensive part of GC (≈13,000 readlinks with 1,000 processes holding 10,000 sockets), so
-    /// the last pass is reused for up to [`LIVE_TTL`] while every GC candidate (an idle map
-    /// entry) was live in it: a closed socket's entry then goes at most that much later.
-    fn live_sockets(&mut self) -> HashSet<u64> {
-        let idle = self.timing.idle;
-        let mut candidates = self
-            .drops
-            .as_ref()
-            .map(|d| d.idle_inodes(idle))
-            .unwrap_or_default();
-        if let Some(a) = self.autotune.as_ref() {
-            candidates.extend(a.idle_inodes(idle));
-        }
-        if let Some((at, live)) = &self.live
-            && at.elapsed() < LIVE_TTL
-            && candidates.iter().all(|i| live.contains(i))
-        {
-            return live.clone();
-        }
-        let live: HashSet<u64> = self
-            .attr
-            .procfs()
-            .all_socket_holders()
-            .into_keys()
-            .collect();
-        self.live = Some((Instant::now(), live.clone()));
-        live
-    }
-
     /// Prometheus text exposition.
     pub fn render(&mut self, map_sizes: &crate::probes::MapSizes) -> String {
         self.health.map_entries = vec![
@@ -475,8 +535,8 @@ impl Collector {
                 map_sizes.autotune as u64,
             ),
         ];
-        let findings = self.findings();
-        let mut fams = metrics::families(&self.store, &self.health, &findings);
+        let findings = self.findings(FINDINGS_MIN_AGE_SCRAPE);
+        let mut fams = metrics::families(&self.store, &self.health, findings.as_slice());
         self.zero_new_counters(&mut fams);
         metrics::encode(&fams).unwrap_or_else(|e| {
             tracing::error!("encoding metrics: {e}");
@@ -524,4 +584,35 @@ fn read<T: Copy>(bytes: &[u8]) -> Option<T> {
     // SAFETY: length checked; T is a #[repr(C)] integer-only type from bufscope-common, valid
     // for any bit pattern; read_unaligned handles the ring buffer's 8-byte alignment.
     Some(unsafe { std::ptr::read_unaligned(bytes.as_ptr() as *const T) })
+}
+
+/// The `/proc` lookups one GC pass needs (see [`Collector::gc_plan`]).
+pub struct GcPlan {
+    procfs: crate::attribution::Procfs,
+    procs: Vec<ProcRef>,
+    scan_sockets: bool,
+}
+
+/// What [`GcPlan::scan`] found.
+pub struct GcScan {
+    dead: Vec<ProcRef>,
+    live: Option<HashSet<u64>>,
+    at: Instant,
+}
+
+impl GcPlan {
+    /// Reads `/proc` (no collector state involved: run it without the lock, so scrapes are
+    /// not held up by thousands of readlinks).
+    pub fn scan(self) -> GcScan {
+        let at = Instant::now();
+        let dead = self
+            .procs
+            .into_iter()
+            .filter(|p| self.procfs.start_ticks(p.tgid) != Some(p.start_ticks))
+            .collect();
+        let live = self
+            .scan_sockets
+            .then(|| self.procfs.all_socket_holders().into_keys().collect());
+        GcScan { dead, live, at }
+    }
 }

@@ -33,7 +33,7 @@ struct App {
 }
 
 /// How often the event task drains the ring buffer when the kernel has not woken it.
-const EVENTS_DRAIN_EVERY: Duration = Duration::from_millis(200);
+const EVENTS_DRAIN_EVERY: Duration = Duration::from_secs(1);
 
 /// The status page (self-contained: no external assets).
 const STATUS_PAGE: &str = include_str!("status.html");
@@ -202,7 +202,9 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         Some(stats),
         health,
         Timing {
-            gc_every: Duration::from_secs(15),
+            // Each GC reads /proc/<pid>/stat of every tracked process: a quarter of the
+            // retention window is often enough for exited processes to leave on time.
+            gc_every: (args.retention / 4).clamp(Duration::from_secs(2), Duration::from_secs(60)),
             idle: Duration::from_secs(30).max(args.poll_interval * 3),
         },
     );
@@ -211,7 +213,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
 
     // Ring buffer → store. The BPF side wakes the reader only once `RINGBUF_WAKEUP_BYTES` wait
     // (a wake-up per event costs each event ~1 µs of irq_work); so this task also drains on a
-    // short timer, and every poll (every scrape) drains first, so events are never stale.
+    // 1 s timer, and every poll (every scrape) drains first, so events are never stale.
     let events_fd = events
         .as_fd()
         .try_clone_to_owned()
@@ -252,7 +254,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         })
     };
 
-    // Periodic poll (keeps deltas small and GC running between scrapes).
+    // Periodic poll (keeps deltas small) and GC.
     let poll_task = {
         let collector = collector.clone();
         let every = args.poll_interval.max(Duration::from_millis(50));
@@ -263,8 +265,20 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
                 tick.tick().await;
                 let collector = collector.clone();
                 let _ = tokio::task::spawn_blocking(move || {
-                    if let Ok(mut c) = collector.lock() {
+                    let plan = {
+                        let Ok(mut c) = collector.lock() else {
+                            return;
+                        };
                         c.poll();
+                        if !c.gc_due() {
+                            return;
+                        }
+                        c.gc_plan()
+                    };
+                    // `/proc` is read without the lock: scrapes go on meanwhile.
+                    let scan = plan.scan();
+                    if let Ok(mut c) = collector.lock() {
+                        c.gc_apply(scan);
                     }
                 })
                 .await;

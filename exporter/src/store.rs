@@ -7,7 +7,9 @@
 //! that cannot be attributed go to `comm="_unknown"` and to
 //! `bufscope_attribution_unknown_total{probe}`.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
+
+use foldhash::{HashMap, HashMapExt as _};
 use std::time::{Duration, Instant};
 
 /// Identity of a process: pid plus start time, so a reused pid is a different process.
@@ -291,6 +293,15 @@ impl Store {
             self.other.absorb(&stats);
             self.folded += 1;
         }
+    }
+
+    /// Tracked processes not yet known to have exited.
+    pub fn running(&self) -> Vec<ProcRef> {
+        self.procs
+            .iter()
+            .filter(|(_, s)| s.exited.is_none())
+            .map(|(p, _)| *p)
+            .collect()
     }
 
     /// Marks processes for which `alive` is false as exited and forgets those that exited

@@ -15,7 +15,7 @@
 pub mod container;
 pub mod procfs;
 
-use std::collections::{HashMap, HashSet};
+use foldhash::{HashMap, HashMapExt as _, HashSet, HashSetExt as _};
 use std::time::{Duration, Instant};
 
 use aya::maps::{HashMap as BpfHashMap, MapData};
@@ -189,7 +189,7 @@ impl Attributor {
         }
         let found = self.pid_in_netns(netns).and_then(|pid| {
             let ino = self.procfs.tcp_listener_inode(pid, port)?;
-            self.resolve_inodes(&HashSet::from([ino]));
+            self.resolve_inodes(&HashSet::from_iter([ino]));
             self.lookup_inode(ino)
         });
         self.listeners.insert((netns, port), (found, now));

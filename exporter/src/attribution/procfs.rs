@@ -3,7 +3,7 @@
 //! the probes did not see (created before bufscope started, or by paths without a hook) and
 //! the ground truth for garbage-collecting closed sockets.
 
-use std::collections::{HashMap, HashSet};
+use foldhash::{HashMap, HashMapExt as _, HashSet};
 use std::path::{Path, PathBuf};
 
 /// A `/proc` mount (normally `/proc`; `--path.procfs` in containers).
@@ -202,7 +202,7 @@ mod tests {
         let p = Procfs::default();
         let me = std::process::id();
         assert!(p.socket_inodes(me).contains(&ino));
-        let found = p.find_socket_holders(&HashSet::from([ino]));
+        let found = p.find_socket_holders(&HashSet::from_iter([ino]));
         assert_eq!(found.get(&ino), Some(&me));
     }
 

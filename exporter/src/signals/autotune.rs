@@ -2,7 +2,7 @@
 //! An event on a socket with `SOCK_RCVBUF_LOCK` (or with `tcp_moderate_rcvbuf = 0`) is a
 //! moment where the kernel wanted a bigger buffer and was not allowed to grow it.
 
-use std::collections::{HashMap, HashSet};
+use foldhash::{HashMap, HashMapExt as _, HashSet};
 use std::time::{Duration, Instant};
 
 use aya::maps::{MapData, PerCpuHashMap};

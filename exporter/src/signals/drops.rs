@@ -5,7 +5,9 @@
 //! cannot be found yet are held for `hold` (a `/proc` scan may still find them) and then go to
 //! `comm="_unknown"`: counts are never dropped silently.
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::VecDeque;
+
+use foldhash::{HashMap, HashMapExt as _, HashSet};
 use std::time::{Duration, Instant};
 
 use aya::maps::{MapData, PerCpuHashMap};
@@ -54,14 +56,10 @@ impl Seen {
             return 0.0;
         }
         let since = now.checked_sub(window).unwrap_or(t_last);
-        // The newest sample at or before the window start (or the oldest we have).
-        let base = self
-            .history
-            .iter()
-            .rev()
-            .find(|(t, _)| *t <= since)
-            .or(self.history.front())
-            .copied();
+        // The newest sample at or before the window start (or the oldest we have); samples
+        // are in time order.
+        let after = self.history.partition_point(|(t, _)| *t <= since);
+        let base = self.history.get(after.saturating_sub(1)).copied();
         match base {
             Some((t0, v0)) if last > v0 => {
                 let dt = now.duration_since(t0).as_secs_f64().max(1e-3);
@@ -156,6 +154,11 @@ impl Drops {
         }
         self.poll(attr, store);
         self.generation = generation;
+    }
+
+    /// Whether counts wait for their owner (the next poll may attribute them).
+    pub fn pending(&self) -> bool {
+        !self.held.is_empty()
     }
 
     /// Entries currently in the BPF map (as of the last poll).

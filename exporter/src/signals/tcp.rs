@@ -40,7 +40,7 @@ fn resolve(ev: &EstablishedEvent, attr: &mut Attributor) -> Option<crate::store:
         return None;
     }
     attr.lookup_inode(ev.inode).or_else(|| {
-        attr.resolve_inodes(&std::collections::HashSet::from([ev.inode]));
+        attr.resolve_inodes(&foldhash::HashSet::from_iter([ev.inode]));
         attr.lookup_inode(ev.inode)
     })
 }
