@@ -74,8 +74,9 @@ pub struct Args {
     /// Datagrams per second sprayed over all those sockets (drops) during the load phase.
     #[arg(long, default_value_t = 20_000)]
     pub spray_pps: u64,
-    /// Length of each CPU measurement window of the exporter section, seconds.
-    #[arg(long, default_value_t = 20)]
+    /// Length of each CPU measurement window of the exporter section, seconds (60: one full
+    /// GC period of the exporter at its default retention, so the window sees its average).
+    #[arg(long, default_value_t = 60)]
     pub cpu_window: u64,
     /// Scrapes per latency measurement.
     #[arg(long, default_value_t = 100)]
