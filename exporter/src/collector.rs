@@ -608,6 +608,7 @@ impl GcPlan {
         let dead = self
             .procs
             .into_iter()
+            // Gone, or its pid now belongs to another process (a different start time).
             .filter(|p| self.procfs.start_ticks(p.tgid) != Some(p.start_ticks))
             .collect();
         let live = self

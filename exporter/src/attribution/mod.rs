@@ -232,9 +232,4 @@ impl Attributor {
         self.listeners
             .retain(|_, (_, t)| now.duration_since(*t) < CACHE_TTL);
     }
-
-    /// True while process `p` runs (same pid and start time).
-    pub fn alive(&self, p: &ProcRef) -> bool {
-        self.procfs.start_ticks(p.tgid) == Some(p.start_ticks)
-    }
 }

@@ -45,11 +45,6 @@ impl Procfs {
             .collect()
     }
 
-    /// True while process `pid` exists.
-    pub fn alive(&self, pid: u32) -> bool {
-        self.root.join(pid.to_string()).exists()
-    }
-
     /// The raw `comm` of `pid` (the kernel appends one `\n`; a comm may itself contain one).
     pub fn comm(&self, pid: u32) -> Option<Vec<u8>> {
         let mut b = std::fs::read(self.pid_path(pid, "comm")).ok()?;
