@@ -921,6 +921,108 @@ fn hooks() -> anyhow::Result<Vec<Hook>> {
     ])
 }
 
+/// A bpftrace script that gathers what a bufscope probe (or pair) gathers — the same reads,
+/// map updates and one output record per event — for a like-for-like cost comparison next to
+/// the counting one-liners.
+struct SameData {
+    what: &'static str,
+    load: Load,
+    /// The bufscope programs whose per-event costs add up to one event of this row.
+    progs: &'static [&'static str],
+    /// Program runs per event in the script (2 for an enter/exit pair).
+    runs_per_event: f64,
+    script: String,
+}
+
+fn same_data() -> Vec<SameData> {
+    // `sk->sk_ino` (6.18+) or the socket's inode through its file, as in `hooks()`.
+    let ino = if kernel_has_sk_ino() {
+        "$sk->sk_ino"
+    } else {
+        "$sk->sk_socket->file->f_inode->i_ino"
+    };
+    let fd_file = |fd: &str| {
+        format!(
+            "((struct file *)*kptr((uint64 *)((uint64)curtask->files->fdt->fd + (uint64){fd} * 8)))"
+        )
+    };
+    let sockopt = format!(
+        "tracepoint:syscalls:sys_enter_setsockopt /args->level == 1 && (args->optname == 7 || \
+         args->optname == 8 || args->optname == 32 || args->optname == 33 || args->optname == 72)/ \
+         {{ $f = {file}; $sk = ((struct socket *)$f->private_data)->sk; \
+         @pend[tid] = ((uint64)$f, (uint64)$sk, args->optname, *(int32 *)uptr(args->optval), \
+         $sk->sk_userlocks); }} \
+         tracepoint:syscalls:sys_exit_setsockopt /@pend[tid].1 != 0/ {{ $p = @pend[tid]; \
+         delete(@pend[tid]); $sk = (struct sock *)$p.1; \
+         $ino = ((struct file *)$p.0)->f_inode->i_ino; \
+         if (@own[$ino].0 != pid) {{ @own[$ino] = (pid, tid, cgroup, comm); }} \
+         printf(\"%d %s %lu %u %d %d %d %d %d %d %d %d\\n\", pid, comm, $ino, \
+         $sk->__sk_common.skc_net.net->ns.inum, $p.2, $p.3, args->ret, $sk->sk_rcvbuf, \
+         $sk->sk_sndbuf, $p.4, $sk->sk_userlocks, $sk->sk_protocol); }}",
+        file = fd_file("args->fd")
+    );
+    let state = format!(
+        "tracepoint:sock:inet_sock_set_state /args->protocol == 6 && (args->newstate == 1 || \
+         args->newstate == 10 || args->newstate == 2 || (args->oldstate == 10 && \
+         args->newstate == 7))/ {{ $sk = (struct sock *)args->skaddr; \
+         $net = $sk->__sk_common.skc_net.net; $ns = $net->ns.inum; \
+         if (args->newstate == 10) {{ @lis[$ns, args->sport] = (pid, tid, cgroup, comm); }} \
+         else if (args->newstate == 2) {{ if (@own[{ino}].0 != pid) {{ \
+         @own[{ino}] = (pid, tid, cgroup, comm); }} }} \
+         else if (args->newstate == 7) {{ delete(@lis[$ns, args->sport]); }} \
+         else {{ $tp = (struct tcp_sock *)$sk; \
+         if (args->oldstate == 3) {{ $o = @lis[$ns, args->sport]; }} else {{ $o = @own[{ino}]; }} \
+         printf(\"%d %s %lu %u %d %u %d %d %d %d %d %d\\n\", $o.0, $o.3, {ino}, $ns, \
+         $sk->sk_rcvbuf, $net->ipv4.sysctl_tcp_rmem[2], $tp->window_clamp, \
+         $tp->rx_opt.rcv_wscale, $tp->rx_opt.snd_wscale, $tp->rx_opt.wscale_ok, \
+         $sk->sk_userlocks, $net->ipv4.sysctl_tcp_window_scaling); }} }}"
+    );
+    let owners = format!(
+        "tracepoint:syscalls:sys_exit_socket,tracepoint:syscalls:sys_exit_accept,\
+         tracepoint:syscalls:sys_exit_accept4 /args->ret >= 0/ \
+         {{ @own[{file}->f_inode->i_ino] = (pid, tid, cgroup, \
+         curtask->group_leader->start_boottime, comm); }}",
+        file = fd_file("args->ret")
+    );
+    let grow = format!(
+        "tracepoint:tcp:tcp_rcvbuf_grow {{ $sk = (struct sock *)args->skaddr; \
+         $tp = (struct tcp_sock *)$sk; @g[{ino}] = count(); \
+         @last[{ino}] = ($tp->copied_seq - $tp->rcvq_space.seq, $tp->rcv_rtt_est.rtt_us >> 3, \
+         $sk->sk_rcvbuf, $sk->sk_userlocks, args->time, nsecs, \
+         $sk->__sk_common.skc_net.net->ipv4.sysctl_tcp_moderate_rcvbuf); }}"
+    );
+    vec![
+        SameData {
+            what: "setsockopt call (entry + exit)",
+            load: Load::Setsockopt,
+            progs: &["sys_enter_setsockopt", "sys_exit_setsockopt"],
+            runs_per_event: 2.0,
+            script: sockopt,
+        },
+        SameData {
+            what: "TCP state change",
+            load: Load::TcpConnect,
+            progs: &["inet_sock_set_state"],
+            runs_per_event: 1.0,
+            script: state,
+        },
+        SameData {
+            what: "new socket fd",
+            load: Load::TcpConnect,
+            progs: &["sys_exit_new_socket"],
+            runs_per_event: 1.0,
+            script: owners,
+        },
+        SameData {
+            what: "tcp_rcvbuf_grow",
+            load: Load::TcpBulk,
+            progs: &["tcp_rcvbuf_grow"],
+            runs_per_event: 1.0,
+            script: grow,
+        },
+    ]
+}
+
 /// ns/event and events of one phase.
 type Sample = (f64, u64);
 
@@ -934,23 +1036,61 @@ fn probes_section(a: &Args, bins: &Bins) -> anyhow::Result<String> {
                 .any(|l| std::mem::discriminant(l) == std::mem::discriminant(&h.load))
         })
         .collect();
+    let same: Vec<SameData> = same_data()
+        .into_iter()
+        .filter(|d| {
+            loads
+                .iter()
+                .any(|l| std::mem::discriminant(l) == std::mem::discriminant(&d.load))
+        })
+        .collect();
     let _stats = BpfStats::enable()?;
     let mut ours: Vec<Vec<Sample>> = vec![Vec::new(); hooks.len()];
     let mut theirs: Vec<Vec<Sample>> = vec![Vec::new(); hooks.len()];
+    let mut alike: Vec<Vec<f64>> = vec![Vec::new(); same.len()];
     for load in loads {
         let idx: Vec<usize> = (0..hooks.len())
             .filter(|i| std::mem::discriminant(&hooks[*i].load) == std::mem::discriminant(&load))
             .collect();
         for run in 0..a.runs {
-            // ABBA: bufscope first on even runs, bpftrace first on odd ones.
-            for side in if run % 2 == 0 { [0, 1] } else { [1, 0] } {
+            let sdx: Vec<usize> = (0..same.len())
+                .filter(|i| std::mem::discriminant(&same[*i].load) == std::mem::discriminant(&load))
+                .collect();
+            // The order of bufscope, the one-liners and the same-data scripts rotates per run.
+            let order = [[0, 1, 2], [1, 2, 0], [2, 0, 1]][run % 3];
+            for side in order {
+                if side == 2 && sdx.is_empty() {
+                    continue;
+                }
                 eprintln!(
                     "bench overhead: probes: {} run {}/{} {}",
                     load.label(),
                     run + 1,
                     a.runs,
-                    if side == 0 { "bufscope" } else { "bpftrace" }
+                    [
+                        "bufscope",
+                        "bpftrace one-liners",
+                        "bpftrace same-data scripts"
+                    ][side]
                 );
+                if side == 2 {
+                    let tracers: Vec<Bpftrace> = sdx
+                        .iter()
+                        .map(|i| Bpftrace::start(&same[*i].script))
+                        .collect::<anyhow::Result<_>>()?;
+                    let before: Vec<_> = tracers
+                        .iter()
+                        .map(|t| snapshot(t.pid()))
+                        .collect::<anyhow::Result<_>>()?;
+                    load.run(bins)?;
+                    for ((i, t), b) in sdx.iter().zip(&tracers).zip(&before) {
+                        let after = snapshot(t.pid())?;
+                        let (tt, n) = delta(b, &after, |_| true);
+                        let events = n as f64 / same[*i].runs_per_event;
+                        alike[*i].push(tt as f64 / events.max(1.0));
+                    }
+                    continue;
+                }
                 if side == 0 {
                     let e = Exporter::start(bins, &[])?;
                     let before = snapshot(e.pid())?;
@@ -1025,6 +1165,46 @@ fn probes_section(a: &Args, bins: &Bins) -> anyhow::Result<String> {
     out.push_str("\n\nbpftrace one-liners (same run, own phases):\n\n");
     for h in &hooks {
         let _ = writeln!(out, "- `{}`: `bpftrace -e '{}'`", h.event, h.bpftrace);
+    }
+    if !same.is_empty() {
+        let mut rows = Vec::new();
+        for (i, d) in same.iter().enumerate() {
+            let o: f64 = d
+                .progs
+                .iter()
+                .filter_map(|p| hooks.iter().position(|h| h.bufscope_prog == *p))
+                .map(|h| median(&ours[h].iter().map(|s| s.0).collect::<Vec<_>>()))
+                .sum();
+            let t = median(&alike[i]);
+            rows.push(vec![
+                d.load.label().to_string(),
+                d.what.to_string(),
+                format!("{o:.0}"),
+                format!("{t:.0}"),
+                format!("{:.2}×", o / t),
+            ]);
+        }
+        out.push_str(
+            "\n### Same data\n\nThe one-liners above count; bufscope's setsockopt, TCP-state, \
+             owner and autotune probes also read the socket's state, keep owners in maps and emit \
+             one record per event. Each bpftrace script below does that same work (the same \
+             reads, map updates and one `printf` record per event), measured in its own phase of \
+             the same run:\n\n",
+        );
+        out.push_str(&table(
+            &[
+                "workload",
+                "per",
+                "bufscope ns",
+                "bpftrace same-data ns",
+                "bufscope ÷ bpftrace",
+            ],
+            &rows,
+        ));
+        out.push_str("\n\nScripts:\n\n");
+        for d in &same {
+            let _ = writeln!(out, "- {}: `bpftrace -e '{}'`", d.what, d.script);
+        }
     }
     Ok(out)
 }
