@@ -1186,10 +1186,11 @@ fn probes_section(a: &Args, bins: &Bins) -> anyhow::Result<String> {
         }
         out.push_str(
             "\n### Same data\n\nThe one-liners above count; bufscope's setsockopt, TCP-state, \
-             owner and autotune probes also read the socket's state, keep owners in maps and emit \
-             one record per event. Each bpftrace script below does that same work (the same \
-             reads, map updates and one `printf` record per event), measured in its own phase of \
-             the same run:\n\n",
+             owner and autotune probes also read the socket's state and keep it (or its owner) in \
+             maps, and the setsockopt and TCP-state probes send one ring-buffer record per event. \
+             Each bpftrace script below does that same work (the same reads and map updates, and \
+             one `printf` record where bufscope sends one), measured in its own phase of the same \
+             run:\n\n",
         );
         out.push_str(&table(
             &[
