@@ -33,6 +33,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail};
 
+use super::{Machine, cmd_output, loadavg};
 use crate::util::{cargo, is_root, run_cmd, workspace_root};
 
 /// Arguments of `cargo xtask bench overhead`.
@@ -532,23 +533,6 @@ fn percentile(v: &[f64], p: f64) -> f64 {
     s.sort_by(f64::total_cmp);
     let rank = ((p / 100.0) * s.len() as f64).ceil().max(1.0) as usize;
     s[rank.min(s.len()) - 1]
-}
-
-fn loadavg() -> String {
-    std::fs::read_to_string("/proc/loadavg")
-        .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
-        .unwrap_or_default()
-}
-
-fn cmd_output(cmd: &mut Command) -> anyhow::Result<String> {
-    let o = cmd.output().with_context(|| format!("running {cmd:?}"))?;
-    if !o.status.success() {
-        bail!(
-            "{cmd:?} failed: {}",
-            String::from_utf8_lossy(&o.stderr).trim()
-        );
-    }
-    Ok(String::from_utf8_lossy(&o.stdout).trim().to_string())
 }
 
 /// Renders a Markdown table with aligned columns.
@@ -1823,28 +1807,13 @@ impl Drop for RemoveDir {
 /// this run measured (between its own markers, so a run of one section keeps the others).
 fn update_doc(a: &Args, r: &Report) -> anyhow::Result<()> {
     let path = workspace_root().join("docs/benchmarks.md");
-    let cpu = std::fs::read_to_string("/proc/cpuinfo")
-        .ok()
-        .and_then(|c| {
-            c.lines().find_map(|l| {
-                l.strip_prefix("model name")
-                    .map(|m| m.trim_start_matches([' ', '\t', ':']).to_string())
-            })
-        })
-        .unwrap_or_else(|| "?".into());
-    let nproc = std::thread::available_parallelism().map_or(0, usize::from);
-    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
-    let date =
-        cmd_output(Command::new("date").args(["-u", "+%Y-%m-%d %H:%M UTC"])).unwrap_or_default();
-    let root = workspace_root();
-    let commit =
-        cmd_output(
-            Command::new("git")
-                .arg("-C")
-                .arg(&root)
-                .args(["rev-parse", "--short", "HEAD"]),
-        )
-        .unwrap_or_else(|_| "?".into());
+    let Machine {
+        cpu,
+        nproc,
+        kernel,
+        date,
+        commit,
+    } = Machine::describe();
     let mut args = String::new();
     if a.sections.len() != 3 {
         let _ = write!(args, " --sections {}", a.sections.join(","));
@@ -1866,8 +1835,7 @@ fn update_doc(a: &Args, r: &Report) -> anyhow::Result<()> {
         "Machine: `nproc` = {nproc}, `uname -r` = {}, CPU: {cpu}. The machine is shared: other \
          agents' builds and tests run on the same cores, so A and B phases alternate (ABBA…) to \
          cancel drift and every figure is a median of {} runs.",
-        kernel.trim(),
-        a.runs,
+        kernel, a.runs,
     );
     let mut doc = std::fs::read_to_string(&path).unwrap_or_default();
     if !doc.contains("\n## Overhead\n") {

@@ -22,6 +22,7 @@ use anyhow::{Context as _, bail};
 use bufscope_netlab::measure::{self, BackgroundPing};
 use bufscope_netlab::{Lab, LabConfig, LinkParams, Netns, Process};
 
+use super::{Machine, cmd_output, loadavg};
 use crate::util::{cargo, is_root, run_cmd, workspace_root};
 
 /// Arguments of `cargo xtask bench tunnel`.
@@ -304,7 +305,7 @@ struct Keys {
 impl Keys {
     fn generate(dir: &Path) -> anyhow::Result<Keys> {
         let one = |name: &str| -> anyhow::Result<(PathBuf, String)> {
-            let private = output(Command::new("wg").arg("genkey"))?;
+            let private = cmd_output(Command::new("wg").arg("genkey"))?;
             let mut child = Command::new("wg")
                 .arg("pubkey")
                 .stdin(Stdio::piped())
@@ -621,29 +622,12 @@ fn wait_for(timeout: Duration, mut cond: impl FnMut() -> bool) -> anyhow::Result
     Ok(())
 }
 
-fn output(cmd: &mut Command) -> anyhow::Result<String> {
-    let out = cmd.output().with_context(|| format!("running {cmd:?}"))?;
-    if !out.status.success() {
-        bail!(
-            "{cmd:?} failed: {}",
-            String::from_utf8_lossy(&out.stderr).trim()
-        );
-    }
-    Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
-}
-
 fn which(bin: &str) -> Option<PathBuf> {
     std::env::var_os("PATH")?
         .to_string_lossy()
         .split(':')
         .map(|d| Path::new(d).join(bin))
         .find(|p| p.exists())
-}
-
-fn loadavg() -> String {
-    std::fs::read_to_string("/proc/loadavg")
-        .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
-        .unwrap_or_else(|_| "?".into())
 }
 
 fn human_bytes(n: u64) -> String {
@@ -887,28 +871,15 @@ fn update_doc(
     load_after: &str,
 ) -> anyhow::Result<()> {
     let path = workspace_root().join("docs/benchmarks.md");
-    let cpu = std::fs::read_to_string("/proc/cpuinfo")
-        .ok()
-        .and_then(|c| {
-            c.lines().find_map(|l| {
-                l.strip_prefix("model name")
-                    .map(|m| m.trim_start_matches([' ', '\t', ':']).to_string())
-            })
-        })
-        .unwrap_or_else(|| "?".into());
-    let nproc = std::thread::available_parallelism().map_or(0, usize::from);
-    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
-    let date = output(Command::new("date").args(["-u", "+%Y-%m-%d %H:%M UTC"])).unwrap_or_default();
+    let Machine {
+        cpu,
+        nproc,
+        kernel,
+        date,
+        commit,
+    } = Machine::describe();
     let root = workspace_root();
-    let commit =
-        output(
-            Command::new("git")
-                .arg("-C")
-                .arg(&root)
-                .args(["rev-parse", "--short", "HEAD"]),
-        )
-        .unwrap_or_else(|_| "?".into());
-    let dirty = output(Command::new("git").arg("-C").arg(&root).args([
+    let dirty = cmd_output(Command::new("git").arg("-C").arg(&root).args([
         "status",
         "--porcelain",
         "--",
@@ -952,7 +923,7 @@ fn update_doc(
          `ss -m` `rb` of the client's outer socket after the download.\n\n\
          {table}\n\n{summary}{DOC_END}\n",
         elapsed.as_secs_f64(),
-        kernel.trim(),
+        kernel,
         a.rate_mbit,
         a.seconds,
         a.omit,
