@@ -296,20 +296,77 @@ impl Exporter {
 
 impl Drop for Exporter {
     fn drop(&mut self) {
-        // SAFETY: kill(2) on our own child's pid.
-        unsafe {
-            libc::kill(self.child.id() as i32, libc::SIGTERM);
-        }
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while Instant::now() < deadline {
-            if let Ok(Some(_)) = self.child.try_wait() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        terminate(&mut self.child);
     }
+}
+
+/// Stops a child with SIGTERM (graceful shutdown), SIGKILL after 10 s, and reaps it.
+pub fn terminate(child: &mut Child) {
+    // SAFETY: kill(2) on our own child's pid.
+    unsafe {
+        libc::kill(child.id() as i32, libc::SIGTERM);
+    }
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while Instant::now() < deadline {
+        if let Ok(Some(_)) = child.try_wait() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+}
+
+/// BPF object ids held open by `pid`: the `key` lines (`prog_id:`, `link_id:`, `map_id:`) of
+/// `/proc/<pid>/fdinfo`.
+pub fn held_bpf_ids(pid: u32, key: &str) -> std::collections::BTreeSet<u32> {
+    let mut ids = std::collections::BTreeSet::new();
+    for e in std::fs::read_dir(format!("/proc/{pid}/fdinfo"))
+        .unwrap()
+        .flatten()
+    {
+        if let Ok(text) = std::fs::read_to_string(e.path()) {
+            for l in text.lines() {
+                if let Some(v) = l.strip_prefix(key) {
+                    ids.insert(v.trim().parse().unwrap());
+                }
+            }
+        }
+    }
+    ids
+}
+
+/// True while the kernel still has BPF object `kind` (`prog`, `link`) `id` (per `bpftool`).
+pub fn bpf_exists(kind: &str, id: u32) -> bool {
+    Command::new("bpftool")
+        .args([kind, "show", "id", &id.to_string()])
+        .output()
+        .map(|o| o.status.success())
+        .unwrap_or(false)
+}
+
+/// Runs `promtool check metrics` on `text`; returns (success, output).
+pub fn promtool_check_metrics(text: &str) -> (bool, String) {
+    let mut child = Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("promtool (Debian package prometheus; cargo xtask setup installs it)");
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(text.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    let msg = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.success(), msg)
 }
 
 /// Minimal HTTP/1.0 GET (no client dependency needed for tests).

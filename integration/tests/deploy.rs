@@ -14,9 +14,11 @@ use std::io::{BufRead as _, BufReader, Write as _};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc::channel;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use bufscope_integration::{Metrics, Workload, bufscope_bin, eventually, http_get, proc_udp_drops};
+use bufscope_integration::{
+    Metrics, Workload, bufscope_bin, eventually, http_get, proc_udp_drops, terminate,
+};
 use serde_json::Value;
 
 /// Kubernetes release the manifests are validated against (kubernetes-validate schemas).
@@ -510,17 +512,7 @@ impl PodLike {
 
 impl Drop for PodLike {
     fn drop(&mut self) {
-        // SAFETY: signalling our own child (unshare exec'd sh, which exec'd bufscope).
-        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while Instant::now() < deadline {
-            if let Ok(Some(_)) = self.child.try_wait() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        terminate(&mut self.child);
     }
 }
 

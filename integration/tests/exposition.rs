@@ -2,35 +2,9 @@
 //! processes whose `comm` is hostile text; probes degrade one by one.
 #![allow(clippy::unwrap_used)]
 
-use std::io::Write as _;
-use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use bufscope_integration::{Exporter, Workload, eventually};
-
-/// Runs `promtool check metrics` on `text`; returns (success, output).
-fn promtool(text: &str) -> (bool, String) {
-    let mut child = Command::new("promtool")
-        .args(["check", "metrics"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("promtool (Debian package prometheus; cargo xtask setup installs it)");
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(text.as_bytes())
-        .unwrap();
-    let out = child.wait_with_output().unwrap();
-    let msg = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    (out.status.success(), msg)
-}
+use bufscope_integration::{Exporter, Workload, eventually, promtool_check_metrics};
 
 #[test]
 #[ignore = "needs root: run via cargo xtask test"]
@@ -54,7 +28,7 @@ fn promtool_accepts_metrics_with_a_hostile_comm() {
         s.labels["comm"], "q\"b\\s\nnl",
         "label round-trips to the kernel's comm"
     );
-    let (ok, msg) = promtool(&e.scrape_text());
+    let (ok, msg) = promtool_check_metrics(&e.scrape_text());
     assert!(ok, "promtool check metrics failed:\n{msg}");
 }
 
@@ -80,7 +54,7 @@ fn promtool_accepts_every_comm_byte() {
             .all(|p| m.sum("bufscope_setsockopt_total", &[("pid", p.as_str())]) == 1.0)
             .then_some(text)
     });
-    let (ok, msg) = promtool(&text);
+    let (ok, msg) = promtool_check_metrics(&text);
     assert!(ok, "promtool check metrics failed:\n{msg}");
 }
 

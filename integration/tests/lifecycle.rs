@@ -2,50 +2,22 @@
 //! kernel's own view, `bpftool prog show id N`), and logs can be JSON.
 #![allow(clippy::unwrap_used)]
 
-use std::collections::BTreeSet;
-use std::process::Command;
 use std::time::Duration;
 
-use bufscope_integration::Exporter;
-
-/// BPF object ids held open by `pid` (`prog_id:` / `link_id:` lines of /proc/<pid>/fdinfo).
-fn held_ids(pid: u32, key: &str) -> BTreeSet<u32> {
-    let mut ids = BTreeSet::new();
-    for e in std::fs::read_dir(format!("/proc/{pid}/fdinfo"))
-        .unwrap()
-        .flatten()
-    {
-        if let Ok(text) = std::fs::read_to_string(e.path()) {
-            for l in text.lines() {
-                if let Some(v) = l.strip_prefix(key) {
-                    ids.insert(v.trim().parse().unwrap());
-                }
-            }
-        }
-    }
-    ids
-}
-
-fn exists(kind: &str, id: u32) -> bool {
-    Command::new("bpftool")
-        .args([kind, "show", "id", &id.to_string()])
-        .output()
-        .map(|o| o.status.success())
-        .unwrap_or(false)
-}
+use bufscope_integration::{Exporter, bpf_exists, held_bpf_ids};
 
 #[test]
 #[ignore = "needs root: run via cargo xtask test"]
 fn graceful_shutdown_detaches_every_program() {
     let e = Exporter::start(&[]);
-    let progs = held_ids(e.pid(), "prog_id:");
-    let links = held_ids(e.pid(), "link_id:");
+    let progs = held_bpf_ids(e.pid(), "prog_id:");
+    let links = held_bpf_ids(e.pid(), "link_id:");
     // 6 programs (kfree_skb, sys_enter/exit_setsockopt, inet_sock_set_state, tcp_rcvbuf_grow,
     // sys_exit_new_socket) and at least one link per attachment that uses bpf links.
     assert!(progs.len() >= 6, "programs held: {progs:?}");
     for id in &progs {
         assert!(
-            exists("prog", *id),
+            bpf_exists("prog", *id),
             "prog {id} should be loaded while running"
         );
     }
@@ -60,7 +32,7 @@ fn graceful_shutdown_detaches_every_program() {
     let gone: Vec<u32> = progs
         .iter()
         .copied()
-        .filter(|id| exists("prog", *id))
+        .filter(|id| bpf_exists("prog", *id))
         .collect();
     assert!(
         gone.is_empty(),
@@ -69,7 +41,7 @@ fn graceful_shutdown_detaches_every_program() {
     let left: Vec<u32> = links
         .iter()
         .copied()
-        .filter(|id| exists("link", *id))
+        .filter(|id| bpf_exists("link", *id))
         .collect();
     assert!(
         left.is_empty(),

@@ -18,8 +18,8 @@ use std::sync::{Arc, Barrier, Mutex};
 use std::time::{Duration, Instant};
 
 use bufscope_integration::{
-    Exporter, Metrics, Workload, bufscope_bin, eventually, http_get, proc_udp_drops, require_root,
-    snmp, workload_bin,
+    Exporter, Metrics, Workload, bpf_exists, bufscope_bin, eventually, held_bpf_ids, http_get,
+    proc_udp_drops, promtool_check_metrics, require_root, snmp, terminate, workload_bin,
 };
 
 const DROPS: &str = "bufscope_socket_drops_total";
@@ -82,37 +82,10 @@ fn lost(m: &Metrics) -> BTreeMap<String, f64> {
         .collect()
 }
 
-/// BPF object ids held open by `pid` (`prog_id:` / `link_id:` lines of /proc/<pid>/fdinfo).
-fn held_ids(pid: u32, key: &str) -> BTreeSet<u32> {
-    let mut ids = BTreeSet::new();
-    for e in std::fs::read_dir(format!("/proc/{pid}/fdinfo"))
-        .unwrap()
-        .flatten()
-    {
-        if let Ok(text) = std::fs::read_to_string(e.path()) {
-            for l in text.lines() {
-                if let Some(v) = l.strip_prefix(key) {
-                    ids.insert(v.trim().parse().unwrap());
-                }
-            }
-        }
-    }
-    ids
-}
-
-/// True while the kernel still has BPF object `kind` (`prog`, `link`) `id`.
-fn bpf_exists(kind: &str, id: u32) -> bool {
-    Command::new("bpftool")
-        .args([kind, "show", "id", &id.to_string()])
-        .output()
-        .map(|o| o.status.success())
-        .unwrap_or(false)
-}
-
 /// Entries of bufscope's `DROPS` map (held by `exporter_pid`) whose key is in network namespace
 /// `netns`, read with `bpftool map dump` (key: inode u64, netns u32, …, little endian).
 fn drops_entries_in_netns(exporter_pid: u32, netns: u32) -> usize {
-    let id = held_ids(exporter_pid, "map_id:")
+    let id = held_bpf_ids(exporter_pid, "map_id:")
         .into_iter()
         .find(|id| {
             Command::new("bpftool")
@@ -156,30 +129,6 @@ fn netns_of(pid: u32) -> u32 {
     l.to_str()
         .and_then(|s| s.strip_prefix("net:[")?.strip_suffix(']')?.parse().ok())
         .unwrap()
-}
-
-/// Runs `promtool check metrics` on `text`.
-fn promtool(text: &str) -> (bool, String) {
-    let mut child = Command::new("promtool")
-        .args(["check", "metrics"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("promtool (Debian package prometheus; cargo xtask setup installs it)");
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(text.as_bytes())
-        .unwrap();
-    let out = child.wait_with_output().unwrap();
-    let msg = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    (out.status.success(), msg)
 }
 
 /// Every probe reports attached.
@@ -530,8 +479,8 @@ fn kill_9_during_a_flood_then_restart_is_clean() {
     let col = || kernel_drops(&recv);
 
     let e1 = Exporter::start(&[]);
-    let progs1 = held_ids(e1.pid(), "prog_id:");
-    let links1 = held_ids(e1.pid(), "link_id:");
+    let progs1 = held_bpf_ids(e1.pid(), "prog_id:");
+    let links1 = held_bpf_ids(e1.pid(), "link_id:");
     assert!(progs1.len() >= 6, "programs held: {progs1:?}");
 
     // A long flood; kill the exporter in the middle of it.
@@ -571,8 +520,8 @@ fn kill_9_during_a_flood_then_restart_is_clean() {
             (p.is_empty() && l.is_empty()).then_some((p, l))
         },
     );
-    let progs2 = held_ids(e2.pid(), "prog_id:");
-    let links2 = held_ids(e2.pid(), "link_id:");
+    let progs2 = held_bpf_ids(e2.pid(), "prog_id:");
+    let links2 = held_bpf_ids(e2.pid(), "link_id:");
     assert_eq!(progs2.len(), progs1.len(), "{progs2:?} vs {progs1:?}");
     assert_eq!(links2.len(), links1.len(), "{links2:?} vs {links1:?}");
     assert!(progs2.is_disjoint(&progs1));
@@ -814,7 +763,7 @@ fn very_long_cgroup_paths() {
         let s = m.find("bufscope_setsockopt_total", &want).next().unwrap();
         assert_eq!(s.labels["comm"], "bsp-deep-cg");
         assert_eq!(s.labels["container"], want_container, "container label");
-        let (ok, msg) = promtool(&e.scrape_text());
+        let (ok, msg) = promtool_check_metrics(&e.scrape_text());
         assert!(ok, "promtool:\n{msg}");
         results.push(format!(
             "{} chars deep: /proc/<pid>/cgroup {}; container=\"{}\"",
@@ -865,7 +814,7 @@ fn a_hundred_concurrent_scrapes() {
         assert!(body.ends_with('\n'), "truncated body");
         slowest = slowest.max(*took);
     }
-    let (ok, msg) = promtool(&results[99].1);
+    let (ok, msg) = promtool_check_metrics(&results[99].1);
     assert!(ok, "promtool:\n{msg}");
     let rss = rss_kib(e.pid());
     assert!(rss < base_rss + 16 * 1024, "RSS {base_rss} → {rss} KiB");
@@ -1114,17 +1063,7 @@ impl Unprivileged {
 
 impl Drop for Unprivileged {
     fn drop(&mut self) {
-        // SAFETY: signalling our own child (setpriv exec'd bufscope).
-        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while Instant::now() < deadline {
-            if let Ok(Some(_)) = self.child.try_wait() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        terminate(&mut self.child);
     }
 }
 
