@@ -1,4 +1,4 @@
-//! Waiting for Ctrl-C / SIGTERM without a signal handler.
+//! OS termination signals (Ctrl-C / SIGTERM / SIGHUP), waited for without a signal handler.
 
 use crate::Error;
 
