@@ -653,10 +653,42 @@ fn last_value(s: &Value) -> f64 {
     v[1].as_str().unwrap().parse().unwrap()
 }
 
+/// The dashboard and alerts on a real Prometheus, step by step: two exporters, a scripted
+/// workload whose figures come from the kernel, a flood, Prometheus scraping both exporters,
+/// then every panel, variable and alert checked against those figures.
 #[test]
 #[ignore = "needs root: run via cargo xtask test"]
 fn every_panel_and_alert_works_on_a_real_prometheus() {
     let started = Instant::now();
+    let rmem_max = rmem_max_with_room_for_a_clamp();
+    let container = FakeContainer::new();
+    let (a, b) = start_a_shipped_and_a_degraded_exporter();
+    let scene = Scene::run(&container, rmem_max);
+    let flood = Flooder::start(scene.flooded_ports());
+    let served = wait_until_the_exporter_serves_the_workload(&a, &scene, &container);
+    let prom = start_prometheus_with_shipped_and_fast_rules(&a, &b);
+    wait_for_prometheus_to_scrape_the_workload(&prom, &scene);
+    let findings = findings_in_code();
+    let results = query_every_panel(&prom, &served, findings);
+    assert_drop_panels_show_the_receivers(&results, &scene, &container);
+    assert_tcp_panels_show_the_locked_clients(&results, &scene);
+    assert_buffer_request_panel_shows_the_clamp_and_the_failure(&results, &scene);
+    assert_findings_panel_shows_the_flooded_receiver(&results, &scene, findings);
+    assert_health_panels_show_the_degraded_exporter(&results, &b);
+    assert_variable_queries_list_the_workload(&prom, &a, &b, &container);
+    let groups = wait_for_the_fast_alerts_to_fire(&prom, &scene, &b, &container);
+    assert_every_rule_is_healthy_and_blames_only_the_workload(&groups, &b);
+    assert_the_shipped_drop_rule_is_pending(&groups, &scene);
+    drop(flood);
+    eprintln!(
+        "dashboard + alerts on a real Prometheus: {:?}",
+        started.elapsed()
+    );
+    drop(prom);
+}
+
+/// `net.core.rmem_max`, checked to leave room for a request above it (the clamped one).
+fn rmem_max_with_room_for_a_clamp() -> i64 {
     let rmem_max: i64 = std::fs::read_to_string("/proc/sys/net/core/rmem_max")
         .unwrap()
         .trim()
@@ -666,10 +698,12 @@ fn every_panel_and_alert_works_on_a_real_prometheus() {
         rmem_max < i32::MAX as i64 / 4,
         "rmem_max {rmem_max} leaves no room for a clamped request"
     );
-    let container = FakeContainer::new();
+    rmem_max
+}
 
-    // Two exporters: A as shipped; B degraded (one probe off, a one-entry drop map) so the
-    // health panels and alerts have something to show.
+/// Two exporters: A as shipped; B degraded (one probe off, a one-entry drop map) so the
+/// health panels and alerts have something to show.
+fn start_a_shipped_and_a_degraded_exporter() -> (Exporter, Exporter) {
     let a = Exporter::start(&[]);
     let b = Exporter::start(&[
         "--probe.disable",
@@ -677,13 +711,79 @@ fn every_panel_and_alert_works_on_a_real_prometheus() {
         "--bpf.drops-map-entries",
         "1",
     ]);
+    (a, b)
+}
 
-    // Scripted workload.
+/// The scripted workload, still running, with the kernel's figures for it.
+struct Scene {
+    /// UDP receiver with a tiny buffer (flooded).
+    recv: Workload,
+    /// The same inside the fake container.
+    crecv: Workload,
+    /// SO_RCVBUF above rmem_max (clamped).
+    clamp: Workload,
+    /// SO_RCVBUFFORCE without CAP_NET_ADMIN (failed).
+    failed: Workload,
+    _listener: Workload,
+    /// Three TCP clients with SO_RCVBUF set before connect().
+    locked: Workload,
+    /// Two TCP clients that leave their buffers alone.
+    control: Workload,
+    /// A bulk TCP receiver that set SO_RCVBUF after accept() (autotuning suppressed).
+    bulk: Workload,
+    /// Sockets of `locked` with SOCK_RCVBUF_LOCK (SO_BUF_LOCK readback).
+    locked_sockets: usize,
+    /// Share of `locked`'s connections whose receive window scale (ss) is below `control`'s.
+    shrink_ratio: f64,
+}
+
+/// A workload's pid as a label value.
+fn pid(w: &Workload) -> String {
+    w.pid().to_string()
+}
+
+impl Scene {
+    /// Starts the workload in order: UDP receivers, buffer requests, TCP clients (ss read
+    /// while they are connected), then a bulk transfer run to completion.
+    fn run(container: &FakeContainer, rmem_max: i64) -> Self {
+        let (recv, crecv) = start_udp_receivers(container);
+        let (clamp, failed) = request_a_clamped_and_a_failed_buffer(rmem_max);
+        let (listener, locked, control) = connect_locked_and_control_tcp_clients();
+        let locked_sockets = locked_sockets(&locked);
+        let shrink_ratio = kernel_shrink_ratio(&locked, &control);
+        let bulk = run_a_bulk_transfer_with_a_small_rcvbuf();
+        Self {
+            recv,
+            crecv,
+            clamp,
+            failed,
+            _listener: listener,
+            locked,
+            control,
+            bulk,
+            locked_sockets,
+            shrink_ratio,
+        }
+    }
+
+    /// The receivers' ports, for the flooder.
+    fn flooded_ports(&self) -> String {
+        format!("{},{}", self.recv.get("ports"), self.crecv.get("ports"))
+    }
+}
+
+/// A UDP receiver with a 4 KiB buffer on two sockets, and one inside the fake container.
+fn start_udp_receivers(container: &FakeContainer) -> (Workload, Workload) {
     let recv = Workload::start(&["udp-recv", "--rcvbuf", "4096", "--count", "2"]);
     let wrap = container.wrapper();
     let wrap: Vec<&str> = wrap.iter().map(String::as_str).collect();
     let crecv = Workload::start_wrapped(&wrap, &["udp-recv", "--rcvbuf", "4096"]);
-    let ports = format!("{},{}", recv.get("ports"), crecv.get("ports"));
+    (recv, crecv)
+}
+
+/// SO_RCVBUF above rmem_max (the kernel clamps it) and SO_RCVBUFFORCE without CAP_NET_ADMIN
+/// (the kernel refuses it), each confirmed by the kernel's answer.
+fn request_a_clamped_and_a_failed_buffer(rmem_max: i64) -> (Workload, Workload) {
     let clamp_value = (rmem_max + 65536).to_string();
     let clamp = Workload::start(&[
         "setsockopt",
@@ -723,6 +823,11 @@ fn every_panel_and_alert_works_on_a_real_prometheus() {
         libc::EPERM.to_string(),
         "kernel refused SO_RCVBUFFORCE"
     );
+    (clamp, failed)
+}
+
+/// A listener, three clients that set SO_RCVBUF before connect() and two control clients.
+fn connect_locked_and_control_tcp_clients() -> (Workload, Workload, Workload) {
     let listener = Workload::start(&["tcp-listen"]);
     let lport = listener.get("port").to_string();
     let locked = Workload::start(&[
@@ -735,13 +840,20 @@ fn every_panel_and_alert_works_on_a_real_prometheus() {
         "3",
     ]);
     let control = Workload::start(&["tcp-connect", "--port", &lport, "--count", "2"]);
-    let locked_sockets = locked
-        .get("locks")
+    (listener, locked, control)
+}
+
+/// Sockets of a `tcp-connect` whose SO_BUF_LOCK readback has SOCK_RCVBUF_LOCK.
+fn locked_sockets(w: &Workload) -> usize {
+    w.get("locks")
         .split(',')
         .filter(|b| b.parse::<u32>().unwrap() & 2 != 0)
-        .count();
-    // Kernel ground truth for the shrink ratio: ss's receive window scale of the locked client's
-    // connections against the control client's.
+        .count()
+}
+
+/// Kernel ground truth for the shrink ratio: ss's receive window scale of the locked client's
+/// connections against the control client's.
+fn kernel_shrink_ratio(locked: &Workload, control: &Workload) -> f64 {
     let ss = ss_tcp();
     let ports_of = |w: &Workload| -> Vec<u16> {
         w.get("lports")
@@ -751,16 +863,19 @@ fn every_panel_and_alert_works_on_a_real_prometheus() {
     };
     let control_scale = ss
         .iter()
-        .find(|c| ports_of(&control).contains(&c.local_port))
+        .find(|c| ports_of(control).contains(&c.local_port))
         .unwrap()
         .rcv_wscale;
     let mine: Vec<_> = ss
         .iter()
-        .filter(|c| ports_of(&locked).contains(&c.local_port))
+        .filter(|c| ports_of(locked).contains(&c.local_port))
         .collect();
     assert_eq!(mine.len(), 3);
-    let shrink_ratio =
-        mine.iter().filter(|c| c.rcv_wscale < control_scale).count() as f64 / mine.len() as f64;
+    mine.iter().filter(|c| c.rcv_wscale < control_scale).count() as f64 / mine.len() as f64
+}
+
+/// 64 MiB to a receiver that set a 64 KiB SO_RCVBUF after accept() (autotuning suppressed).
+fn run_a_bulk_transfer_with_a_small_rcvbuf() -> Workload {
     let mut bulk = Workload::start(&[
         "tcp-bulk-recv",
         "--rcvbuf-after",
@@ -771,44 +886,49 @@ fn every_panel_and_alert_works_on_a_real_prometheus() {
     let bport = bulk.get("port").to_string();
     assert!(Workload::start(&["tcp-bulk-send", "--port", &bport, "--bytes", "67108864"]).wait());
     bulk.wait_line("RECEIVED", Duration::from_secs(60));
-    let flood = Flooder::start(ports);
+    bulk
+}
 
-    let pid = |w: &Workload| w.pid().to_string();
-    let (recv_pid, crecv_pid, clamp_pid, failed_pid, locked_pid, bulk_pid) = (
-        pid(&recv),
-        pid(&crecv),
-        pid(&clamp),
-        pid(&failed),
-        pid(&locked),
-        pid(&bulk),
-    );
-
-    // The exposition: every family the dashboard uses is one the running exporter serves.
+/// Waits until A's exposition shows the workload; checks the container receiver carries its
+/// container id; returns the family names A serves (every family the dashboard uses must be
+/// one of them).
+fn wait_until_the_exporter_serves_the_workload(
+    a: &Exporter,
+    scene: &Scene,
+    container: &FakeContainer,
+) -> BTreeSet<String> {
     let served = eventually(Duration::from_secs(15), "the workload in /metrics", || {
         let m = a.scrape();
-        let ok = m.sum("bufscope_socket_drops_total", &[("pid", &recv_pid)]) > 0.0
-            && m.sum("bufscope_socket_drops_total", &[("pid", &crecv_pid)]) > 0.0
+        let ok = m.sum("bufscope_socket_drops_total", &[("pid", &pid(&scene.recv))]) > 0.0
+            && m.sum(
+                "bufscope_socket_drops_total",
+                &[("pid", &pid(&scene.crecv))],
+            ) > 0.0
             && m.sum(
                 "bufscope_tcp_autotune_suppressed_total",
-                &[("pid", &bulk_pid)],
+                &[("pid", &pid(&scene.bulk))],
             ) > 0.0;
         ok.then_some(m)
     });
-    let served_names: BTreeSet<String> = served.samples.iter().map(|s| s.name.clone()).collect();
     assert_eq!(
         served
-            .find("bufscope_socket_drops_total", &[("pid", &crecv_pid)])
+            .find(
+                "bufscope_socket_drops_total",
+                &[("pid", &pid(&scene.crecv))]
+            )
             .next()
             .unwrap()
             .labels["container"],
         container.id,
         "the fake container's receiver carries its container id"
     );
+    served.samples.iter().map(|s| s.name.clone()).collect()
+}
 
-    // Prometheus: scrape both every second; the shipped rules as they are, plus a copy whose
-    // `for:` is 1 s so the alerts can fire within the test.
-    let rules = std::fs::read_to_string(repo().join("dashboards/alerts.yaml")).unwrap();
-    let fast_rules: String = rules
+/// The shipped rules with every `for:` set to 1 s, so the alerts can fire within the test;
+/// group names get `.fast` and every alert a `rules_copy: fast` label.
+fn fast_copy_of(rules: &str) -> String {
+    rules
         .lines()
         .map(|l| {
             if l.trim_start().starts_with("for: ") {
@@ -830,18 +950,28 @@ fn every_panel_and_alert_works_on_a_real_prometheus() {
             }
         })
         .collect::<Vec<_>>()
-        .join("\n");
+        .join("\n")
+}
+
+/// Prometheus scraping both exporters every second, with the shipped rules as they are plus
+/// their fast copy.
+fn start_prometheus_with_shipped_and_fast_rules(a: &Exporter, b: &Exporter) -> Prometheus {
+    let rules = std::fs::read_to_string(repo().join("dashboards/alerts.yaml")).unwrap();
+    let fast_rules = fast_copy_of(&rules);
     let config = format!(
         "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\nrule_files: [alerts.yaml, alerts-fast.yaml]\n\
          scrape_configs:\n  - job_name: bufscope\n    static_configs:\n      - targets: ['{}', '{}']\n",
         a.addr, b.addr
     );
-    let prom = Prometheus::start(
+    Prometheus::start(
         &config,
         &[("alerts.yaml", rules), ("alerts-fast.yaml", fast_rules)],
-    );
+    )
+}
 
-    // Wait for scrapes of both targets including the workload, then a few more for rates.
+/// Waits for scrapes of both targets including the workload, then a few more for rates.
+fn wait_for_prometheus_to_scrape_the_workload(prom: &Prometheus, scene: &Scene) {
+    let recv_pid = pid(&scene.recv);
     eventually(
         Duration::from_secs(30),
         "prometheus to have scraped the workload",
@@ -857,10 +987,24 @@ fn every_panel_and_alert_works_on_a_real_prometheus() {
         },
     );
     std::thread::sleep(Duration::from_secs(5));
+}
 
-    // Every panel query: valid, and data.
+/// What every panel query returned, by (panel title, refId).
+struct PanelResults(BTreeMap<(String, String), Value>);
+
+impl PanelResults {
+    fn get(&self, panel: &str, r: &str) -> &Value {
+        self.0
+            .get(&(panel.to_string(), r.to_string()))
+            .unwrap_or_else(|| panic!("no panel {panel} [{r}]"))
+    }
+}
+
+/// Runs every panel query as Grafana would (instant or over the last minute): each uses only
+/// families the exporter serves, is valid, and returns data (the findings panel only once
+/// `bufscope_finding` is in the exporter's code).
+fn query_every_panel(prom: &Prometheus, served: &BTreeSet<String>, findings: bool) -> PanelResults {
     let d = dashboard();
-    let findings = findings_in_code();
     let mut results: BTreeMap<(String, String), Value> = BTreeMap::new();
     let mut report = Vec::new();
     for t in targets(&d) {
@@ -868,7 +1012,7 @@ fn every_panel_and_alert_works_on_a_real_prometheus() {
         for n in metric_names(&expr) {
             if n != "bufscope_finding" || findings {
                 assert!(
-                    served_names.contains(&n),
+                    served.contains(&n),
                     "{}/{}: {n} not served by the running exporter",
                     t.panel,
                     t.ref_id
@@ -905,15 +1049,18 @@ fn every_panel_and_alert_works_on_a_real_prometheus() {
         results.insert((t.panel.clone(), t.ref_id.clone()), data["result"].clone());
     }
     eprintln!("{}", report.join("\n"));
-    let res = |panel: &str, r: &str| -> &Value {
-        results
-            .get(&(panel.to_string(), r.to_string()))
-            .unwrap_or_else(|| panic!("no panel {panel} [{r}]"))
-    };
+    PanelResults(results)
+}
 
-    // The panels show the workload as the kernel saw it.
-    let top = res("Top processes by drop rate (by reason)", "A");
-    let mine = series_with(top, "pid", &recv_pid);
+/// The drop panels show both receivers, for the right reason, never the flooder, and the
+/// container receiver with its container id.
+fn assert_drop_panels_show_the_receivers(
+    results: &PanelResults,
+    scene: &Scene,
+    container: &FakeContainer,
+) {
+    let top = results.get("Top processes by drop rate (by reason)", "A");
+    let mine = series_with(top, "pid", &pid(&scene.recv));
     assert!(
         !mine.is_empty()
             && mine
@@ -927,68 +1074,92 @@ fn every_panel_and_alert_works_on_a_real_prometheus() {
         .iter()
         .all(|s| s["metric"]["comm"] != "udp-flood");
     assert!(flooder_comm_only);
-    let udp = res("UDP receive-buffer drops over time", "A");
+    let udp = results.get("UDP receive-buffer drops over time", "A");
     assert!(
-        series_with(udp, "pid", &recv_pid)
+        series_with(udp, "pid", &pid(&scene.recv))
             .iter()
             .any(|s| last_value(s) > 0.0),
         "{udp}"
     );
     assert_eq!(
-        series_with(udp, "pid", &crecv_pid)[0]["metric"]["container"],
+        series_with(udp, "pid", &pid(&scene.crecv))[0]["metric"]["container"],
         container.id.as_str()
     );
-    let locks = res("TCP sockets with autotuning off", "A");
+}
+
+/// The TCP panels show the locked client's locked sockets and shrink ratio as the kernel
+/// reported them, the bulk receiver's suppressed autotuning, and no shrink for the control.
+fn assert_tcp_panels_show_the_locked_clients(results: &PanelResults, scene: &Scene) {
+    let locks = results.get("TCP sockets with autotuning off", "A");
     assert_eq!(
-        last_value(series_with(locks, "pid", &locked_pid)[0]),
-        locked_sockets as f64,
+        last_value(series_with(locks, "pid", &pid(&scene.locked))[0]),
+        scene.locked_sockets as f64,
         "SO_BUF_LOCK readback"
     );
     assert!(
         last_value(
             series_with(
-                res("TCP sockets with autotuning off", "B"),
+                results.get("TCP sockets with autotuning off", "B"),
                 "pid",
-                &bulk_pid
+                &pid(&scene.bulk)
             )[0]
         ) > 0.0
     );
-    let ratio = res("Window-scale shrink ratio (shrunk / established)", "A");
+    let ratio = results.get("Window-scale shrink ratio (shrunk / established)", "A");
     assert_eq!(
-        last_value(series_with(ratio, "pid", &locked_pid)[0]),
-        shrink_ratio,
+        last_value(series_with(ratio, "pid", &pid(&scene.locked))[0]),
+        scene.shrink_ratio,
         "ss wscale ratio"
     );
     assert!(
-        series_with(ratio, "pid", &control.pid().to_string()).is_empty(),
+        series_with(ratio, "pid", &pid(&scene.control)).is_empty(),
         "control has no shrink"
     );
+}
+
+/// One clamped call, one failed call, and the calls themselves.
+fn assert_buffer_request_panel_shows_the_clamp_and_the_failure(
+    results: &PanelResults,
+    scene: &Scene,
+) {
     let panel = "Clamped and failed buffer requests";
     assert_eq!(
-        last_value(series_with(res(panel, "B"), "pid", &clamp_pid)[0]),
+        last_value(series_with(results.get(panel, "B"), "pid", &pid(&scene.clamp))[0]),
         1.0,
         "clamped"
     );
     assert_eq!(
-        last_value(series_with(res(panel, "C"), "pid", &failed_pid)[0]),
+        last_value(series_with(results.get(panel, "C"), "pid", &pid(&scene.failed))[0]),
         1.0,
         "failed"
     );
     assert_eq!(
-        last_value(series_with(res(panel, "A"), "pid", &clamp_pid)[0]),
+        last_value(series_with(results.get(panel, "A"), "pid", &pid(&scene.clamp))[0]),
         1.0,
         "calls"
     );
+}
+
+/// Once the exporter has findings: a `udp_rcvbuf_drops` finding for the flooded receiver.
+fn assert_findings_panel_shows_the_flooded_receiver(
+    results: &PanelResults,
+    scene: &Scene,
+    findings: bool,
+) {
     if findings {
-        let f = res("Findings", "A");
+        let f = results.get("Findings", "A");
         assert!(
-            series_with(f, "pid", &recv_pid)
+            series_with(f, "pid", &pid(&scene.recv))
                 .iter()
                 .any(|s| s["metric"]["kind"] == "udp_rcvbuf_drops"),
             "no udp_rcvbuf_drops finding for the flooded receiver: {f}"
         );
     }
-    let attached = res("Probes attached", "A");
+}
+
+/// Every probe attached except B's autotune; B's one-entry DROPS map full and losing events.
+fn assert_health_panels_show_the_degraded_exporter(results: &PanelResults, b: &Exporter) {
+    let attached = results.get("Probes attached", "A");
     for s in attached.as_array().unwrap() {
         let want =
             if s["metric"]["instance"] == b.addr.as_str() && s["metric"]["probe"] == "autotune" {
@@ -998,7 +1169,7 @@ fn every_panel_and_alert_works_on_a_real_prometheus() {
             };
         assert_eq!(last_value(s), want, "{s}");
     }
-    let fill = res("BPF map fill", "A");
+    let fill = results.get("BPF map fill", "A");
     assert!(
         fill.as_array()
             .unwrap()
@@ -1008,7 +1179,7 @@ fn every_panel_and_alert_works_on_a_real_prometheus() {
                 && last_value(s) == 1.0),
         "{fill}"
     );
-    let lost = res("BPF events lost", "A");
+    let lost = results.get("BPF events lost", "A");
     assert!(
         lost.as_array()
             .unwrap()
@@ -1018,8 +1189,17 @@ fn every_panel_and_alert_works_on_a_real_prometheus() {
                 && last_value(s) > 0.0),
         "{lost}"
     );
+}
 
-    // Variable queries, as Grafana sends them (label values of the selector).
+/// Variable queries, as Grafana sends them (label values of the selector), list both
+/// exporters, the workload's comm and the fake container.
+fn assert_variable_queries_list_the_workload(
+    prom: &Prometheus,
+    a: &Exporter,
+    b: &Exporter,
+    container: &FakeContainer,
+) {
+    let d = dashboard();
     for v in d["templating"]["list"]
         .as_array()
         .unwrap()
@@ -1057,34 +1237,39 @@ fn every_panel_and_alert_works_on_a_real_prometheus() {
             );
         }
     }
+}
 
-    // Alert rules: all loaded and healthy; the fast copy fires for the right processes, the
-    // shipped one is pending under the flood.
-    let want_firing: Vec<(&str, Vec<(&str, String)>)> = vec![
+/// The alerts the fast copy must fire, each with labels naming the process or exporter.
+fn alerts_expected_to_fire(
+    scene: &Scene,
+    b: &Exporter,
+    container: &FakeContainer,
+) -> Vec<(&'static str, Vec<(&'static str, String)>)> {
+    vec![
         (
             "BufscopeSocketDropsSustained",
             vec![
-                ("pid", recv_pid.clone()),
+                ("pid", pid(&scene.recv)),
                 ("reason", "SOCKET_RCVBUFF".into()),
             ],
         ),
         (
             "BufscopeSocketDropsSustained",
             vec![
-                ("pid", crecv_pid.clone()),
+                ("pid", pid(&scene.crecv)),
                 ("container", container.id.clone()),
             ],
         ),
-        ("BufscopeTcpRcvbufLocked", vec![("pid", locked_pid.clone())]),
-        ("BufscopeTcpWscaleShrunk", vec![("pid", locked_pid.clone())]),
+        ("BufscopeTcpRcvbufLocked", vec![("pid", pid(&scene.locked))]),
+        ("BufscopeTcpWscaleShrunk", vec![("pid", pid(&scene.locked))]),
         (
             "BufscopeBufferRequestClamped",
-            vec![("pid", clamp_pid.clone()), ("option", "SO_RCVBUF".into())],
+            vec![("pid", pid(&scene.clamp)), ("option", "SO_RCVBUF".into())],
         ),
         (
             "BufscopeBufferRequestFailed",
             vec![
-                ("pid", failed_pid.clone()),
+                ("pid", pid(&scene.failed)),
                 ("option", "SO_RCVBUFFORCE".into()),
             ],
         ),
@@ -1103,8 +1288,18 @@ fn every_panel_and_alert_works_on_a_real_prometheus() {
             "BufscopeMapNearlyFull",
             vec![("instance", b.addr.clone()), ("map", "DROPS".into())],
         ),
-    ];
-    let groups = eventually(Duration::from_secs(30), "the fast alerts to fire", || {
+    ]
+}
+
+/// Waits until every expected alert of the fast copy fires; returns all rule groups then.
+fn wait_for_the_fast_alerts_to_fire(
+    prom: &Prometheus,
+    scene: &Scene,
+    b: &Exporter,
+    container: &FakeContainer,
+) -> Vec<Value> {
+    let want_firing = alerts_expected_to_fire(scene, b, container);
+    eventually(Duration::from_secs(30), "the fast alerts to fire", || {
         let g = prom.api("/api/v1/rules", &[]);
         let groups = g["groups"].as_array().unwrap().clone();
         let fast: Vec<&Value> = groups
@@ -1123,9 +1318,14 @@ fn every_panel_and_alert_works_on_a_real_prometheus() {
                 })
         });
         all_fire.then_some(groups)
-    });
+    })
+}
+
+/// Every rule of both copies loaded and healthy; the flooder never blamed, the probe alert
+/// only on the degraded exporter, and no exporter down.
+fn assert_every_rule_is_healthy_and_blames_only_the_workload(groups: &[Value], b: &Exporter) {
     let mut n_rules = 0;
-    for g in &groups {
+    for g in groups {
         for r in g["rules"].as_array().unwrap() {
             n_rules += 1;
             assert_eq!(
@@ -1133,7 +1333,6 @@ fn every_panel_and_alert_works_on_a_real_prometheus() {
                 "{} in {}: {}",
                 r["name"], g["name"], r["lastError"]
             );
-            // The flooder never gets blamed; the probe alert only on the degraded exporter.
             for al in r["alerts"].as_array().into_iter().flatten() {
                 assert_ne!(al["labels"]["comm"], "udp-flood", "{al}");
                 if r["name"] == "BufscopeProbeDetached" {
@@ -1148,6 +1347,10 @@ fn every_panel_and_alert_works_on_a_real_prometheus() {
         2 * alert_names_in_rules().len(),
         "every rule of both copies is loaded"
     );
+}
+
+/// The shipped drop rule waits its 10 minutes: pending, for the flooded receiver.
+fn assert_the_shipped_drop_rule_is_pending(groups: &[Value], scene: &Scene) {
     let shipped = groups
         .iter()
         .find(|g| g["name"] == "bufscope.buffers")
@@ -1167,13 +1370,7 @@ fn every_panel_and_alert_works_on_a_real_prometheus() {
             .as_array()
             .unwrap()
             .iter()
-            .any(|al| al["labels"]["pid"] == recv_pid.as_str()),
+            .any(|al| al["labels"]["pid"] == pid(&scene.recv).as_str()),
         "{drops}"
     );
-    drop(flood);
-    eprintln!(
-        "dashboard + alerts on a real Prometheus: {:?}",
-        started.elapsed()
-    );
-    drop(prom);
 }

@@ -249,34 +249,111 @@ struct ChurnRound {
 /// removed the round's series and `DROPS` entries.
 fn churn_round(e: &Exporter, max: usize, comm: &str) -> ChurnRound {
     let base = e.scrape();
-    let base_drops = base.sum(DROPS, &[]);
-    let base_lost = lost(&base);
-    // Sample the exposition while the churn runs.
-    let stop = Arc::new(AtomicBool::new(false));
-    let max_pids = Arc::new(AtomicUsize::new(0));
-    let max_tracked = Arc::new(AtomicUsize::new(0));
-    let sampler = {
-        let addr = e.addr.clone();
-        let (stop, max_pids, max_tracked) = (stop.clone(), max_pids.clone(), max_tracked.clone());
-        std::thread::spawn(move || {
-            let mut samples = 0;
-            while !stop.load(Ordering::Relaxed) {
-                let (status, body) = http_get(&addr, "/metrics");
-                assert_eq!(status, 200);
-                let m = Metrics::parse(&body);
-                max_pids.fetch_max(distinct_pids(&m).len(), Ordering::Relaxed);
-                max_tracked.fetch_max(
-                    m.sum("bufscope_tracked_processes", &[]) as usize,
-                    Ordering::Relaxed,
-                );
-                samples += 1;
-                std::thread::sleep(Duration::from_millis(300));
-            }
-            samples
-        })
-    };
+    let sampler = PeakSampler::start(&e.addr);
     let started = Instant::now();
-    let mut churn = Workload::start(&[
+    let churn = run_5000_short_lived_processes(comm);
+    let secs = started.elapsed().as_secs_f64();
+    let kernel = kernel_drops_of_the_churn(&churn);
+    let peak_entries = assert_the_churn_was_in_the_drops_map(e, churn.netns);
+    let counted = wait_until_the_churn_drops_are_counted(e, &base, kernel);
+    let (peak_pids, peak_tracked) = sampler.stop();
+    assert_no_bpf_side_losses_since(e, &base);
+    assert_series_stayed_within_the_bound(peak_pids, peak_tracked, max);
+    assert_a_new_process_is_still_seen(e);
+    let settle_secs = wait_for_retention_and_map_gc_to_remove_the_round(e, churn.netns, comm);
+    ChurnRound {
+        secs,
+        kernel,
+        counted,
+        peak_pids,
+        peak_tracked,
+        peak_entries,
+        settle_secs,
+        rss_after: rss_kib(e.pid()),
+    }
+}
+
+/// Samples the exposition every 300 ms while the churn runs: the most distinct pid series and
+/// the most tracked processes seen.
+struct PeakSampler {
+    stop: Arc<AtomicBool>,
+    max_pids: Arc<AtomicUsize>,
+    max_tracked: Arc<AtomicUsize>,
+    thread: std::thread::JoinHandle<usize>,
+}
+
+impl PeakSampler {
+    fn start(addr: &str) -> Self {
+        let stop = Arc::new(AtomicBool::new(false));
+        let max_pids = Arc::new(AtomicUsize::new(0));
+        let max_tracked = Arc::new(AtomicUsize::new(0));
+        let thread = {
+            let addr = addr.to_string();
+            let (stop, max_pids, max_tracked) =
+                (stop.clone(), max_pids.clone(), max_tracked.clone());
+            std::thread::spawn(move || {
+                let mut samples = 0;
+                while !stop.load(Ordering::Relaxed) {
+                    let (status, body) = http_get(&addr, "/metrics");
+                    assert_eq!(status, 200);
+                    let m = Metrics::parse(&body);
+                    max_pids.fetch_max(distinct_pids(&m).len(), Ordering::Relaxed);
+                    max_tracked.fetch_max(
+                        m.sum("bufscope_tracked_processes", &[]) as usize,
+                        Ordering::Relaxed,
+                    );
+                    samples += 1;
+                    std::thread::sleep(Duration::from_millis(300));
+                }
+                samples
+            })
+        };
+        Self {
+            stop,
+            max_pids,
+            max_tracked,
+            thread,
+        }
+    }
+
+    /// Stops sampling (it must have sampled at least 3 times); returns the peak pid series
+    /// and the peak tracked processes.
+    fn stop(self) -> (usize, usize) {
+        self.stop.store(true, Ordering::Relaxed);
+        let samples = self.thread.join().unwrap();
+        assert!(samples >= 3, "the sampler ran {samples} times");
+        (
+            self.max_pids.load(Ordering::Relaxed),
+            self.max_tracked.load(Ordering::Relaxed),
+        )
+    }
+}
+
+/// A `churn` workload that printed `DONE`; still running, so its private network namespace
+/// still exists.
+struct Churn {
+    w: Workload,
+    /// Its network namespace inode.
+    netns: u32,
+    /// The `DONE` line.
+    done: String,
+}
+
+impl Churn {
+    /// A numeric field of the `DONE` line.
+    fn field(&self, k: &str) -> u64 {
+        self.done
+            .split_whitespace()
+            .find_map(|f| f.strip_prefix(&format!("{k}=")))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("{k} in {:?}", self.done))
+    }
+}
+
+/// 5,000 processes, 4 at a time, in a new network namespace, each sending 20 datagrams to a
+/// socket of its own with a 1-byte SO_RCVBUF; waits for all of them.
+fn run_5000_short_lived_processes(comm: &str) -> Churn {
+    let mut w = Workload::start(&[
         "churn",
         "--procs",
         "5000",
@@ -290,21 +367,20 @@ fn churn_round(e: &Exporter, max: usize, comm: &str) -> ChurnRound {
         comm,
         "--new-netns",
     ]);
-    let netns = netns_of(churn.pid());
-    let done = churn.wait_line("DONE", Duration::from_secs(600));
-    let secs = started.elapsed().as_secs_f64();
-    let field = |k: &str| -> u64 {
-        done.split_whitespace()
-            .find_map(|f| f.strip_prefix(&format!("{k}=")))
-            .and_then(|v| v.parse().ok())
-            .unwrap_or_else(|| panic!("{k} in {done:?}"))
-    };
-    assert_eq!(field("failed"), 0, "{done}");
-    assert_eq!(field("reported"), 5000, "{done}");
-    let kernel = field("drops");
+    let netns = netns_of(w.pid());
+    let done = w.wait_line("DONE", Duration::from_secs(600));
+    Churn { w, netns, done }
+}
+
+/// The children's drops (their drops columns summed), checked against the private namespace's
+/// `RcvbufErrors`: every child ran, reported, and dropped most of its datagrams.
+fn kernel_drops_of_the_churn(churn: &Churn) -> u64 {
+    assert_eq!(churn.field("failed"), 0, "{}", churn.done);
+    assert_eq!(churn.field("reported"), 5000, "{}", churn.done);
+    let kernel = churn.field("drops");
     // The namespace is private: its RcvbufErrors are exactly the children's drops.
     assert_eq!(
-        snmp(churn.pid(), "Udp", "RcvbufErrors"),
+        snmp(churn.w.pid(), "Udp", "RcvbufErrors"),
         kernel,
         "sum of the children's drops columns vs the namespace's RcvbufErrors"
     );
@@ -312,20 +388,32 @@ fn churn_round(e: &Exporter, max: usize, comm: &str) -> ChurnRound {
         kernel >= 5000 * 10,
         "each child should drop most of its 20 datagrams: {kernel}"
     );
+    kernel
+}
+
+/// `DROPS` entries of the churn's namespace right after it (must be well over 1,000).
+fn assert_the_churn_was_in_the_drops_map(e: &Exporter, netns: u32) -> usize {
     let peak_entries = drops_entries_in_netns(e.pid(), netns);
     assert!(
         peak_entries > 1000,
         "the churn's sockets were in the DROPS map: {peak_entries}"
     );
+    peak_entries
+}
 
-    // Everything counted (other processes on the machine may add drops, never remove them).
-    let counted = eventually(Duration::from_secs(30), "the churn's drops", || {
+/// Waits until the drops counted since `base` reach the kernel's count for the churn (other
+/// processes on the machine may add drops, never remove them); returns the count.
+fn wait_until_the_churn_drops_are_counted(e: &Exporter, base: &Metrics, kernel: u64) -> f64 {
+    let base_drops = base.sum(DROPS, &[]);
+    eventually(Duration::from_secs(30), "the churn's drops", || {
         let d = e.scrape().sum(DROPS, &[]) - base_drops;
         (d >= kernel as f64).then_some(d)
-    });
-    stop.store(true, Ordering::Relaxed);
-    let samples = sampler.join().unwrap();
-    assert!(samples >= 3, "the sampler ran {samples} times");
+    })
+}
+
+/// No BPF-side loss of any cause since `base`.
+fn assert_no_bpf_side_losses_since(e: &Exporter, base: &Metrics) {
+    let base_lost = lost(base);
     let after = e.scrape();
     for (cause, v) in lost(&after) {
         let before = base_lost.get(&cause).copied().unwrap_or(0.0);
@@ -335,15 +423,19 @@ fn churn_round(e: &Exporter, max: usize, comm: &str) -> ChurnRound {
             "BPF-side losses ({cause}) during the churn"
         );
     }
-    let peak_pids = max_pids.load(Ordering::Relaxed);
-    let peak_tracked = max_tracked.load(Ordering::Relaxed);
+}
+
+/// At most `--max-processes` pid series and tracked processes at any sample.
+fn assert_series_stayed_within_the_bound(peak_pids: usize, peak_tracked: usize, max: usize) {
     assert!(
         peak_pids <= max,
         "{peak_pids} pid series > --max-processes {max}"
     );
     assert!(peak_tracked <= max, "{peak_tracked} tracked > {max}");
+}
 
-    // A new process after the churn is still seen (nothing is stuck).
+/// A new process after the churn is still seen (nothing is stuck).
+fn assert_a_new_process_is_still_seen(e: &Exporter) {
     let probe = Workload::start(&[
         "setsockopt",
         "--proto",
@@ -364,8 +456,12 @@ fn churn_round(e: &Exporter, max: usize, comm: &str) -> ChurnRound {
         },
     );
     drop(probe);
+}
 
-    // Retention (10 s) and map GC (entries idle ≥ 30 s, every 15 s) remove the round.
+/// Retention (10 s) and map GC (entries idle ≥ 30 s, every 15 s) remove the round: waits (up
+/// to 150 s) until no `DROPS` entry of its namespace and no series of its comm is left;
+/// returns how long that took, in seconds.
+fn wait_for_retention_and_map_gc_to_remove_the_round(e: &Exporter, netns: u32, comm: &str) -> f64 {
     let settle = Instant::now();
     let deadline = settle + Duration::from_secs(150);
     loop {
@@ -388,16 +484,7 @@ fn churn_round(e: &Exporter, max: usize, comm: &str) -> ChurnRound {
         );
         std::thread::sleep(Duration::from_secs(2));
     }
-    ChurnRound {
-        secs,
-        kernel,
-        counted,
-        peak_pids,
-        peak_tracked,
-        peak_entries,
-        settle_secs: settle.elapsed().as_secs_f64(),
-        rss_after: rss_kib(e.pid()),
-    }
+    settle.elapsed().as_secs_f64()
 }
 
 /// Two rounds of 5,000 short-lived processes (socket, SO_RCVBUF, 20 datagrams to itself →
