@@ -13,9 +13,12 @@ pub enum Bench {
 mod overhead;
 mod tunnel;
 
+use std::fmt::Write as _;
 use std::process::Command;
 
 use anyhow::{Context as _, bail};
+
+use crate::util::workspace_root;
 
 /// Runs `cmd`; its trimmed stdout, or an error with its stderr.
 fn cmd_output(cmd: &mut Command) -> anyhow::Result<String> {
@@ -61,7 +64,7 @@ impl Machine {
                 })
             })
             .unwrap_or_else(|| "?".into());
-        let root = crate::util::workspace_root();
+        let root = workspace_root();
         Self {
             cpu,
             nproc: std::thread::available_parallelism().map_or(0, usize::from),
@@ -81,9 +84,76 @@ impl Machine {
     }
 }
 
+impl Machine {
+    /// "`nproc` = …, `uname -r` = …, CPU: …", as both benchmarks' doc sections say it.
+    fn summary(&self) -> String {
+        format!(
+            "`nproc` = {}, `uname -r` = {}, CPU: {}",
+            self.nproc, self.kernel, self.cpu
+        )
+    }
+}
+
+/// `target/release` of this workspace (`$CARGO_TARGET_DIR` honoured).
+fn release_dir() -> std::path::PathBuf {
+    std::env::var_os("CARGO_TARGET_DIR")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| workspace_root().join("target"))
+        .join("release")
+}
+
+/// Rewrites docs/benchmarks.md with `edit` (given its text, empty when there is none yet) and
+/// says so on stderr as `bench <bench>: updated …`.
+fn rewrite_doc(bench: &str, edit: impl FnOnce(String) -> String) -> anyhow::Result<()> {
+    let path = workspace_root().join("docs/benchmarks.md");
+    let old = std::fs::read_to_string(&path).unwrap_or_default();
+    std::fs::write(&path, edit(old)).with_context(|| format!("writing {}", path.display()))?;
+    eprintln!("bench {bench}: updated {}", path.display());
+    Ok(())
+}
+
+/// Renders a Markdown table with aligned columns.
+fn table(header: &[&str], rows: &[Vec<String>]) -> String {
+    let mut w: Vec<usize> = header.iter().map(|h| h.chars().count()).collect();
+    for r in rows {
+        for (i, c) in r.iter().enumerate() {
+            if i < w.len() {
+                w[i] = w[i].max(c.chars().count());
+            }
+        }
+    }
+    let line = |cells: Vec<String>| {
+        let mut s = String::from("|");
+        for (i, c) in cells.iter().enumerate() {
+            let pad = w[i].saturating_sub(c.chars().count());
+            let _ = write!(s, " {c}{} |", " ".repeat(pad));
+        }
+        s
+    };
+    let mut out = line(header.iter().map(|h| h.to_string()).collect());
+    out.push('\n');
+    out.push_str(&line(w.iter().map(|n| "-".repeat(*n)).collect()));
+    for r in rows {
+        out.push('\n');
+        out.push_str(&line(r.clone()));
+    }
+    out
+}
+
 pub fn run(b: Bench) -> anyhow::Result<()> {
     match b {
         Bench::Tunnel(a) => tunnel::run(&a),
         Bench::Overhead(a) => overhead::run(&a),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn table_aligns() {
+        let t = table(&["a", "bb"], &[vec!["xyz".into(), "1".into()]]);
+        assert_eq!(t, "| a   | bb |\n| --- | -- |\n| xyz | 1  |");
     }
 }

@@ -1,0 +1,159 @@
+//! `cargo xtask bench overhead`: what bufscope costs, measured side by side in one run.
+//!
+//! Three sections, each printed as a table (and written into the "Overhead" section of
+//! `docs/benchmarks.md` with `--update-doc`):
+//!
+//! 1. **probes** — cost per event of each BPF program (`run_time_ns / run_cnt` with
+//!    `kernel.bpf_stats_enabled=1`, restored afterwards) under a workload that fires it, next to
+//!    a bpftrace one-liner that counts the same events by the same key. bufscope and bpftrace
+//!    run in separate, alternating phases (ABBA…) — never attached together, so neither warms
+//!    the cache lines the other then reads — and each row is the median of `--runs` phases.
+//! 2. **datapath** — UDP packets per second (every datagram dropped; nothing dropped) and TCP
+//!    bulk throughput, on loopback and through a veth pair between two namespaces, without
+//!    probes, with bufscope, with bufscope's drop probe alone, and with a bpftrace drop counter;
+//!    variants alternate round by round (`--runs` rounds), the table shows medians and each
+//!    variant relative to "no probes".
+//! 3. **exporter** — the daemon itself with `--procs` processes holding `--socks-per-proc`
+//!    UDP sockets each, with drops and setsockopt activity: `/metrics` latency p50/p99, RSS and
+//!    CPU at a 1 s poll interval, under load and idle.
+//!
+//! The machine is shared (other agents build and test on the same two cores): alternating A/B
+//! phases cancel slow drift; medians cancel short bursts. Nothing here asserts a time: the
+//! numbers are reported, with the targets of issue 4 next to them.
+//!
+//! The code: `harness` (the binaries, child processes, the exporter, bpftrace, statistics),
+//! `bpf_stats` (per-program run time and count), `hooks` (what is compared per probe), one
+//! module per section (`probes`, `datapath`, `exporter`) and `doc` (docs/benchmarks.md).
+
+mod bpf_stats;
+mod datapath;
+mod doc;
+mod exporter;
+mod harness;
+mod hooks;
+mod probes;
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use anyhow::bail;
+
+use super::loadavg;
+use crate::util::is_root;
+use datapath::Variant;
+use harness::Bins;
+use probes::Load;
+
+/// Arguments of `cargo xtask bench overhead`.
+#[derive(clap::Args)]
+pub struct Args {
+    /// Sections to run: probes, datapath, exporter.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "probes,datapath,exporter"
+    )]
+    pub sections: Vec<String>,
+    /// Workloads of the probes section: udp-drops, setsockopt, tcp-connect, tcp-bulk.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "udp-drops,setsockopt,tcp-connect,tcp-bulk"
+    )]
+    pub loads: Vec<String>,
+    /// Alternating A/B rounds; every figure is the median over them.
+    #[arg(long, default_value_t = 5)]
+    pub runs: usize,
+    /// Length of each data-path transfer, seconds.
+    #[arg(long, default_value_t = 2.0)]
+    pub seconds: f64,
+    /// Data-path variants: none, bufscope, drops-only, bpftrace.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "none,bufscope,drops-only,bpftrace"
+    )]
+    pub variants: Vec<String>,
+    /// Processes of the exporter-cost population.
+    #[arg(long, default_value_t = 1000)]
+    pub procs: usize,
+    /// UDP sockets held by each of those processes.
+    #[arg(long, default_value_t = 10)]
+    pub socks_per_proc: usize,
+    /// Datagrams per second sprayed over all those sockets (drops) during the load phase.
+    #[arg(long, default_value_t = 20_000)]
+    pub spray_pps: u64,
+    /// Length of each CPU measurement window of the exporter section, seconds (60: one full
+    /// GC period of the exporter at its default retention, so the window sees its average).
+    #[arg(long, default_value_t = 60)]
+    pub cpu_window: u64,
+    /// Scrapes per latency measurement.
+    #[arg(long, default_value_t = 100)]
+    pub scrapes: usize,
+    /// Directory holding release builds of `bufscope` and `bufscope-workload` (default: build
+    /// them with `cargo build --release`).
+    #[arg(long)]
+    pub bin_dir: Option<PathBuf>,
+    /// Rewrite the "Overhead" section of docs/benchmarks.md with this run's results.
+    #[arg(long)]
+    pub update_doc: bool,
+}
+
+/// Runs the selected sections and prints (and optionally records) their tables.
+pub fn run(a: &Args) -> anyhow::Result<()> {
+    if !is_root() {
+        bail!(
+            "cargo xtask bench overhead loads BPF programs and creates namespaces: run it as root"
+        );
+    }
+    for s in &a.sections {
+        if !["probes", "datapath", "exporter"].contains(&s.as_str()) {
+            bail!("unknown section {s:?} (sections: probes, datapath, exporter)");
+        }
+    }
+    for l in &a.loads {
+        if Load::parse(l).is_none() {
+            bail!("unknown load {l:?} (loads: udp-drops, setsockopt, tcp-connect, tcp-bulk)");
+        }
+    }
+    for v in &a.variants {
+        if Variant::parse(v).is_none() {
+            bail!("unknown variant {v:?} (variants: none, bufscope, drops-only, bpftrace)");
+        }
+    }
+    if a.runs == 0 {
+        bail!("--runs must be at least 1");
+    }
+    let bins = Bins::find_or_build(a)?;
+    let started = Instant::now();
+    let load_before = loadavg();
+    let mut out = Report::default();
+    if a.sections.iter().any(|s| s == "probes") {
+        out.probes = Some(probes::section(a, &bins)?);
+        println!("{}", out.probes.as_deref().unwrap_or(""));
+    }
+    if a.sections.iter().any(|s| s == "datapath") {
+        out.datapath = Some(datapath::section(a, &bins)?);
+        println!("{}", out.datapath.as_deref().unwrap_or(""));
+    }
+    if a.sections.iter().any(|s| s == "exporter") {
+        out.exporter = Some(exporter::section(a, &bins)?);
+        println!("{}", out.exporter.as_deref().unwrap_or(""));
+    }
+    out.elapsed = started.elapsed();
+    out.load = (load_before, loadavg());
+    if a.update_doc {
+        doc::update(a, &out)?;
+    }
+    Ok(())
+}
+
+/// What one invocation produced.
+#[derive(Default)]
+struct Report {
+    probes: Option<String>,
+    datapath: Option<String>,
+    exporter: Option<String>,
+    elapsed: Duration,
+    load: (String, String),
+}

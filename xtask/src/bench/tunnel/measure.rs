@@ -1,0 +1,120 @@
+//! One variant measured: idle latency, then a download and an upload through the tunnel, each
+//! with a ping alongside and the outer socket's receive-buffer drops.
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use bufscope_netlab::measure::{self, BackgroundPing};
+use bufscope_netlab::{Lab, Netns};
+
+use super::report::opt_ms;
+use super::setup::{Keys, start_tunnel};
+use super::{Args, INNER_B, IPERF_PORT, Measured, TUNNEL_PORT, Transfer, Transport, Variant};
+
+/// Sets up `v`, measures idle latency, download and upload.
+pub(super) fn measure_variant(
+    lab: &Lab,
+    rtt: u64,
+    v: Variant,
+    a: &Args,
+    bin: Option<&Path>,
+    keys: &Keys,
+    work: &Path,
+) -> anyhow::Result<Measured> {
+    let tunnel = start_tunnel(lab, v, bin, keys, work)?;
+    let idle = measure::ping(lab.a(), INNER_B, 5, Duration::from_millis(200))?;
+    let _server = measure::iperf3_server(lab.b(), INNER_B, IPERF_PORT)?;
+    let drop_key = match v.transport() {
+        Transport::Udp => "Udp:RcvbufErrors",
+        Transport::Tcp => "TcpExt:TCPRcvQDrop",
+    };
+    let (secs, omit, repeats) = if rtt == 0 {
+        (a.veth_seconds, 1, a.veth_repeats.max(1))
+    } else {
+        (a.seconds, a.omit, 1)
+    };
+    let transfer = |reverse: bool| -> anyhow::Result<Transfer> {
+        // The outer receiver: the client for a download, the server for an upload.
+        let receiver = if reverse { lab.a() } else { lab.b() };
+        let before = counter(receiver, drop_key)?;
+        let ping = BackgroundPing::start(lab.a(), INNER_B, Duration::from_millis(200))?;
+        let r = measure::iperf3_client(lab.a(), INNER_B, IPERF_PORT, secs, omit, reverse, &[])
+            .with_context(|| {
+                format!(
+                    "iperf3 {}{}",
+                    if reverse { "download" } else { "upload" },
+                    tunnel.log_tail()
+                )
+            })?;
+        let latency = ping.finish().ok().and_then(|p| p.avg_ms);
+        let after = counter(receiver, drop_key)?;
+        Ok(Transfer {
+            mbit: r.received_mbit,
+            latency_ms: latency,
+            retransmits: r.retransmits,
+            drops: after.saturating_sub(before),
+        })
+    };
+    // The median of `repeats` transfers (by throughput), with that transfer's other figures.
+    let median = |reverse: bool| -> anyhow::Result<Transfer> {
+        let mut runs = Vec::new();
+        for _ in 0..repeats {
+            let t = transfer(reverse)?;
+            eprintln!(
+                "bench tunnel:   {} {:.1} Mbit/s, latency {} ms, {} retransmits, {} outer rcvbuf drops",
+                if reverse { "down" } else { "up" },
+                t.mbit,
+                opt_ms(t.latency_ms),
+                t.retransmits,
+                t.drops
+            );
+            runs.push(t);
+        }
+        runs.sort_by(|x, y| x.mbit.total_cmp(&y.mbit));
+        runs.get(runs.len() / 2).copied().context("no transfer")
+    };
+    let down = median(true)?;
+    let rcvbuf = outer_rcvbuf(lab.a(), v.transport());
+    let up = median(false)?;
+    drop(tunnel);
+    Ok(Measured {
+        rcvbuf,
+        idle_ms: idle.avg_ms,
+        down,
+        up,
+    })
+}
+
+/// One `/proc/net` counter inside `ns`.
+fn counter(ns: &Netns, key: &str) -> anyhow::Result<u64> {
+    let all: HashMap<String, u64> = measure::net_counters(ns)?;
+    all.get(key)
+        .copied()
+        .with_context(|| format!("no {key} in /proc/net of {}", ns.name()))
+}
+
+/// The outer socket's receive buffer (`rb` of `ss -m`) inside `ns`.
+fn outer_rcvbuf(ns: &Netns, t: Transport) -> Option<u64> {
+    let flag = match t {
+        Transport::Udp => "-Huamn",
+        Transport::Tcp => "-Htmn",
+    };
+    let out = ns.exec("ss", [flag]).ok()?;
+    // Records span two lines: the socket, then `skmem:(r0,rb212992,…)`.
+    let port = format!(":{TUNNEL_PORT}");
+    let mut hit = false;
+    for line in out.lines() {
+        if line.contains(&port) {
+            hit = true;
+        }
+        if hit && let Some(rest) = line.split("skmem:(").nth(1) {
+            return rest
+                .split(',')
+                .find_map(|f| f.strip_prefix("rb"))
+                .and_then(|n| n.trim_end_matches(')').parse().ok());
+        }
+    }
+    None
+}

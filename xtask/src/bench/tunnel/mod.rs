@@ -1,0 +1,306 @@
+//! `cargo xtask bench tunnel`: the Lightway seed's table (`../shared/seeds/lightway-tcp-buffers.txt`)
+//! reproduced in the network lab, for bufscope-tunnel's buffer policies and Debian's
+//! wireguard-go, side by side in one run.
+//!
+//! For each RTT (≈0 over a plain veth pair, then 50 and 190 ms over the emulated WAN link at
+//! `--rate-mbit`), each outer transport (UDP, TCP) and each policy (`recommended`,
+//! `fixed=64K`, `os-default`), plus wireguard-go on UDP: a tunnel between the lab's two
+//! namespaces (client `a`, server `b`), then through it one iperf3 TCP flow down (server →
+//! client, `-R`) and one up, each with a ping running alongside (loaded latency), the inner
+//! flow's retransmits, and the outer socket's receive-buffer drops: the delta of
+//! `Udp:RcvbufErrors` (UDP) or `TcpExt:TCPRcvQDrop` (TCP) in the receiving namespace.
+//!
+//! The code: `setup` (keys and the tunnel between the lab's namespaces), `measure` (one
+//! variant: idle latency, then a download and an upload), `report` (the table and the
+//! targets) and `doc` (docs/benchmarks.md).
+
+mod doc;
+mod measure;
+mod report;
+mod setup;
+
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use anyhow::{Context as _, bail};
+use bufscope_netlab::{Lab, LabConfig, LinkParams};
+
+use super::{loadavg, release_dir};
+use crate::util::{cargo, is_root, run_cmd};
+use measure::measure_variant;
+use report::{human_bytes, render_summary, render_table};
+use setup::Keys;
+
+/// Arguments of `cargo xtask bench tunnel`.
+#[derive(clap::Args)]
+pub struct Args {
+    /// Emulated link rate in Mbit/s for the rows with RTT > 0 (the ≈0 rows use a plain veth
+    /// pair, where the host is the bottleneck).
+    #[arg(long, default_value_t = 200)]
+    pub rate_mbit: u64,
+    /// Round-trip times in ms; 0 means a plain veth pair.
+    #[arg(long, value_delimiter = ',', default_value = "0,50,190")]
+    pub rtts: Vec<u64>,
+    /// Outer transports of bufscope-tunnel to measure.
+    #[arg(long, value_delimiter = ',', default_value = "udp,tcp")]
+    pub transports: Vec<String>,
+    /// Buffer size of the `fixed` policy (the anti-pattern), bytes.
+    #[arg(long, default_value_t = 65536)]
+    pub fixed_bytes: u64,
+    /// Length of each iperf3 transfer in seconds.
+    #[arg(long, default_value_t = 8)]
+    pub seconds: u32,
+    /// Seconds at the start of each transfer left out of the result (slow start).
+    #[arg(long, default_value_t = 2)]
+    pub omit: u32,
+    /// Transfers per direction on the RTT ≈0 rows, where the CPU is the bottleneck and other
+    /// tenants of the machine add noise; the row shows the median one.
+    #[arg(long, default_value_t = 3)]
+    pub veth_repeats: u32,
+    /// Length of each transfer on the RTT ≈0 rows (1 s of it omitted).
+    #[arg(long, default_value_t = 5)]
+    pub veth_seconds: u32,
+    /// The bufscope-tunnel binary (default: build it with `cargo build --release`).
+    #[arg(long)]
+    pub tunnel_bin: Option<PathBuf>,
+    /// Skip bufscope-tunnel (only the wireguard-go rows).
+    #[arg(long)]
+    pub no_bufscope: bool,
+    /// Skip the wireguard-go rows.
+    #[arg(long)]
+    pub no_wireguard_go: bool,
+    /// Rewrite the "Tunnel" section of docs/benchmarks.md with this run's results.
+    #[arg(long)]
+    pub update_doc: bool,
+}
+
+/// Inner (tunnel) addresses of the client (namespace a) and server (namespace b).
+const INNER_A: &str = "10.99.0.1";
+const INNER_B: &str = "10.99.0.2";
+/// Outer UDP/TCP port of the tunnel on both sides.
+const TUNNEL_PORT: u16 = 51820;
+/// Port of the inner iperf3 server.
+const IPERF_PORT: u16 = 5201;
+/// Where wireguard-go keeps its UAPI sockets.
+const WG_SOCKET_DIR: &str = "/run/wireguard";
+
+/// Outer transport.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Transport {
+    Udp,
+    Tcp,
+}
+
+impl Transport {
+    fn name(self) -> &'static str {
+        match self {
+            Transport::Udp => "udp",
+            Transport::Tcp => "tcp",
+        }
+    }
+}
+
+/// Buffer policy of bufscope-tunnel.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Policy {
+    Recommended,
+    Fixed(u64),
+    OsDefault,
+}
+
+impl Policy {
+    fn flag(self) -> String {
+        match self {
+            Policy::Recommended => "recommended".into(),
+            Policy::Fixed(n) => format!("fixed={n}"),
+            Policy::OsDefault => "os-default".into(),
+        }
+    }
+}
+
+/// What carries the traffic.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Variant {
+    Bufscope(Transport, Policy),
+    WireguardGo,
+}
+
+impl Variant {
+    fn transport(self) -> Transport {
+        match self {
+            Variant::Bufscope(t, _) => t,
+            Variant::WireguardGo => Transport::Udp,
+        }
+    }
+
+    fn label(self) -> String {
+        match self {
+            Variant::Bufscope(_, Policy::Fixed(n)) => format!("bufscope fixed={}", human_bytes(n)),
+            Variant::Bufscope(_, p) => format!("bufscope {}", p.flag()),
+            Variant::WireguardGo => "wireguard-go (Debian)".into(),
+        }
+    }
+}
+
+/// One transfer's figures.
+#[derive(Debug, Clone, Copy, Default)]
+struct Transfer {
+    mbit: f64,
+    latency_ms: Option<f64>,
+    retransmits: u64,
+    drops: u64,
+}
+
+/// One table row.
+#[derive(Debug, Clone)]
+struct Row {
+    rtt_ms: u64,
+    variant: Variant,
+    result: Result<Measured, String>,
+}
+
+#[derive(Debug, Clone)]
+struct Measured {
+    rcvbuf: Option<u64>,
+    idle_ms: Option<f64>,
+    down: Transfer,
+    up: Transfer,
+}
+
+/// Runs the benchmark and prints the table.
+pub fn run(a: &Args) -> anyhow::Result<()> {
+    if !is_root() {
+        bail!("cargo xtask bench tunnel creates namespaces and tunnels: run it as root");
+    }
+    for (bin, pkg) in [
+        ("iperf3", "iperf3"),
+        ("ping", "iputils-ping"),
+        ("wg", "wireguard-tools"),
+    ] {
+        if which(bin).is_none() {
+            bail!("{bin} is missing: `cargo xtask setup` or apt-get install {pkg}");
+        }
+    }
+    if !a.no_wireguard_go && which("wireguard-go").is_none() {
+        bail!(
+            "wireguard-go is missing: `cargo xtask setup` or apt-get install wireguard-go (or --no-wireguard-go)"
+        );
+    }
+    let transports = a
+        .transports
+        .iter()
+        .map(|t| match t.as_str() {
+            "udp" => Ok(Transport::Udp),
+            "tcp" => Ok(Transport::Tcp),
+            other => bail!("unknown transport {other:?} (udp, tcp)"),
+        })
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    let tunnel_bin = if a.no_bufscope {
+        None
+    } else {
+        Some(tunnel_binary(a)?)
+    };
+
+    let started = Instant::now();
+    let load_before = loadavg();
+    let work = std::env::temp_dir().join(format!("bsl-bench-{}", std::process::id()));
+    std::fs::create_dir_all(&work).with_context(|| format!("creating {}", work.display()))?;
+    let keys = Keys::generate(&work)?;
+
+    let mut variants = Vec::new();
+    if tunnel_bin.is_some() {
+        for &t in &transports {
+            for p in [
+                Policy::Recommended,
+                Policy::Fixed(a.fixed_bytes),
+                Policy::OsDefault,
+            ] {
+                variants.push(Variant::Bufscope(t, p));
+            }
+        }
+    }
+    if !a.no_wireguard_go {
+        variants.push(Variant::WireguardGo);
+    }
+    // wireguard-go next to bufscope's UDP rows.
+    variants.sort_by_key(|v| {
+        (
+            v.transport() == Transport::Tcp,
+            matches!(v, Variant::Bufscope(Transport::Tcp, _)),
+        )
+    });
+
+    let mut rows = Vec::new();
+    for &rtt in &a.rtts {
+        let config = if rtt == 0 {
+            LabConfig::veth(bufscope_netlab::PREFIX)
+        } else {
+            LabConfig::wan(
+                bufscope_netlab::PREFIX,
+                LinkParams::mbit(a.rate_mbit).rtt_ms(rtt),
+            )
+        };
+        let lab = Lab::new(config).context("building the lab")?;
+        for &v in &variants {
+            eprintln!(
+                "bench tunnel: RTT {rtt} ms, {} {} …",
+                v.transport().name(),
+                v.label()
+            );
+            let result = measure_variant(&lab, rtt, v, a, tunnel_bin.as_deref(), &keys, &work)
+                .map_err(|e| format!("{e:#}"));
+            if let Err(e) = &result {
+                eprintln!("bench tunnel:   failed: {e}");
+            }
+            rows.push(Row {
+                rtt_ms: rtt,
+                variant: v,
+                result,
+            });
+        }
+    }
+    let elapsed = started.elapsed();
+    let load_after = loadavg();
+
+    let table = render_table(&rows);
+    let summary = render_summary(&rows, a);
+    println!("{table}\n{summary}");
+    println!(
+        "elapsed {:.0} s; load average before {load_before}, after {load_after}",
+        elapsed.as_secs_f64()
+    );
+    let _ = std::fs::remove_dir_all(&work);
+    if a.update_doc {
+        doc::update(a, &table, &summary, elapsed, &load_before, &load_after)?;
+    }
+    Ok(())
+}
+
+/// Builds (or takes) the bufscope-tunnel binary.
+fn tunnel_binary(a: &Args) -> anyhow::Result<PathBuf> {
+    if let Some(p) = &a.tunnel_bin {
+        return Ok(p.clone());
+    }
+    run_cmd(cargo().args([
+        "build",
+        "--release",
+        "-p",
+        "bufscope-tunnel",
+        "--bin",
+        "bufscope-tunnel",
+    ]))
+    .context("building bufscope-tunnel (or pass --tunnel-bin / --no-bufscope)")?;
+    let bin = release_dir().join("bufscope-tunnel");
+    if !bin.exists() {
+        bail!("{} was not built", bin.display());
+    }
+    Ok(bin)
+}
+
+fn which(bin: &str) -> Option<PathBuf> {
+    std::env::var_os("PATH")?
+        .to_string_lossy()
+        .split(':')
+        .map(|d| Path::new(d).join(bin))
+        .find(|p| p.exists())
+}
