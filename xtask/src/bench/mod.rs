@@ -16,21 +16,10 @@ mod tunnel;
 use std::fmt::Write as _;
 use std::process::Command;
 
-use anyhow::{Context as _, bail};
+use anyhow::Context as _;
+use bufscope_testkit::cmd_output;
 
 use crate::util::workspace_root;
-
-/// Runs `cmd`; its trimmed stdout, or an error with its stderr.
-fn cmd_output(cmd: &mut Command) -> anyhow::Result<String> {
-    let o = cmd.output().with_context(|| format!("running {cmd:?}"))?;
-    if !o.status.success() {
-        bail!(
-            "{cmd:?} failed: {}",
-            String::from_utf8_lossy(&o.stderr).trim()
-        );
-    }
-    Ok(String::from_utf8_lossy(&o.stdout).trim().to_string())
-}
 
 /// The 1/5/15-minute load averages ("?" when unreadable).
 fn loadavg() -> String {

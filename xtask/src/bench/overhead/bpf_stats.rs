@@ -5,8 +5,8 @@ use std::collections::BTreeMap;
 use std::process::Command;
 
 use anyhow::Context as _;
+use bufscope_testkit::{cmd_output, held_bpf_ids};
 
-use crate::bench::cmd_output;
 
 /// Sets `kernel.bpf_stats_enabled=1` and restores the previous value when dropped.
 pub(super) struct BpfStats {
@@ -37,33 +37,6 @@ impl Drop for BpfStats {
     }
 }
 
-/// Ids of the BPF programs a process holds open (from `/proc/<pid>/fdinfo`: program fds have
-/// a `prog_type:` line, link fds a `link_type:` one; both name their `prog_id`).
-fn prog_ids(pid: u32) -> Vec<u32> {
-    let mut ids = Vec::new();
-    let Ok(dir) = std::fs::read_dir(format!("/proc/{pid}/fdinfo")) else {
-        return ids;
-    };
-    for e in dir.filter_map(Result::ok) {
-        let Ok(text) = std::fs::read_to_string(e.path()) else {
-            continue;
-        };
-        if !text.contains("prog_type:") && !text.contains("link_type:") {
-            continue;
-        }
-        if let Some(id) = text
-            .lines()
-            .find_map(|l| l.strip_prefix("prog_id:"))
-            .and_then(|v| v.trim().parse().ok())
-            && !ids.contains(&id)
-        {
-            ids.push(id);
-        }
-    }
-    ids.sort_unstable();
-    ids
-}
-
 /// One program's counters, from `bpftool prog show id N`.
 #[derive(Clone, Debug, Default)]
 pub(super) struct ProgStat {
@@ -90,9 +63,10 @@ fn prog_stat(id: u32) -> anyhow::Result<ProgStat> {
     })
 }
 
-/// Counters of every program `pid` holds, by program id.
+/// Counters of every program `pid` holds (program and link fds both name their `prog_id` in
+/// `/proc/<pid>/fdinfo`), by program id.
 pub(super) fn snapshot(pid: u32) -> anyhow::Result<BTreeMap<u32, ProgStat>> {
-    prog_ids(pid)
+    held_bpf_ids(pid, "prog_id:")?
         .into_iter()
         .map(|id| Ok((id, prog_stat(id)?)))
         .collect()

@@ -6,9 +6,10 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use anyhow::{Context as _, bail};
+use bufscope_testkit::{Exporter, proc_udp_drops};
 
 use super::Args;
-use super::harness::{Bins, Bpftrace, Exporter, Proc, median};
+use super::harness::{Bins, Bpftrace, median};
 use super::hooks::hooks;
 use crate::bench::table;
 
@@ -130,21 +131,6 @@ struct Transfer {
     dropped: u64,
 }
 
-/// The `drops` column of `inode` in `/proc/<pid>/net/udp` (the receiver's namespace).
-fn udp_drops(pid: u32, inode: &str) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/net/udp"))
-        .ok()
-        .and_then(|t| {
-            t.lines().skip(1).find_map(|l| {
-                let f: Vec<&str> = l.split_whitespace().collect();
-                (f.len() > 12 && f[9] == inode)
-                    .then(|| f.last()?.parse().ok())
-                    .flatten()
-            })
-        })
-        .unwrap_or(0)
-}
-
 /// One transfer of `case` over loopback (`veth` false) or from namespace A to B.
 fn transfer(a: &Args, bins: &Bins, case: Case, veth: bool) -> anyhow::Result<Transfer> {
     let (tx_ns, rx_ns, dst) = if veth {
@@ -163,12 +149,11 @@ fn transfer(a: &Args, bins: &Bins, case: Case, veth: bool) -> anyhow::Result<Tra
                 // on this shared machine without touching net.core.rmem_max.
                 args.extend(["--rcvbuf-force", "268435456"]);
             }
-            let (mut sink, f) = Proc::workload(bins, rx_ns, &args)?;
+            let (mut sink, f) = bins.workload(rx_ns, &args)?;
             let port = f.get("port").context("udp-sink port")?.clone();
             let inode = f.get("inode").context("udp-sink inode")?.clone();
             let sink_pid: u32 = f.get("pid").and_then(|p| p.parse().ok()).unwrap_or(0);
-            let (mut blast, _) = Proc::workload(
-                bins,
+            let (mut blast, _) = bins.workload(
                 tx_ns,
                 &[
                     "udp-blast",
@@ -208,17 +193,20 @@ fn transfer(a: &Args, bins: &Bins, case: Case, veth: bool) -> anyhow::Result<Tra
                     std::thread::sleep(Duration::from_millis(100));
                 }
             }
-            let dropped = udp_drops(sink_pid, &inode);
+            let dropped = inode
+                .parse()
+                .ok()
+                .and_then(|i| proc_udp_drops(sink_pid, i))
+                .unwrap_or(0);
             Ok(Transfer {
                 rate: sent / took / 1000.0,
                 dropped,
             })
         }
         Case::TcpBulk => {
-            let (mut sink, f) = Proc::workload(bins, rx_ns, &["tcp-sink", "--bind", dst])?;
+            let (mut sink, f) = bins.workload(rx_ns, &["tcp-sink", "--bind", dst])?;
             let port = f.get("port").context("tcp-sink port")?.clone();
-            let (blast, _) = Proc::workload(
-                bins,
+            let (blast, _) = bins.workload(
                 tx_ns,
                 &[
                     "tcp-blast",
@@ -229,7 +217,7 @@ fn transfer(a: &Args, bins: &Bins, case: Case, veth: bool) -> anyhow::Result<Tra
                 ],
             )?;
             let line = sink.wait_line("RECEIVED", Duration::from_secs_f64(a.seconds + 30.0))?;
-            blast.wait(Duration::from_secs(30))?;
+            blast.finish(Duration::from_secs(30))?;
             let f: Vec<f64> = line
                 .split_whitespace()
                 .skip(1)
@@ -258,14 +246,13 @@ fn attach(bins: &Bins, v: Variant) -> anyhow::Result<Attached> {
     Ok(match v {
         Variant::None => Attached::default(),
         Variant::Bufscope => Attached {
-            _exporter: Some(Exporter::start(bins, &[])?),
+            _exporter: Some(bins.exporter(&[])?),
             _bpftrace: None,
         },
         Variant::DropsOnly => Attached {
-            _exporter: Some(Exporter::start(
-                bins,
-                &["--probe.disable", "setsockopt,tcp_state,autotune,owners"],
-            )?),
+            _exporter: Some(
+                bins.exporter(&["--probe.disable", "setsockopt,tcp_state,autotune,owners"])?,
+            ),
             _bpftrace: None,
         },
         Variant::Bpftrace => Attached {

@@ -7,10 +7,11 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail};
+use bufscope_testkit::{Exporter, cmd_output};
 
 use super::Args;
-use super::harness::{Bins, Exporter, Proc, metric_sum, percentile};
-use crate::bench::{cmd_output, table};
+use super::harness::{Bins, percentile};
+use crate::bench::table;
 
 /// utime + stime of `pid`, in seconds.
 fn cpu_seconds(pid: u32) -> anyhow::Result<f64> {
@@ -58,7 +59,7 @@ fn scrape_latencies(e: &Exporter, n: usize) -> anyhow::Result<(Vec<f64>, usize, 
     for _ in 0..n {
         std::thread::sleep(Duration::from_millis(200));
         let t = Instant::now();
-        let body = e.scrape()?;
+        let body = e.metrics_text()?;
         lat.push(t.elapsed().as_secs_f64() * 1000.0);
         bytes = body.len();
         series = body.lines().filter(|l| !l.starts_with('#')).count();
@@ -67,7 +68,7 @@ fn scrape_latencies(e: &Exporter, n: usize) -> anyhow::Result<(Vec<f64>, usize, 
 }
 
 pub(super) fn section(a: &Args, bins: &Bins) -> anyhow::Result<String> {
-    let e = Exporter::start(bins, &["--poll-interval", "1s"])?;
+    let e = bins.exporter(&["--poll-interval", "1s"])?;
     let dir = std::env::temp_dir().join(format!("bsp-overhead-{}", std::process::id()));
     std::fs::create_dir_all(&dir)?;
     let _cleanup = RemoveDir(dir.clone());
@@ -80,8 +81,7 @@ pub(super) fn section(a: &Args, bins: &Bins) -> anyhow::Result<String> {
         "bench overhead: exporter: starting {} processes × {} sockets",
         a.procs, a.socks_per_proc
     );
-    let (_pop, _) = Proc::workload(
-        bins,
+    let (_pop, _) = bins.workload(
         None,
         &[
             "many-procs",
@@ -101,8 +101,7 @@ pub(super) fn section(a: &Args, bins: &Bins) -> anyhow::Result<String> {
     )?;
     let spray_secs = (2 * a.cpu_window + 60 + a.scrapes as u64 / 4).to_string();
     let pps = a.spray_pps.to_string();
-    let spray = Proc::workload(
-        bins,
+    let spray = bins.workload(
         None,
         &[
             "udp-spray",
@@ -117,12 +116,11 @@ pub(super) fn section(a: &Args, bins: &Bins) -> anyhow::Result<String> {
     // Warm-up: every socket has dropped and been attributed.
     let want = (a.procs * a.socks_per_proc) as f64;
     let deadline = Instant::now() + Duration::from_secs(120);
-    let mut body;
     loop {
         std::thread::sleep(Duration::from_secs(2));
-        body = e.scrape()?;
-        let entries = metric_sum(&body, "bufscope_bpf_map_entries", &["map=\"DROPS\""]);
-        let tracked = metric_sum(&body, "bufscope_tracked_processes", &[]);
+        let m = e.scrape()?;
+        let entries = m.sum("bufscope_bpf_map_entries", &[("map", "DROPS")]);
+        let tracked = m.sum("bufscope_tracked_processes", &[]);
         if entries >= want && tracked >= a.procs as f64 {
             break;
         }
@@ -136,7 +134,7 @@ pub(super) fn section(a: &Args, bins: &Bins) -> anyhow::Result<String> {
     eprintln!("bench overhead: exporter: load phase");
     let load_cpu = cpu_share(e.pid(), Duration::from_secs(a.cpu_window))?;
     let (load_lat, load_bytes, load_series) = scrape_latencies(&e, a.scrapes)?;
-    let load_body = e.scrape()?;
+    let load = e.scrape()?;
     drop(spray);
     std::fs::remove_file(&activity)?;
     eprintln!("bench overhead: exporter: idle phase (after 60 s of quiet: steady state)");
@@ -145,24 +143,20 @@ pub(super) fn section(a: &Args, bins: &Bins) -> anyhow::Result<String> {
     let idle_cpu = cpu_share(e.pid(), Duration::from_secs(a.cpu_window))?;
     let (idle_lat, _, _) = scrape_latencies(&e, a.scrapes)?;
     let (rss, hwm) = rss_mib(e.pid());
-    let lost_causes: Vec<String> = load_body
-        .lines()
-        .filter(|l| l.starts_with("bufscope_bpf_events_lost_total{"))
-        .filter_map(|l| {
-            let cause = l.split("cause=\"").nth(1)?.split('"').next()?;
-            let v: f64 = l.rsplit(' ').next()?.parse().ok()?;
-            (v > 0.0).then(|| format!("{cause} {v:.0}"))
-        })
+    let lost_causes: Vec<String> = load
+        .find("bufscope_bpf_events_lost_total", &[])
+        .filter(|s| s.value > 0.0)
+        .filter_map(|s| Some(format!("{} {:.0}", s.labels.get("cause")?, s.value)))
         .collect();
     let lost = if lost_causes.is_empty() {
         "0".to_string()
     } else {
         lost_causes.join(", ")
     };
-    let drops = metric_sum(&load_body, "bufscope_socket_drops_total", &[]);
-    let calls = metric_sum(&load_body, "bufscope_setsockopt_total", &[]);
-    let tracked = metric_sum(&load_body, "bufscope_tracked_processes", &[]);
-    let entries = metric_sum(&load_body, "bufscope_bpf_map_entries", &["map=\"DROPS\""]);
+    let drops = load.sum("bufscope_socket_drops_total", &[]);
+    let calls = load.sum("bufscope_setsockopt_total", &[]);
+    let tracked = load.sum("bufscope_tracked_processes", &[]);
+    let entries = load.sum("bufscope_bpf_map_entries", &[("map", "DROPS")]);
     let p = |v: &[f64], q: f64| format!("{:.1}", percentile(v, q));
     let rows = vec![
         vec![

@@ -7,7 +7,7 @@ use anyhow::Context as _;
 
 use super::Args;
 use super::bpf_stats::{BpfStats, delta, snapshot};
-use super::harness::{Bins, Bpftrace, Exporter, Proc, median};
+use super::harness::{Bins, Bpftrace, median};
 use super::hooks::{Hook, SameData, hooks, same_data};
 use crate::bench::table;
 
@@ -44,10 +44,9 @@ impl Load {
     fn run(self, bins: &Bins) -> anyhow::Result<()> {
         match self {
             Load::UdpDrops => {
-                let (recv, f) = Proc::workload(bins, None, &["udp-recv", "--rcvbuf", "4096"])?;
+                let (recv, f) = bins.workload(None, &["udp-recv", "--rcvbuf", "4096"])?;
                 let port = f.get("ports").context("udp-recv ports")?.clone();
-                let (flood, _) = Proc::workload(
-                    bins,
+                let (flood, _) = bins.workload(
                     None,
                     &[
                         "udp-flood",
@@ -59,20 +58,19 @@ impl Load {
                         "64",
                     ],
                 )?;
-                flood.wait(Duration::from_secs(120))?;
+                flood.finish(Duration::from_secs(120))?;
                 drop(recv);
             }
             Load::Setsockopt => {
-                let (p, _) = Proc::workload(bins, None, &["setsockopt-loop", "--count", "50000"])?;
-                p.wait(Duration::from_secs(120))?;
+                let (p, _) = bins.workload(None, &["setsockopt-loop", "--count", "50000"])?;
+                p.finish(Duration::from_secs(120))?;
             }
             Load::TcpConnect => {
-                let (p, _) = Proc::workload(bins, None, &["tcp-connect-loop", "--count", "2000"])?;
-                p.wait(Duration::from_secs(120))?;
+                let (p, _) = bins.workload(None, &["tcp-connect-loop", "--count", "2000"])?;
+                p.finish(Duration::from_secs(120))?;
             }
             Load::TcpBulk => {
-                let (p, _) = Proc::workload(
-                    bins,
+                let (p, _) = bins.workload(
                     None,
                     &[
                         "tcp-bulk-loop",
@@ -84,7 +82,7 @@ impl Load {
                         "2",
                     ],
                 )?;
-                p.wait(Duration::from_secs(300))?;
+                p.finish(Duration::from_secs(300))?;
             }
         }
         Ok(())
@@ -159,7 +157,7 @@ pub(super) fn section(a: &Args, bins: &Bins) -> anyhow::Result<String> {
                     continue;
                 }
                 if side == 0 {
-                    let e = Exporter::start(bins, &[])?;
+                    let e = bins.exporter(&[])?;
                     let before = snapshot(e.pid())?;
                     load.run(bins)?;
                     let after = snapshot(e.pid())?;

@@ -4,8 +4,10 @@ use std::fmt::Write as _;
 use std::process::Command;
 use std::time::Duration;
 
+use bufscope_testkit::cmd_output;
+
 use super::Args;
-use crate::bench::{Machine, cmd_output, rewrite_doc};
+use crate::bench::{Machine, rewrite_doc};
 use crate::util::workspace_root;
 
 /// Markers of the generated part of the Tunnel section in docs/benchmarks.md.

@@ -8,6 +8,7 @@ use std::time::Duration;
 use anyhow::Context as _;
 use bufscope_netlab::measure::{self, BackgroundPing};
 use bufscope_netlab::{Lab, Netns};
+use bufscope_testkit::skmem_rb;
 
 use super::report::opt_ms;
 use super::setup::{Keys, start_tunnel};
@@ -109,11 +110,8 @@ fn outer_rcvbuf(ns: &Netns, t: Transport) -> Option<u64> {
         if line.contains(&port) {
             hit = true;
         }
-        if hit && let Some(rest) = line.split("skmem:(").nth(1) {
-            return rest
-                .split(',')
-                .find_map(|f| f.strip_prefix("rb"))
-                .and_then(|n| n.trim_end_matches(')').parse().ok());
+        if hit && line.contains("skmem:(") {
+            return skmem_rb(line);
         }
     }
     None

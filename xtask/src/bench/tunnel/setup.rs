@@ -11,9 +11,9 @@ use std::time::{Duration, Instant};
 use anyhow::{Context as _, bail};
 use bufscope_netlab::measure;
 use bufscope_netlab::{Lab, Process};
+use bufscope_testkit::{cmd_output, output_with_input, wait_until};
 
 use super::{INNER_A, INNER_B, TUNNEL_PORT, Transport, Variant, WG_SOCKET_DIR};
-use crate::bench::cmd_output;
 
 /// Key files for both ends.
 pub(super) struct Keys {
@@ -27,19 +27,7 @@ impl Keys {
     pub(super) fn generate(dir: &Path) -> anyhow::Result<Keys> {
         let one = |name: &str| -> anyhow::Result<(PathBuf, String)> {
             let private = cmd_output(Command::new("wg").arg("genkey"))?;
-            let mut child = Command::new("wg")
-                .arg("pubkey")
-                .stdin(Stdio::piped())
-                .stdout(Stdio::piped())
-                .spawn()
-                .context("starting wg pubkey")?;
-            child
-                .stdin
-                .take()
-                .context("wg pubkey stdin")?
-                .write_all(private.as_bytes())
-                .context("writing to wg pubkey")?;
-            let out = child.wait_with_output().context("wg pubkey")?;
+            let out = output_with_input(Command::new("wg").arg("pubkey"), private.as_bytes())?;
             let public = String::from_utf8_lossy(&out.stdout).trim().to_string();
             let path = dir.join(name);
             write_private(&path, &private)?;
@@ -180,8 +168,11 @@ pub(super) fn start_tunnel(
                 t.procs.push(Process::spawn(&mut c)?);
                 let sock = Path::new(WG_SOCKET_DIR).join(format!("{ifname}.sock"));
                 t.wg_sockets.push(sock.clone());
-                wait_for(Duration::from_secs(5), || sock.exists())
-                    .with_context(|| format!("wireguard-go did not create {}", sock.display()))?;
+                let every = Duration::from_millis(20);
+                wait_until(Duration::from_secs(5), every, "its UAPI socket", || {
+                    sock.exists().then_some(())
+                })
+                .with_context(|| format!("wireguard-go did not create {}", sock.display()))?;
                 ns.exec(
                     "wg",
                     [
@@ -223,16 +214,4 @@ pub(super) fn start_tunnel(
             }
         }
     }
-}
-
-/// Polls `cond` every 20 ms until it holds or `timeout` passes.
-fn wait_for(timeout: Duration, mut cond: impl FnMut() -> bool) -> anyhow::Result<()> {
-    let deadline = Instant::now() + timeout;
-    while !cond() {
-        if Instant::now() > deadline {
-            bail!("timed out after {timeout:?}");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    Ok(())
 }
