@@ -14,6 +14,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use bufscope_integration::fixtures::{
+    WITHOUT_CAP_NET_ADMIN, rmem_max, setsockopt, setsockopt_wrapped,
+};
 use bufscope_integration::{
     Exporter, Workload, eventually, http_get, ss_tcp, terminate, workload_bin,
 };
@@ -689,11 +692,7 @@ fn every_panel_and_alert_works_on_a_real_prometheus() {
 
 /// `net.core.rmem_max`, checked to leave room for a request above it (the clamped one).
 fn rmem_max_with_room_for_a_clamp() -> i64 {
-    let rmem_max: i64 = std::fs::read_to_string("/proc/sys/net/core/rmem_max")
-        .unwrap()
-        .trim()
-        .parse()
-        .unwrap();
+    let rmem_max = rmem_max();
     assert!(
         rmem_max < i32::MAX as i64 / 4,
         "rmem_max {rmem_max} leaves no room for a clamped request"
@@ -785,39 +784,13 @@ fn start_udp_receivers(container: &FakeContainer) -> (Workload, Workload) {
 /// (the kernel refuses it), each confirmed by the kernel's answer.
 fn request_a_clamped_and_a_failed_buffer(rmem_max: i64) -> (Workload, Workload) {
     let clamp_value = (rmem_max + 65536).to_string();
-    let clamp = Workload::start(&[
-        "setsockopt",
-        "--proto",
-        "udp",
-        "--opt",
-        "SO_RCVBUF",
-        "--value",
-        &clamp_value,
-    ]);
+    let clamp = setsockopt("udp", "SO_RCVBUF", &clamp_value);
     assert_eq!(
         clamp.get("rcvbuf"),
         (2 * rmem_max).to_string(),
         "kernel clamped the request to 2*rmem_max"
     );
-    let failed = Workload::start_wrapped(
-        &[
-            "setpriv",
-            "--bounding-set",
-            "-net_admin",
-            "--inh-caps",
-            "-net_admin",
-            "--",
-        ],
-        &[
-            "setsockopt",
-            "--proto",
-            "udp",
-            "--opt",
-            "SO_RCVBUFFORCE",
-            "--value",
-            "8388608",
-        ],
-    );
+    let failed = setsockopt_wrapped(&WITHOUT_CAP_NET_ADMIN, "udp", "SO_RCVBUFFORCE", "8388608");
     assert_eq!(
         failed.get("errno"),
         libc::EPERM.to_string(),

@@ -4,6 +4,7 @@
 
 use std::time::Duration;
 
+use bufscope_integration::fixtures::setsockopt;
 use bufscope_integration::{Exporter, bpf_exists, held_bpf_ids};
 
 #[test]
@@ -71,15 +72,7 @@ fn json_logs_are_one_object_per_line() {
 #[ignore = "needs root: run via cargo xtask test"]
 fn bpf_side_logs_reach_the_daemon_log_at_debug() {
     let e = Exporter::start(&["--log.level", "debug"]);
-    let w = bufscope_integration::Workload::start(&[
-        "setsockopt",
-        "--proto",
-        "udp",
-        "--opt",
-        "SO_RCVBUF",
-        "--value",
-        "65536",
-    ]);
+    let w = setsockopt("udp", "SO_RCVBUF", "65536");
     let want = format!("setsockopt tgid={} opt=8 req=65536", w.pid());
     bufscope_integration::eventually(Duration::from_secs(10), "the BPF log line", || {
         e.log().contains(&want).then_some(())

@@ -17,6 +17,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Barrier, Mutex};
 use std::time::{Duration, Instant};
 
+use bufscope_integration::fixtures::{setsockopt, setsockopt_wrapped};
 use bufscope_integration::{
     Exporter, Metrics, Workload, bpf_exists, bufscope_bin, eventually, held_bpf_ids, http_get,
     proc_udp_drops, promtool_check_metrics, require_root, snmp, terminate, workload_bin,
@@ -436,15 +437,7 @@ fn assert_series_stayed_within_the_bound(peak_pids: usize, peak_tracked: usize, 
 
 /// A new process after the churn is still seen (nothing is stuck).
 fn assert_a_new_process_is_still_seen(e: &Exporter) {
-    let probe = Workload::start(&[
-        "setsockopt",
-        "--proto",
-        "udp",
-        "--opt",
-        "SO_RCVBUF",
-        "--value",
-        "65536",
-    ]);
+    let probe = setsockopt("udp", "SO_RCVBUF", "65536");
     let probe_pid = probe.pid().to_string();
     eventually(
         Duration::from_secs(10),
@@ -1197,18 +1190,7 @@ fn runs_as_an_unprivileged_user_with_exactly_four_capabilities() {
     assert_all_attached(&b.scrape(), &b.log());
 
     let after = Workload::start_wrapped(&other, &["udp-recv", "--rcvbuf", "4096"]);
-    let opt = Workload::start_wrapped(
-        &other,
-        &[
-            "setsockopt",
-            "--proto",
-            "udp",
-            "--opt",
-            "SO_RCVBUF",
-            "--value",
-            "65536",
-        ],
-    );
+    let opt = setsockopt_wrapped(&other, "udp", "SO_RCVBUF", "65536");
     let mut figures = Vec::new();
     for (what, r) in [
         ("created before bufscope", &before),

@@ -4,15 +4,10 @@
 
 use std::time::Duration;
 
+use bufscope_integration::fixtures::{
+    WITHOUT_CAP_NET_ADMIN, rmem_max, setsockopt, setsockopt_wrapped,
+};
 use bufscope_integration::{Exporter, Workload, eventually};
-
-fn rmem_max() -> i64 {
-    std::fs::read_to_string("/proc/sys/net/core/rmem_max")
-        .unwrap()
-        .trim()
-        .parse()
-        .unwrap()
-}
 
 /// Waits until bufscope shows `calls` calls of `option` for `pid` and returns
 /// (calls, clamped, failed).
@@ -32,20 +27,26 @@ fn counts(e: &Exporter, pid: u32, proto: &str, option: &str, calls: f64) -> (f64
     })
 }
 
+/// Asserts bufscope counted `w`'s one call of `option` as (calls, clamped, failed) = `want`.
+fn assert_counted(e: &Exporter, w: &Workload, proto: &str, option: &str, want: (f64, f64, f64)) {
+    assert_eq!(counts(e, w.pid(), proto, option, 1.0), want);
+}
+
+/// `bufscope_rcvbuf_locks_total` of `w`'s `proto` sockets.
+fn rcvbuf_locks(e: &Exporter, w: &Workload, proto: &str) -> f64 {
+    let p = w.pid().to_string();
+    e.scrape().sum(
+        "bufscope_rcvbuf_locks_total",
+        &[("pid", p.as_str()), ("proto", proto)],
+    )
+}
+
 #[test]
 #[ignore = "needs root: run via cargo xtask test"]
 fn udp_rcvbuf_above_rmem_max_is_reported_clamped() {
     let e = Exporter::start(&[]);
     let req = (rmem_max() * 2).min(i32::MAX as i64 / 2);
-    let w = Workload::start(&[
-        "setsockopt",
-        "--proto",
-        "udp",
-        "--opt",
-        "SO_RCVBUF",
-        "--value",
-        &req.to_string(),
-    ]);
+    let w = setsockopt("udp", "SO_RCVBUF", &req.to_string());
     // Kernel: the call succeeded and gave less than 2x the request.
     assert_eq!(w.get("errno"), "0");
     let readback: i64 = w.get("rcvbuf").parse().unwrap();
@@ -53,20 +54,10 @@ fn udp_rcvbuf_above_rmem_max_is_reported_clamped() {
         readback < 2 * req,
         "kernel readback {readback} shows no clamp"
     );
-    assert_eq!(
-        counts(&e, w.pid(), "udp", "SO_RCVBUF", 1.0),
-        (1.0, 1.0, 0.0)
-    );
+    assert_counted(&e, &w, "udp", "SO_RCVBUF", (1.0, 1.0, 0.0));
     // The socket got SOCK_RCVBUF_LOCK (kernel: SO_BUF_LOCK readback has bit 2).
     assert_eq!(w.get("locks").parse::<u32>().unwrap() & 2, 2);
-    let p = w.pid().to_string();
-    assert_eq!(
-        e.scrape().sum(
-            "bufscope_rcvbuf_locks_total",
-            &[("pid", p.as_str()), ("proto", "udp")]
-        ),
-        1.0
-    );
+    assert_eq!(rcvbuf_locks(&e, &w, "udp"), 1.0);
 }
 
 #[test]
@@ -74,56 +65,24 @@ fn udp_rcvbuf_above_rmem_max_is_reported_clamped() {
 fn rcvbufforce_as_root_is_not_clamped() {
     let e = Exporter::start(&[]);
     let req = rmem_max() * 2;
-    let w = Workload::start(&[
-        "setsockopt",
-        "--proto",
-        "udp",
-        "--opt",
-        "SO_RCVBUFFORCE",
-        "--value",
-        &req.to_string(),
-    ]);
+    let w = setsockopt("udp", "SO_RCVBUFFORCE", &req.to_string());
     assert_eq!(w.get("errno"), "0");
     let readback: i64 = w.get("rcvbuf").parse().unwrap();
     assert_eq!(readback, 2 * req, "FORCE bypasses rmem_max");
-    assert_eq!(
-        counts(&e, w.pid(), "udp", "SO_RCVBUFFORCE", 1.0),
-        (1.0, 0.0, 0.0)
-    );
+    assert_counted(&e, &w, "udp", "SO_RCVBUFFORCE", (1.0, 0.0, 0.0));
 }
 
 #[test]
 #[ignore = "needs root: run via cargo xtask test"]
 fn rcvbufforce_without_cap_net_admin_is_reported_failed() {
     let e = Exporter::start(&[]);
-    let w = Workload::start_wrapped(
-        &[
-            "setpriv",
-            "--bounding-set",
-            "-net_admin",
-            "--inh-caps",
-            "-net_admin",
-            "--",
-        ],
-        &[
-            "setsockopt",
-            "--proto",
-            "udp",
-            "--opt",
-            "SO_RCVBUFFORCE",
-            "--value",
-            "8388608",
-        ],
-    );
+    let w = setsockopt_wrapped(&WITHOUT_CAP_NET_ADMIN, "udp", "SO_RCVBUFFORCE", "8388608");
     assert_eq!(
         w.get("errno"),
         libc::EPERM.to_string(),
         "kernel refused the call"
     );
-    assert_eq!(
-        counts(&e, w.pid(), "udp", "SO_RCVBUFFORCE", 1.0),
-        (1.0, 0.0, 1.0)
-    );
+    assert_counted(&e, &w, "udp", "SO_RCVBUFFORCE", (1.0, 0.0, 1.0));
 }
 
 #[test]
@@ -131,40 +90,11 @@ fn rcvbufforce_without_cap_net_admin_is_reported_failed() {
 fn tcp_sndbuf_negative_is_clamped_and_small_rcvbuf_is_not() {
     let e = Exporter::start(&[]);
     // -1 is min_t(u32, -1, wmem_max): the kernel treats it as huge and clamps it.
-    let w = Workload::start(&[
-        "setsockopt",
-        "--proto",
-        "tcp",
-        "--opt",
-        "SO_SNDBUF",
-        "--value",
-        "-1",
-    ]);
+    let w = setsockopt("tcp", "SO_SNDBUF", "-1");
     assert_eq!(w.get("errno"), "0");
-    assert_eq!(
-        counts(&e, w.pid(), "tcp", "SO_SNDBUF", 1.0),
-        (1.0, 1.0, 0.0)
-    );
-    let w2 = Workload::start(&[
-        "setsockopt",
-        "--proto",
-        "tcp",
-        "--opt",
-        "SO_RCVBUF",
-        "--value",
-        "65536",
-    ]);
+    assert_counted(&e, &w, "tcp", "SO_SNDBUF", (1.0, 1.0, 0.0));
+    let w2 = setsockopt("tcp", "SO_RCVBUF", "65536");
     assert_eq!(w2.get("rcvbuf"), "131072", "kernel doubled, no clamp");
-    assert_eq!(
-        counts(&e, w2.pid(), "tcp", "SO_RCVBUF", 1.0),
-        (1.0, 0.0, 0.0)
-    );
-    let p = w2.pid().to_string();
-    assert_eq!(
-        e.scrape().sum(
-            "bufscope_rcvbuf_locks_total",
-            &[("pid", p.as_str()), ("proto", "tcp")]
-        ),
-        1.0
-    );
+    assert_counted(&e, &w2, "tcp", "SO_RCVBUF", (1.0, 0.0, 0.0));
+    assert_eq!(rcvbuf_locks(&e, &w2, "tcp"), 1.0);
 }

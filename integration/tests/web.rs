@@ -4,9 +4,10 @@
 #![allow(clippy::unwrap_used)]
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::process::{Command, Output};
 use std::time::Duration;
 
+use bufscope_integration::fixtures::setsockopt;
 use bufscope_integration::{
     Exporter, Workload, bufscope_bin, eventually, proc_udp_drops, ss_tcp, ss_udp_rcvbuf,
 };
@@ -33,6 +34,14 @@ fn sysctl(name: &str) -> f64 {
         .unwrap()
         .parse()
         .unwrap()
+}
+
+/// The value of the first `name="…"` attribute in `html`, parsed.
+fn attr<T: std::str::FromStr>(html: &str, name: &str) -> Option<T> {
+    html.split(&format!("{name}=\""))
+        .nth(1)
+        .and_then(|s| s.split('"').next())
+        .and_then(|n| n.parse().ok())
 }
 
 /// Temp dir removed on drop.
@@ -65,15 +74,7 @@ fn findings_match_the_kernel_and_explain_prints_them() {
     // 2. A clamped request.
     let rmem_max = sysctl("net/core/rmem_max");
     let req = (rmem_max as i64 * 2).to_string();
-    let c = Workload::start(&[
-        "setsockopt",
-        "--proto",
-        "udp",
-        "--opt",
-        "SO_RCVBUF",
-        "--value",
-        &req,
-    ]);
+    let c = setsockopt("udp", "SO_RCVBUF", &req);
     // 3. TCP clients locked before connect, and a control.
     let l = Workload::start(&["tcp-listen"]);
     let locked = Workload::start(&[
@@ -169,22 +170,14 @@ fn findings_match_the_kernel_and_explain_prints_them() {
     );
 
     // bufscope explain, filtered by pid.
-    let out = Command::new(bufscope_bin())
-        .args([
-            "explain",
-            "--url",
-            &format!("http://{}", e.addr),
-            "--pid",
-            &rp,
-        ])
-        .output()
-        .unwrap();
+    let out = run_ok(Command::new(bufscope_bin()).args([
+        "explain",
+        "--url",
+        &format!("http://{}", e.addr),
+        "--pid",
+        &rp,
+    ]));
     let text = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{text}{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
     assert!(
         text.contains("udp_rcvbuf_drops") && text.contains(&format!("(pid {rp})")),
         "{text}"
@@ -195,17 +188,20 @@ fn findings_match_the_kernel_and_explain_prints_them() {
     );
 }
 
-fn openssl(dir: &Path, args: &[&str]) {
-    let st = Command::new("openssl")
-        .current_dir(dir)
-        .args(args)
-        .output()
-        .unwrap();
+/// Runs `cmd` to completion; panics with its output unless it succeeded.
+fn run_ok(cmd: &mut Command) -> Output {
+    let out = cmd.output().unwrap_or_else(|e| panic!("{cmd:?}: {e}"));
     assert!(
-        st.status.success(),
-        "openssl {args:?}: {}",
-        String::from_utf8_lossy(&st.stderr)
+        out.status.success(),
+        "{cmd:?}: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
     );
+    out
+}
+
+fn openssl(dir: &Path, args: &[&str]) {
+    run_ok(Command::new("openssl").current_dir(dir).args(args));
 }
 
 fn curl(args: &[&str]) -> (i32, String) {
@@ -335,20 +331,15 @@ fn tls_and_basic_auth_with_a_real_client() {
     assert_eq!(code, 0, "curl without --cacert must fail verification");
 
     // bufscope explain over TLS with basic auth.
-    let out = Command::new(bufscope_bin())
-        .env("BUFSCOPE_PASSWORD", "s3cret")
-        .args([
-            "explain",
-            "--url",
-            &format!("https://localhost:{}", e.addr.rsplit(':').next().unwrap()),
-        ])
-        .args(["--tls.ca-file", ca, "--web.user", "prom", "--json"])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    let out = run_ok(
+        Command::new(bufscope_bin())
+            .env("BUFSCOPE_PASSWORD", "s3cret")
+            .args([
+                "explain",
+                "--url",
+                &format!("https://localhost:{}", e.addr.rsplit(':').next().unwrap()),
+            ])
+            .args(["--tls.ca-file", ca, "--web.user", "prom", "--json"]),
     );
     let v: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert!(v.is_array());
@@ -475,41 +466,26 @@ fn status_page_renders_and_updates_in_headless_chromium() {
             "probe {p}"
         );
     }
-    let updates: u32 = html
-        .split("data-updates=\"")
-        .nth(1)
-        .and_then(|s| s.split('"').next())
-        .and_then(|n| n.parse().ok())
-        .unwrap_or(0);
+    let updates: u32 = attr(&html, "data-updates").unwrap_or(0);
     assert!(
         updates >= 3,
         "the page must keep updating (updates={updates})"
     );
     assert!(html.contains("● live"), "page reports itself live");
     assert!(html.contains("<polyline"), "the drop-rate chart was drawn");
-    let peak: f64 = html
-        .split("data-peak=\"")
-        .nth(1)
-        .and_then(|s| s.split('"').next())
-        .and_then(|n| n.parse().ok())
-        .unwrap_or(0.0);
+    let peak: f64 = attr(&html, "data-peak").unwrap_or(0.0);
     assert!(
         peak > 0.0,
         "the chart shows the live drop rate (peak {peak}/s)"
     );
     // Screenshot while drops still happen (kept in target/tmp for humans; its size proves it
     // rendered).
-    let out = Command::new(chromium)
-        .args(common)
-        .arg(&profile)
-        .arg(format!("--screenshot={}", shot.display()))
-        .arg(&url)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    run_ok(
+        Command::new(chromium)
+            .args(common)
+            .arg(&profile)
+            .arg(format!("--screenshot={}", shot.display()))
+            .arg(&url),
     );
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     let _ = flooder.join();

@@ -24,34 +24,30 @@ pub fn unique_name(prefix: &str, tag: &str) -> String {
     format!("{prefix}{:x}x{n:x}{tag}", std::process::id())
 }
 
-/// Checks a namespace name: non-empty, at most 64 bytes, `[A-Za-z0-9_.-]`.
+/// Checks a namespace name: non-empty, at most 64 bytes, `[A-Za-z0-9_.-]`, not `.` or `..`.
 fn check_ns_name(name: &str) -> Result<(), Error> {
-    let why = if name.is_empty() {
-        "empty"
-    } else if name.len() > 64 {
-        "longer than 64 bytes"
-    } else if name == "." || name == ".." {
-        "reserved"
-    } else if !name
-        .bytes()
-        .all(|b| b.is_ascii_alphanumeric() || b"_.-".contains(&b))
-    {
-        "only letters, digits, '_', '.' and '-' are allowed"
-    } else {
-        return Ok(());
-    };
-    Err(Error::InvalidName {
-        name: name.into(),
-        why,
-    })
+    check_name(name, 64, "longer than 64 bytes", &[".", ".."])
 }
 
 /// Checks an interface name: 1 to 15 bytes of `[A-Za-z0-9_.-]`.
 pub(crate) fn check_if_name(name: &str) -> Result<(), Error> {
+    check_name(name, 15, "interface names are at most 15 bytes", &[])
+}
+
+/// Checks a name: 1 to `max` bytes of `[A-Za-z0-9_.-]` (`too_long` says why when longer), and
+/// none of `reserved`.
+fn check_name(
+    name: &str,
+    max: usize,
+    too_long: &'static str,
+    reserved: &[&str],
+) -> Result<(), Error> {
     let why = if name.is_empty() {
         "empty"
-    } else if name.len() > 15 {
-        "interface names are at most 15 bytes"
+    } else if name.len() > max {
+        too_long
+    } else if reserved.contains(&name) {
+        "reserved"
     } else if !name
         .bytes()
         .all(|b| b.is_ascii_alphanumeric() || b"_.-".contains(&b))

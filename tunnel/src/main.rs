@@ -17,7 +17,7 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use anyhow::{Result, bail};
+use anyhow::{Context as _, Result, bail};
 use clap::Parser;
 
 use crate::config::{Cli, TransportKind};
@@ -82,8 +82,21 @@ fn run(cli: &Cli) -> Result<()> {
     result
 }
 
+/// A data-path thread of either transport; it returns an error when it fails.
+type Worker = JoinHandle<Result<()>>;
+/// The data-path threads a transport starts, for [`supervise`].
+type Workers = Vec<Worker>;
+
+/// Starts a named data-path thread; [`supervise`] joins it and names it if it stops.
+fn spawn(name: &str, f: impl FnOnce() -> Result<()> + Send + 'static) -> Result<Worker> {
+    std::thread::Builder::new()
+        .name(name.into())
+        .spawn(f)
+        .with_context(|| format!("cannot start thread {name}"))
+}
+
 /// Waits for SIGINT/SIGTERM or for a data-path thread to fail, then stops everything.
-fn supervise(mut threads: Vec<JoinHandle<Result<()>>>, shutdown: &Shutdown) -> Result<()> {
+fn supervise(mut threads: Workers, shutdown: &Shutdown) -> Result<()> {
     let mut failure = None;
     loop {
         if let Some(sig) = sys::wait_signal(Duration::from_millis(200)) {

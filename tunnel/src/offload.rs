@@ -12,14 +12,8 @@ use std::io;
 
 /// Size of `struct virtio_net_hdr` (no `num_buffers`), the TUN default.
 pub const VNET_HDR_LEN: usize = 10;
-/// `VIRTIO_NET_HDR_F_NEEDS_CSUM`: the checksum at `csum_start + csum_offset` is partial.
-const F_NEEDS_CSUM: u8 = 1;
-/// `VIRTIO_NET_HDR_GSO_*`.
-const GSO_NONE: u8 = 0;
-const GSO_TCPV4: u8 = 1;
-const GSO_TCPV6: u8 = 4;
-const GSO_ECN: u8 = 0x80;
 
+// Inner TCP/IP packets: the protocol number and the TCP flags the offloads look at.
 const PROTO_TCP: u8 = 6;
 const TCP_FIN: u8 = 0x01;
 const TCP_PSH: u8 = 0x08;
@@ -46,6 +40,15 @@ pub struct VnetHdr {
     /// Offset of the checksum field from `csum_start`.
     pub csum_offset: u16,
 }
+
+// Values of `VnetHdr::flags` and `VnetHdr::gso_type`.
+/// `VIRTIO_NET_HDR_F_NEEDS_CSUM`: the checksum at `csum_start + csum_offset` is partial.
+const F_NEEDS_CSUM: u8 = 1;
+/// `VIRTIO_NET_HDR_GSO_*`.
+const GSO_NONE: u8 = 0;
+const GSO_TCPV4: u8 = 1;
+const GSO_TCPV6: u8 = 4;
+const GSO_ECN: u8 = 0x80;
 
 impl VnetHdr {
     /// Parses the first [`VNET_HDR_LEN`] bytes.

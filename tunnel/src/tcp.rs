@@ -13,7 +13,6 @@ use std::net::{Shutdown as SockShutdown, SocketAddr, TcpStream};
 use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
-use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, anyhow, bail};
@@ -28,6 +27,7 @@ use crate::offload::Coalescer;
 use crate::sys::{EventFd, Shutdown, Wake, wait_readable, would_block};
 use crate::tun::{Tun, TunReader};
 use crate::wg::{self, Peer, SLOT, Stats};
+use crate::{Workers, spawn};
 
 /// Packets encrypted or decrypted per lock of the noise state.
 const BATCH: usize = 64;
@@ -125,12 +125,7 @@ impl Link {
 }
 
 /// Starts the TCP transport: connection manager, writer, timers.
-pub fn start(
-    s: &Settings,
-    tun: Arc<Tun>,
-    peer: Arc<Peer>,
-    shutdown: &Shutdown,
-) -> Result<Vec<JoinHandle<Result<()>>>> {
+pub fn start(s: &Settings, tun: Arc<Tun>, peer: Arc<Peer>, shutdown: &Shutdown) -> Result<Workers> {
     let link = Arc::new(Link::new().context("cannot create an eventfd")?);
     let mut threads = Vec::new();
     let ctx = Ctx {
@@ -208,16 +203,6 @@ impl Ctx {
         }
         Ok(())
     }
-}
-
-fn spawn(
-    name: &str,
-    f: impl FnOnce() -> Result<()> + Send + 'static,
-) -> Result<JoinHandle<Result<()>>> {
-    std::thread::Builder::new()
-        .name(name.into())
-        .spawn(f)
-        .with_context(|| format!("cannot start thread {name}"))
 }
 
 fn new_socket(addr: &SocketAddr) -> Result<Socket> {

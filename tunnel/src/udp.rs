@@ -11,7 +11,6 @@ use std::net::{SocketAddr, UdpSocket};
 use std::os::fd::AsRawFd;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::thread::JoinHandle;
 
 use anyhow::{Context, Result};
 use boringtun::noise::TunnResult;
@@ -24,6 +23,7 @@ use crate::offload::Coalescer;
 use crate::sys::{RawAddr, Shutdown, Wake, wait_readable, would_block};
 use crate::tun::{Tun, TunReader};
 use crate::wg::{self, Peer, SLOT, Stats};
+use crate::{Workers, spawn};
 
 /// Datagrams per `recvmmsg`.
 const RX_MSGS: usize = 64;
@@ -56,12 +56,7 @@ pub fn check_reachable(endpoint: SocketAddr) -> Result<()> {
 
 /// Creates the outer UDP socket, applies the buffer policy and starts the two data-path
 /// threads and the timer thread.
-pub fn start(
-    s: &Settings,
-    tun: Arc<Tun>,
-    peer: Arc<Peer>,
-    shutdown: &Shutdown,
-) -> Result<Vec<JoinHandle<Result<()>>>> {
+pub fn start(s: &Settings, tun: Arc<Tun>, peer: Arc<Peer>, shutdown: &Shutdown) -> Result<Workers> {
     let v6 = s.endpoint.is_some_and(|e| e.is_ipv6());
     let domain = if v6 { Domain::IPV6 } else { Domain::IPV4 };
     let sock = Socket::new(domain, Type::DGRAM.cloexec(), Some(Protocol::UDP))
@@ -145,16 +140,6 @@ fn set_udp_gro(sock: &UdpSocket) -> bool {
         tracing::info!("UDP_GRO unavailable: {}", io::Error::last_os_error());
     }
     rc == 0
-}
-
-fn spawn(
-    name: &str,
-    f: impl FnOnce() -> Result<()> + Send + 'static,
-) -> Result<JoinHandle<Result<()>>> {
-    std::thread::Builder::new()
-        .name(name.into())
-        .spawn(f)
-        .with_context(|| format!("cannot start thread {name}"))
 }
 
 /// Sends a handshake/keepalive packet to the current endpoint, if any.
