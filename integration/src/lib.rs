@@ -6,14 +6,20 @@
 #![allow(clippy::unwrap_used)]
 
 pub mod fixtures;
-use std::collections::{BTreeMap, HashMap};
-use std::io::{BufRead as _, BufReader, Read as _, Write as _};
-use std::net::TcpStream;
+use std::collections::HashMap;
 use std::path::PathBuf;
-use std::process::{Child, ChildStdin, Command, Stdio};
-use std::sync::mpsc::{Receiver, channel};
+use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use bufscope_testkit::LineChild;
+// Shared with the benchmarks (`cargo xtask bench`): see `bufscope-testkit`.
+pub use bufscope_testkit::{Metrics, Sample, proc_udp_drops, terminate};
+
+/// The value of a testkit helper, or a panic with its error (tests panic with a message).
+fn ok<T>(r: anyhow::Result<T>) -> T {
+    r.unwrap_or_else(|e| panic!("{e:#}"))
+}
 
 /// `target/<profile>/` (the directory holding this test binary's `deps/`).
 fn target_dir() -> PathBuf {
@@ -57,26 +63,20 @@ pub fn require_root() {
 }
 
 /// Polls `f` until it returns `Some`, or panics with `what` after `timeout`.
-pub fn eventually<T>(timeout: Duration, what: &str, mut f: impl FnMut() -> Option<T>) -> T {
-    let start = Instant::now();
-    loop {
-        if let Some(v) = f() {
-            return v;
-        }
-        if start.elapsed() > timeout {
-            panic!("timed out after {timeout:?} waiting for {what}");
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
+pub fn eventually<T>(timeout: Duration, what: &str, f: impl FnMut() -> Option<T>) -> T {
+    ok(bufscope_testkit::wait_until(
+        timeout,
+        Duration::from_millis(100),
+        what,
+        f,
+    ))
 }
 
 /// A running workload process. Dropping it closes its stdin (it exits) and reaps it.
 pub struct Workload {
-    child: Child,
-    stdin: Option<ChildStdin>,
+    proc: LineChild,
     /// Fields of its `READY` line.
     pub ready: HashMap<String, String>,
-    lines: Receiver<String>,
 }
 
 impl Workload {
@@ -93,56 +93,20 @@ impl Workload {
     }
 
     fn start_with(mut cmd: Command, args: &[&str]) -> Self {
-        cmd.args(args)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit());
-        let mut child = cmd.spawn().expect("spawn workload");
-        let stdout = child.stdout.take().expect("stdout");
-        let stdin = child.stdin.take();
-        let (tx, rx) = channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-                if tx.send(line).is_err() {
-                    break;
-                }
-            }
-        });
-        let mut w = Self {
-            child,
-            stdin,
-            ready: HashMap::new(),
-            lines: rx,
-        };
-        let line = w.wait_line("READY", Duration::from_secs(30));
-        w.ready = line
-            .split_whitespace()
-            .skip(1)
-            .filter_map(|kv| kv.split_once('='))
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect();
-        w
+        cmd.args(args).stderr(Stdio::inherit());
+        let mut proc = ok(LineChild::spawn(cmd, "workload"));
+        let ready = ok(proc.wait_ready(Duration::from_secs(30)));
+        Self { proc, ready }
     }
 
     /// Waits for a stdout line starting with `prefix`.
     pub fn wait_line(&mut self, prefix: &str, timeout: Duration) -> String {
-        let deadline = Instant::now() + timeout;
-        loop {
-            let left = deadline.saturating_duration_since(Instant::now());
-            match self.lines.recv_timeout(left) {
-                Ok(l) if l.starts_with(prefix) => return l,
-                Ok(_) => {}
-                Err(_) => panic!(
-                    "workload {:?} did not print {prefix} within {timeout:?}",
-                    self.child.id()
-                ),
-            }
-        }
+        ok(self.proc.wait_line(prefix, timeout))
     }
 
     /// Its pid.
     pub fn pid(&self) -> u32 {
-        self.child.id()
+        self.proc.pid()
     }
 
     /// A field of the READY line.
@@ -155,25 +119,7 @@ impl Workload {
 
     /// Waits for the process to exit by itself; returns true on success.
     pub fn wait(mut self) -> bool {
-        self.stdin.take();
-        self.child.wait().map(|s| s.success()).unwrap_or(false)
-    }
-}
-
-impl Drop for Workload {
-    fn drop(&mut self) {
-        if let Some(mut s) = self.stdin.take() {
-            let _ = s.write_all(b"exit\n");
-        }
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while Instant::now() < deadline {
-            if let Ok(Some(_)) = self.child.try_wait() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        self.proc.wait().is_ok_and(|s| s.success())
     }
 }
 
@@ -187,19 +133,12 @@ pub fn ss_udp_rcvbuf(inode: u64) -> Option<u64> {
     let mut lines = text.lines().skip_while(|l| !l.contains(&ino));
     let first = lines.next()?;
     let second = lines.next().unwrap_or("");
-    let skmem = first
-        .split("skmem:(")
-        .nth(1)
-        .or_else(|| second.split("skmem:(").nth(1))?;
-    skmem
-        .split(',')
-        .find_map(|f| f.strip_prefix("rb"))
-        .and_then(|v| v.trim_end_matches(')').parse().ok())
+    bufscope_testkit::skmem_rb(first).or_else(|| bufscope_testkit::skmem_rb(second))
 }
 
 /// A running `bufscope run`. Dropping it stops it with SIGTERM (graceful detach).
 pub struct Exporter {
-    child: Child,
+    inner: bufscope_testkit::Exporter,
     /// `host:port` it serves on.
     pub addr: String,
     /// Its log lines so far.
@@ -210,46 +149,12 @@ impl Exporter {
     /// Starts `bufscope run --web.listen-address 127.0.0.1:0 <extra>` and waits until it serves.
     pub fn start(extra: &[&str]) -> Self {
         require_root();
-        let mut child = Command::new(bufscope_bin())
-            .args(["run", "--web.listen-address", "127.0.0.1:0"])
-            .args(extra)
-            .env("NO_COLOR", "1")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("spawn bufscope");
-        let stderr = child.stderr.take().expect("stderr");
-        let logs = Arc::new(Mutex::new(Vec::new()));
-        let (tx, rx) = channel();
-        {
-            let logs = logs.clone();
-            std::thread::spawn(move || {
-                for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                    let addr = line.split("serving metrics on ").nth(1).map(|rest| {
-                        let rest = rest.split("://").nth(1).unwrap_or("");
-                        rest.split('/').next().unwrap_or("").to_string()
-                    });
-                    // Log first, so the caller sees the line once start() returns.
-                    logs.lock().unwrap().push(line);
-                    if let Some(a) = addr {
-                        let _ = tx.send(a);
-                    }
-                }
-            });
+        let inner = ok(bufscope_testkit::Exporter::start(&bufscope_bin(), extra));
+        Self {
+            addr: inner.addr().to_string(),
+            logs: inner.logs().clone(),
+            inner,
         }
-        let addr = match rx.recv_timeout(Duration::from_secs(60)) {
-            Ok(a) => a,
-            Err(_) => {
-                let _ = child.kill();
-                let _ = child.wait();
-                panic!(
-                    "bufscope did not start serving within 60 s; log:\n{}",
-                    logs.lock().unwrap().join("\n")
-                );
-            }
-        };
-        Self { child, addr, logs }
     }
 
     /// GET `path`; returns (status, body).
@@ -271,97 +176,44 @@ impl Exporter {
 
     /// Its pid.
     pub fn pid(&self) -> u32 {
-        self.child.id()
+        self.inner.pid()
     }
 
     /// The log so far.
     pub fn log(&self) -> String {
-        self.logs.lock().unwrap().join("\n")
+        self.inner.log()
     }
 
     /// Stops it with SIGTERM and returns its exit status (graceful shutdown).
-    pub fn stop(mut self) -> std::process::ExitStatus {
-        // SAFETY: kill(2) on our own child's pid.
-        unsafe {
-            libc::kill(self.child.id() as i32, libc::SIGTERM);
-        }
-        self.child.wait().expect("wait for bufscope")
+    pub fn stop(self) -> std::process::ExitStatus {
+        ok(self.inner.stop())
     }
 
     /// Sends SIGKILL and reaps (for restart tests).
-    pub fn kill9(mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+    pub fn kill9(self) {
+        self.inner.kill9();
     }
-}
-
-impl Drop for Exporter {
-    fn drop(&mut self) {
-        terminate(&mut self.child);
-    }
-}
-
-/// Stops a child with SIGTERM (graceful shutdown), SIGKILL after 10 s, and reaps it.
-pub fn terminate(child: &mut Child) {
-    // SAFETY: kill(2) on our own child's pid.
-    unsafe {
-        libc::kill(child.id() as i32, libc::SIGTERM);
-    }
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while Instant::now() < deadline {
-        if let Ok(Some(_)) = child.try_wait() {
-            return;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    let _ = child.kill();
-    let _ = child.wait();
 }
 
 /// BPF object ids held open by `pid`: the `key` lines (`prog_id:`, `link_id:`, `map_id:`) of
 /// `/proc/<pid>/fdinfo`.
 pub fn held_bpf_ids(pid: u32, key: &str) -> std::collections::BTreeSet<u32> {
-    let mut ids = std::collections::BTreeSet::new();
-    for e in std::fs::read_dir(format!("/proc/{pid}/fdinfo"))
-        .unwrap()
-        .flatten()
-    {
-        if let Ok(text) = std::fs::read_to_string(e.path()) {
-            for l in text.lines() {
-                if let Some(v) = l.strip_prefix(key) {
-                    ids.insert(v.trim().parse().unwrap());
-                }
-            }
-        }
-    }
-    ids
+    ok(bufscope_testkit::held_bpf_ids(pid, key))
 }
 
 /// True while the kernel still has BPF object `kind` (`prog`, `link`) `id` (per `bpftool`).
 pub fn bpf_exists(kind: &str, id: u32) -> bool {
-    Command::new("bpftool")
-        .args([kind, "show", "id", &id.to_string()])
-        .output()
-        .map(|o| o.status.success())
-        .unwrap_or(false)
+    let id = id.to_string();
+    bufscope_testkit::cmd_output(Command::new("bpftool").args([kind, "show", "id", &id])).is_ok()
 }
 
 /// Runs `promtool check metrics` on `text`; returns (success, output).
 pub fn promtool_check_metrics(text: &str) -> (bool, String) {
-    let mut child = Command::new("promtool")
-        .args(["check", "metrics"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("promtool (Debian package prometheus; cargo xtask setup installs it)");
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(text.as_bytes())
-        .unwrap();
-    let out = child.wait_with_output().unwrap();
+    let mut cmd = Command::new("promtool");
+    cmd.args(["check", "metrics"]).stderr(Stdio::piped());
+    let out = bufscope_testkit::output_with_input(&mut cmd, text.as_bytes()).unwrap_or_else(|e| {
+        panic!("promtool (Debian package prometheus; cargo xtask setup installs it): {e:#}")
+    });
     let msg = format!(
         "{}{}",
         String::from_utf8_lossy(&out.stdout),
@@ -372,137 +224,7 @@ pub fn promtool_check_metrics(text: &str) -> (bool, String) {
 
 /// Minimal HTTP/1.0 GET (no client dependency needed for tests).
 pub fn http_get(addr: &str, path: &str) -> (u16, String) {
-    let mut s = TcpStream::connect(addr).unwrap_or_else(|e| panic!("connect {addr}: {e}"));
-    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
-    write!(s, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").unwrap();
-    let mut raw = Vec::new();
-    s.read_to_end(&mut raw).unwrap();
-    let text = String::from_utf8_lossy(&raw).into_owned();
-    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
-    let status = head
-        .split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .unwrap_or(0);
-    (status, body.to_string())
-}
-
-/// One sample of the exposition.
-#[derive(Clone, Debug, PartialEq)]
-pub struct Sample {
-    /// Metric name.
-    pub name: String,
-    /// Labels (unescaped values).
-    pub labels: BTreeMap<String, String>,
-    /// Value.
-    pub value: f64,
-}
-
-/// A parsed scrape.
-#[derive(Clone, Debug, Default)]
-pub struct Metrics {
-    /// Every sample.
-    pub samples: Vec<Sample>,
-}
-
-impl Metrics {
-    /// Parses the Prometheus text format (what bufscope emits: no timestamps).
-    pub fn parse(text: &str) -> Self {
-        let mut samples = Vec::new();
-        for line in text.lines() {
-            if line.starts_with('#') || line.trim().is_empty() {
-                continue;
-            }
-            let (name, rest) = match line.find('{') {
-                Some(i) => (&line[..i], &line[i..]),
-                None => match line.split_once(' ') {
-                    Some((n, v)) => {
-                        samples.push(Sample {
-                            name: n.to_string(),
-                            labels: BTreeMap::new(),
-                            value: v.trim().parse().unwrap_or(f64::NAN),
-                        });
-                        continue;
-                    }
-                    None => continue,
-                },
-            };
-            let (labels, after) = parse_labels(rest);
-            samples.push(Sample {
-                name: name.to_string(),
-                labels,
-                value: after.trim().parse().unwrap_or(f64::NAN),
-            });
-        }
-        Self { samples }
-    }
-
-    /// Samples of `name` whose labels include all of `want`.
-    pub fn find<'a>(
-        &'a self,
-        name: &'a str,
-        want: &'a [(&str, &str)],
-    ) -> impl Iterator<Item = &'a Sample> + 'a {
-        self.samples.iter().filter(move |s| {
-            s.name == name
-                && want
-                    .iter()
-                    .all(|(k, v)| s.labels.get(*k).map(String::as_str) == Some(*v))
-        })
-    }
-
-    /// Sum of matching samples (0 when none).
-    pub fn sum(&self, name: &str, want: &[(&str, &str)]) -> f64 {
-        self.find(name, want).map(|s| s.value).sum()
-    }
-}
-
-/// Parses `{a="x",b="y\"z"}` and returns the labels and the text after `}`.
-fn parse_labels(s: &str) -> (BTreeMap<String, String>, &str) {
-    let mut labels = BTreeMap::new();
-    let b = s.as_bytes();
-    let mut i = 1; // after '{'
-    loop {
-        while i < b.len() && (b[i] == b',' || b[i] == b' ') {
-            i += 1;
-        }
-        if i >= b.len() || b[i] == b'}' {
-            return (labels, s.get(i + 1..).unwrap_or(""));
-        }
-        let eq = s[i..].find('=').map(|x| x + i).unwrap_or(b.len());
-        let key = s[i..eq].to_string();
-        i = eq + 2; // skip ="
-        let mut val = Vec::new();
-        while i < b.len() && b[i] != b'"' {
-            if b[i] == b'\\' && i + 1 < b.len() {
-                val.push(match b[i + 1] {
-                    b'n' => b'\n',
-                    c => c,
-                });
-                i += 2;
-            } else {
-                val.push(b[i]);
-                i += 1;
-            }
-        }
-        i += 1; // closing quote
-        labels.insert(key, String::from_utf8_lossy(&val).into_owned());
-    }
-}
-
-/// The `drops` column of socket `inode` in `/proc/<pid>/net/udp{,6}` (the kernel's per-socket
-/// count, read in the socket's own network namespace through a process inside it).
-pub fn proc_udp_drops(pid: u32, inode: u64) -> Option<u64> {
-    for file in ["udp", "udp6"] {
-        let text = std::fs::read_to_string(format!("/proc/{pid}/net/{file}")).ok()?;
-        for line in text.lines().skip(1) {
-            let f: Vec<&str> = line.split_whitespace().collect();
-            if f.len() > 12 && f[9].parse::<u64>().ok() == Some(inode) {
-                return f.last()?.parse().ok();
-            }
-        }
-    }
-    None
+    ok(bufscope_testkit::http_get(addr, path))
 }
 
 /// A counter from `/proc/<pid>/net/snmp` (e.g. `("Udp", "RcvbufErrors")`).
@@ -568,18 +290,4 @@ pub fn ss_tcp() -> Vec<SsConn> {
         }
     }
     conns
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn parses_escaped_labels() {
-        let m = Metrics::parse("# HELP x y\nx_total{comm=\"a\\\"b\\\\c\\nd\",pid=\"1\"} 5\nup 1\n");
-        assert_eq!(m.samples.len(), 2);
-        assert_eq!(m.samples[0].labels["comm"], "a\"b\\c\nd");
-        assert_eq!(m.sum("x_total", &[("pid", "1")]), 5.0);
-        assert_eq!(m.sum("up", &[]), 1.0);
-    }
 }
