@@ -7,7 +7,6 @@ use std::process::Command;
 use anyhow::Context as _;
 use bufscope_testkit::{cmd_output, held_bpf_ids};
 
-
 /// Sets `kernel.bpf_stats_enabled=1` and restores the previous value when dropped.
 pub(super) struct BpfStats {
     pub(super) previous: String,
