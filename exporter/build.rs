@@ -1,5 +1,5 @@
 //! Builds the BPF object (`bufscope-ebpf`, with nightly + bpf-linker) into `OUT_DIR`, where
-//! `src/loader.rs` embeds it. `AYA_BUILD_SKIP=1` skips it for fast `cargo check`/clippy runs.
+//! `src/probes/mod.rs` embeds it. `AYA_BUILD_SKIP=1` skips it for fast `cargo check`/clippy runs.
 use anyhow::{Context as _, anyhow};
 use aya_build::{Package, Toolchain};
 

@@ -14,7 +14,8 @@ use std::time::Duration;
 use bufscope_policy::{self as policy, Direction, Platform, Rule};
 use serde::Serialize;
 
-use crate::store::{BufOption, ProcMeta, ProcRef, Proto};
+use crate::signals::setsockopt::BufOption;
+use crate::store::{ProcMeta, ProcRef, Proto};
 
 /// Version of the `/api/v1/findings` schema. Bumped only on incompatible changes.
 pub const SCHEMA_VERSION: u32 = 1;
@@ -186,6 +187,9 @@ pub struct TuneView {
     /// That interval (µs).
     pub interval_us: u64,
 }
+
+/// `net.ipv4.tcp_rmem[2]`'s kernel default, assumed when the sysctl cannot be read.
+pub const TCP_RMEM_MAX_DEFAULT: i64 = 6_291_456;
 
 /// Everything the rules look at.
 #[derive(Clone, Debug, Default)]

@@ -28,6 +28,10 @@ fn hook_exists(hook: &Hook, kinfo: Option<&KernelInfo>, tracefs: Option<&Path>) 
 
 /// Runs the checks; returns the process exit code (non-zero when no drop probe can attach).
 pub fn run(args: &CheckArgs) -> i32 {
+    if let Err(e) = args.kernel.validate() {
+        eprintln!("bufscope: error: {e:#}");
+        return 2;
+    }
     println!(
         "bufscope {} preflight on Linux {}",
         env!("CARGO_PKG_VERSION"),
@@ -135,7 +139,7 @@ pub fn run(args: &CheckArgs) -> i32 {
         }
     }
     let mut drop_probe_ok = false;
-    for spec in probes::PROBES {
+    for spec in crate::signals::PROBES {
         let hooks: Vec<String> = spec.hooks.iter().map(Hook::describe).collect();
         let exists = spec
             .hooks

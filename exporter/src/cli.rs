@@ -200,6 +200,46 @@ fn parse_ring_bytes(s: &str) -> Result<u32, String> {
     Ok(v)
 }
 
+impl KernelArgs {
+    /// Checks what clap cannot (values that name probes), for every subcommand.
+    pub fn validate(&self) -> anyhow::Result<()> {
+        let names: Vec<&str> = crate::signals::PROBES.iter().map(|s| s.name).collect();
+        for p in &self.disable {
+            if !names.contains(&p.as_str()) {
+                anyhow::bail!(
+                    "unknown probe {p:?} in --probe.disable (probes: {})",
+                    names.join(", ")
+                );
+            }
+        }
+        Ok(())
+    }
+}
+
+impl RunArgs {
+    /// Checks the flags of `bufscope run` that clap cannot, once the config file is applied;
+    /// returns the addresses to listen on.
+    pub fn validate(&self) -> anyhow::Result<Vec<std::net::SocketAddr>> {
+        let addrs = listen_addrs(&self.listen).map_err(anyhow::Error::msg)?;
+        if !self.telemetry_path.starts_with('/') {
+            anyhow::bail!(
+                "invalid --web.telemetry-path {:?}: it must start with '/'",
+                self.telemetry_path
+            );
+        }
+        self.kernel.validate()?;
+        if !self.kernel.btf_path.exists() {
+            anyhow::bail!(
+                "kernel BTF not found at {}: bufscope needs a kernel built with \
+                 CONFIG_DEBUG_INFO_BTF=y (or a BTF file for this kernel passed with \
+                 --kernel.btf-path)",
+                self.kernel.btf_path.display()
+            );
+        }
+        Ok(addrs)
+    }
+}
+
 /// Parses `500ms`, `30s`, `5m`, `1h` (and a bare number of seconds).
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
     let s = s.trim();
@@ -263,6 +303,21 @@ mod tests {
         assert!(listen_addrs("127.0.0.1:1").unwrap()[0].ip().is_loopback());
         assert!(listen_addrs("nonsense").is_err());
         assert!(listen_addrs("127.0.0.1:99999").is_err());
+    }
+
+    #[test]
+    fn unknown_probe_is_an_error_for_every_subcommand() {
+        for sub in ["run", "check"] {
+            let cli =
+                Cli::try_parse_from(["bufscope", sub, "--probe.disable", "drops,nope"]).unwrap();
+            let k = match cli.cmd {
+                Command::Run(a) => a.kernel,
+                Command::Check(a) => a.kernel,
+                Command::Explain(_) => unreachable!(),
+            };
+            let e = format!("{:#}", k.validate().unwrap_err());
+            assert!(e.contains("\"nope\"") && e.contains("owners"), "{e}");
+        }
     }
 
     #[test]

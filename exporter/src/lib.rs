@@ -1,8 +1,11 @@
 //! bufscope: per-process socket-buffer telemetry for tunnels and VPN gateways.
 //!
-//! Probes (`bufscope-ebpf`) → maps and events → [`signals`] (decoding) with [`attribution`]
-//! (socket → process → container) → [`store`] (bounded per-process counters) → [`metrics`]
-//! (Prometheus text) served by [`server`].
+//! Probes (`bufscope-ebpf`, loaded by [`probes`]) → maps and events → one room per signal in
+//! [`signals`] (decode, per-socket state, per-process counters, metric families, advice
+//! inputs) with the shared [`attribution`] (socket → process → container) → [`store`]
+//! (bounded per-process counters) → [`metrics`] (Prometheus text) and [`advice`] (findings),
+//! driven by the [`collector`] loop and served by [`http`]. Subcommands: [`run`], [`check`],
+//! [`explain`]. See docs/architecture.md.
 
 pub mod advice;
 pub mod attribution;
@@ -11,11 +14,10 @@ pub mod cli;
 pub mod collector;
 pub mod config;
 pub mod explain;
+pub mod http;
 pub mod kernel;
 pub mod metrics;
 pub mod probes;
-pub mod serve;
-pub mod server;
+pub mod run;
 pub mod signals;
 pub mod store;
-pub mod web;

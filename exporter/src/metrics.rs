@@ -77,125 +77,40 @@ pub struct Health {
 }
 
 /// Receives (extra labels, value) for one sample.
-type Emit<'a> = dyn FnMut(&[(&str, &str)], f64) + 'a;
+pub type Emit<'a> = dyn FnMut(&[(&str, &str)], f64) + 'a;
 
-/// Builds every metric family.
+/// Builds one per-process counter family: `f` is called for each process with an `emit` that
+/// adds a sample labelled `comm`, `pid`, `container` plus the extra labels it is given. The
+/// family is left out when no process emitted anything.
+pub fn per_process(
+    name: &str,
+    help: &str,
+    procs: &[(String, &ProcStats)],
+    out: &mut Vec<MetricFamily>,
+    f: impl Fn(&ProcStats, &mut Emit<'_>),
+) {
+    let mut fam = Family::new(name, help, MetricType::COUNTER);
+    for (pid, s) in procs {
+        let base = [
+            ("comm", s.meta.comm.as_str()),
+            ("pid", pid.as_str()),
+            ("container", s.meta.container.as_str()),
+        ];
+        f(s, &mut |extra, v| {
+            let mut labels: Vec<(&str, &str)> = base.to_vec();
+            labels.extend_from_slice(extra);
+            fam.push(&labels, v);
+        });
+    }
+    fam.done(out);
+}
+
+/// Builds every metric family: each signal's per-process families, the findings, and
+/// bufscope's own health.
 pub fn families(store: &Store, health: &Health, findings: &[Finding]) -> Vec<MetricFamily> {
     let mut out = Vec::new();
     let procs: Vec<(String, &ProcStats)> = store.iter().collect();
-
-    let per_proc = |name: &str,
-                    help: &str,
-                    out: &mut Vec<MetricFamily>,
-                    f: &dyn Fn(&ProcStats, &mut Emit<'_>)| {
-        let mut fam = Family::new(name, help, MetricType::COUNTER);
-        for (pid, s) in &procs {
-            let base = [
-                ("comm", s.meta.comm.as_str()),
-                ("pid", pid.as_str()),
-                ("container", s.meta.container.as_str()),
-            ];
-            f(s, &mut |extra, v| {
-                let mut labels: Vec<(&str, &str)> = base.to_vec();
-                labels.extend_from_slice(extra);
-                fam.push(&labels, v);
-            });
-        }
-        fam.done(out);
-    };
-
-    per_proc(
-        "bufscope_socket_drops_total",
-        "Packets dropped because a socket buffer or queue was full, by the owning process and kernel drop reason (GRO skbs weighted by segment count).",
-        &mut out,
-        &|s, emit| {
-            for ((proto, reason), v) in &s.drops {
-                emit(
-                    &[("proto", proto.as_str()), ("reason", reason.as_str())],
-                    *v as f64,
-                );
-            }
-        },
-    );
-    per_proc(
-        "bufscope_setsockopt_total",
-        "Buffer-size setsockopt(SOL_SOCKET) calls (SO_RCVBUF, SO_SNDBUF, SO_RCVBUFFORCE, SO_SNDBUFFORCE, SO_BUF_LOCK).",
-        &mut out,
-        &|s, emit| {
-            for ((proto, opt), c) in &s.sockopt {
-                emit(
-                    &[("proto", proto.as_str()), ("option", opt.as_str())],
-                    c.calls as f64,
-                );
-            }
-        },
-    );
-    per_proc(
-        "bufscope_setsockopt_clamped_total",
-        "Buffer-size setsockopt calls whose value the kernel clamped to net.core.rmem_max/wmem_max.",
-        &mut out,
-        &|s, emit| {
-            for ((proto, opt), c) in &s.sockopt {
-                emit(
-                    &[("proto", proto.as_str()), ("option", opt.as_str())],
-                    c.clamped as f64,
-                );
-            }
-        },
-    );
-    per_proc(
-        "bufscope_setsockopt_failed_total",
-        "Buffer-size setsockopt calls that failed (e.g. SO_RCVBUFFORCE without CAP_NET_ADMIN).",
-        &mut out,
-        &|s, emit| {
-            for ((proto, opt), c) in &s.sockopt {
-                emit(
-                    &[("proto", proto.as_str()), ("option", opt.as_str())],
-                    c.failed as f64,
-                );
-            }
-        },
-    );
-    per_proc(
-        "bufscope_rcvbuf_locks_total",
-        "Sockets that got SOCK_RCVBUF_LOCK (receive autotuning off), by setsockopt or inherited from a locked listener.",
-        &mut out,
-        &|s, emit| {
-            for (proto, v) in &s.rcvbuf_locks {
-                emit(&[("proto", proto.as_str())], *v as f64);
-            }
-        },
-    );
-    per_proc(
-        "bufscope_tcp_established_total",
-        "TCP connections that reached ESTABLISHED (active and passive).",
-        &mut out,
-        &|s, emit| {
-            if s.tcp_established > 0 {
-                emit(&[], s.tcp_established as f64);
-            }
-        },
-    );
-    per_proc(
-        "bufscope_tcp_wscale_shrunk_total",
-        "TCP connections born with a smaller receive window scale than the kernel would choose without a locked buffer (fixed for the connection's life).",
-        &mut out,
-        &|s, emit| {
-            if s.tcp_established > 0 {
-                emit(&[], s.tcp_wscale_shrunk as f64);
-            }
-        },
-    );
-    per_proc(
-        "bufscope_tcp_autotune_suppressed_total",
-        "tcp_rcvbuf_grow events (the kernel wanted a bigger receive buffer) on sockets whose autotuning is off.",
-        &mut out,
-        &|s, emit| {
-            if s.tcp_autotune_suppressed > 0 {
-                emit(&[], s.tcp_autotune_suppressed as f64);
-            }
-        },
-    );
+    crate::signals::families(&procs, &mut out);
 
     let mut f = Family::new(
         "bufscope_finding",
@@ -235,7 +150,7 @@ pub fn families(store: &Store, health: &Health, findings: &[Finding]) -> Vec<Met
         "Events that could not be attributed to a process (counted under comm=\"_unknown\").",
         MetricType::COUNTER,
     );
-    for probe in ["drops", "setsockopt", "tcp_state", "autotune"] {
+    for probe in crate::signals::ATTRIBUTED {
         let v = store.attribution_unknown.get(probe).copied().unwrap_or(0);
         f.push(&[("probe", probe)], v as f64);
     }
@@ -317,6 +232,44 @@ pub fn families(store: &Store, health: &Health, findings: &[Finding]) -> Vec<Met
     out
 }
 
+/// Shows every counter series at 0 the first time it is exposed; its real value follows at
+/// the next scrape. Without this a series is born non-zero and `rate()`/`increase()` never
+/// see its first burst (e.g. the only drops of a short flood).
+#[derive(Default)]
+pub struct NewSeries {
+    exposed: foldhash::HashSet<String>,
+}
+
+impl NewSeries {
+    /// Zeroes the counters of `fams` not exposed by the previous call.
+    pub fn zero(&mut self, fams: &mut [MetricFamily]) {
+        use foldhash::HashSetExt as _;
+        let mut seen = foldhash::HashSet::with_capacity(self.exposed.len());
+        for mf in fams.iter_mut() {
+            if mf.get_field_type() != MetricType::COUNTER {
+                continue;
+            }
+            let name = mf.name().to_string();
+            for m in mf.mut_metric().iter_mut() {
+                let mut key = name.clone();
+                for l in m.get_label() {
+                    key.push('\u{0}');
+                    key.push_str(l.name());
+                    key.push('=');
+                    key.push_str(l.value());
+                }
+                if !self.exposed.contains(&key) {
+                    let mut c = Counter::default();
+                    c.set_value(0.0);
+                    m.set_counter(c);
+                }
+                seen.insert(key);
+            }
+        }
+        self.exposed = seen;
+    }
+}
+
 /// Renders families in the Prometheus text format (0.0.4).
 pub fn encode(families: &[MetricFamily]) -> Result<String, prometheus::Error> {
     use prometheus::Encoder as _;
@@ -343,7 +296,7 @@ mod tests {
             comm: "a\"b\\c\nd".into(),
             container: String::new(),
         });
-        s.drops.insert((Proto::Udp, "SOCKET_RCVBUFF".into()), 5);
+        s.drops.add(Proto::Udp, "SOCKET_RCVBUFF", 5);
         let text = encode(&families(&store, &Health::default(), &[])).unwrap();
         assert!(
             text.contains(r#"bufscope_socket_drops_total{comm="a\"b\\c\nd",pid="42",container="",proto="udp",reason="SOCKET_RCVBUFF"} 5"#),

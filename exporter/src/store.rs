@@ -12,6 +12,8 @@ use std::collections::BTreeMap;
 use foldhash::{HashMap, HashMapExt as _};
 use std::time::{Duration, Instant};
 
+use crate::signals;
+
 /// Identity of a process: pid plus start time, so a reused pid is a different process.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct ProcRef {
@@ -61,67 +63,8 @@ impl Proto {
     }
 }
 
-/// A buffer-size socket option, as the `option` label says it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum BufOption {
-    /// `SO_RCVBUF`.
-    Rcvbuf,
-    /// `SO_SNDBUF`.
-    Sndbuf,
-    /// `SO_RCVBUFFORCE`.
-    RcvbufForce,
-    /// `SO_SNDBUFFORCE`.
-    SndbufForce,
-    /// `SO_BUF_LOCK`.
-    BufLock,
-}
-
-impl BufOption {
-    /// From the `optname` number.
-    pub fn from_optname(o: i32) -> Option<Self> {
-        use bufscope_common as c;
-        Some(match o {
-            c::SO_RCVBUF => Self::Rcvbuf,
-            c::SO_SNDBUF => Self::Sndbuf,
-            c::SO_RCVBUFFORCE => Self::RcvbufForce,
-            c::SO_SNDBUFFORCE => Self::SndbufForce,
-            c::SO_BUF_LOCK => Self::BufLock,
-            _ => return None,
-        })
-    }
-
-    /// Label value.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Rcvbuf => "SO_RCVBUF",
-            Self::Sndbuf => "SO_SNDBUF",
-            Self::RcvbufForce => "SO_RCVBUFFORCE",
-            Self::SndbufForce => "SO_SNDBUFFORCE",
-            Self::BufLock => "SO_BUF_LOCK",
-        }
-    }
-}
-
-/// Counts of one (proto, option) pair.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct SockoptCounts {
-    /// Calls.
-    pub calls: u64,
-    /// Calls whose value the kernel clamped to `rmem_max`/`wmem_max`.
-    pub clamped: u64,
-    /// Calls that failed (e.g. `*FORCE` without CAP_NET_ADMIN: EPERM).
-    pub failed: u64,
-}
-
-impl SockoptCounts {
-    fn add(&mut self, o: &Self) {
-        self.calls += o.calls;
-        self.clamped += o.clamped;
-        self.failed += o.failed;
-    }
-}
-
-/// Counters of one process.
+/// Counters of one process: common facts, then one part per signal, each defined (with how
+/// it folds, renders and shows on the status page) in its room under [`crate::signals`].
 #[derive(Clone, Debug)]
 pub struct ProcStats {
     /// Labels.
@@ -130,18 +73,14 @@ pub struct ProcStats {
     pub last_active: Instant,
     /// When the process was seen gone.
     pub exited: Option<Instant>,
-    /// Dropped packets by (proto, reason name).
-    pub drops: BTreeMap<(Proto, String), u64>,
-    /// Buffer setsockopt calls by (proto, option).
-    pub sockopt: BTreeMap<(Proto, BufOption), SockoptCounts>,
-    /// Sockets that got `SOCK_RCVBUF_LOCK`, by proto.
-    pub rcvbuf_locks: BTreeMap<Proto, u64>,
-    /// TCP connections that reached ESTABLISHED.
-    pub tcp_established: u64,
-    /// Of those, connections born with a smaller window scale than the kernel would pick.
-    pub tcp_wscale_shrunk: u64,
-    /// `tcp_rcvbuf_grow` events on sockets whose autotuning is off.
-    pub tcp_autotune_suppressed: u64,
+    /// [`signals::drops`].
+    pub drops: signals::drops::ProcDrops,
+    /// [`signals::setsockopt`] (and locks inherited by accepted TCP children).
+    pub sockopt: signals::setsockopt::ProcSockopt,
+    /// [`signals::tcp_state`].
+    pub tcp: signals::tcp_state::ProcTcp,
+    /// [`signals::autotune`].
+    pub autotune: signals::autotune::ProcAutotune,
 }
 
 impl ProcStats {
@@ -150,30 +89,27 @@ impl ProcStats {
             meta,
             last_active: now,
             exited: None,
-            drops: BTreeMap::new(),
-            sockopt: BTreeMap::new(),
-            rcvbuf_locks: BTreeMap::new(),
-            tcp_established: 0,
-            tcp_wscale_shrunk: 0,
-            tcp_autotune_suppressed: 0,
+            drops: Default::default(),
+            sockopt: Default::default(),
+            tcp: Default::default(),
+            autotune: Default::default(),
         }
     }
 
     /// Adds every counter of `o` to `self`.
     fn absorb(&mut self, o: &ProcStats) {
-        for (k, v) in &o.drops {
-            *self.drops.entry(k.clone()).or_default() += v;
-        }
-        for (k, v) in &o.sockopt {
-            self.sockopt.entry(*k).or_default().add(v);
-        }
-        for (k, v) in &o.rcvbuf_locks {
-            *self.rcvbuf_locks.entry(*k).or_default() += v;
-        }
-        self.tcp_established += o.tcp_established;
-        self.tcp_wscale_shrunk += o.tcp_wscale_shrunk;
-        self.tcp_autotune_suppressed += o.tcp_autotune_suppressed;
+        self.drops.absorb(&o.drops);
+        self.sockopt.absorb(&o.sockopt);
+        self.tcp.absorb(&o.tcp);
+        self.autotune.absorb(&o.autotune);
         self.last_active = self.last_active.max(o.last_active);
+    }
+
+    fn has_counts(&self) -> bool {
+        self.drops.has_counts()
+            || self.sockopt.has_counts()
+            || self.tcp.has_counts()
+            || self.autotune.has_counts()
     }
 }
 
@@ -345,16 +281,6 @@ impl Store {
     }
 }
 
-impl ProcStats {
-    fn has_counts(&self) -> bool {
-        !self.drops.is_empty()
-            || !self.sockopt.is_empty()
-            || !self.rcvbuf_locks.is_empty()
-            || self.tcp_established > 0
-            || self.tcp_autotune_suppressed > 0
-    }
-}
-
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]
@@ -377,15 +303,15 @@ mod tests {
     #[test]
     fn folds_least_active_into_other_keeping_sums() {
         let mut s = Store::new(2, Duration::from_secs(60));
-        s.proc_mut(p(1), meta("a")).tcp_established += 5;
+        s.proc_mut(p(1), meta("a")).tcp.established += 5;
         std::thread::sleep(Duration::from_millis(2));
-        s.proc_mut(p(2), meta("b")).tcp_established += 7;
+        s.proc_mut(p(2), meta("b")).tcp.established += 7;
         std::thread::sleep(Duration::from_millis(2));
-        s.proc_mut(p(3), meta("c")).tcp_established += 1;
+        s.proc_mut(p(3), meta("c")).tcp.established += 1;
         assert_eq!(s.len(), 2);
         let all: Vec<_> = s
             .iter()
-            .map(|(pid, st)| (pid, st.meta.comm.clone(), st.tcp_established))
+            .map(|(pid, st)| (pid, st.meta.comm.clone(), st.tcp.established))
             .collect();
         assert!(
             all.contains(&(String::new(), OTHER_COMM.into(), 5)),
@@ -398,7 +324,7 @@ mod tests {
     #[test]
     fn exited_processes_leave_after_retention() {
         let mut s = Store::new(10, Duration::from_millis(20));
-        s.proc_mut(p(1), meta("a")).tcp_established += 1;
+        s.proc_mut(p(1), meta("a")).tcp.established += 1;
         s.expire(|_| false);
         assert_eq!(s.len(), 1, "kept during retention");
         std::thread::sleep(Duration::from_millis(30));
@@ -409,26 +335,25 @@ mod tests {
     #[test]
     fn a_reused_pid_never_duplicates_series() {
         let mut s = Store::new(10, Duration::from_secs(600));
-        s.proc_mut(p(7), meta("a")).tcp_established += 2;
+        s.proc_mut(p(7), meta("a")).tcp.established += 2;
         s.expire(|_| false); // exited, kept for retention
         let reused = Who::Proc(ProcRef {
             tgid: 7,
             start_ticks: 99,
         });
-        s.proc_mut(reused, meta("a")).tcp_established += 1;
+        s.proc_mut(reused, meta("a")).tcp.established += 1;
         let pids: Vec<String> = s.iter().map(|(pid, _)| pid).collect();
         assert_eq!(pids.iter().filter(|x| *x == "7").count(), 1, "{pids:?}");
-        let total: u64 = s.iter().map(|(_, st)| st.tcp_established).sum();
+        let total: u64 = s.iter().map(|(_, st)| st.tcp.established).sum();
         assert_eq!(total, 3, "the old process's counts moved to _other");
     }
 
     #[test]
     fn unknown_is_separate() {
         let mut s = Store::new(1, Duration::from_secs(1));
-        *s.proc_mut(Who::Unknown, meta("x"))
+        s.proc_mut(Who::Unknown, meta("x"))
             .drops
-            .entry((Proto::Udp, "SOCKET_RCVBUFF".into()))
-            .or_default() += 3;
+            .add(Proto::Udp, "SOCKET_RCVBUFF", 3);
         let unknown: Vec<_> = s
             .iter()
             .filter(|(_, st)| st.meta.comm == UNKNOWN_COMM)

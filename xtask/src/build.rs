@@ -16,10 +16,19 @@ pub fn run(a: &Args) -> anyhow::Result<()> {
     build(a.release)
 }
 
-/// `cargo build --workspace` (the BPF crate is built by the exporter's build script).
+/// `cargo build --bins`: every binary of the default members (the BPF crate is built by the
+/// exporter's build script).
 pub fn build(release: bool) -> anyhow::Result<()> {
+    build_packages(release, &[])
+}
+
+/// Builds the binaries of `packages` only (all default members when empty).
+pub fn build_packages(release: bool, packages: &[&str]) -> anyhow::Result<()> {
     let mut c = cargo();
     c.args(["build", "--bins"]);
+    for p in packages {
+        c.args(["-p", p]);
+    }
     if release {
         c.arg("--release");
     }

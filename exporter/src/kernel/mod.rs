@@ -179,10 +179,15 @@ pub fn ensure_tracefs() -> anyhow::Result<PathBuf> {
 
 /// Reads an integer sysctl (`net/core/rmem_max` → `/proc/sys/net/core/rmem_max`).
 pub fn sysctl_i64(name: &str) -> Option<i64> {
+    sysctl_field(name, 0)
+}
+
+/// Reads field `n` (from 0) of a sysctl holding several integers (`net/ipv4/tcp_rmem`).
+pub fn sysctl_field(name: &str, n: usize) -> Option<i64> {
     std::fs::read_to_string(Path::new("/proc/sys").join(name))
         .ok()?
         .split_whitespace()
-        .next()?
+        .nth(n)?
         .parse()
         .ok()
 }
@@ -196,6 +201,8 @@ pub struct BufferLimits {
     pub rmem_max: Option<i64>,
     /// `net.core.wmem_max`.
     pub wmem_max: Option<i64>,
+    /// `net.ipv4.tcp_rmem[2]` of this network namespace (autotuning's ceiling).
+    pub tcp_rmem_max: Option<i64>,
 }
 
 impl BufferLimits {
@@ -204,6 +211,7 @@ impl BufferLimits {
         Self {
             rmem_max: sysctl_i64("net/core/rmem_max"),
             wmem_max: sysctl_i64("net/core/wmem_max"),
+            tcp_rmem_max: sysctl_field("net/ipv4/tcp_rmem", 2),
         }
     }
 }

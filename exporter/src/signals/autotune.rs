@@ -1,15 +1,59 @@
 //! TCP receive autotuning: `tcp_rcvbuf_grow` events per socket, from the `AUTOTUNE` map.
 //! An event on a socket with `SOCK_RCVBUF_LOCK` (or with `tcp_moderate_rcvbuf = 0`) is a
 //! moment where the kernel wanted a bigger buffer and was not allowed to grow it.
+//!
+//! Probe: `tp_btf/tcp_rcvbuf_grow` counts, per socket inode, grow attempts and those on locked
+//! sockets, with the receiver's RTT, buffer and throughput at the latest one (`AUTOTUNE`).
 
 use foldhash::{HashMap, HashMapExt as _, HashSet};
+use prometheus::proto::MetricFamily;
 use std::time::{Duration, Instant};
 
+use aya::Ebpf;
 use aya::maps::{MapData, PerCpuHashMap};
-use bufscope_common::AutotuneVal;
+use bufscope_common::{AutotuneVal, stat};
 
+use super::{AdviceCx, BuildEnv, Cx, GcCx, MapFill, Signal, take_map};
+use crate::advice::{Inputs, TuneView};
 use crate::attribution::Attributor;
-use crate::store::{ProcRef, Store, Who};
+use crate::metrics::per_process;
+use crate::probes::{Hook, ProbeSpec};
+use crate::store::{ProcRef, ProcStats, Store, Who};
+
+/// The probe.
+pub const PROBE: ProbeSpec = ProbeSpec {
+    name: "autotune",
+    what: "tcp_rcvbuf_grow on sockets with SOCK_RCVBUF_LOCK (autotuning suppressed), RTT, throughput",
+    hooks: &[Hook::BtfTracepoint {
+        prog: "tcp_rcvbuf_grow",
+        name: "tcp_rcvbuf_grow",
+    }],
+    is_drop_probe: false,
+};
+
+/// What this signal adds to a process.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ProcAutotune {
+    /// `tcp_rcvbuf_grow` events on sockets whose autotuning is off.
+    pub suppressed: u64,
+}
+
+impl ProcAutotune {
+    /// Adds `o` (a folded process) to `self`.
+    pub fn absorb(&mut self, o: &Self) {
+        self.suppressed += o.suppressed;
+    }
+
+    /// Whether anything was counted.
+    pub fn has_counts(&self) -> bool {
+        self.suppressed > 0
+    }
+
+    /// Status-page columns.
+    pub fn status(&self, row: &mut serde_json::Map<String, serde_json::Value>) {
+        row.insert("tcp_autotune_suppressed".into(), self.suppressed.into());
+    }
+}
 
 /// Latest state of one TCP socket.
 #[derive(Clone, Debug)]
@@ -34,9 +78,10 @@ pub struct SockTune {
     pub owner: Option<ProcRef>,
 }
 
-/// The autotune signal.
+/// The autotune room.
 pub struct Autotune {
     map: PerCpuHashMap<MapData, u64, AutotuneVal>,
+    max_entries: u32,
     last: HashMap<u64, SockTune>,
     /// `stat::AUTOTUNE_SEEN` as read just before the last full read of the map.
     generation: Option<u64>,
@@ -61,42 +106,29 @@ fn sum(values: &[AutotuneVal]) -> AutotuneVal {
 }
 
 impl Autotune {
+    /// Takes the `AUTOTUNE` map when the probe attached.
+    pub fn take(ebpf: &mut Ebpf, env: &BuildEnv<'_>) -> anyhow::Result<Option<Self>> {
+        if !env.attached(PROBE.name) {
+            return Ok(None);
+        }
+        Ok(Some(Self::new(
+            take_map(ebpf, "AUTOTUNE")?,
+            env.sizes.autotune,
+        )))
+    }
+
     /// Wraps the `AUTOTUNE` map.
-    pub fn new(map: PerCpuHashMap<MapData, u64, AutotuneVal>) -> Self {
+    pub fn new(map: PerCpuHashMap<MapData, u64, AutotuneVal>, max_entries: u32) -> Self {
         Self {
             map,
+            max_entries,
             last: HashMap::new(),
             generation: None,
         }
     }
 
-    /// [`Autotune::poll`], unless `generation` (the probe's `stat::AUTOTUNE_SEEN`, read just
-    /// before this call) shows that no event was counted since the last full read.
-    pub fn poll_if_changed(
-        &mut self,
-        generation: Option<u64>,
-        attr: &mut Attributor,
-        store: &mut Store,
-    ) {
-        if generation.is_some() && generation == self.generation {
-            return;
-        }
-        self.poll(attr, store);
-        self.generation = generation;
-    }
-
-    /// Entries (as of the last poll).
-    pub fn entries(&self) -> usize {
-        self.last.len()
-    }
-
-    /// Per-socket state (for advice).
-    pub fn sockets(&self) -> impl Iterator<Item = (&u64, &SockTune)> {
-        self.last.iter()
-    }
-
     /// Reads the map and attributes new suppressed events.
-    pub fn poll(&mut self, attr: &mut Attributor, store: &mut Store) {
+    fn read(&mut self, attr: &mut Attributor, store: &mut Store) {
         let now = Instant::now();
         let mut current = Vec::new();
         for item in self.map.iter() {
@@ -131,10 +163,12 @@ impl Autotune {
             if d > 0 {
                 let who = owner.map_or(Who::Unknown, Who::Proc);
                 if owner.is_none() {
-                    store.count_unknown("autotune", d);
+                    store.count_unknown(PROBE.name, d);
                 }
-                let meta = owner.map(|p| attr.meta(&p)).unwrap_or_default();
-                store.proc_mut(who, || meta).tcp_autotune_suppressed += d;
+                store
+                    .proc_mut(who, || owner.map(|p| attr.meta(&p)).unwrap_or_default())
+                    .autotune
+                    .suppressed += d;
             }
             self.last.insert(
                 ino,
@@ -156,9 +190,34 @@ impl Autotune {
             );
         }
     }
+}
 
-    /// Socket inodes of entries [`Autotune::gc`] would delete if their socket were gone.
-    pub fn idle_inodes(&self, idle: Duration) -> Vec<u64> {
+impl Signal for Autotune {
+    fn name(&self) -> &'static str {
+        PROBE.name
+    }
+
+    /// Reads the map unless the probe's `stat::AUTOTUNE_SEEN` generation shows that no event
+    /// was counted since the last full read.
+    fn poll(&mut self, cx: &mut Cx<'_>) -> bool {
+        let generation = cx.stats.and_then(|s| s.total(stat::AUTOTUNE_SEEN));
+        if generation.is_some() && generation == self.generation {
+            return false;
+        }
+        self.read(cx.attr, cx.store);
+        self.generation = generation;
+        true
+    }
+
+    fn map_fill(&self) -> Option<MapFill> {
+        Some(MapFill {
+            map: "AUTOTUNE",
+            entries: self.last.len() as u64,
+            max_entries: self.max_entries as u64,
+        })
+    }
+
+    fn gc_candidates(&self, idle: Duration) -> Vec<u64> {
         let now = Instant::now();
         self.last
             .iter()
@@ -168,12 +227,12 @@ impl Autotune {
     }
 
     /// Deletes idle entries of sockets that no longer exist.
-    pub fn gc(&mut self, live: &HashSet<u64>, idle: Duration) -> usize {
+    fn gc(&mut self, cx: &mut GcCx<'_>) -> usize {
         let now = Instant::now();
         let doomed: Vec<u64> = self
             .last
             .iter()
-            .filter(|(ino, s)| now.duration_since(s.changed) >= idle && !live.contains(ino))
+            .filter(|(ino, s)| now.duration_since(s.changed) >= cx.idle && !cx.live.contains(ino))
             .map(|(ino, _)| *ino)
             .collect();
         for ino in &doomed {
@@ -182,4 +241,33 @@ impl Autotune {
         }
         doomed.len()
     }
+
+    fn advise(&self, _cx: &AdviceCx<'_>, inputs: &mut Inputs) {
+        inputs
+            .tunes
+            .extend(self.last.iter().map(|(ino, t)| TuneView {
+                owner: t.owner,
+                inode: *ino,
+                suppressed: t.suppressed,
+                rtt_us: t.rtt_us,
+                rcvbuf: t.rcvbuf,
+                copied: t.copied,
+                interval_us: t.interval_us,
+            }));
+    }
+}
+
+/// The autotune family.
+pub fn families(procs: &[(String, &ProcStats)], out: &mut Vec<MetricFamily>) {
+    per_process(
+        "bufscope_tcp_autotune_suppressed_total",
+        "tcp_rcvbuf_grow events (the kernel wanted a bigger receive buffer) on sockets whose autotuning is off.",
+        procs,
+        out,
+        |s, emit| {
+            if s.autotune.suppressed > 0 {
+                emit(&[], s.autotune.suppressed as f64);
+            }
+        },
+    );
 }

@@ -4,7 +4,9 @@
 //! syscalls per poll (and per scrape) and about ten.
 
 use std::io;
-use std::os::fd::RawFd;
+use std::os::fd::{AsFd as _, AsRawFd as _};
+
+use aya::maps::MapFd;
 
 /// `BPF_OBJ_GET_INFO_BY_FD`.
 const BPF_OBJ_GET_INFO_BY_FD: libc::c_long = 15;
@@ -62,68 +64,46 @@ fn possible_cpus() -> Option<usize> {
     (n > 0).then_some(n)
 }
 
-/// A per-CPU hash map of this process, read in batches through its fd.
+/// How to read one per-CPU hash map in batches (its key and value sizes, checked against the
+/// kernel's idea of the map, and the number of possible CPUs).
 #[derive(Debug)]
 pub struct BatchReader {
-    /// Borrowed: the fd belongs to aya's `MapData`, which must outlive this reader.
-    fd: RawFd,
     key_size: usize,
     value_size: usize,
     ncpus: usize,
 }
 
 impl BatchReader {
-    /// Finds the BPF map named `name` among this process's open fds (bufscope loads one object,
-    /// so map names are unique). `key_size`/`value_size` must match the map's.
-    pub fn find(name: &str, key_size: usize, value_size: usize) -> Option<Self> {
+    /// A reader for the map behind `fd`, when the kernel reports exactly these key and value
+    /// sizes for it (None otherwise: then read it key by key).
+    pub fn new(fd: &MapFd, key_size: usize, value_size: usize) -> Option<Self> {
         let ncpus = possible_cpus()?;
-        for e in std::fs::read_dir("/proc/self/fd").ok()?.flatten() {
-            let is_map = std::fs::read_link(e.path())
-                .map(|l| l.as_os_str() == "anon_inode:bpf-map")
-                .unwrap_or(false);
-            let Some(fd) = e.file_name().to_str().and_then(|s| s.parse::<RawFd>().ok()) else {
-                continue;
-            };
-            if !is_map {
-                continue;
-            }
-            let mut info = [0u8; 128];
-            let mut attr = InfoAttr {
-                bpf_fd: fd as u32,
-                info_len: info.len() as u32,
-                info: info.as_mut_ptr() as u64,
-            };
-            if bpf(
-                BPF_OBJ_GET_INFO_BY_FD,
-                (&raw mut attr).cast(),
-                std::mem::size_of::<InfoAttr>(),
-            )
-            .is_err()
-            {
-                continue;
-            }
-            // struct bpf_map_info: key_size @8, value_size @12, name[16] @24.
-            let u32_at =
-                |o: usize| u32::from_ne_bytes([info[o], info[o + 1], info[o + 2], info[o + 3]]);
-            let end = info[24..40].iter().position(|b| *b == 0).unwrap_or(16);
-            if &info[24..24 + end] == name.as_bytes()
-                && u32_at(8) as usize == key_size
-                && u32_at(12) as usize == value_size
-            {
-                return Some(Self {
-                    fd,
-                    key_size,
-                    value_size,
-                    ncpus,
-                });
-            }
-        }
-        None
+        let mut info = [0u8; 128];
+        let mut attr = InfoAttr {
+            bpf_fd: fd.as_fd().as_raw_fd() as u32,
+            info_len: info.len() as u32,
+            info: info.as_mut_ptr() as u64,
+        };
+        bpf(
+            BPF_OBJ_GET_INFO_BY_FD,
+            (&raw mut attr).cast(),
+            std::mem::size_of::<InfoAttr>(),
+        )
+        .ok()?;
+        // struct bpf_map_info: key_size @8, value_size @12.
+        let u32_at =
+            |o: usize| u32::from_ne_bytes([info[o], info[o + 1], info[o + 2], info[o + 3]]);
+        (u32_at(8) as usize == key_size && u32_at(12) as usize == value_size).then_some(Self {
+            key_size,
+            value_size,
+            ncpus,
+        })
     }
 
-    /// Every entry as (key, one value per possible CPU). `K`/`V` must be the map's key and
-    /// value types (sizes checked in [`BatchReader::find`]).
-    pub fn read<K: aya::Pod, V: aya::Pod>(&self) -> io::Result<Vec<(K, Vec<V>)>> {
+    /// Every entry of the map behind `fd` (the one this reader was made for) as (key, one value
+    /// per possible CPU). `K`/`V` must be the map's key and value types (sizes checked in
+    /// [`BatchReader::new`]).
+    pub fn read<K: aya::Pod, V: aya::Pod>(&self, fd: &MapFd) -> io::Result<Vec<(K, Vec<V>)>> {
         if std::mem::size_of::<K>() != self.key_size || std::mem::size_of::<V>() != self.value_size
         {
             return Err(io::Error::from(io::ErrorKind::InvalidInput));
@@ -144,7 +124,7 @@ impl BatchReader {
                 keys: keys.as_mut_ptr() as u64,
                 values: vals.as_mut_ptr() as u64,
                 count: chunk as u32,
-                map_fd: self.fd as u32,
+                map_fd: fd.as_fd().as_raw_fd() as u32,
                 ..BatchAttr::default()
             };
             let r = bpf(

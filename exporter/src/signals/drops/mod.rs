@@ -5,68 +5,92 @@
 //! cannot be found yet are held for `hold` (a `/proc` scan may still find them) and then go to
 //! `comm="_unknown"`: counts are never dropped silently.
 
-use std::collections::VecDeque;
+//!
+//! Probe: `tp_btf/kfree_skb` filters on the tracked drop reasons first, then adds to `DROPS`
+//! keyed by socket inode × reason (GRO skbs weighted by their segment count). Drops happen in
+//! softirq, so the owner is never `current`: it is joined on the inode in userspace
+//! ([`Attributor`]).
+
+mod seen;
+
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::Arc;
 
 use foldhash::{HashMap, HashMapExt as _, HashSet};
+use prometheus::proto::MetricFamily;
 use std::time::{Duration, Instant};
 
-use aya::maps::{MapData, PerCpuHashMap};
-use bufscope_common::{DropKey, DropVal, drop_site};
+use aya::Ebpf;
+use aya::maps::{IterableMap as _, MapData, PerCpuHashMap};
+use bufscope_common::{DropKey, DropVal, drop_site, stat};
 
-use super::batch::BatchReader;
+pub use seen::{HISTORY, HISTORY_STEP, Seen};
+
+use super::{AdviceCx, BuildEnv, Cx, GcCx, MapFill, Signal, take_map};
+use crate::advice::{Inputs, SocketDrops};
 use crate::attribution::Attributor;
 use crate::kernel::DropReasons;
-use crate::store::{ProcRef, Proto, Store, Who};
+use crate::metrics::per_process;
+use crate::probes::{BatchReader, Hook, ProbeSpec};
+use crate::store::{ProcRef, ProcStats, Proto, Store, Who};
 
-/// What the last poll saw for one key.
-#[derive(Clone, Debug)]
-pub struct Seen {
-    /// Cumulative packets.
-    pub packets: u64,
-    /// Cumulative skbs.
-    pub skbs: u64,
-    /// When the count last moved.
-    pub changed: Instant,
-    /// `sk_rcvbuf` at the latest drop.
-    pub rcvbuf: i32,
-    /// `sk_rmem_alloc` at the latest drop.
-    pub rmem_alloc: i32,
-    /// Who it was attributed to.
-    pub owner: Option<ProcRef>,
-    /// Device name (device drops).
-    pub ifname: String,
-    /// (time, cumulative packets) samples of the last [`HISTORY`], for rates.
-    pub history: VecDeque<(Instant, u64)>,
+/// The probe.
+pub const PROBE: ProbeSpec = ProbeSpec {
+    name: "drops",
+    what: "buffer-full drops by kernel drop reason, per socket",
+    hooks: &[Hook::BtfTracepoint {
+        prog: "kfree_skb",
+        name: "kfree_skb",
+    }],
+    is_drop_probe: true,
+};
+
+/// What this signal adds to a process.
+#[derive(Clone, Debug, Default)]
+pub struct ProcDrops {
+    /// Dropped packets by (proto, reason name).
+    pub packets: BTreeMap<(Proto, String), u64>,
 }
 
-/// How much per-key history is kept for rates.
-pub const HISTORY: Duration = Duration::from_secs(300);
-
-/// Spacing of the kept samples (rates are exact over [sample, now], with the window start
-/// rounded down to a sample at most this much earlier).
-pub const HISTORY_STEP: Duration = Duration::from_secs(10);
-
-impl Seen {
-    /// Packets per second over the last `window` (0 when nothing moved in it).
-    pub fn rate(&self, window: Duration, now: Instant) -> f64 {
-        let Some(&(t_last, last)) = self.history.back() else {
-            return 0.0;
-        };
-        if now.duration_since(t_last) > window {
-            return 0.0;
+impl ProcDrops {
+    /// Adds `o` (a folded process) to `self`.
+    pub fn absorb(&mut self, o: &Self) {
+        for (k, v) in &o.packets {
+            *self.packets.entry(k.clone()).or_default() += v;
         }
-        let since = now.checked_sub(window).unwrap_or(t_last);
-        // The newest sample at or before the window start (or the oldest we have); samples
-        // are in time order.
-        let after = self.history.partition_point(|(t, _)| *t <= since);
-        let base = self.history.get(after.saturating_sub(1)).copied();
-        match base {
-            Some((t0, v0)) if last > v0 => {
-                let dt = now.duration_since(t0).as_secs_f64().max(1e-3);
-                (last - v0) as f64 / dt
+    }
+
+    /// Whether anything was counted.
+    pub fn has_counts(&self) -> bool {
+        !self.packets.is_empty()
+    }
+
+    /// Adds `n` drops of (`proto`, `reason`) without allocating the name when it is known:
+    /// with thousands of dropping sockets this runs for each of them on every poll.
+    pub fn add(&mut self, proto: Proto, reason: &str, n: u64) {
+        match self
+            .packets
+            .iter_mut()
+            .find(|((p, r), _)| *p == proto && r == reason)
+        {
+            Some((_, v)) => *v += n,
+            None => {
+                self.packets.insert((proto, reason.to_string()), n);
             }
-            _ => 0.0,
         }
+    }
+
+    /// Status-page columns.
+    pub fn status(&self, row: &mut serde_json::Map<String, serde_json::Value>) {
+        let mut by = serde_json::Map::new();
+        for ((proto, reason), v) in &self.packets {
+            by.insert(format!("{}/{reason}", proto.as_str()), (*v).into());
+        }
+        row.insert("drops".into(), by.into());
+        row.insert(
+            "drops_total".into(),
+            self.packets.values().sum::<u64>().into(),
+        );
     }
 }
 
@@ -76,9 +100,10 @@ struct Held {
     since: Instant,
 }
 
-/// The drops signal.
+/// The drops room.
 pub struct Drops {
     map: PerCpuHashMap<MapData, DropKey, DropVal>,
+    max_entries: u32,
     reasons: DropReasons,
     last: HashMap<DropKey, Seen>,
     held: HashMap<DropKey, Held>,
@@ -115,14 +140,34 @@ fn ifname(raw: &[u8; 16]) -> String {
 }
 
 impl Drops {
+    /// Takes the `DROPS` map when the probe attached.
+    pub fn take(ebpf: &mut Ebpf, env: &BuildEnv<'_>) -> anyhow::Result<Option<Self>> {
+        if !env.attached(PROBE.name) {
+            return Ok(None);
+        }
+        Ok(Some(Self::new(
+            take_map(ebpf, "DROPS")?,
+            env.sizes.drops,
+            env.reasons.clone(),
+            env.attribution_hold,
+        )))
+    }
+
     /// Wraps the `DROPS` map.
     pub fn new(
         map: PerCpuHashMap<MapData, DropKey, DropVal>,
+        max_entries: u32,
         reasons: DropReasons,
         hold: Duration,
     ) -> Self {
+        let batch = BatchReader::new(
+            map.map().fd(),
+            std::mem::size_of::<DropKey>(),
+            std::mem::size_of::<DropVal>(),
+        );
         Self {
             map,
+            max_entries,
             reasons,
             last: HashMap::new(),
             held: HashMap::new(),
@@ -130,54 +175,12 @@ impl Drops {
             last_poll: None,
             generation: None,
             names: HashMap::new(),
-            batch: BatchReader::find(
-                "DROPS",
-                std::mem::size_of::<DropKey>(),
-                std::mem::size_of::<DropVal>(),
-            ),
+            batch,
         }
-    }
-
-    /// [`Drops::poll`], unless `generation` (the probe's `stat::DROPS_SEEN`, read just before
-    /// this call) shows that nothing was counted since the last full read and no delta waits
-    /// for its owner. Reading the map costs two syscalls per entry, so an idle host with
-    /// thousands of sockets that once dropped would otherwise pay for them every poll.
-    pub fn poll_if_changed(
-        &mut self,
-        generation: Option<u64>,
-        attr: &mut Attributor,
-        store: &mut Store,
-    ) {
-        if generation.is_some() && generation == self.generation && self.held.is_empty() {
-            self.last_poll = Some(Instant::now());
-            return;
-        }
-        self.poll(attr, store);
-        self.generation = generation;
-    }
-
-    /// Whether counts wait for their owner (the next poll may attribute them).
-    pub fn pending(&self) -> bool {
-        !self.held.is_empty()
-    }
-
-    /// Entries currently in the BPF map (as of the last poll).
-    pub fn entries(&self) -> usize {
-        self.last.len()
-    }
-
-    /// The kernel's drop-reason names.
-    pub fn reasons(&self) -> &DropReasons {
-        &self.reasons
-    }
-
-    /// Per-key state (for advice and the status page).
-    pub fn seen(&self) -> impl Iterator<Item = (&DropKey, &Seen)> {
-        self.last.iter()
     }
 
     /// Reads the map and attributes new drops.
-    pub fn poll(&mut self, attr: &mut Attributor, store: &mut Store) {
+    fn read(&mut self, attr: &mut Attributor, store: &mut Store) {
         let now = Instant::now();
         let current = self.read_map();
         for (k, v) in current {
@@ -217,25 +220,7 @@ impl Drops {
                     })
                 }
             };
-            let history = &mut seen.history;
-            if moved || history.len() < 2 {
-                // One sample per HISTORY_STEP at most (the newest one keeps moving): a socket
-                // that drops on every poll would otherwise keep HISTORY / poll interval = 300
-                // samples, 4.8 KiB per socket (48 MiB with 10,000 sockets).
-                let n = history.len();
-                let recent = n >= 2 && now.duration_since(history[n - 2].0) < HISTORY_STEP;
-                match history.back_mut() {
-                    Some(last) if recent => *last = (now, v.packets),
-                    _ => history.push_back((now, v.packets)),
-                }
-            }
-            while history.len() > 2
-                && history
-                    .front()
-                    .is_some_and(|(t, _)| now.duration_since(*t) > HISTORY)
-            {
-                history.pop_front();
-            }
+            seen.record(now, v.packets, moved);
             if dp > 0 {
                 let h = self.held.entry(k).or_insert(Held {
                     packets: 0,
@@ -251,7 +236,7 @@ impl Drops {
     /// Every key with its per-CPU values summed: in batches when possible, else key by key.
     fn read_map(&mut self) -> Vec<(DropKey, DropVal)> {
         if let Some(b) = &self.batch {
-            match b.read::<DropKey, DropVal>() {
+            match b.read::<DropKey, DropVal>(self.map.map().fd()) {
                 Ok(all) => return all.into_iter().map(|(k, v)| (k, sum(&v))).collect(),
                 Err(e) => {
                     tracing::debug!("DROPS batch read failed ({e}); reading key by key");
@@ -322,34 +307,50 @@ impl Drops {
             if let (Some(seen), Who::Proc(p)) = (self.last.get_mut(&k), who) {
                 seen.owner = Some(p);
             }
-            // Labels are cloned only for a process the store does not know yet, and the
-            // (proto, reason) entry is found without allocating its name: with thousands of
-            // dropping sockets this loop runs for each of them on every poll.
+            // Labels are cloned only for a process the store does not know yet.
             let s = store.proc_mut(who, || match who {
                 Who::Proc(p) => attr.meta(&p),
                 Who::Unknown => Default::default(),
             });
-            let proto = Proto::from_ip(k.proto);
             let reasons = &self.reasons;
             let name = self
                 .names
                 .entry(k.reason)
                 .or_insert_with(|| reasons.name(k.reason));
-            match s
-                .drops
-                .iter_mut()
-                .find(|((p, r), _)| *p == proto && r == name)
-            {
-                Some((_, n)) => *n += h.packets,
-                None => {
-                    s.drops.insert((proto, name.clone()), h.packets);
-                }
-            }
+            s.drops.add(Proto::from_ip(k.proto), name, h.packets);
         }
     }
+}
 
-    /// Socket inodes of entries [`Drops::gc`] would delete if their socket were gone.
-    pub fn idle_inodes(&self, idle: Duration) -> Vec<u64> {
+impl Signal for Drops {
+    fn name(&self) -> &'static str {
+        PROBE.name
+    }
+
+    /// Reads the map unless the probe's `stat::DROPS_SEEN` generation shows that nothing was
+    /// counted since the last full read and no delta waits for its owner. Reading the map
+    /// costs syscalls per entry, so an idle host with thousands of sockets that once dropped
+    /// would otherwise pay for them every poll.
+    fn poll(&mut self, cx: &mut Cx<'_>) -> bool {
+        let generation = cx.stats.and_then(|s| s.total(stat::DROPS_SEEN));
+        if generation.is_some() && generation == self.generation && self.held.is_empty() {
+            self.last_poll = Some(Instant::now());
+            return false;
+        }
+        self.read(cx.attr, cx.store);
+        self.generation = generation;
+        true
+    }
+
+    fn map_fill(&self) -> Option<MapFill> {
+        Some(MapFill {
+            map: "DROPS",
+            entries: self.last.len() as u64,
+            max_entries: self.max_entries as u64,
+        })
+    }
+
+    fn gc_candidates(&self, idle: Duration) -> Vec<u64> {
         let now = Instant::now();
         self.last
             .iter()
@@ -365,7 +366,8 @@ impl Drops {
     /// Deletes entries idle for `idle` whose socket no longer exists (`live` = socket inodes
     /// held by any process), so the map does not fill with closed sockets. Entries without an
     /// inode are deleted when idle.
-    pub fn gc(&mut self, live: &HashSet<u64>, idle: Duration, attr: &mut Attributor) -> usize {
+    fn gc(&mut self, cx: &mut GcCx<'_>) -> usize {
+        let (live, idle) = (cx.live, cx.idle);
         let now = Instant::now();
         let doomed: Vec<DropKey> = self
             .last
@@ -383,42 +385,50 @@ impl Drops {
             let _ = self.map.remove(k);
             self.last.remove(k);
             if k.site == drop_site::SOCKET {
-                attr.forget_inode(k.inode);
+                cx.attr.forget_inode(k.inode);
             }
         }
         doomed.len()
     }
+
+    fn referenced(&self, out: &mut HashSet<ProcRef>) {
+        out.extend(self.last.values().filter_map(|s| s.owner));
+    }
+
+    fn advise(&self, cx: &AdviceCx<'_>, inputs: &mut Inputs) {
+        let mut names: HashMap<u16, Arc<str>> = HashMap::new();
+        inputs.drops.extend(self.last.iter().map(|(k, s)| {
+            SocketDrops {
+                owner: s.owner,
+                inode: k.inode,
+                proto: Proto::from_ip(k.proto),
+                reason: names
+                    .entry(k.reason)
+                    .or_insert_with(|| self.reasons.name(k.reason).into())
+                    .clone(),
+                packets: s.packets,
+                rate: s.rate(cx.window, cx.now),
+                rcvbuf: s.rcvbuf,
+                ifname: s.ifname.clone(),
+            }
+        }));
+    }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn seen(samples: &[(u64, u64)], now: Instant) -> Seen {
-        Seen {
-            packets: samples.last().map_or(0, |s| s.1),
-            skbs: 0,
-            changed: now,
-            rcvbuf: 0,
-            rmem_alloc: 0,
-            owner: None,
-            ifname: String::new(),
-            history: samples
-                .iter()
-                .map(|(ago_ms, v)| (now - Duration::from_millis(*ago_ms), *v))
-                .collect(),
-        }
-    }
-
-    #[test]
-    fn rate_over_window() {
-        let now = Instant::now() + Duration::from_secs(600);
-        // 1000 packets in the last 10 s, steady before.
-        let s = seen(&[(70_000, 0), (10_000, 5000), (0, 6000)], now);
-        assert!((s.rate(Duration::from_secs(60), now) - 6000.0 / 70.0).abs() < 1.0);
-        assert!((s.rate(Duration::from_secs(10), now) - 100.0).abs() < 1.0);
-        // Nothing moved within the window.
-        let idle = seen(&[(200_000, 0), (120_000, 10)], now);
-        assert_eq!(idle.rate(Duration::from_secs(60), now), 0.0);
-    }
+/// The drops family.
+pub fn families(procs: &[(String, &ProcStats)], out: &mut Vec<MetricFamily>) {
+    per_process(
+        "bufscope_socket_drops_total",
+        "Packets dropped because a socket buffer or queue was full, by the owning process and kernel drop reason (GRO skbs weighted by segment count).",
+        procs,
+        out,
+        |s, emit| {
+            for ((proto, reason), v) in &s.drops.packets {
+                emit(
+                    &[("proto", proto.as_str()), ("reason", reason.as_str())],
+                    *v as f64,
+                );
+            }
+        },
+    );
 }

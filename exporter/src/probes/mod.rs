@@ -3,7 +3,12 @@
 //! A *probe* is one signal's set of hooks (e.g. `setsockopt` = `sys_enter_setsockopt` +
 //! `sys_exit_setsockopt`). Probes attach independently: if one cannot (a kernel without the
 //! tracepoint, a verifier refusal), it is detached entirely, the others keep working, and
-//! `bufscope_probe_attached{probe}` says 0 with the reason in the log.
+//! `bufscope_probe_attached{probe}` says 0 with the reason in the log. Each signal's room
+//! declares its probe ([`crate::signals::PROBES`]); this module loads the object, attaches
+//! them, and offers the map readers the rooms share ([`BatchReader`], [`Stats`]).
+
+mod batch;
+mod stats;
 
 use std::collections::HashSet;
 
@@ -12,6 +17,10 @@ use aya::programs::{BtfTracePoint, TracePoint};
 use aya::{Btf, Ebpf, EbpfLoader};
 
 use crate::kernel::KernelInfo;
+use crate::signals::PROBES;
+
+pub use batch::BatchReader;
+pub use stats::Stats;
 
 /// One hook of a probe.
 #[derive(Clone, Copy, Debug)]
@@ -56,76 +65,6 @@ pub struct ProbeSpec {
     /// Whether counting drops depends on it (for `bufscope check`'s exit code).
     pub is_drop_probe: bool,
 }
-
-/// Every probe bufscope has.
-pub const PROBES: &[ProbeSpec] = &[
-    ProbeSpec {
-        name: "drops",
-        what: "buffer-full drops by kernel drop reason, per socket",
-        hooks: &[Hook::BtfTracepoint {
-            prog: "kfree_skb",
-            name: "kfree_skb",
-        }],
-        is_drop_probe: true,
-    },
-    ProbeSpec {
-        name: "setsockopt",
-        what: "SO_RCVBUF/SO_SNDBUF/*FORCE/SO_BUF_LOCK calls: requested vs effective, clamps, failures, locks",
-        hooks: &[
-            Hook::Tracepoint {
-                prog: "sys_enter_setsockopt",
-                category: "syscalls",
-                name: "sys_enter_setsockopt",
-            },
-            Hook::Tracepoint {
-                prog: "sys_exit_setsockopt",
-                category: "syscalls",
-                name: "sys_exit_setsockopt",
-            },
-        ],
-        is_drop_probe: false,
-    },
-    ProbeSpec {
-        name: "tcp_state",
-        what: "TCP connections at ESTABLISHED: window scale vs what the kernel would choose; listener owners",
-        hooks: &[Hook::BtfTracepoint {
-            prog: "inet_sock_set_state",
-            name: "inet_sock_set_state",
-        }],
-        is_drop_probe: false,
-    },
-    ProbeSpec {
-        name: "autotune",
-        what: "tcp_rcvbuf_grow on sockets with SOCK_RCVBUF_LOCK (autotuning suppressed), RTT, throughput",
-        hooks: &[Hook::BtfTracepoint {
-            prog: "tcp_rcvbuf_grow",
-            name: "tcp_rcvbuf_grow",
-        }],
-        is_drop_probe: false,
-    },
-    ProbeSpec {
-        name: "owners",
-        what: "which process created or accepted each socket (socket/accept/accept4 exits)",
-        hooks: &[
-            Hook::Tracepoint {
-                prog: "sys_exit_new_socket",
-                category: "syscalls",
-                name: "sys_exit_socket",
-            },
-            Hook::Tracepoint {
-                prog: "sys_exit_new_socket",
-                category: "syscalls",
-                name: "sys_exit_accept",
-            },
-            Hook::Tracepoint {
-                prog: "sys_exit_new_socket",
-                category: "syscalls",
-                name: "sys_exit_accept4",
-            },
-        ],
-        is_drop_probe: false,
-    },
-];
 
 /// Outcome of attaching one probe.
 #[derive(Clone, Debug)]

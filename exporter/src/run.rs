@@ -1,0 +1,319 @@
+//! `bufscope run`: check, bind, load and attach, build the signal rooms, start the background
+//! tasks, serve until SIGINT/SIGTERM, detach.
+
+use std::collections::HashSet;
+use std::os::fd::AsFd as _;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use anyhow::{Context as _, bail};
+use aya::maps::{MapData, PerCpuArray, RingBuf};
+use tokio::io::unix::AsyncFd;
+
+use crate::attribution::{Attributor, Procfs};
+use crate::cli::RunArgs;
+use crate::collector::{Collector, Timing};
+use crate::http::{self, App, auth::Auth, tls::TlsListener, web_config::WebConfig};
+use crate::kernel::{self, KernelInfo, caps};
+use crate::metrics::Health;
+use crate::probes::{self, MapSizes, Probes, Stats};
+use crate::signals::{self, BuildEnv, take_map};
+use crate::store::Store;
+
+/// How often the event task drains the ring buffer when the kernel has not woken it.
+const EVENTS_DRAIN_EVERY: Duration = Duration::from_secs(1);
+
+/// Fails early, with the fix, when privileges are missing.
+pub fn preflight() -> anyhow::Result<()> {
+    let missing = caps::missing_for_probes();
+    if !missing.is_empty() {
+        let names: Vec<&str> = missing.iter().map(|c| c.name).collect();
+        bail!(
+            "missing capabilities {}: bufscope needs CAP_BPF (load programs, create maps) and \
+             CAP_PERFMON (attach tracepoints); run as root or grant them, e.g. \
+             `setcap cap_bpf,cap_perfmon,cap_sys_ptrace,cap_dac_read_search+ep bufscope`",
+            names.join(", ")
+        );
+    }
+    for cap in [caps::CAP_SYS_PTRACE, caps::CAP_DAC_READ_SEARCH] {
+        if !caps::has(cap) {
+            tracing::warn!(
+                capability = cap.name,
+                "{} is missing: bufscope cannot {}; drops on such sockets are counted under comm=\"_unknown\"",
+                cap.name,
+                cap.why
+            );
+        }
+    }
+    Ok(())
+}
+
+/// Runs the exporter until SIGINT/SIGTERM.
+pub async fn run(args: RunArgs) -> anyhow::Result<()> {
+    let addrs = args.validate()?;
+    preflight()?;
+    http::serve::raise_nofile_limit();
+    let web = match args.web_config.as_deref() {
+        Some(p) => WebConfig::load(p)?,
+        None => WebConfig::default(),
+    };
+    let tls = web.rustls()?;
+    let auth = Auth::new(&web);
+    // Bind before loading anything: a busy port is the most common operator error.
+    let listener = bind(&addrs).await?;
+    kernel::ensure_tracefs()?;
+
+    let (collector, events, mut loaded) = load(&args)?;
+    forward_bpf_log(&mut loaded)?;
+    let any_attached = loaded.status.iter().any(|s| s.attached);
+    let collector = Arc::new(Mutex::new(collector));
+    let events_task = spawn_event_task(collector.clone(), events)?;
+    let poll_task = spawn_poll_task(collector.clone(), args.poll_interval);
+
+    let app = App {
+        collector,
+        any_attached,
+        probes: Arc::new(loaded.status.clone()),
+    };
+    let router = http::router(app, &args.telemetry_path, auth);
+    let local = listener
+        .local_addr()
+        .map(|a| a.to_string())
+        .unwrap_or_else(|_| args.listen.clone());
+    let scheme = if tls.is_some() { "https" } else { "http" };
+    tracing::info!(
+        address = %local,
+        path = %args.telemetry_path,
+        tls = tls.is_some(),
+        basic_auth = !web.basic_auth_users.is_empty(),
+        "serving metrics on {scheme}://{local}{}",
+        args.telemetry_path
+    );
+    match tls {
+        Some(cfg) => {
+            let l = TlsListener::new(listener, cfg).context("TLS listener")?;
+            http::serve::serve(l, router, shutdown_signal()).await;
+        }
+        None => http::serve::serve(listener, router, shutdown_signal()).await,
+    }
+    events_task.abort();
+    poll_task.abort();
+    // Dropping the object detaches every link and unloads every program.
+    drop(loaded);
+    tracing::info!("probes detached; bye");
+    Ok(())
+}
+
+/// Loads the object, attaches the probes and builds the collector over the attached rooms.
+/// Returns the collector, the event ring buffer and the loaded object (its programs stay
+/// attached while it lives).
+fn load(args: &RunArgs) -> anyhow::Result<(Collector, RingBuf<MapData>, Probes)> {
+    let kinfo = KernelInfo::load(&args.kernel.btf_path, &args.kernel.reasons)?;
+    let sizes = MapSizes {
+        drops: args.drops_entries,
+        owners: args.owners_entries,
+        autotune: args.autotune_entries,
+        events_bytes: args.events_ring_bytes,
+    };
+    let disabled: HashSet<String> = args.kernel.disable.iter().cloned().collect();
+    let mut loaded = probes::load(
+        &kinfo,
+        &args.kernel.btf_path,
+        &disabled,
+        sizes,
+        args.kernel.log_level,
+    )?;
+    if !loaded.status.iter().any(|s| s.attached) {
+        bail!("no probe could attach (see the warnings above; `bufscope check` explains each)");
+    }
+    let env = BuildEnv {
+        status: &loaded.status,
+        sizes,
+        reasons: &kinfo.reasons,
+        attribution_hold: args.attribution_hold,
+    };
+    let ebpf = &mut loaded.ebpf;
+    let rooms = signals::build(ebpf, &env)?;
+    let owners = signals::owners::take(ebpf, &env)?;
+    let stats: PerCpuArray<MapData, u64> = take_map(ebpf, "STATS")?;
+    let events: RingBuf<MapData> = take_map(ebpf, "EVENTS")?;
+    let health = Health {
+        version: env!("CARGO_PKG_VERSION").to_string(),
+        kernel: kinfo.release.clone(),
+        probes: loaded
+            .status
+            .iter()
+            .map(|s| (s.spec.name.to_string(), s.hooks(), s.attached))
+            .collect(),
+        ..Health::default()
+    };
+    // The parsed kernel BTF (tens of MiB) is only needed to load: give it back.
+    drop(kinfo);
+    probes::trim_heap();
+    let mut collector = Collector::new(
+        Store::new(args.max_processes, args.retention),
+        Attributor::new(Procfs::new(&args.procfs), owners),
+        rooms,
+        Some(Stats::new(stats)),
+        health,
+        Timing {
+            // Each GC reads /proc/<pid>/stat of every tracked process: a quarter of the
+            // retention window is often enough for exited processes to leave on time.
+            gc_every: (args.retention / 4).clamp(Duration::from_secs(2), Duration::from_secs(60)),
+            idle: Duration::from_secs(30).max(args.poll_interval * 3),
+        },
+    );
+    collector.advice_window = args.advice_window;
+    Ok((collector, events, loaded))
+}
+
+/// Forwards the BPF programs' aya-log records to `tracing`.
+fn forward_bpf_log(loaded: &mut Probes) -> anyhow::Result<()> {
+    let logger = match aya_log::EbpfLogger::init(&mut loaded.ebpf) {
+        Ok(l) => l,
+        Err(e) => {
+            tracing::debug!("no BPF log buffer: {e}");
+            return Ok(());
+        }
+    };
+    let mut logger = register(logger).context("polling the BPF log buffer")?;
+    tokio::spawn(async move {
+        loop {
+            match logger.readable_mut().await {
+                Ok(mut guard) => {
+                    guard.get_inner_mut().flush();
+                    guard.clear_ready();
+                }
+                Err(e) => {
+                    tracing::warn!("BPF log forwarding stopped: {e}");
+                    break;
+                }
+            }
+        }
+    });
+    Ok(())
+}
+
+/// Ring buffer → store. The BPF side wakes the reader only once `RINGBUF_WAKEUP_BYTES` wait
+/// (a wake-up per event costs each event ~1 µs of irq_work); so this task also drains on a
+/// timer, and every poll (every scrape) drains first, so events are never stale.
+fn spawn_event_task(
+    collector: Arc<Mutex<Collector>>,
+    events: RingBuf<MapData>,
+) -> anyhow::Result<tokio::task::JoinHandle<()>> {
+    let events_fd = events
+        .as_fd()
+        .try_clone_to_owned()
+        .context("duplicating the ring buffer fd")?;
+    if let Ok(mut c) = collector.lock() {
+        c.set_events(events);
+    }
+    let mut fd = register(events_fd).context("polling the BPF ring buffer")?;
+    Ok(tokio::spawn(async move {
+        let mut tick = tokio::time::interval(EVENTS_DRAIN_EVERY);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                ready = fd.readable_mut() => match ready {
+                    // Readiness is only a hint to drain now; the drain below reads
+                    // whatever is there, and a record committed after clear_ready() is
+                    // picked up by the next tick at the latest.
+                    Ok(mut guard) => guard.clear_ready(),
+                    Err(e) => {
+                        tracing::error!("ring buffer polling failed: {e}");
+                        break;
+                    }
+                },
+                _ = tick.tick() => {}
+            }
+            let collector = collector.clone();
+            let r = tokio::task::spawn_blocking(move || {
+                if let Ok(mut c) = collector.lock() {
+                    c.drain_events();
+                }
+            })
+            .await;
+            if let Err(e) = r {
+                tracing::error!("event handler failed: {e}");
+            }
+        }
+    }))
+}
+
+/// Periodic poll (keeps deltas small) and GC, with `/proc` read outside the lock.
+fn spawn_poll_task(
+    collector: Arc<Mutex<Collector>>,
+    every: Duration,
+) -> tokio::task::JoinHandle<()> {
+    let every = every.max(Duration::from_millis(50));
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(every);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            let collector = collector.clone();
+            let _ = tokio::task::spawn_blocking(move || {
+                let plan = {
+                    let Ok(mut c) = collector.lock() else {
+                        return;
+                    };
+                    c.poll();
+                    if !c.gc_due() {
+                        return;
+                    }
+                    c.gc_plan()
+                };
+                // `/proc` is read without the lock: scrapes go on meanwhile.
+                let scan = plan.scan();
+                if let Ok(mut c) = collector.lock() {
+                    c.gc_apply(scan);
+                }
+                // What churn freed (exited processes, closed sockets) goes back to the kernel
+                // instead of staying in the allocator's arenas.
+                probes::trim_heap();
+            })
+            .await;
+        }
+    })
+}
+
+/// Registers a BPF map fd (owned by `inner` for its whole life) with the tokio reactor.
+fn register<T: std::os::fd::AsRawFd>(inner: T) -> anyhow::Result<AsyncFd<T>> {
+    // SAFETY: the fd belongs to `inner`, which the AsyncFd owns; it stays open until the
+    // AsyncFd (and with it `inner`) is dropped.
+    unsafe { AsyncFd::register_with_interest(inner, tokio::io::Interest::READABLE) }
+        .map_err(|e| anyhow::anyhow!("{e}"))
+}
+
+async fn bind(addrs: &[std::net::SocketAddr]) -> anyhow::Result<tokio::net::TcpListener> {
+    let mut last = None;
+    for a in addrs {
+        match tokio::net::TcpListener::bind(a).await {
+            Ok(l) => return Ok(l),
+            Err(e) => last = Some((a, e)),
+        }
+    }
+    match last {
+        Some((a, e)) => bail!(
+            "cannot listen on {a}: {e} (pick another --web.listen-address, or stop what uses it)"
+        ),
+        None => bail!("no address to listen on"),
+    }
+}
+
+async fn shutdown_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    let term = async {
+        match signal(SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term => {}
+    }
+    tracing::info!("shutting down");
+}

@@ -1,0 +1,248 @@
+//! TCP connections at ESTABLISHED: the receive window scale they were born with versus the
+//! scale the kernel would have chosen without a locked (small) receive buffer.
+//!
+//! Probe: `tp_btf/inet_sock_set_state` sends one [`EstablishedEvent`] per connection that
+//! reaches ESTABLISHED (active and passive), with the negotiated scale, the lock bits and the
+//! socket's netns `tcp_rmem[2]`; it also records listener owners so that accepted children
+//! are attributed to the process that listens.
+
+use foldhash::{HashMap, HashMapExt as _, HashSet};
+use prometheus::proto::MetricFamily;
+
+use bufscope_common::{EstablishedEvent, SOCK_RCVBUF_LOCK, estab_flags, event_kind};
+
+use super::{AdviceCx, BuildEnv, Cx, GcCx, Signal, decode};
+use crate::advice::{Inputs, TcpShape};
+use crate::attribution::Attributor;
+use crate::metrics::per_process;
+use crate::probes::{Hook, ProbeSpec};
+use crate::store::{ProcRef, ProcStats, Proto, Who};
+
+/// The probe.
+pub const PROBE: ProbeSpec = ProbeSpec {
+    name: "tcp_state",
+    what: "TCP connections at ESTABLISHED: window scale vs what the kernel would choose; listener owners",
+    hooks: &[Hook::BtfTracepoint {
+        prog: "inet_sock_set_state",
+        name: "inet_sock_set_state",
+    }],
+    is_drop_probe: false,
+};
+
+/// `TCP_MAX_WSCALE`.
+const TCP_MAX_WSCALE: u32 = 14;
+
+/// What this signal adds to a process.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ProcTcp {
+    /// TCP connections that reached ESTABLISHED.
+    pub established: u64,
+    /// Of those, connections born with a smaller window scale than the kernel would pick.
+    pub wscale_shrunk: u64,
+}
+
+impl ProcTcp {
+    /// Adds `o` (a folded process) to `self`.
+    pub fn absorb(&mut self, o: &Self) {
+        self.established += o.established;
+        self.wscale_shrunk += o.wscale_shrunk;
+    }
+
+    /// Whether anything was counted.
+    pub fn has_counts(&self) -> bool {
+        self.established > 0
+    }
+
+    /// Status-page columns.
+    pub fn status(&self, row: &mut serde_json::Map<String, serde_json::Value>) {
+        row.insert("tcp_established".into(), self.established.into());
+        row.insert("tcp_wscale_shrunk".into(), self.wscale_shrunk.into());
+    }
+}
+
+/// The receive window scale `tcp_select_initial_window` picks for a socket whose buffer is not
+/// locked: `clamp(ilog2(min(max(tcp_rmem[2], rmem_max), 65535 << 14)) - 15, 0, 14)`
+/// (KERNEL-FACTS §3.2). `tcp_rmem_max` is the socket's own netns value; `rmem_max` is global.
+pub fn expected_wscale(tcp_rmem_max: i64, rmem_max: i64) -> u8 {
+    let space = tcp_rmem_max
+        .max(rmem_max)
+        .clamp(1, 65535i64 << TCP_MAX_WSCALE) as u64;
+    let log = 63 - space.leading_zeros();
+    log.saturating_sub(15).min(TCP_MAX_WSCALE) as u8
+}
+
+/// The expected scale when the connection's is smaller than that, else None. Connections
+/// without window scaling (peer or sysctl) are never "shrunk": that is not what a buffer lock
+/// causes.
+pub fn shrunk(ev: &EstablishedEvent, rmem_max: i64) -> Option<u8> {
+    let expected = expected_wscale(ev.tcp_rmem_max as i64, rmem_max);
+    (ev.flags & estab_flags::WSCALE_OK != 0 && ev.window_scaling != 0 && ev.rcv_wscale < expected)
+        .then_some(expected)
+}
+
+/// Who the connection belongs to: the probe's owner record, else `/proc`.
+fn resolve(ev: &EstablishedEvent, attr: &mut Attributor) -> Option<ProcRef> {
+    if ev.flags & estab_flags::OWNER_KNOWN != 0 {
+        return Some(attr.owner(&ev.owner));
+    }
+    if ev.flags & estab_flags::PASSIVE != 0 {
+        return attr.listener(ev.netns, ev.lport);
+    }
+    if ev.inode == 0 {
+        return None;
+    }
+    attr.lookup_inode(ev.inode).or_else(|| {
+        attr.resolve_inodes(&HashSet::from_iter([ev.inode]));
+        attr.lookup_inode(ev.inode)
+    })
+}
+
+/// The tcp_state room.
+pub struct TcpState {
+    /// Last shrunk connection per process: (actual, expected) scale, for advice.
+    examples: HashMap<ProcRef, (u8, u8)>,
+}
+
+impl TcpState {
+    /// The room, when its probe attached (it reads only the ring buffer).
+    pub fn take(env: &BuildEnv<'_>) -> Option<Self> {
+        env.attached(PROBE.name).then(|| Self {
+            examples: HashMap::new(),
+        })
+    }
+}
+
+impl Signal for TcpState {
+    fn name(&self) -> &'static str {
+        PROBE.name
+    }
+
+    fn event_kinds(&self) -> &'static [u32] {
+        &[event_kind::ESTABLISHED]
+    }
+
+    fn on_event(&mut self, _kind: u32, bytes: &[u8], cx: &mut Cx<'_>) {
+        let Some(ev) = decode::<EstablishedEvent>(bytes) else {
+            return;
+        };
+        // Unknown rmem_max: judge by tcp_rmem[2] alone (never a false "shrunk").
+        let shrunk_to = shrunk(&ev, cx.limits.rmem_max.unwrap_or(0));
+        let who = match resolve(&ev, cx.attr) {
+            Some(p) => Who::Proc(p),
+            None => {
+                cx.store.count_unknown(PROBE.name, 1);
+                Who::Unknown
+            }
+        };
+        let attr = &*cx.attr;
+        let s = cx.store.proc_mut(who, || match who {
+            Who::Proc(p) => attr.meta(&p),
+            Who::Unknown => Default::default(),
+        });
+        s.tcp.established += 1;
+        if shrunk_to.is_some() {
+            s.tcp.wscale_shrunk += 1;
+        }
+        // A child accepted from a locked listener inherits SOCK_RCVBUF_LOCK (sk_clone_lock): it
+        // got the lock without calling setsockopt itself.
+        if ev.flags & estab_flags::PASSIVE != 0 && ev.userlocks & SOCK_RCVBUF_LOCK != 0 {
+            *s.sockopt.rcvbuf_locks.entry(Proto::Tcp).or_default() += 1;
+        }
+        if let (Who::Proc(p), Some(expected)) = (who, shrunk_to) {
+            self.examples.insert(p, (ev.rcv_wscale, expected));
+        }
+    }
+
+    fn gc(&mut self, cx: &mut GcCx<'_>) -> usize {
+        let store = cx.store;
+        self.examples.retain(|p, _| store.get(p).is_some());
+        0
+    }
+
+    fn advise(&self, cx: &AdviceCx<'_>, inputs: &mut Inputs) {
+        for (p, s) in cx.store.procs() {
+            let locks = s
+                .sockopt
+                .rcvbuf_locks
+                .get(&Proto::Tcp)
+                .copied()
+                .unwrap_or(0);
+            if s.tcp.established > 0 || locks > 0 {
+                inputs.tcp.push((
+                    *p,
+                    TcpShape {
+                        established: s.tcp.established,
+                        shrunk: s.tcp.wscale_shrunk,
+                        example: self.examples.get(p).copied(),
+                        locks,
+                    },
+                ));
+            }
+        }
+    }
+}
+
+/// The tcp_state families.
+pub fn families(procs: &[(String, &ProcStats)], out: &mut Vec<MetricFamily>) {
+    per_process(
+        "bufscope_tcp_established_total",
+        "TCP connections that reached ESTABLISHED (active and passive).",
+        procs,
+        out,
+        |s, emit| {
+            if s.tcp.established > 0 {
+                emit(&[], s.tcp.established as f64);
+            }
+        },
+    );
+    per_process(
+        "bufscope_tcp_wscale_shrunk_total",
+        "TCP connections born with a smaller receive window scale than the kernel would choose without a locked buffer (fixed for the connection's life).",
+        procs,
+        out,
+        |s, emit| {
+            if s.tcp.established > 0 {
+                emit(&[], s.tcp.wscale_shrunk as f64);
+            }
+        },
+    );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn expected_scale_matches_kernel_facts() {
+        // tcp_rmem[2] = 32 MiB, rmem_max = 4 MiB -> ilog2(2^25) - 15 = 10.
+        assert_eq!(expected_wscale(33_554_432, 4_194_304), 10);
+        // Debian defaults: tcp_rmem[2] = 6 MiB, rmem_max = 212992 -> ilog2(6291456) = 22 -> 7.
+        assert_eq!(expected_wscale(6_291_456, 212_992), 7);
+        // Jason Xing's patch: tcp_rmem[2] = rmem_max = 40880000 -> ilog2 = 25 -> 10.
+        assert_eq!(expected_wscale(40_880_000, 40_880_000), 10);
+        // Enormous values cap at 14.
+        assert_eq!(expected_wscale(i64::MAX, 0), 14);
+        assert_eq!(expected_wscale(0, 0), 0);
+    }
+
+    #[test]
+    fn shrink_needs_negotiated_scaling() {
+        let mut ev = EstablishedEvent {
+            flags: estab_flags::WSCALE_OK,
+            window_scaling: 1,
+            rcv_wscale: 1,
+            tcp_rmem_max: 33_554_432,
+            ..Default::default()
+        };
+        assert_eq!(shrunk(&ev, 4_194_304), Some(10));
+        ev.rcv_wscale = 10;
+        assert_eq!(shrunk(&ev, 4_194_304), None);
+        ev.rcv_wscale = 0;
+        ev.flags = 0;
+        assert_eq!(
+            shrunk(&ev, 4_194_304),
+            None,
+            "no wscale option from the peer"
+        );
+    }
+}
