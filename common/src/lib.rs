@@ -50,6 +50,21 @@ pub const TCP_LISTEN: i32 = 10;
 /// Number of 64-bit words in the drop-reason filter bitmap (reasons 0..256).
 pub const REASON_WORDS: usize = 4;
 
+/// Kernel drop reasons (`enum skb_drop_reason`, names without `SKB_DROP_REASON_`) bufscope
+/// counts by default: the ones that mean "a buffer or queue was full". `--drops.reasons`
+/// replaces the list. Their numbers change between kernels, so userspace resolves them by name
+/// at start-up (BTF, else the `skb:kfree_skb` tracepoint format) into the filter bitmap.
+pub const TRACKED_DROP_REASONS: &[&str] = &[
+    "SOCKET_RCVBUFF",
+    "PROTO_MEM",
+    "SOCKET_BACKLOG",
+    "TCP_ZEROWINDOW",
+    "TCP_OFO_DROP",
+    "TCP_OFO_QUEUE_PRUNE",
+    "FULL_RING",
+    "NOMEM",
+];
+
 /// Where a kernel struct field lives, resolved from the running kernel's BTF at start-up.
 ///
 /// A field is read as the `u32` at byte `off`, shifted right by `shift` and masked to `bits`

@@ -65,17 +65,8 @@ fn kernel_has_sk_ino() -> bool {
 }
 
 pub(super) fn hooks() -> anyhow::Result<Vec<Hook>> {
-    // The reasons bufscope counts by default (exporter/src/kernel/reasons.rs DEFAULT_TRACKED).
-    let reasons = reason_numbers(&[
-        "SOCKET_RCVBUFF",
-        "PROTO_MEM",
-        "SOCKET_BACKLOG",
-        "TCP_ZEROWINDOW",
-        "TCP_OFO_DROP",
-        "TCP_OFO_QUEUE_PRUNE",
-        "FULL_RING",
-        "NOMEM",
-    ])?;
+    // The reasons bufscope counts by default.
+    let reasons = reason_numbers(bufscope_common::TRACKED_DROP_REASONS)?;
     let filter = reasons
         .iter()
         .map(|r| format!("args->reason == {r}"))
