@@ -577,3 +577,46 @@ impl Drop for Process {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn why(r: Result<(), Error>) -> Option<&'static str> {
+        match r {
+            Ok(()) => None,
+            Err(Error::InvalidName { why, .. }) => Some(why),
+            Err(e) => panic!("unexpected error {e}"),
+        }
+    }
+
+    #[test]
+    fn namespace_and_interface_names_are_checked() {
+        assert_eq!(why(check_ns_name("bsl1f3ax0a")), None);
+        assert_eq!(why(check_ns_name(&"n".repeat(64))), None);
+        assert_eq!(
+            why(check_ns_name(&"n".repeat(65))),
+            Some("longer than 64 bytes")
+        );
+        assert_eq!(why(check_ns_name("")), Some("empty"));
+        assert_eq!(why(check_ns_name("..")), Some("reserved"));
+        assert_eq!(
+            why(check_ns_name("a/b")),
+            Some("only letters, digits, '_', '.' and '-' are allowed")
+        );
+        assert_eq!(why(check_if_name(&"i".repeat(15))), None);
+        assert_eq!(
+            why(check_if_name(&"i".repeat(16))),
+            Some("interface names are at most 15 bytes")
+        );
+        assert_eq!(
+            why(check_if_name("..")),
+            None,
+            "not reserved for interfaces"
+        );
+        assert_eq!(
+            why(check_if_name("eth 0")),
+            Some("only letters, digits, '_', '.' and '-' are allowed")
+        );
+    }
+}
