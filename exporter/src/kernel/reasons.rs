@@ -6,17 +6,9 @@ use std::path::Path;
 
 use super::btf::KernelBtf;
 
-/// Reasons bufscope counts by default: the ones that mean "a buffer or queue was full".
-pub const DEFAULT_TRACKED: &[&str] = &[
-    "SOCKET_RCVBUFF",
-    "PROTO_MEM",
-    "SOCKET_BACKLOG",
-    "TCP_ZEROWINDOW",
-    "TCP_OFO_DROP",
-    "TCP_OFO_QUEUE_PRUNE",
-    "FULL_RING",
-    "NOMEM",
-];
+/// Reasons bufscope counts by default: the ones that mean "a buffer or queue was full"
+/// (one list, shared with the benchmarks).
+pub use bufscope_common::TRACKED_DROP_REASONS as DEFAULT_TRACKED;
 
 /// The running kernel's drop reasons, by number and by name (without `SKB_DROP_REASON_`).
 #[derive(Clone, Debug, Default)]
