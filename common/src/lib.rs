@@ -205,6 +205,15 @@ pub struct Config {
     pub dev_name: u32,
     /// `net_device.nd_net` (a `struct net *`).
     pub dev_net: u32,
+    /// `task_struct.cred` (the subjective credentials `capable()` checks).
+    pub task_cred: u32,
+    /// `cred.cap_effective` (read as a u64: `kernel_cap_t` is one u64 since 6.3 and two
+    /// little-endian u32 words before; `CAP_NET_ADMIN` is bit 12 either way).
+    pub cred_cap_effective: u32,
+    /// `cred.user_ns`.
+    pub cred_user_ns: u32,
+    /// `user_namespace.level` (0 for the initial user namespace).
+    pub user_ns_level: u32,
     /// `sock.sk_ino` (`unsigned long`, 6.18+: the socket's inode number cached in the sock,
     /// 0 once orphaned); 0 when this kernel has no such member (then `sk_socket` +
     /// [`Config::socket_ino`] is read instead). Also keeps `reason_mask` 8-byte aligned.
@@ -349,22 +358,35 @@ pub struct SockoptEvent {
     pub ret: i32,
     /// `optlen` passed by the caller.
     pub optlen: u32,
-    /// `sk_rcvbuf` after the call (what the kernel actually gave).
+    /// `sk_rcvbuf` after the call (what the kernel actually gave). With
+    /// [`sockopt_flags::BEFORE_HANDLER`]: the value before the call.
     pub rcvbuf_after: i32,
-    /// `sk_sndbuf` after the call.
+    /// `sk_sndbuf` after the call (with [`sockopt_flags::BEFORE_HANDLER`]: before it).
     pub sndbuf_after: i32,
     /// `sk_userlocks & SOCK_BUF_LOCK_MASK` before the call.
     pub locks_before: u8,
-    /// `sk_userlocks & SOCK_BUF_LOCK_MASK` after the call.
+    /// `sk_userlocks & SOCK_BUF_LOCK_MASK` after the call (with
+    /// [`sockopt_flags::BEFORE_HANDLER`]: before it).
     pub locks_after: u8,
     /// IP protocol of the socket.
     pub proto: u8,
-    /// Padding.
-    pub _pad0: u8,
+    /// [`sockopt_flags`].
+    pub flags: u8,
     /// Address family of the socket (`AF_INET`, `AF_INET6`, `AF_UNIX`, …).
     pub family: u16,
     /// Padding.
     pub _pad1: u16,
+}
+
+/// Flags of [`SockoptEvent::flags`].
+pub mod sockopt_flags {
+    /// Seen by `cgroup/setsockopt`, before the kernel's handler ran: `ret`, `*_after` and
+    /// `locks_after` hold the state before the call, and userspace derives the outcome from
+    /// the kernel's rules (`sk_setsockopt`). Without it the event comes from the syscall exit
+    /// and every field is the kernel's own result.
+    pub const BEFORE_HANDLER: u8 = 1;
+    /// The caller has `CAP_NET_ADMIN` in the initial user namespace (what `*FORCE` needs).
+    pub const NET_ADMIN: u8 = 2;
 }
 
 /// Flags of [`EstablishedEvent::flags`].
@@ -439,8 +461,8 @@ pub mod stat {
 }
 
 const _: () = assert!(core::mem::size_of::<Field>() == 8);
-const _: () = assert!(core::mem::size_of::<Config>() == 240);
-const _: () = assert!(core::mem::offset_of!(Config, reason_mask) == 192);
+const _: () = assert!(core::mem::size_of::<Config>() == 256);
+const _: () = assert!(core::mem::offset_of!(Config, reason_mask) == 208);
 const _: () = assert!(core::mem::size_of::<Owner>() == 40);
 const _: () = assert!(core::mem::size_of::<DropKey>() == 24);
 const _: () = assert!(core::mem::size_of::<DropVal>() == 48);

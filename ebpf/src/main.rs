@@ -4,10 +4,10 @@
 //! | signal | program | map |
 //! |---|---|---|
 //! | buffer-full drops | `tp_btf/kfree_skb` | `DROPS` (per socket inode × reason) |
-//! | buffer setsockopt calls | `syscalls/sys_{enter,exit}_setsockopt` | `EVENTS` ([`SockoptEvent`]) |
+//! | buffer setsockopt calls | `cgroup/setsockopt` ([`cgroup`]; fallback `syscalls/sys_{enter,exit}_setsockopt`) | `EVENTS` ([`SockoptEvent`]) |
 //! | window-scale shrink | `tp_btf/inet_sock_set_state` | `EVENTS` ([`EstablishedEvent`]) |
 //! | autotuning suppressed | `tp_btf/tcp_rcvbuf_grow` | `AUTOTUNE` (per socket inode) |
-//! | socket owners | `syscalls/sys_exit_{socket,accept,accept4}`, setsockopt, SYN_SENT, LISTEN | `OWNERS`, `LISTENERS` |
+//! | socket owners | `cgroup/sock_create` ([`cgroup`]; fallback `syscalls/sys_exit_{socket,accept,accept4}`), setsockopt, SYN_SENT, LISTEN | `OWNERS`, `LISTENERS` |
 //!
 //! Drop hooks run in softirq where `current` is whoever was interrupted (usually the sender),
 //! so nothing here attributes a drop to `current`: drops are keyed by the socket's inode, and
@@ -46,9 +46,11 @@ static CONFIG: Config = Config::zeroed();
 /// Reads one `CONFIG` field without letting the compiler fold it to the compiled-in zero.
 macro_rules! cfg {
     ($($f:tt)+) => {
-        unsafe { core::ptr::read_volatile(&raw const CONFIG.$($f)+) }
+        unsafe { core::ptr::read_volatile(&raw const $crate::CONFIG.$($f)+) }
     };
 }
+
+mod cgroup;
 
 // ---------------------------------------------------------------------------------------------
 // Maps. Sizes are defaults; userspace may resize them at load (`--bpf.*-entries`).
@@ -426,7 +428,7 @@ pub fn sys_exit_setsockopt(ctx: TracePointContext) -> u32 {
         locks_before: p.locks_before as u8,
         locks_after: sk_userlocks(sk) as u8,
         proto: kread_field(sk, cfg!(sk_protocol)) as u8,
-        _pad0: 0,
+        flags: 0,
         family: kread(sk, cfg!(sk_family)),
         _pad1: 0,
     };

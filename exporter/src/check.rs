@@ -23,6 +23,9 @@ fn hook_exists(hook: &Hook, kinfo: Option<&KernelInfo>, tracefs: Option<&Path>) 
             tracefs.is_some_and(|t| t.join("events").join(category).join(name).is_dir())
         }
         Hook::BtfTracepoint { name, .. } => kinfo.is_some_and(|k| k.btf.has_btf_tracepoint(name)),
+        Hook::CgroupSetsockopt { .. } | Hook::CgroupSockCreate { .. } => {
+            kernel::cgroup2_root().is_some()
+        }
     }
 }
 
@@ -97,25 +100,24 @@ pub fn run(args: &CheckArgs) -> i32 {
             None
         }
     };
-    let cgroup2 = std::fs::read_to_string("/proc/mounts").ok().and_then(|m| {
-        m.lines()
-            .find(|l| l.split_whitespace().nth(2) == Some("cgroup2"))
-            .and_then(|l| l.split_whitespace().nth(1).map(String::from))
-    });
-    match cgroup2 {
+    match kernel::cgroup2_root() {
         Some(p) => line(
             true,
             "cgroup2",
-            &format!("{p} (container ids come from /proc/<pid>/cgroup)"),
+            &format!(
+                "{} (cgroup/setsockopt and cgroup/sock_create attach at its root)",
+                p.display()
+            ),
         ),
         None => warn(
             "cgroup2",
-            "not mounted (container ids still come from /proc/<pid>/cgroup)",
+            "not mounted: setsockopt and owners fall back to syscall tracepoints (every \
+             syscall on the node then pays for them)",
         ),
     }
 
     println!("probes:");
-    let mut attach_results: Vec<(String, bool, Option<String>)> = Vec::new();
+    let mut attach_results: Vec<probes::ProbeStatus> = Vec::new();
     if !args.no_attach
         && missing.is_empty()
         && let Some(k) = kinfo.as_ref()
@@ -128,29 +130,37 @@ pub fn run(args: &CheckArgs) -> i32 {
             MapSizes::default(),
             tracing::Level::WARN,
         ) {
-            Ok(p) => {
-                attach_results = p
-                    .status
-                    .iter()
-                    .map(|s| (s.spec.name.to_string(), s.attached, s.error.clone()))
-                    .collect()
-            }
+            Ok(p) => attach_results = p.status.clone(),
             Err(e) => println!("       loading the BPF object failed: {e:#}"),
         }
     }
     let mut drop_probe_ok = false;
     for spec in crate::signals::PROBES {
-        let hooks: Vec<String> = spec.hooks.iter().map(Hook::describe).collect();
-        let exists = spec
-            .hooks
-            .iter()
-            .all(|h| hook_exists(h, kinfo.as_ref(), tracefs.as_deref()));
-        let attached = attach_results.iter().find(|(n, _, _)| n == spec.name);
+        // The variant that attached, else the first whose hooks all exist here.
+        let present = spec.variants.iter().position(|v| {
+            v.iter()
+                .all(|h| hook_exists(h, kinfo.as_ref(), tracefs.as_deref()))
+        });
+        let attached = attach_results.iter().find(|s| s.spec.name == spec.name);
+        let variant = match attached {
+            Some(s) if s.attached => s.variant,
+            _ => present.unwrap_or(0),
+        };
+        let hooks = probes::describe(spec.variants.get(variant).copied().unwrap_or_default());
         let (ok, detail) = match attached {
-            Some((_, true, _)) => (true, "attached".to_string()),
-            Some((_, false, Some(e))) => (false, e.clone()),
-            Some((_, false, None)) => (false, "not attached".into()),
-            None if exists => (
+            Some(s) if s.attached && s.variant == 0 => (true, "attached".to_string()),
+            Some(s) if s.attached => (
+                true,
+                format!(
+                    "attached through a fallback ({})",
+                    s.error.as_deref().unwrap_or("")
+                ),
+            ),
+            Some(s) => (
+                false,
+                s.error.clone().unwrap_or_else(|| "not attached".into()),
+            ),
+            None if present.is_some() => (
                 true,
                 "hooks present (not attached: --no-attach or missing privileges)".into(),
             ),
@@ -159,11 +169,7 @@ pub fn run(args: &CheckArgs) -> i32 {
         if spec.is_drop_probe && ok {
             drop_probe_ok = true;
         }
-        line(
-            ok,
-            spec.name,
-            &format!("{} — {}: {detail}", hooks.join(" + "), spec.what),
-        );
+        line(ok, spec.name, &format!("{hooks} — {}: {detail}", spec.what));
     }
     if !missing.is_empty() {
         let names: Vec<&str> = missing.iter().map(|c| c.name).collect();

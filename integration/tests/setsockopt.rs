@@ -98,3 +98,106 @@ fn tcp_sndbuf_negative_is_clamped_and_small_rcvbuf_is_not() {
     assert_counted(&e, &w2, "tcp", "SO_RCVBUF", (1.0, 0.0, 0.0));
     assert_eq!(rcvbuf_locks(&e, &w2, "tcp"), 1.0);
 }
+
+/// The `key=value` fields of bufscope's debug line for `pid`'s call of `option` on `inode`.
+fn outcome_line(e: &Exporter, pid: &str, inode: &str, option: &str) -> Vec<(String, String)> {
+    eventually(
+        Duration::from_secs(10),
+        "bufscope's setsockopt outcome line",
+        || {
+            e.scrape(); // a scrape drains the event ring buffer
+            let log = e.log();
+            let line = log.lines().find(|l| {
+                l.contains("setsockopt outcome")
+                    && l.contains(&format!(" pid={pid} "))
+                    && l.contains(&format!(" inode={inode} "))
+                    && l.contains(&format!("option=\"{option}\""))
+            })?;
+            Some(
+                line.split_whitespace()
+                    .filter_map(|kv| kv.split_once('='))
+                    .map(|(k, v)| (k.to_string(), v.trim_matches('"').to_string()))
+                    .collect(),
+            )
+        },
+    )
+}
+
+/// With `cgroup/setsockopt` bufscope sees a call before the kernel handles it and derives the
+/// outcome from the kernel's rules. Every case here is decided by the kernel itself (errno and
+/// the `getsockopt` readbacks of the same socket right after the call); bufscope's derived
+/// return value, sizes and lock bits must equal them.
+#[test]
+#[ignore = "needs root: run via cargo xtask test"]
+fn derived_outcomes_equal_the_kernel_readback() {
+    let e = Exporter::start(&["--log.level", "debug"]);
+    let m = e.scrape();
+    assert_eq!(
+        m.sum(
+            "bufscope_probe_attached",
+            &[("probe", "setsockopt"), ("hook", "cgroup/setsockopt")]
+        ),
+        1.0,
+        "the setsockopt probe should use cgroup/setsockopt on this kernel"
+    );
+    let over = (rmem_max() * 2).min(i32::MAX as i64 / 2).to_string();
+    let cases: Vec<(&[&str], &str, &str, &str)> = vec![
+        (&[], "udp", "SO_RCVBUF", "0"),
+        (&[], "udp", "SO_RCVBUF", "65536"),
+        (&[], "udp", "SO_RCVBUF", over.as_str()),
+        (&[], "udp", "SO_RCVBUF", "-1"),
+        (&[], "tcp", "SO_RCVBUF", "1000"),
+        (&[], "udp", "SO_SNDBUF", "0"),
+        (&[], "tcp", "SO_SNDBUF", "-1"),
+        (&[], "tcp", "SO_SNDBUF", "65536"),
+        (&[], "udp", "SO_RCVBUFFORCE", "67108864"),
+        (&[], "udp", "SO_RCVBUFFORCE", "-1"),
+        (&[], "udp", "SO_SNDBUFFORCE", "67108864"),
+        (&WITHOUT_CAP_NET_ADMIN, "udp", "SO_RCVBUFFORCE", "8388608"),
+        (&WITHOUT_CAP_NET_ADMIN, "tcp", "SO_SNDBUFFORCE", "8388608"),
+        // Root of a new user namespace: every capability there, none in the initial one.
+        (&["unshare", "-Ur"], "udp", "SO_RCVBUFFORCE", "8388608"),
+        (&[], "tcp", "SO_BUF_LOCK", "3"),
+        (&[], "udp", "SO_BUF_LOCK", "1"),
+        (&[], "tcp", "SO_BUF_LOCK", "4"),
+    ];
+    for (wrapper, proto, option, value) in cases {
+        let w = if wrapper.is_empty() {
+            setsockopt(proto, option, value)
+        } else {
+            setsockopt_wrapped(wrapper, proto, option, value)
+        };
+        let got = outcome_line(&e, w.get("pid"), w.get("inode"), option);
+        let field = |k: &str| {
+            got.iter()
+                .find(|(key, _)| key == k)
+                .map(|(_, v)| v.clone())
+                .unwrap_or_else(|| panic!("no {k} in {got:?}"))
+        };
+        let case = format!("{proto} {option}={value} wrapper={wrapper:?}");
+        assert_eq!(field("derived"), "true", "{case}: {got:?}");
+        let errno: i32 = w.get("errno").parse().unwrap();
+        assert_eq!(field("ret"), (-errno).to_string(), "{case}: return value");
+        assert_eq!(
+            field("rcvbuf"),
+            w.get("rcvbuf"),
+            "{case}: SO_RCVBUF readback"
+        );
+        assert_eq!(
+            field("sndbuf"),
+            w.get("sndbuf"),
+            "{case}: SO_SNDBUF readback"
+        );
+        assert_eq!(
+            field("locks"),
+            w.get("locks"),
+            "{case}: SO_BUF_LOCK readback"
+        );
+        eprintln!(
+            "{case}: kernel errno={errno} rcvbuf={} sndbuf={} locks={} = bufscope",
+            w.get("rcvbuf"),
+            w.get("sndbuf"),
+            w.get("locks")
+        );
+    }
+}

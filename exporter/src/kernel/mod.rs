@@ -120,6 +120,10 @@ pub fn build_config(
     c.dev_ifindex = off("net_device", "ifindex")?;
     c.dev_name = off("net_device", "name")?;
     c.dev_net = off("net_device", "nd_net")?;
+    c.task_cred = off("task_struct", "cred")?;
+    c.cred_cap_effective = off("cred", "cap_effective")?;
+    c.cred_user_ns = off("cred", "user_ns")?;
+    c.user_ns_level = off("user_namespace", "level")?;
 
     c.reason_mask = [0; REASON_WORDS];
     for r in tracked {
@@ -177,6 +181,46 @@ pub fn ensure_tracefs() -> anyhow::Result<PathBuf> {
     tracefs_root().context("tracefs mounted but /sys/kernel/tracing/events is missing")
 }
 
+/// Where the cgroup2 (unified) hierarchy is mounted, from `/proc/self/mountinfo` (it may be
+/// anywhere: `/sys/fs/cgroup` on pure v2 hosts, `/sys/fs/cgroup/unified` in hybrid mode).
+/// None when no cgroup2 is mounted.
+pub fn cgroup2_root() -> Option<PathBuf> {
+    let text = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
+    cgroup2_in_mountinfo(&text)
+}
+
+/// The first cgroup2 mount point in a mountinfo text (the field after ` - ` is the type;
+/// the fifth field is the mount point, with octal escapes such as `\040` for a space).
+fn cgroup2_in_mountinfo(text: &str) -> Option<PathBuf> {
+    text.lines().find_map(|l| {
+        let (pre, post) = l.split_once(" - ")?;
+        if post.split_whitespace().next()? != "cgroup2" {
+            return None;
+        }
+        let mnt = pre.split_whitespace().nth(4)?;
+        Some(PathBuf::from(unescape_octal(mnt)))
+    })
+}
+
+fn unescape_octal(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'\\'
+            && i + 3 < b.len()
+            && b[i + 1..i + 4].iter().all(|c| (b'0'..=b'7').contains(c))
+        {
+            out.push((b[i + 1] - b'0') * 64 + (b[i + 2] - b'0') * 8 + (b[i + 3] - b'0'));
+            i += 4;
+        } else {
+            out.push(b[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
 /// Reads an integer sysctl (`net/core/rmem_max` → `/proc/sys/net/core/rmem_max`).
 pub fn sysctl_i64(name: &str) -> Option<i64> {
     sysctl_field(name, 0)
@@ -220,6 +264,25 @@ impl BufferLimits {
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
+
+    #[test]
+    fn cgroup2_mount_point_from_mountinfo() {
+        let hybrid = "25 30 0:23 / /sys/fs/cgroup ro,nosuid - tmpfs tmpfs ro,mode=755\n\
+                      26 25 0:24 / /sys/fs/cgroup/unified rw,nosuid - cgroup2 cgroup2 rw\n";
+        assert_eq!(
+            cgroup2_in_mountinfo(hybrid),
+            Some(PathBuf::from("/sys/fs/cgroup/unified"))
+        );
+        let spaced = "26 25 0:24 / /mnt/my\\040cg rw - cgroup2 none rw\n";
+        assert_eq!(
+            cgroup2_in_mountinfo(spaced),
+            Some(PathBuf::from("/mnt/my cg"))
+        );
+        assert_eq!(
+            cgroup2_in_mountinfo("1 0 0:1 / / rw - ext4 /dev/sda rw\n"),
+            None
+        );
+    }
 
     #[test]
     fn config_resolves_on_this_kernel() {

@@ -13,7 +13,7 @@ mod stats;
 use std::collections::HashSet;
 
 use anyhow::Context as _;
-use aya::programs::{BtfTracePoint, TracePoint};
+use aya::programs::{BtfTracePoint, CgroupAttachMode, CgroupSock, CgroupSockopt, TracePoint};
 use aya::{Btf, Ebpf, EbpfLoader};
 
 use crate::kernel::KernelInfo;
@@ -41,29 +41,64 @@ pub enum Hook {
         /// Tracepoint name.
         name: &'static str,
     },
+    /// A `cgroup/setsockopt` program attached at the cgroup2 root: runs only for setsockopt
+    /// calls (no cost to other syscalls), before the kernel's handler.
+    CgroupSetsockopt {
+        /// Program name in the object.
+        prog: &'static str,
+    },
+    /// A `cgroup/sock_create` program attached at the cgroup2 root: runs in process context
+    /// for every new AF_INET/AF_INET6 socket.
+    CgroupSockCreate {
+        /// Program name in the object.
+        prog: &'static str,
+    },
 }
 
 impl Hook {
-    /// `tp_btf/kfree_skb`, `tracepoint/syscalls/sys_exit_socket`.
+    /// `tp_btf/kfree_skb`, `tracepoint/syscalls/sys_exit_socket`, `cgroup/setsockopt`.
     pub fn describe(&self) -> String {
         match self {
             Hook::Tracepoint { category, name, .. } => format!("tracepoint/{category}/{name}"),
             Hook::BtfTracepoint { name, .. } => format!("tp_btf/{name}"),
+            Hook::CgroupSetsockopt { .. } => "cgroup/setsockopt".into(),
+            Hook::CgroupSockCreate { .. } => "cgroup/sock_create".into(),
         }
+    }
+
+    /// Whether the hook needs a cgroup2 hierarchy.
+    pub fn needs_cgroup2(&self) -> bool {
+        matches!(
+            self,
+            Hook::CgroupSetsockopt { .. } | Hook::CgroupSockCreate { .. }
+        )
     }
 }
 
-/// A signal's hooks, attached all-or-nothing.
+/// One way of attaching a probe: its hooks, attached all-or-nothing.
+pub type Variant = &'static [Hook];
+
+/// A signal's probe: the ways it can attach, best first. The loader uses the first variant
+/// whose hooks all load and attach on this kernel; the others are fallbacks.
 #[derive(Clone, Copy, Debug)]
 pub struct ProbeSpec {
     /// Name used in flags, logs and the `probe` label.
     pub name: &'static str,
     /// What it measures.
     pub what: &'static str,
-    /// Its hooks.
-    pub hooks: &'static [Hook],
+    /// Its variants, best first (at least one).
+    pub variants: &'static [Variant],
     /// Whether counting drops depends on it (for `bufscope check`'s exit code).
     pub is_drop_probe: bool,
+}
+
+/// Hooks as a comma-separated description (the `hook` label).
+pub fn describe(hooks: &[Hook]) -> String {
+    hooks
+        .iter()
+        .map(Hook::describe)
+        .collect::<Vec<_>>()
+        .join(",")
 }
 
 /// Outcome of attaching one probe.
@@ -73,19 +108,31 @@ pub struct ProbeStatus {
     pub spec: ProbeSpec,
     /// Attached and running.
     pub attached: bool,
-    /// Why not, when not (also `"disabled"` when switched off by configuration).
+    /// Index of the variant in use (or, when nothing attached, 0).
+    pub variant: usize,
+    /// Why not, when not (also `"disabled"` when switched off by configuration); when a
+    /// fallback variant attached, why the better ones did not.
     pub error: Option<String>,
 }
 
 impl ProbeStatus {
-    /// Hooks as a comma-separated description (the `hook` label).
-    pub fn hooks(&self) -> String {
+    /// The hooks in use (the best variant's when nothing attached).
+    pub fn variant_hooks(&self) -> &'static [Hook] {
         self.spec
-            .hooks
-            .iter()
-            .map(Hook::describe)
-            .collect::<Vec<_>>()
-            .join(",")
+            .variants
+            .get(self.variant)
+            .copied()
+            .unwrap_or_default()
+    }
+
+    /// Hooks in use as a comma-separated description (the `hook` label).
+    pub fn hooks(&self) -> String {
+        describe(self.variant_hooks())
+    }
+
+    /// Whether the variant in use has hook `h` (by description).
+    pub fn uses(&self, h: &str) -> bool {
+        self.attached && self.variant_hooks().iter().any(|x| x.describe() == h)
     }
 }
 
@@ -154,6 +201,10 @@ pub fn load(
         .load(OBJECT)
         .context("loading the BPF object (maps) failed")?;
 
+    let cgroup = crate::kernel::cgroup2_root().map(|root| {
+        std::fs::File::open(&root)
+            .with_context(|| format!("opening cgroup2 root {}", root.display()))
+    });
     let mut status = Vec::new();
     let mut loaded: HashSet<&'static str> = HashSet::new();
     for spec in PROBES {
@@ -162,29 +213,56 @@ pub fn load(
             status.push(ProbeStatus {
                 spec: *spec,
                 attached: false,
+                variant: 0,
                 error: Some("disabled".into()),
             });
             continue;
         }
-        match attach(&mut ebpf, spec, &btf, &mut loaded) {
-            Ok(()) => {
-                tracing::info!(probe = spec.name, hooks = %hooks_of(spec), "probe attached");
+        let mut errors = Vec::new();
+        let mut attached = None;
+        for (i, hooks) in spec.variants.iter().enumerate() {
+            let env = AttachEnv {
+                btf: &btf,
+                cgroup: cgroup.as_ref(),
+            };
+            match attach(&mut ebpf, hooks, &env, &mut loaded) {
+                Ok(()) => {
+                    attached = Some(i);
+                    break;
+                }
+                Err(e) => errors.push(format!("{}: {e:#}", describe(hooks))),
+            }
+        }
+        let error = (!errors.is_empty()).then(|| errors.join("; "));
+        match attached {
+            Some(i) => {
+                let hooks = describe(spec.variants[i]);
+                match &error {
+                    None => tracing::info!(probe = spec.name, hooks = %hooks, "probe attached"),
+                    Some(e) => tracing::info!(
+                        probe = spec.name,
+                        hooks = %hooks,
+                        "probe attached through a fallback ({e})"
+                    ),
+                }
                 status.push(ProbeStatus {
                     spec: *spec,
                     attached: true,
-                    error: None,
+                    variant: i,
+                    error,
                 });
             }
-            Err(e) => {
+            None => {
                 tracing::warn!(
                     probe = spec.name,
-                    hooks = %hooks_of(spec),
-                    "probe could not attach, the other probes keep running: {e:#}"
+                    "probe could not attach, the other probes keep running: {}",
+                    error.as_deref().unwrap_or("no variant")
                 );
                 status.push(ProbeStatus {
                     spec: *spec,
                     attached: false,
-                    error: Some(format!("{e:#}")),
+                    variant: 0,
+                    error,
                 });
             }
         }
@@ -228,72 +306,144 @@ fn fast_path_config(kernel: &KernelInfo) -> bufscope_common::Config {
     c
 }
 
-fn hooks_of(spec: &ProbeSpec) -> String {
-    spec.hooks
-        .iter()
-        .map(Hook::describe)
-        .collect::<Vec<_>>()
-        .join(",")
+/// What attaching needs besides the object.
+struct AttachEnv<'a> {
+    btf: &'a Btf,
+    /// The cgroup2 root, opened (None: no cgroup2 mounted; Some(Err): cannot open it).
+    cgroup: Option<&'a anyhow::Result<std::fs::File>>,
 }
 
-/// Attaches every hook of `spec`; on failure detaches what did attach.
+impl AttachEnv<'_> {
+    fn cgroup(&self) -> anyhow::Result<&std::fs::File> {
+        match self.cgroup {
+            Some(Ok(f)) => Ok(f),
+            Some(Err(e)) => Err(anyhow::anyhow!("{e:#}")),
+            None => Err(anyhow::anyhow!(
+                "no cgroup2 hierarchy is mounted (see /proc/self/mountinfo)"
+            )),
+        }
+    }
+}
+
+/// Undoes one attachment.
+type Undo = Box<dyn FnOnce(&mut Ebpf)>;
+
+/// The program `prog` of the object as type `P`.
+fn program<'a, P>(ebpf: &'a mut Ebpf, prog: &str) -> anyhow::Result<&'a mut P>
+where
+    &'a mut P: TryFrom<&'a mut aya::programs::Program, Error = aya::programs::ProgramError>,
+{
+    let p = ebpf
+        .program_mut(prog)
+        .with_context(|| format!("program {prog} missing from the object"))?;
+    Ok(p.try_into()?)
+}
+
+/// How cgroup programs attach: aya makes a BPF link (every kernel bufscope supports has them:
+/// 5.7+), which takes no attach flags (the kernel refuses any, even `BPF_F_ALLOW_MULTI`, with
+/// EINVAL; aya passes the mode as those flags) and always coexists with other programs on the
+/// same cgroup. So the mode is "none".
+fn cgroup_mode() -> CgroupAttachMode {
+    CgroupAttachMode::Single
+}
+
+/// Attaches every hook of one variant; on failure detaches what did attach.
 fn attach(
     ebpf: &mut Ebpf,
-    spec: &ProbeSpec,
-    btf: &Btf,
+    hooks: &[Hook],
+    env: &AttachEnv<'_>,
     loaded: &mut HashSet<&'static str>,
 ) -> anyhow::Result<()> {
-    let mut tp_links = Vec::new();
-    let mut btf_links = Vec::new();
-    let result = (|| -> anyhow::Result<()> {
-        for hook in spec.hooks {
-            match *hook {
-                Hook::Tracepoint {
-                    prog,
-                    category,
-                    name,
-                } => {
-                    let p: &mut TracePoint = ebpf
-                        .program_mut(prog)
-                        .with_context(|| format!("program {prog} missing from the object"))?
-                        .try_into()?;
-                    if loaded.insert(prog) {
-                        p.load().with_context(|| format!("loading {prog}"))?;
-                    }
-                    let id = p
-                        .attach(category, name)
-                        .with_context(|| format!("attaching to tracepoint {category}/{name}"))?;
-                    tp_links.push((prog, id));
-                }
-                Hook::BtfTracepoint { prog, name } => {
-                    let p: &mut BtfTracePoint = ebpf
-                        .program_mut(prog)
-                        .with_context(|| format!("program {prog} missing from the object"))?
-                        .try_into()?;
-                    if loaded.insert(prog) {
-                        p.load(name, btf)
-                            .with_context(|| format!("loading tp_btf/{name}"))?;
-                    }
-                    let id = p
-                        .attach()
-                        .with_context(|| format!("attaching tp_btf/{name}"))?;
-                    btf_links.push((prog, id));
-                }
-            }
-        }
-        Ok(())
-    })();
-    if result.is_err() {
-        for (prog, id) in tp_links {
-            if let Some(Ok(p)) = ebpf.program_mut(prog).map(<&mut TracePoint>::try_from) {
-                let _ = p.detach(id);
-            }
-        }
-        for (prog, id) in btf_links {
-            if let Some(Ok(p)) = ebpf.program_mut(prog).map(<&mut BtfTracePoint>::try_from) {
-                let _ = p.detach(id);
+    let mut undo: Vec<Undo> = Vec::new();
+    let mut result = Ok(());
+    for hook in hooks {
+        match attach_one(ebpf, hook, env, loaded) {
+            Ok(u) => undo.push(u),
+            Err(e) => {
+                result = Err(e);
+                break;
             }
         }
     }
+    if result.is_err() {
+        for u in undo {
+            u(ebpf);
+        }
+    }
     result
+}
+
+fn attach_one(
+    ebpf: &mut Ebpf,
+    hook: &Hook,
+    env: &AttachEnv<'_>,
+    loaded: &mut HashSet<&'static str>,
+) -> anyhow::Result<Undo> {
+    Ok(match *hook {
+        Hook::Tracepoint {
+            prog,
+            category,
+            name,
+        } => {
+            let p: &mut TracePoint = program(ebpf, prog)?;
+            if loaded.insert(prog) {
+                p.load().with_context(|| format!("loading {prog}"))?;
+            }
+            let id = p
+                .attach(category, name)
+                .with_context(|| format!("attaching to tracepoint {category}/{name}"))?;
+            Box::new(move |ebpf| {
+                if let Ok(p) = program::<TracePoint>(ebpf, prog) {
+                    let _ = p.detach(id);
+                }
+            })
+        }
+        Hook::BtfTracepoint { prog, name } => {
+            let p: &mut BtfTracePoint = program(ebpf, prog)?;
+            if loaded.insert(prog) {
+                p.load(name, env.btf)
+                    .with_context(|| format!("loading tp_btf/{name}"))?;
+            }
+            let id = p
+                .attach()
+                .with_context(|| format!("attaching tp_btf/{name}"))?;
+            Box::new(move |ebpf| {
+                if let Ok(p) = program::<BtfTracePoint>(ebpf, prog) {
+                    let _ = p.detach(id);
+                }
+            })
+        }
+        Hook::CgroupSetsockopt { prog } => {
+            let cgroup = env.cgroup()?;
+            let p: &mut CgroupSockopt = program(ebpf, prog)?;
+            if loaded.insert(prog) {
+                p.load()
+                    .with_context(|| format!("loading cgroup/setsockopt {prog}"))?;
+            }
+            let id = p
+                .attach(cgroup, cgroup_mode())
+                .context("attaching cgroup/setsockopt at the cgroup2 root")?;
+            Box::new(move |ebpf| {
+                if let Ok(p) = program::<CgroupSockopt>(ebpf, prog) {
+                    let _ = p.detach(id);
+                }
+            })
+        }
+        Hook::CgroupSockCreate { prog } => {
+            let cgroup = env.cgroup()?;
+            let p: &mut CgroupSock = program(ebpf, prog)?;
+            if loaded.insert(prog) {
+                p.load()
+                    .with_context(|| format!("loading cgroup/sock_create {prog}"))?;
+            }
+            let id = p
+                .attach(cgroup, cgroup_mode())
+                .context("attaching cgroup/sock_create at the cgroup2 root")?;
+            Box::new(move |ebpf| {
+                if let Ok(p) = program::<CgroupSock>(ebpf, prog) {
+                    let _ = p.detach(id);
+                }
+            })
+        }
+    })
 }

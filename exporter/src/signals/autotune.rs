@@ -24,10 +24,10 @@ use crate::store::{ProcRef, ProcStats, Store, Who};
 pub const PROBE: ProbeSpec = ProbeSpec {
     name: "autotune",
     what: "tcp_rcvbuf_grow on sockets with SOCK_RCVBUF_LOCK (autotuning suppressed), RTT, throughput",
-    hooks: &[Hook::BtfTracepoint {
+    variants: &[&[Hook::BtfTracepoint {
         prog: "tcp_rcvbuf_grow",
         name: "tcp_rcvbuf_grow",
-    }],
+    }]],
     is_drop_probe: false,
 };
 

@@ -16,23 +16,32 @@ use crate::probes::{Hook, ProbeSpec};
 /// The probe.
 pub const PROBE: ProbeSpec = ProbeSpec {
     name: "owners",
-    what: "which process created or accepted each socket (socket/accept/accept4 exits)",
-    hooks: &[
-        Hook::Tracepoint {
-            prog: "sys_exit_new_socket",
-            category: "syscalls",
-            name: "sys_exit_socket",
-        },
-        Hook::Tracepoint {
-            prog: "sys_exit_new_socket",
-            category: "syscalls",
-            name: "sys_exit_accept",
-        },
-        Hook::Tracepoint {
-            prog: "sys_exit_new_socket",
-            category: "syscalls",
-            name: "sys_exit_accept4",
-        },
+    what: "which process created or accepted each socket",
+    variants: &[
+        // Runs only when an inet socket is created: no cost to any other syscall. Accepted
+        // sockets are not created this way: they are attributed to their listener's owner
+        // (tcp_state) or found in /proc when they drop.
+        &[Hook::CgroupSockCreate {
+            prog: "cgroup_sock_create",
+        }],
+        // Without cgroup2: the syscall tracepoints (every syscall pays while attached).
+        &[
+            Hook::Tracepoint {
+                prog: "sys_exit_new_socket",
+                category: "syscalls",
+                name: "sys_exit_socket",
+            },
+            Hook::Tracepoint {
+                prog: "sys_exit_new_socket",
+                category: "syscalls",
+                name: "sys_exit_accept",
+            },
+            Hook::Tracepoint {
+                prog: "sys_exit_new_socket",
+                category: "syscalls",
+                name: "sys_exit_accept4",
+            },
+        ],
     ],
     is_drop_probe: false,
 };

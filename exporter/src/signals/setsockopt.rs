@@ -1,19 +1,30 @@
 //! Buffer-size `setsockopt` calls: requested vs effective, clamps, failures, locks.
 //!
-//! Probe: `sys_enter_setsockopt` records the request and the lock bits before the call,
-//! `sys_exit_setsockopt` the result and the effective sizes after it, and sends one
-//! [`SockoptEvent`] per call (process context: the caller is exact). Each event is counted per
-//! (proto, option); the last call per (socket, option) is kept for advice.
+//! Probe, where cgroup2 exists: `cgroup/setsockopt` at the cgroup2 root runs only for
+//! setsockopt calls, before the kernel's handler, and sends one [`SockoptEvent`] per buffer
+//! call with the request and the socket's state before it (process context: the caller is
+//! exact). The outcome — return value, effective size, lock bits — is then derived here from
+//! the kernel's own rules ([`derive`]: `sk_setsockopt` in net/core/sock.c), with the floors
+//! measured from this kernel at start-up and `rmem_max`/`wmem_max` as read at the poll; the
+//! integration tests check it against `getsockopt` readbacks. Fallback (no cgroup2):
+//! `sys_enter_setsockopt` + `sys_exit_setsockopt`, which read the outcome itself but tax
+//! every syscall of every task while attached.
+//!
+//! Each event is counted per (proto, option); the last call per (socket, option) is kept for
+//! advice.
 
 use std::collections::BTreeMap;
 
 use foldhash::{HashMap, HashMapExt as _};
 use prometheus::proto::MetricFamily;
 
-use bufscope_common::{SOCK_RCVBUF_LOCK, SockoptEvent, event_kind};
+use bufscope_common::{
+    SOCK_RCVBUF_LOCK, SOCK_SNDBUF_LOCK, SockoptEvent, event_kind, sockopt_flags,
+};
 
 use super::{AdviceCx, BuildEnv, Cx, GcCx, Signal, decode};
 use crate::advice::{Inputs, SocketOpt};
+use crate::kernel::BufferLimits;
 use crate::metrics::per_process;
 use crate::probes::{Hook, ProbeSpec};
 use crate::store::{ProcRef, ProcStats, Proto, Who};
@@ -22,17 +33,25 @@ use crate::store::{ProcRef, ProcStats, Proto, Who};
 pub const PROBE: ProbeSpec = ProbeSpec {
     name: "setsockopt",
     what: "SO_RCVBUF/SO_SNDBUF/*FORCE/SO_BUF_LOCK calls: requested vs effective, clamps, failures, locks",
-    hooks: &[
-        Hook::Tracepoint {
-            prog: "sys_enter_setsockopt",
-            category: "syscalls",
-            name: "sys_enter_setsockopt",
-        },
-        Hook::Tracepoint {
-            prog: "sys_exit_setsockopt",
-            category: "syscalls",
-            name: "sys_exit_setsockopt",
-        },
+    variants: &[
+        // Runs only for setsockopt calls: no cost to any other syscall.
+        &[Hook::CgroupSetsockopt {
+            prog: "cgroup_setsockopt",
+        }],
+        // Without cgroup2: the syscall tracepoints, which put every syscall of every task on
+        // the tracing slow path while attached.
+        &[
+            Hook::Tracepoint {
+                prog: "sys_enter_setsockopt",
+                category: "syscalls",
+                name: "sys_enter_setsockopt",
+            },
+            Hook::Tracepoint {
+                prog: "sys_exit_setsockopt",
+                category: "syscalls",
+                name: "sys_exit_setsockopt",
+            },
+        ],
     ],
     is_drop_probe: false,
 };
@@ -173,10 +192,118 @@ pub fn set_rcvbuf_lock(ev: &SockoptEvent) -> bool {
     ev.ret == 0 && ev.locks_before & SOCK_RCVBUF_LOCK == 0 && ev.locks_after & SOCK_RCVBUF_LOCK != 0
 }
 
+/// `EINVAL`.
+const EINVAL: i32 = 22;
+/// `EPERM`.
+const EPERM: i32 = 1;
+
+/// The kernel's buffer floors, `SOCK_MIN_RCVBUF` and `SOCK_MIN_SNDBUF` (2048 +
+/// `SKB_DATA_ALIGN(sizeof(struct sk_buff))`, and twice that): they depend on the kernel's
+/// build, so they are measured on it (a request of 0 is raised to the floor).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Floors {
+    /// `SOCK_MIN_RCVBUF`.
+    pub rcvbuf: i32,
+    /// `SOCK_MIN_SNDBUF`.
+    pub sndbuf: i32,
+}
+
+impl Floors {
+    /// Measures them with a UDP socket of this process: `SO_RCVBUF`/`SO_SNDBUF` of 0 read
+    /// back as the floors (the defaults of 6.x x86_64 kernels when that fails).
+    pub fn measure() -> Self {
+        let measured = (|| {
+            let s = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::DGRAM, None).ok()?;
+            s.set_recv_buffer_size(0).ok()?;
+            s.set_send_buffer_size(0).ok()?;
+            Some(Self {
+                rcvbuf: i32::try_from(s.recv_buffer_size().ok()?).ok()?,
+                sndbuf: i32::try_from(s.send_buffer_size().ok()?).ok()?,
+            })
+        })();
+        measured.unwrap_or(Self {
+            rcvbuf: 2304,
+            sndbuf: 4608,
+        })
+    }
+}
+
+/// Fills in the outcome of a call seen before the kernel's handler
+/// ([`sockopt_flags::BEFORE_HANDLER`]), by the rules of `sk_setsockopt` (6.x):
+///
+/// - `optlen < sizeof(int)` → `-EINVAL`;
+/// - `SO_RCVBUF`: `__sock_set_rcvbuf(sk, min_t(u32, val, rmem_max))`; `SO_SNDBUF` likewise with
+///   `wmem_max`; `*FORCE`: `-EPERM` without `CAP_NET_ADMIN` (initial user namespace), else
+///   `max(val, 0)` unclamped; setting stores `max(min(val, INT_MAX/2) * 2, SOCK_MIN_*BUF)` and
+///   sets the option's lock bit;
+/// - `SO_BUF_LOCK`: `-EINVAL` for bits outside `SOCK_BUF_LOCK_MASK`, else the lock bits become
+///   `val`.
+///
+/// Returns false (event left as it is) when the ceiling it needs is unknown here.
+pub fn derive(ev: &mut SockoptEvent, limits: &BufferLimits, floors: Floors) -> bool {
+    if ev.flags & sockopt_flags::BEFORE_HANDLER == 0 {
+        return true;
+    }
+    let Some(option) = BufOption::from_optname(ev.optname) else {
+        return true;
+    };
+    if ev.optlen < 4 {
+        ev.ret = -EINVAL;
+        return true;
+    }
+    let net_admin = ev.flags & sockopt_flags::NET_ADMIN != 0;
+    let set = |val: i32, floor: i32| val.min(i32::MAX / 2).saturating_mul(2).max(floor);
+    let ceiling = |max: Option<i64>| max.map(|m| m.clamp(0, u32::MAX as i64) as u32);
+    match option {
+        BufOption::Rcvbuf | BufOption::Sndbuf => {
+            let send = option.is_send();
+            let Some(max) = ceiling(if send {
+                limits.wmem_max
+            } else {
+                limits.rmem_max
+            }) else {
+                return false;
+            };
+            let val = (ev.requested as u32).min(max) as i32;
+            apply(
+                ev,
+                send,
+                set(val, if send { floors.sndbuf } else { floors.rcvbuf }),
+            );
+        }
+        BufOption::RcvbufForce | BufOption::SndbufForce if !net_admin => ev.ret = -EPERM,
+        BufOption::RcvbufForce => apply(ev, false, set(ev.requested.max(0), floors.rcvbuf)),
+        BufOption::SndbufForce => apply(ev, true, set(ev.requested.max(0), floors.sndbuf)),
+        BufOption::BufLock => {
+            let mask = (SOCK_RCVBUF_LOCK | SOCK_SNDBUF_LOCK) as i32;
+            if ev.requested & !mask != 0 {
+                ev.ret = -EINVAL;
+            } else {
+                ev.locks_after = ev.requested as u8;
+            }
+        }
+    }
+    true
+}
+
+/// Stores a new size and sets the option's lock bit.
+fn apply(ev: &mut SockoptEvent, send: bool, size: i32) {
+    if send {
+        ev.sndbuf_after = size;
+        ev.locks_after |= SOCK_SNDBUF_LOCK;
+    } else {
+        ev.rcvbuf_after = size;
+        ev.locks_after |= SOCK_RCVBUF_LOCK;
+    }
+}
+
 /// The setsockopt room.
 pub struct Setsockopt {
     /// Last call per (socket, option), for advice.
     notes: HashMap<(u64, BufOption), SocketOpt>,
+    floors: Floors,
+    /// Calls whose outcome could not be derived (ceiling unknown) were already logged.
+    warned_underived: bool,
 }
 
 impl Setsockopt {
@@ -184,6 +311,8 @@ impl Setsockopt {
     pub fn take(env: &BuildEnv<'_>) -> Option<Self> {
         env.attached(PROBE.name).then(|| Self {
             notes: HashMap::new(),
+            floors: Floors::measure(),
+            warned_underived: false,
         })
     }
 
@@ -254,13 +383,33 @@ impl Signal for Setsockopt {
     }
 
     fn on_event(&mut self, _kind: u32, bytes: &[u8], cx: &mut Cx<'_>) {
-        let Some(ev) = decode::<SockoptEvent>(bytes) else {
+        let Some(mut ev) = decode::<SockoptEvent>(bytes) else {
             return;
         };
+        if !derive(&mut ev, &cx.limits, self.floors) && !self.warned_underived {
+            self.warned_underived = true;
+            tracing::warn!(
+                "net.core.rmem_max/wmem_max are not readable here: the effective size of \
+                 SO_RCVBUF/SO_SNDBUF calls is reported as requested and clamps are not counted"
+            );
+        }
         let Some(option) = BufOption::from_optname(ev.optname) else {
             return;
         };
         let clamped = clamped(&ev);
+        tracing::debug!(
+            pid = ev.owner.tgid,
+            inode = ev.inode,
+            option = option.as_str(),
+            requested = ev.requested,
+            ret = ev.ret,
+            rcvbuf = ev.rcvbuf_after,
+            sndbuf = ev.sndbuf_after,
+            locks = ev.locks_after,
+            derived = ev.flags & sockopt_flags::BEFORE_HANDLER != 0,
+            clamped,
+            "setsockopt outcome"
+        );
         if let Who::Proc(p) = Self::count(&ev, option, clamped, cx) {
             self.note(&ev, option, clamped, p);
         }
@@ -358,6 +507,92 @@ mod tests {
         let mut failed = ev(SO_RCVBUFFORCE, 64 << 20, 212992, 0);
         failed.ret = -1;
         assert!(!clamped(&failed), "a refused call is failed, not clamped");
+    }
+
+    /// What the kernel gave on 6.18 with rmem_max = wmem_max = 4194304 (KERNEL-FACTS §1.2):
+    /// the derivation must give the same for every row.
+    #[test]
+    fn derived_outcomes_match_the_kernel_table() {
+        let limits = BufferLimits {
+            rmem_max: Some(4_194_304),
+            wmem_max: Some(4_194_304),
+            tcp_rmem_max: None,
+        };
+        let floors = Floors {
+            rcvbuf: 2304,
+            sndbuf: 4608,
+        };
+        let before = |optname: i32, requested: i32, flags: u8| SockoptEvent {
+            optname,
+            requested,
+            optlen: 4,
+            rcvbuf_after: 212_992,
+            sndbuf_after: 212_992,
+            flags: sockopt_flags::BEFORE_HANDLER | flags,
+            ..Default::default()
+        };
+        let admin = sockopt_flags::NET_ADMIN;
+        // (option, value, caps, ret, rcvbuf, sndbuf, locks)
+        let rows: &[(i32, i32, u8, i32, i32, i32, u8)] = &[
+            (SO_RCVBUF, 0, 0, 0, 2304, 212_992, 2),
+            (SO_RCVBUF, 1000, 0, 0, 2304, 212_992, 2),
+            (SO_RCVBUF, 65536, 0, 0, 131_072, 212_992, 2),
+            (SO_RCVBUF, 4_194_305, 0, 0, 8_388_608, 212_992, 2),
+            (SO_RCVBUF, 1 << 30, 0, 0, 8_388_608, 212_992, 2),
+            (SO_RCVBUF, -1, 0, 0, 8_388_608, 212_992, 2),
+            (SO_SNDBUF, 0, 0, 0, 212_992, 4608, 1),
+            (SO_SNDBUF, 65536, 0, 0, 212_992, 131_072, 1),
+            (SO_SNDBUF, -1, 0, 0, 212_992, 8_388_608, 1),
+            (SO_RCVBUFFORCE, 64 << 20, admin, 0, 134_217_728, 212_992, 2),
+            (SO_RCVBUFFORCE, -1, admin, 0, 2304, 212_992, 2),
+            (SO_RCVBUFFORCE, 64 << 20, 0, -EPERM, 212_992, 212_992, 0),
+            (
+                bufscope_common::SO_SNDBUFFORCE,
+                64 << 20,
+                admin,
+                0,
+                212_992,
+                134_217_728,
+                1,
+            ),
+            (
+                bufscope_common::SO_SNDBUFFORCE,
+                0,
+                0,
+                -EPERM,
+                212_992,
+                212_992,
+                0,
+            ),
+            (SO_BUF_LOCK, 3, 0, 0, 212_992, 212_992, 3),
+            (SO_BUF_LOCK, 4, 0, -EINVAL, 212_992, 212_992, 0),
+        ];
+        for &(opt, val, caps, ret, rcv, snd, locks) in rows {
+            let mut ev = before(opt, val, caps);
+            assert!(derive(&mut ev, &limits, floors));
+            assert_eq!(
+                (ev.ret, ev.rcvbuf_after, ev.sndbuf_after, ev.locks_after),
+                (ret, rcv, snd, locks),
+                "optname {opt} value {val} caps {caps}"
+            );
+        }
+        let mut short = before(SO_RCVBUF, 65536, 0);
+        short.optlen = 2;
+        assert!(derive(&mut short, &limits, floors));
+        assert_eq!(short.ret, -EINVAL);
+        // Clamp detection works on derived events as on measured ones.
+        let mut big = before(SO_RCVBUF, 1 << 30, 0);
+        derive(&mut big, &limits, floors);
+        assert!(clamped(&big));
+        // Without the ceiling nothing is made up.
+        let mut unknown = before(SO_RCVBUF, 65536, 0);
+        assert!(!derive(&mut unknown, &BufferLimits::default(), floors));
+    }
+
+    #[test]
+    fn floors_are_measured_on_this_kernel() {
+        let f = Floors::measure();
+        assert!(f.rcvbuf >= 2048 && f.sndbuf == 2 * f.rcvbuf, "{f:?}");
     }
 
     #[test]

@@ -22,10 +22,10 @@ use crate::store::{ProcRef, ProcStats, Proto, Who};
 pub const PROBE: ProbeSpec = ProbeSpec {
     name: "tcp_state",
     what: "TCP connections at ESTABLISHED: window scale vs what the kernel would choose; listener owners",
-    hooks: &[Hook::BtfTracepoint {
+    variants: &[&[Hook::BtfTracepoint {
         prog: "inet_sock_set_state",
         name: "inet_sock_set_state",
-    }],
+    }]],
     is_drop_probe: false,
 };
 

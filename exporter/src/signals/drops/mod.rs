@@ -38,10 +38,10 @@ use crate::store::{ProcRef, ProcStats, Proto, Store, Who};
 pub const PROBE: ProbeSpec = ProbeSpec {
     name: "drops",
     what: "buffer-full drops by kernel drop reason, per socket",
-    hooks: &[Hook::BtfTracepoint {
+    variants: &[&[Hook::BtfTracepoint {
         prog: "kfree_skb",
         name: "kfree_skb",
-    }],
+    }]],
     is_drop_probe: true,
 };
 
