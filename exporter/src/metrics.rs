@@ -117,7 +117,10 @@ pub fn families(store: &Store, health: &Health, findings: &[Finding]) -> Vec<Met
         "Active findings (1 per process and kind); /api/v1/findings and `bufscope explain` say what to change.",
         MetricType::GAUGE,
     );
-    for x in findings {
+    // Findings may be up to a second old (see `Collector::findings`): show only those of
+    // processes tracked now, so the finding series stay within --max-processes too.
+    let tracked: foldhash::HashSet<u32> = store.procs().map(|(p, _)| p.tgid).collect();
+    for x in findings.iter().filter(|x| tracked.contains(&x.process.pid)) {
         let pid = x.process.pid.to_string();
         f.push(
             &[

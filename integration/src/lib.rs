@@ -148,8 +148,14 @@ pub struct Exporter {
 impl Exporter {
     /// Starts `bufscope run --web.listen-address 127.0.0.1:0 <extra>` and waits until it serves.
     pub fn start(extra: &[&str]) -> Self {
+        Self::start_bin(&bufscope_bin(), extra)
+    }
+
+    /// [`Exporter::start`] with another executable in place of the binary (e.g. a script that
+    /// changes the environment and `exec`s the real binary with its arguments).
+    pub fn start_bin(bin: &std::path::Path, extra: &[&str]) -> Self {
         require_root();
-        let inner = ok(bufscope_testkit::Exporter::start(&bufscope_bin(), extra));
+        let inner = ok(bufscope_testkit::Exporter::start(bin, extra));
         Self {
             addr: inner.addr().to_string(),
             logs: inner.logs().clone(),

@@ -201,3 +201,43 @@ fn derived_outcomes_equal_the_kernel_readback() {
         );
     }
 }
+
+/// Where no cgroup2 hierarchy is mounted, setsockopt falls back to the syscall tracepoints
+/// (which read the outcome themselves) and says so; the counts stay exact. The exporter runs
+/// in a mount namespace of its own with every cgroup2 mount removed.
+#[test]
+#[ignore = "needs root: run via cargo xtask test"]
+fn without_cgroup2_setsockopt_falls_back_to_tracepoints() {
+    let dir = std::env::temp_dir().join(format!("bufscope-nocg2-{}", std::process::id()));
+    let script =
+        bufscope_testkit::without_cgroup2(&bufscope_integration::bufscope_bin(), &dir).unwrap();
+    let e = Exporter::start_bin(&script, &[]);
+    let m = e.scrape();
+    let hook = "tracepoint/syscalls/sys_enter_setsockopt,tracepoint/syscalls/sys_exit_setsockopt";
+    assert_eq!(
+        m.sum(
+            "bufscope_probe_attached",
+            &[("probe", "setsockopt"), ("hook", hook)]
+        ),
+        1.0,
+        "fallback hooks in use: {:?}",
+        m.samples
+            .iter()
+            .filter(|s| s.name == "bufscope_probe_attached")
+            .collect::<Vec<_>>()
+    );
+    assert!(
+        e.log().contains("no cgroup2 hierarchy is mounted"),
+        "the log says why: {}",
+        e.log()
+    );
+    let req = (rmem_max() * 2).min(i32::MAX as i64 / 2);
+    let w = setsockopt("udp", "SO_RCVBUF", &req.to_string());
+    assert_eq!(w.get("errno"), "0");
+    assert_counted(&e, &w, "udp", "SO_RCVBUF", (1.0, 1.0, 0.0));
+    let w = setsockopt_wrapped(&WITHOUT_CAP_NET_ADMIN, "udp", "SO_RCVBUFFORCE", "8388608");
+    assert_eq!(w.get("errno"), libc::EPERM.to_string());
+    assert_counted(&e, &w, "udp", "SO_RCVBUFFORCE", (1.0, 0.0, 1.0));
+    drop(e);
+    let _ = std::fs::remove_dir_all(&dir);
+}

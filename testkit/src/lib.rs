@@ -11,6 +11,7 @@
 
 #![warn(missing_docs)]
 
+mod cgroup;
 mod cmd;
 mod exporter;
 mod http;
@@ -18,6 +19,7 @@ mod metrics;
 mod process;
 mod procfs;
 
+pub use cgroup::{cgroup2_mounts, without_cgroup2};
 pub use cmd::{cmd_output, output_with_input};
 pub use exporter::Exporter;
 pub use http::http_get;

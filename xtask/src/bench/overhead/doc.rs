@@ -20,7 +20,7 @@ fn doc_markers(part: &str) -> (String, String) {
 pub(super) fn update(a: &Args, r: &Report) -> anyhow::Result<()> {
     let m = Machine::describe();
     let mut args = String::new();
-    if a.sections.len() != 3 {
+    if a.sections.len() != super::SECTIONS.len() {
         let _ = write!(args, " --sections {}", a.sections.join(","));
     }
     if a.runs != 5 {
@@ -49,6 +49,7 @@ pub(super) fn update(a: &Args, r: &Report) -> anyhow::Result<()> {
     for (name, text) in [
         ("probes", &r.probes),
         ("datapath", &r.datapath),
+        ("syscalls", &r.syscalls),
         ("exporter", &r.exporter),
     ] {
         if let Some(t) = text {

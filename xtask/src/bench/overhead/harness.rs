@@ -79,7 +79,21 @@ impl Bins {
     pub(super) fn exporter(&self, extra: &[&str]) -> anyhow::Result<Exporter> {
         let mut args = vec!["--log.level", "info"];
         args.extend(extra);
-        let e = Exporter::start(&self.bufscope, &args)?;
+        self.checked(Exporter::start(&self.bufscope, &args)?)
+    }
+
+    /// [`Bins::exporter`] with no flags, in a mount namespace without cgroup2 (`dir` holds the
+    /// wrapper script): setsockopt and owners then run on the syscall tracepoints.
+    pub(super) fn exporter_without_cgroup2(
+        &self,
+        dir: &std::path::Path,
+    ) -> anyhow::Result<Exporter> {
+        let wrapper = bufscope_testkit::without_cgroup2(&self.bufscope, dir)?;
+        self.checked(Exporter::start(&wrapper, &["--log.level", "info"])?)
+    }
+
+    /// `e`, unless a probe that was not disabled did not attach at all.
+    fn checked(&self, e: Exporter) -> anyhow::Result<Exporter> {
         let log = e.log();
         if log.contains("probe could not attach") {
             bail!("a bufscope probe did not attach:\n{log}");

@@ -95,23 +95,19 @@ pub(super) fn hooks() -> anyhow::Result<Vec<Hook>> {
                 "tracepoint:skb:kfree_skb /{filter}/ {{ @[{sk_inode}, args->reason] = count(); }}"
             ),
         },
+        // bufscope's default hook runs once per setsockopt call (cgroup/setsockopt: no cost to
+        // other syscalls); bpftrace has no cgroup hook, so its one-liner counts the same calls
+        // on the syscall-entry tracepoint (which taxes every syscall while attached: see the
+        // syscalls section).
         Hook {
-            event: "sys_enter_setsockopt",
+            event: "cgroup/setsockopt",
             load: Load::Setsockopt,
-            bufscope_prog: "sys_enter_setsockopt",
+            bufscope_prog: "cgroup_setsockopt",
             key: "process × option",
             bpftrace: "tracepoint:syscalls:sys_enter_setsockopt /args->level == 1 && \
                        (args->optname == 7 || args->optname == 8 || args->optname == 32 || \
                        args->optname == 33 || args->optname == 72)/ \
                        { @[pid, args->optname] = count(); }"
-                .into(),
-        },
-        Hook {
-            event: "sys_exit_setsockopt",
-            load: Load::Setsockopt,
-            bufscope_prog: "sys_exit_setsockopt",
-            key: "process × return code",
-            bpftrace: "tracepoint:syscalls:sys_exit_setsockopt { @[pid, args->ret] = count(); }"
                 .into(),
         },
         Hook {
@@ -124,13 +120,12 @@ pub(super) fn hooks() -> anyhow::Result<Vec<Hook>> {
                 .into(),
         },
         Hook {
-            event: "sys_exit_{socket,accept,accept4}",
+            event: "cgroup/sock_create",
             load: Load::TcpConnect,
-            bufscope_prog: "sys_exit_new_socket",
+            bufscope_prog: "cgroup_sock_create",
             key: "process × socket inode",
             bpftrace: format!(
-                "tracepoint:syscalls:sys_exit_socket,tracepoint:syscalls:sys_exit_accept,\
-                 tracepoint:syscalls:sys_exit_accept4 /args->ret >= 0/ \
+                "tracepoint:syscalls:sys_exit_socket /args->ret >= 0/ \
                  {{ @[pid, {fd_inode}] = count(); }}"
             ),
         },
@@ -201,8 +196,7 @@ pub(super) fn same_data() -> Vec<SameData> {
          $sk->sk_userlocks, $net->ipv4.sysctl_tcp_window_scaling); }} }}"
     );
     let owners = format!(
-        "tracepoint:syscalls:sys_exit_socket,tracepoint:syscalls:sys_exit_accept,\
-         tracepoint:syscalls:sys_exit_accept4 /args->ret >= 0/ \
+        "tracepoint:syscalls:sys_exit_socket /args->ret >= 0/ \
          {{ @own[{file}->f_inode->i_ino] = (pid, tid, cgroup, \
          curtask->group_leader->start_boottime, comm); }}",
         file = fd_file("args->ret")
@@ -216,9 +210,9 @@ pub(super) fn same_data() -> Vec<SameData> {
     );
     vec![
         SameData {
-            what: "setsockopt call (entry + exit)",
+            what: "setsockopt call",
             load: Load::Setsockopt,
-            progs: &["sys_enter_setsockopt", "sys_exit_setsockopt"],
+            progs: &["cgroup_setsockopt"],
             runs_per_event: 2.0,
             script: sockopt,
         },
@@ -230,9 +224,9 @@ pub(super) fn same_data() -> Vec<SameData> {
             script: state,
         },
         SameData {
-            what: "new socket fd",
+            what: "new socket",
             load: Load::TcpConnect,
-            progs: &["sys_exit_new_socket"],
+            progs: &["cgroup_sock_create"],
             runs_per_event: 1.0,
             script: owners,
         },

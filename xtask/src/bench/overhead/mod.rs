@@ -13,7 +13,10 @@
 //!    probes, with bufscope, with bufscope's drop probe alone, and with a bpftrace drop counter;
 //!    variants alternate round by round (`--runs` rounds), the table shows medians and each
 //!    variant relative to "no probes".
-//! 3. **exporter** — the daemon itself with `--procs` processes holding `--socks-per-proc`
+//! 3. **syscalls** — the syscall tax: an unrelated syscall (getppid) and a buffer
+//!    `setsockopt` with no bufscope, bufscope's default hooks, bufscope without setsockopt and
+//!    owners, and bufscope on the syscall tracepoints it falls back to without cgroup2.
+//! 4. **exporter** — the daemon itself with `--procs` processes holding `--socks-per-proc`
 //!    UDP sockets each, with drops and setsockopt activity: `/metrics` latency p50/p99, RSS and
 //!    CPU at a 1 s poll interval, under load and idle.
 //!
@@ -32,6 +35,7 @@ mod exporter;
 mod harness;
 mod hooks;
 mod probes;
+mod syscalls;
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -44,14 +48,17 @@ use datapath::Variant;
 use harness::Bins;
 use probes::Load;
 
+/// The sections, in the order they run.
+const SECTIONS: [&str; 4] = ["probes", "datapath", "syscalls", "exporter"];
+
 /// Arguments of `cargo xtask bench overhead`.
 #[derive(clap::Args)]
 pub struct Args {
-    /// Sections to run: probes, datapath, exporter.
+    /// Sections to run: probes, datapath, syscalls, exporter.
     #[arg(
         long,
         value_delimiter = ',',
-        default_value = "probes,datapath,exporter"
+        default_value = "probes,datapath,syscalls,exporter"
     )]
     pub sections: Vec<String>,
     /// Workloads of the probes section: udp-drops, setsockopt, tcp-connect, tcp-bulk.
@@ -107,8 +114,8 @@ pub fn run(a: &Args) -> anyhow::Result<()> {
         );
     }
     for s in &a.sections {
-        if !["probes", "datapath", "exporter"].contains(&s.as_str()) {
-            bail!("unknown section {s:?} (sections: probes, datapath, exporter)");
+        if !SECTIONS.contains(&s.as_str()) {
+            bail!("unknown section {s:?} (sections: {})", SECTIONS.join(", "));
         }
     }
     for l in &a.loads {
@@ -136,6 +143,10 @@ pub fn run(a: &Args) -> anyhow::Result<()> {
         out.datapath = Some(datapath::section(a, &bins)?);
         println!("{}", out.datapath.as_deref().unwrap_or(""));
     }
+    if a.sections.iter().any(|s| s == "syscalls") {
+        out.syscalls = Some(syscalls::section(a, &bins)?);
+        println!("{}", out.syscalls.as_deref().unwrap_or(""));
+    }
     if a.sections.iter().any(|s| s == "exporter") {
         out.exporter = Some(exporter::section(a, &bins)?);
         println!("{}", out.exporter.as_deref().unwrap_or(""));
@@ -153,6 +164,7 @@ pub fn run(a: &Args) -> anyhow::Result<()> {
 struct Report {
     probes: Option<String>,
     datapath: Option<String>,
+    syscalls: Option<String>,
     exporter: Option<String>,
     elapsed: Duration,
     load: (String, String),
