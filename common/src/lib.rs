@@ -262,6 +262,10 @@ pub mod drop_site {
     pub const SOCKET_NO_INODE: u8 = 1;
     /// No socket (e.g. a full TUN ring): identified by netns + ifindex in `DropKey::id`.
     pub const DEVICE: u8 = 2;
+    /// The kernel's hooks do not name the socket (kernels without `kfree_skb`'s `rx_sk`,
+    /// 6.11+, for drops no other hook sees): counted per network namespace (`DropKey::netns`,
+    /// from the receiving device; 0 when the skb has none) and reason only.
+    pub const NETNS: u8 = 3;
 }
 
 /// Key of the `DROPS` per-CPU hash: one entry per (socket or device, drop reason).
@@ -336,6 +340,8 @@ pub mod event_kind {
     pub const SOCKOPT: u32 = 1;
     /// [`super::EstablishedEvent`].
     pub const ESTABLISHED: u32 = 2;
+    /// [`super::GuardEvent`].
+    pub const GUARD: u32 = 3;
 }
 
 /// One buffer-size `setsockopt(SOL_SOCKET, …)` call, seen at syscall exit.
@@ -376,6 +382,11 @@ pub struct SockoptEvent {
     pub family: u16,
     /// Padding.
     pub _pad1: u16,
+    /// The value the kernel's handler got: `requested`, unless the guard rewrote it
+    /// ([`sockopt_flags::GUARD_RAISED`]).
+    pub applied: i32,
+    /// Padding.
+    pub _pad2: u32,
 }
 
 /// Flags of [`SockoptEvent::flags`].
@@ -387,6 +398,105 @@ pub mod sockopt_flags {
     pub const BEFORE_HANDLER: u8 = 1;
     /// The caller has `CAP_NET_ADMIN` in the initial user namespace (what `*FORCE` needs).
     pub const NET_ADMIN: u8 = 2;
+    /// The guard skipped the kernel's handler: the call succeeded and changed nothing.
+    pub const GUARD_SKIPPED: u8 = 4;
+    /// The guard rewrote the request: the kernel's handler got `SockoptEvent::applied`.
+    pub const GUARD_RAISED: u8 = 8;
+}
+
+/// The guard's settings (`bufscope run --guard.*`), patched into `.rodata` (`GUARD`) before
+/// load: the verifier then drops every guard branch when the mode is off.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct GuardConfig {
+    /// [`guard::MODE_OFF`], [`guard::MODE_OBSERVE`] or [`guard::MODE_ENFORCE`].
+    pub mode: u32,
+    /// Rules on: bits [`guard::RULE_TCP_AUTOTUNE`], [`guard::RULE_UDP_FLOOR`].
+    pub rules: u32,
+    /// UDP receive floor: the `SO_RCVBUF` value (before the kernel doubles it) smaller requests
+    /// are raised to and sockets that never ask get; already capped at `rmem_max`.
+    pub udp_rcv_floor: i32,
+    /// UDP send floor (`SO_SNDBUF` value), capped at `wmem_max`.
+    pub udp_snd_floor: i32,
+    /// cgroup v2 id (the directory's inode) the guard is scoped to; 0: every process.
+    pub cgroup_id: u64,
+    /// Depth of that cgroup below the cgroup2 root (`bpf_get_current_ancestor_cgroup_id`).
+    pub cgroup_level: u32,
+    /// [`guard::COMM_ALL`], [`guard::COMM_ONLY`] (only the comms in `GUARD_COMMS`) or
+    /// [`guard::COMM_EXCEPT`] (all but those).
+    pub comm_mode: u32,
+    /// `net.core.rmem_max` at start: what a skipped TCP `SO_RCVBUF` would have been capped at
+    /// (for its `getsockopt` readback).
+    pub tcp_rmem_ceiling: i32,
+    /// `net.core.wmem_max` at start (as `tcp_rmem_ceiling`, for `SO_SNDBUF`).
+    pub tcp_wmem_ceiling: i32,
+    /// bufscope's own process id: never in scope (its measurements and its HTTP socket).
+    pub self_tgid: u32,
+    /// Padding.
+    pub _pad: u32,
+}
+
+/// Constants of [`GuardConfig`] and [`GuardEvent`].
+pub mod guard {
+    /// The guard is off: nothing runs.
+    pub const MODE_OFF: u32 = 0;
+    /// Decisions are counted, nothing is changed.
+    pub const MODE_OBSERVE: u32 = 1;
+    /// Decisions are applied.
+    pub const MODE_ENFORCE: u32 = 2;
+    /// TCP `SO_RCVBUF`/`SO_SNDBUF` (and `*FORCE`, and a locking `SO_BUF_LOCK`) are skipped.
+    pub const RULE_TCP_AUTOTUNE: u32 = 1;
+    /// UDP buffers are raised to the floor.
+    pub const RULE_UDP_FLOOR: u32 = 2;
+    /// Every process in the cgroup.
+    pub const COMM_ALL: u32 = 0;
+    /// Only processes whose comm is listed.
+    pub const COMM_ONLY: u32 = 1;
+    /// Every process but those whose comm is listed.
+    pub const COMM_EXCEPT: u32 = 2;
+    /// [`super::GuardEvent::action`]: the call was skipped (the kernel's handler did not run,
+    /// the caller got success).
+    pub const ACTION_SKIPPED: u8 = 1;
+    /// The buffer was raised (a request rewritten, or set on a socket that never asked).
+    pub const ACTION_RAISED: u8 = 2;
+    /// Observe mode: what enforce would have done, not done.
+    pub const ACTION_OBSERVED: u8 = 3;
+    /// [`super::GuardEvent::hook`]: at `setsockopt`.
+    pub const HOOK_SETSOCKOPT: u8 = 1;
+    /// At `bind`.
+    pub const HOOK_BIND: u8 = 2;
+    /// At `connect`.
+    pub const HOOK_CONNECT: u8 = 3;
+    /// At `sendmsg` (an unbound, unconnected socket's first send).
+    pub const HOOK_SENDMSG: u8 = 4;
+}
+
+/// One guard decision (in process context: the owner is the caller).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct GuardEvent {
+    /// [`event_kind::GUARD`].
+    pub kind: u32,
+    /// The option the decision is about (`SO_RCVBUF`, `SO_SNDBUF`, …).
+    pub optname: i32,
+    /// The caller.
+    pub owner: Owner,
+    /// Socket inode.
+    pub inode: u64,
+    /// What the application asked for (0 when it did not ask).
+    pub requested: i32,
+    /// What the kernel got instead (the floor; 0 for a skipped call).
+    pub applied: i32,
+    /// [`guard::RULE_TCP_AUTOTUNE`] or [`guard::RULE_UDP_FLOOR`].
+    pub rule: u8,
+    /// [`guard::ACTION_SKIPPED`], [`guard::ACTION_RAISED`] or [`guard::ACTION_OBSERVED`].
+    pub action: u8,
+    /// Where: [`guard::HOOK_SETSOCKOPT`], …
+    pub hook: u8,
+    /// IP protocol of the socket.
+    pub proto: u8,
+    /// Return value of `bpf_setsockopt` for raises at bind/connect/sendmsg (0 otherwise).
+    pub ret: i32,
 }
 
 /// Flags of [`EstablishedEvent::flags`].
@@ -460,6 +570,52 @@ pub mod stat {
     pub const COUNT: u32 = 9;
 }
 
+/// Layout and behaviour the older-kernel programs (`ebpf/src/compat.rs`) need on top of
+/// [`Config`], patched into `.rodata` (`COMPAT`) before load from the running kernel's BTF.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CompatConfig {
+    /// `sk_buff.sk` (the owning socket of an skb already charged to one; NULL on the receive
+    /// path before the socket takes it).
+    pub skb_sk: u32,
+    /// `sk_buff.network_header` (u16 offset from `head`).
+    pub skb_network_header: u32,
+    /// `tcp_sock.rcvq_space.space` (int: bytes the reader consumed in the last measured RTT,
+    /// raised only when autotuning wanted to grow).
+    pub tcp_rcvq_space: u32,
+    /// `tcp_sock.rcvq_space.time` (u64, µs: start of the current measurement).
+    pub tcp_rcvq_time: u32,
+    /// Value of `SKB_DROP_REASON_SOCKET_RCVBUFF` (`u32::MAX` when the kernel has none).
+    pub reason_rcvbuff: u32,
+    /// Value of `SKB_DROP_REASON_PROTO_MEM` (`u32::MAX` when the kernel has none).
+    pub reason_proto_mem: u32,
+    /// Padding (keeps the size a multiple of 8).
+    pub _pad: [u32; 2],
+}
+
+impl CompatConfig {
+    /// All zeroes (the value compiled into the BPF object before userspace patches it).
+    pub const fn zeroed() -> Self {
+        // SAFETY: integers only; all-zero is valid.
+        unsafe { core::mem::zeroed() }
+    }
+}
+
+/// What `fentry/tcp_rcv_space_adjust` hands to its `fexit` (or what the tracepoint fallback
+/// remembers from one call to the next), per socket.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SpaceSnap {
+    /// `tcp_sock.rcvq_space.time` (µs).
+    pub time: u64,
+    /// `tcp_sock.rcvq_space.space`.
+    pub space: i32,
+    /// Padding.
+    pub _pad: u32,
+}
+
+const _: () = assert!(core::mem::size_of::<CompatConfig>() == 32);
+const _: () = assert!(core::mem::size_of::<SpaceSnap>() == 16);
 const _: () = assert!(core::mem::size_of::<Field>() == 8);
 const _: () = assert!(core::mem::size_of::<Config>() == 256);
 const _: () = assert!(core::mem::offset_of!(Config, reason_mask) == 208);
@@ -467,7 +623,9 @@ const _: () = assert!(core::mem::size_of::<Owner>() == 40);
 const _: () = assert!(core::mem::size_of::<DropKey>() == 24);
 const _: () = assert!(core::mem::size_of::<DropVal>() == 48);
 const _: () = assert!(core::mem::size_of::<AutotuneVal>() == 56);
-const _: () = assert!(core::mem::size_of::<SockoptEvent>() == 88);
+const _: () = assert!(core::mem::size_of::<SockoptEvent>() == 96);
+const _: () = assert!(core::mem::size_of::<GuardEvent>() == 72);
+const _: () = assert!(core::mem::size_of::<GuardConfig>() == 48);
 const _: () = assert!(core::mem::size_of::<EstablishedEvent>() == 80);
 
 #[cfg(feature = "user")]
@@ -483,4 +641,8 @@ mod user {
     unsafe impl aya::Pod for AutotuneVal {}
     unsafe impl aya::Pod for SockoptEvent {}
     unsafe impl aya::Pod for EstablishedEvent {}
+    unsafe impl aya::Pod for GuardConfig {}
+    unsafe impl aya::Pod for GuardEvent {}
+    unsafe impl aya::Pod for CompatConfig {}
+    unsafe impl aya::Pod for SpaceSnap {}
 }

@@ -21,6 +21,7 @@ use aya_ebpf::{
 };
 use bufscope_common::{SOL_SOCKET, SockoptEvent, event_kind, sockopt_flags, stat};
 
+use super::guard;
 use super::{
     EVENTS, OWNERS, current_owner, is_buffer_option, kread, kread_field, record_owner, sk_netns,
     sk_userlocks, stat_inc, submit_flags,
@@ -32,7 +33,7 @@ static SCRATCH: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
 
 /// `ptr` as a plain kernel address (0 when the scratch slot is missing).
 #[inline(always)]
-fn addr_of<T>(ptr: *const T) -> u64 {
+pub(crate) fn addr_of<T>(ptr: *const T) -> u64 {
     let Some(slot) = SCRATCH.get_ptr_mut(0) else {
         return 0;
     };
@@ -62,7 +63,7 @@ fn caller_net_admin() -> bool {
 
 /// `SOCK_INODE(sk->sk_socket)->i_ino` (0 without a socket).
 #[inline(always)]
-fn sk_inode(sk: u64) -> u64 {
+pub(crate) fn sk_inode(sk: u64) -> u64 {
     let sock: u64 = kread(sk, cfg!(sk_socket));
     if sock == 0 {
         return 0;
@@ -74,7 +75,8 @@ fn sk_inode(sk: u64) -> u64 {
 /// leave the buffer alone (`optlen = 0`: "use the caller's data").
 const PAGE_SIZE: i32 = 4096;
 
-/// `cgroup/setsockopt`: buffer-size options at `SOL_SOCKET`, before the kernel's handler.
+/// `cgroup/setsockopt`: buffer-size options at `SOL_SOCKET`, before the kernel's handler. The
+/// guard ([`crate::guard`]) decides here too: one program observes and acts.
 #[cgroup_sockopt(setsockopt)]
 pub fn cgroup_setsockopt(ctx: SockoptContext) -> i32 {
     let so = unsafe { &mut *ctx.sockopt };
@@ -109,9 +111,30 @@ pub fn cgroup_setsockopt(ctx: SockoptContext) -> i32 {
         return 1;
     };
     let locks = sk_userlocks(sk) as u8;
+    let proto = kread_field(sk, cfg!(sk_protocol));
     let mut flags = sockopt_flags::BEFORE_HANDLER;
     if caller_net_admin() {
         flags |= sockopt_flags::NET_ADMIN;
+    }
+    let decision = guard::decide_setsockopt(proto, so.optname, requested, optlen);
+    let mut applied = requested;
+    match decision.action {
+        bufscope_common::guard::ACTION_SKIPPED => {
+            // The kernel's handler does not run; the caller gets success.
+            so.optlen = -1;
+            flags |= sockopt_flags::GUARD_SKIPPED;
+            guard::remember_skipped(inode, so.optname, requested);
+        }
+        bufscope_common::guard::ACTION_RAISED => {
+            if unsafe { optval.add(4) } <= end {
+                unsafe { core::ptr::write_unaligned(optval as *mut i32, decision.applied) };
+                // A non-zero optlen hands the (rewritten) program buffer to the kernel.
+                so.optlen = 4;
+                applied = decision.applied;
+                flags |= sockopt_flags::GUARD_RAISED;
+            }
+        }
+        _ => {}
     }
     entry.write(SockoptEvent {
         kind: event_kind::SOCKOPT,
@@ -126,12 +149,25 @@ pub fn cgroup_setsockopt(ctx: SockoptContext) -> i32 {
         sndbuf_after: kread(sk, cfg!(sk_sndbuf)),
         locks_before: locks,
         locks_after: locks,
-        proto: kread_field(sk, cfg!(sk_protocol)) as u8,
+        proto: proto as u8,
         flags,
         family: kread(sk, cfg!(sk_family)),
         _pad1: 0,
+        applied,
+        _pad2: 0,
     });
     entry.submit(submit_flags());
+    if decision.action != 0 {
+        guard::report(
+            decision,
+            bufscope_common::guard::HOOK_SETSOCKOPT,
+            so.optname,
+            inode,
+            requested,
+            proto as u8,
+            0,
+        );
+    }
     1
 }
 

@@ -51,6 +51,8 @@ macro_rules! cfg {
 }
 
 mod cgroup;
+mod guard;
+mod compat;
 
 // ---------------------------------------------------------------------------------------------
 // Maps. Sizes are defaults; userspace may resize them at load (`--bpf.*-entries`).
@@ -431,6 +433,8 @@ pub fn sys_exit_setsockopt(ctx: TracePointContext) -> u32 {
         flags: 0,
         family: kread(sk, cfg!(sk_family)),
         _pad1: 0,
+        applied: p.requested,
+        _pad2: 0,
     };
     entry.write(ev);
     entry.submit(submit_flags());

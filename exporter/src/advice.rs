@@ -101,6 +101,9 @@ pub struct Finding {
     pub evidence: BTreeMap<&'static str, f64>,
     /// The measurement the recommendation comes from (bufscope-policy's citation).
     pub rule: &'static str,
+    /// What the guard (`--guard.mode`) is already doing about it for this process, if anything.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub guard: Option<String>,
 }
 
 /// What `/api/v1/findings` returns.
@@ -188,6 +191,23 @@ pub struct TuneView {
     pub interval_us: u64,
 }
 
+/// What the guard did for one process under one rule (from the guard room).
+#[derive(Clone, Debug)]
+pub struct GuardAct {
+    /// The process.
+    pub owner: ProcRef,
+    /// `tcp-autotune` or `udp-floor`.
+    pub rule: &'static str,
+    /// Enforced (false: observe mode, counted only).
+    pub enforced: bool,
+    /// Decisions so far.
+    pub decisions: u64,
+    /// The UDP floor applied (bytes requested, before the kernel doubles it).
+    pub floor: i64,
+    /// The floor was capped at `rmem_max` below what the policy asks.
+    pub floor_capped: bool,
+}
+
 /// `net.ipv4.tcp_rmem[2]`'s kernel default, assumed when the sysctl cannot be read.
 pub const TCP_RMEM_MAX_DEFAULT: i64 = 6_291_456;
 
@@ -212,6 +232,8 @@ pub struct Inputs {
     pub tcp_rmem_max: i64,
     /// Window over which drop rates are measured.
     pub window: Duration,
+    /// What the guard did, per process and rule.
+    pub guard: Vec<GuardAct>,
 }
 
 fn kib(b: f64) -> String {
@@ -276,6 +298,7 @@ impl Builder<'_> {
             fix,
             evidence: evidence.into_iter().collect(),
             rule,
+            guard: None,
         });
     }
 
@@ -318,10 +341,71 @@ pub fn evaluate(inputs: &Inputs) -> Vec<Finding> {
     clamps(&mut b);
     tcp_locks(&mut b);
     autotune(&mut b);
+    mark_guarded(&mut b.out, &inputs.guard);
     b.out.sort_by(|x, y| {
         (x.severity, x.process.pid, x.kind).cmp(&(y.severity, y.process.pid, y.kind))
     });
     b.out
+}
+
+/// The guard rule that addresses findings of `kind`, if one does.
+fn guard_rule_for(kind: &str) -> Option<&'static str> {
+    match kind {
+        kind::TCP_RCVBUF_LOCK | kind::TCP_WSCALE_SHRUNK | kind::AUTOTUNE_SUPPRESSED => {
+            Some("tcp-autotune")
+        }
+        kind::UDP_RCVBUF_DROPS | kind::RCVBUF_CLAMPED | kind::SNDBUF_CLAMPED => Some("udp-floor"),
+        _ => None,
+    }
+}
+
+/// Says, on each finding the guard addresses for its process, what the guard did.
+fn mark_guarded(out: &mut [Finding], acts: &[GuardAct]) {
+    for f in out.iter_mut() {
+        let Some(rule) = guard_rule_for(f.kind) else {
+            continue;
+        };
+        let mine: Vec<&GuardAct> = acts
+            .iter()
+            .filter(|a| a.owner.tgid == f.process.pid && a.rule == rule)
+            .collect();
+        if mine.is_empty() {
+            continue;
+        }
+        let enforced: u64 = mine
+            .iter()
+            .filter(|a| a.enforced)
+            .map(|a| a.decisions)
+            .sum();
+        let observed: u64 = mine
+            .iter()
+            .filter(|a| !a.enforced)
+            .map(|a| a.decisions)
+            .sum();
+        let what = match rule {
+            "tcp-autotune" => "buffer requests skipped so autotuning stays on".to_string(),
+            _ => {
+                let floor = mine.iter().map(|a| a.floor).max().unwrap_or(0);
+                let capped = mine.iter().any(|a| a.floor_capped);
+                format!(
+                    "UDP buffers raised to {}{}",
+                    kib(floor as f64),
+                    if capped {
+                        " (capped at net.core.rmem_max: raise it for the full floor)"
+                    } else {
+                        ""
+                    }
+                )
+            }
+        };
+        f.guard = Some(if enforced > 0 {
+            format!("the guard is fixing this ({rule}): {enforced} decisions, {what}")
+        } else {
+            format!(
+                "the guard (observe mode) would fix this ({rule}): {observed} decisions, {what}"
+            )
+        });
+    }
 }
 
 fn udp_drops(b: &mut Builder<'_>) {

@@ -23,9 +23,99 @@ fn hook_exists(hook: &Hook, kinfo: Option<&KernelInfo>, tracefs: Option<&Path>) 
             tracefs.is_some_and(|t| t.join("events").join(category).join(name).is_dir())
         }
         Hook::BtfTracepoint { name, .. } => kinfo.is_some_and(|k| k.btf.has_btf_tracepoint(name)),
-        Hook::CgroupSetsockopt { .. } | Hook::CgroupSockCreate { .. } => {
-            kernel::cgroup2_root().is_some()
+        Hook::CgroupSetsockopt { .. }
+        | Hook::CgroupSockCreate { .. }
+        | Hook::CgroupSockAddr { .. }
+        | Hook::CgroupGetsockopt { .. } => kernel::cgroup2_root().is_some(),
+        Hook::BtfTracepointWhere { .. } | Hook::Fentry { .. } | Hook::Fexit { .. } => {
+            kinfo.is_some_and(|k| probes::usable(std::slice::from_ref(hook), &k.btf).is_ok())
         }
+    }
+}
+
+/// The first line of an error, shortened (verifier logs are hundreds of lines; `bufscope run`
+/// logs them whole).
+fn first_line(e: &str) -> String {
+    let l = e.lines().next().unwrap_or("");
+    if l.chars().count() > 160 {
+        format!("{}…", l.chars().take(160).collect::<String>())
+    } else {
+        l.to_string()
+    }
+}
+
+/// `bufscope check --btf FILE`: the hook choice for the kernel that BTF describes, made
+/// from its BTF alone (what `bufscope run` does first on that kernel, before it loads).
+fn offline(btf_path: &Path, args: &CheckArgs) -> i32 {
+    println!(
+        "bufscope {} offline check of {}\n(nothing is loaded: whether the kernel allows fentry/fexit, and its verifier, are decided\non the kernel itself, where a refused variant falls back to the next usable one)",
+        env!("CARGO_PKG_VERSION"),
+        btf_path.display()
+    );
+    let k = match KernelInfo::load(btf_path, &args.kernel.reasons) {
+        Ok(k) => k,
+        Err(e) => {
+            line(false, "kernel BTF", &format!("{e:#}"));
+            return 1;
+        }
+    };
+    let tracked: Vec<String> = k
+        .tracked_reasons
+        .iter()
+        .map(|r| format!("{}={r}", k.reasons.name(*r)))
+        .collect();
+    line(
+        true,
+        "kernel BTF",
+        &format!(
+            "struct offsets resolved; {} drop reasons; counting {}",
+            k.reasons.len(),
+            tracked.join(" ")
+        ),
+    );
+    println!("probes:");
+    let mut drop_ok = false;
+    for spec in crate::signals::PROBES {
+        let mut chosen = None;
+        let mut notes = Vec::new();
+        for (i, v) in spec.variants.iter().enumerate() {
+            match probes::usable(v, &k.btf) {
+                Ok(()) if chosen.is_none() => chosen = Some(i),
+                Ok(()) => notes.push(format!("fallback  {}", probes::describe(v))),
+                Err(why) if chosen.is_none() => {
+                    notes.push(format!("skipped   {}: {why}", probes::describe(v)))
+                }
+                Err(_) => {}
+            }
+        }
+        match chosen {
+            Some(i) => {
+                if spec.is_drop_probe {
+                    drop_ok = true;
+                }
+                line(
+                    true,
+                    spec.name,
+                    &format!(
+                        "{} — {} (variant {} of {})",
+                        probes::describe(spec.variants[i]),
+                        spec.what,
+                        i + 1,
+                        spec.variants.len()
+                    ),
+                );
+            }
+            None => line(false, spec.name, "no variant is usable on this kernel"),
+        }
+        for n in notes {
+            println!("       {:<22} {n}", "");
+        }
+    }
+    if drop_ok {
+        0
+    } else {
+        println!("no drop probe can attach on that kernel");
+        1
     }
 }
 
@@ -34,6 +124,9 @@ pub fn run(args: &CheckArgs) -> i32 {
     if let Err(e) = args.kernel.validate() {
         eprintln!("bufscope: error: {e:#}");
         return 2;
+    }
+    if let Some(path) = &args.btf {
+        return offline(path, args);
     }
     println!(
         "bufscope {} preflight on Linux {}",
@@ -58,7 +151,11 @@ pub fn run(args: &CheckArgs) -> i32 {
             );
         }
     }
-    for cap in [caps::CAP_SYS_PTRACE, caps::CAP_DAC_READ_SEARCH] {
+    for cap in [
+        caps::CAP_SYS_PTRACE,
+        caps::CAP_DAC_READ_SEARCH,
+        caps::CAP_NET_ADMIN,
+    ] {
         if !caps::has(cap) {
             warn(cap.name, &format!("missing: cannot {}", cap.why));
         } else {
@@ -129,6 +226,14 @@ pub fn run(args: &CheckArgs) -> i32 {
             &disabled,
             MapSizes::default(),
             tracing::Level::WARN,
+            // The guard's hooks attach (observe mode, no rule on: they change nothing).
+            &probes::GuardSetup {
+                config: bufscope_common::GuardConfig {
+                    mode: bufscope_common::guard::MODE_OBSERVE,
+                    ..Default::default()
+                },
+                ..Default::default()
+            },
         ) {
             Ok(p) => attach_results = p.status.clone(),
             Err(e) => println!("       loading the BPF object failed: {e:#}"),
@@ -152,14 +257,16 @@ pub fn run(args: &CheckArgs) -> i32 {
             Some(s) if s.attached => (
                 true,
                 format!(
-                    "attached through a fallback ({})",
-                    s.error.as_deref().unwrap_or("")
+                    "attached (variant {} of {}, the best this kernel allows)",
+                    s.variant + 1,
+                    spec.variants.len()
                 ),
             ),
-            Some(s) => (
+            Some(s) if s.skipped.is_empty() => (
                 false,
                 s.error.clone().unwrap_or_else(|| "not attached".into()),
             ),
+            Some(_) => (false, "no variant attached".into()),
             None if present.is_some() => (
                 true,
                 "hooks present (not attached: --no-attach or missing privileges)".into(),
@@ -170,6 +277,17 @@ pub fn run(args: &CheckArgs) -> i32 {
             drop_probe_ok = true;
         }
         line(ok, spec.name, &format!("{hooks} — {}: {detail}", spec.what));
+        if let Some(s) = attached {
+            for (i, why) in &s.skipped {
+                let v = spec.variants.get(*i).copied().unwrap_or_default();
+                println!(
+                    "       {:<22} skipped {}: {}",
+                    "",
+                    probes::describe(v),
+                    first_line(why)
+                );
+            }
+        }
     }
     if !missing.is_empty() {
         let names: Vec<&str> = missing.iter().map(|c| c.name).collect();

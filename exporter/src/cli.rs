@@ -18,7 +18,7 @@ pub struct Cli {
 #[derive(Subcommand, Debug)]
 pub enum Command {
     /// Load the probes and serve Prometheus metrics.
-    Run(RunArgs),
+    Run(Box<RunArgs>),
     /// Preflight: print, probe by probe, what this kernel supports and what is missing.
     Check(CheckArgs),
     /// Print the findings of a running bufscope (what to change, per process).
@@ -90,6 +90,11 @@ pub struct KernelArgs {
     /// Log format.
     #[arg(long = "log.format", value_enum, default_value_t = LogFormat::Logfmt)]
     pub log_format: LogFormat,
+    /// The host's cgroup2 mount (default: found in /proc/self/mountinfo). In a container with
+    /// its own cgroup namespace, mount the host's /sys/fs/cgroup and name it here, or the
+    /// cgroup hooks only see the container itself.
+    #[arg(long = "path.cgroup2", value_name = "DIR")]
+    pub cgroup2: Option<PathBuf>,
 }
 
 /// Flags of `bufscope run`.
@@ -164,6 +169,9 @@ pub struct RunArgs {
         value_parser = at_least_one::<u32>
     )]
     pub autotune_entries: u32,
+    /// Guard flags.
+    #[command(flatten)]
+    pub guard: GuardArgs,
     /// Kernel, probe and log flags.
     #[command(flatten)]
     pub kernel: KernelArgs,
@@ -175,6 +183,11 @@ pub struct CheckArgs {
     /// Only inspect; do not try to load and attach the probes.
     #[arg(long)]
     pub no_attach: bool,
+    /// Evaluate another kernel offline from its BTF (raw BTF, e.g. its
+    /// `/sys/kernel/btf/vmlinux`, or the `.BTF` section of its vmlinux): which hook each probe
+    /// would use there and why. Loads nothing.
+    #[arg(long = "btf", value_name = "FILE")]
+    pub btf: Option<PathBuf>,
     /// Kernel, probe and log flags.
     #[command(flatten)]
     pub kernel: KernelArgs,
@@ -200,9 +213,94 @@ fn parse_ring_bytes(s: &str) -> Result<u32, String> {
     Ok(v)
 }
 
-impl KernelArgs {
-    /// Checks what clap cannot (values that name probes), for every subcommand.
+/// `--guard.mode`.
+#[derive(Clone, Copy, Debug, ValueEnum, PartialEq, Eq, Default, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum GuardMode {
+    /// No guard.
+    #[default]
+    Off,
+    /// Count what the guard would do; change nothing.
+    Observe,
+    /// Apply the buffer policy in the kernel.
+    Enforce,
+}
+
+/// The guard: the buffer policy applied in the kernel, without touching the applications.
+#[derive(clap::Args, Debug, Clone, Default)]
+pub struct GuardArgs {
+    /// off | observe (count what it would do) | enforce (TCP SO_RCVBUF/SO_SNDBUF skipped so
+    /// autotuning stays on; UDP buffers raised to the floor).
+    #[arg(long = "guard.mode", value_enum, default_value_t = GuardMode::Off)]
+    pub mode: GuardMode,
+    /// The cgroup (v2 directory) whose processes the guard acts for (default: the cgroup2
+    /// root, i.e. every process).
+    #[arg(long = "guard.cgroup", value_name = "PATH")]
+    pub cgroup: Option<PathBuf>,
+    /// Act only for processes with these names (comm).
+    #[arg(long = "guard.comm", value_delimiter = ',', value_name = "NAME")]
+    pub comm: Vec<String>,
+    /// Never act for processes with these names (comm).
+    #[arg(
+        long = "guard.exclude-comm",
+        value_delimiter = ',',
+        value_name = "NAME"
+    )]
+    pub exclude_comm: Vec<String>,
+    /// UDP buffer floor in bytes (the SO_RCVBUF/SO_SNDBUF value; the kernel doubles it).
+    /// Default: the policy's (7 MiB).
+    #[arg(long = "guard.udp-floor", value_name = "BYTES", value_parser = at_least_one::<u64>)]
+    pub udp_floor: Option<u64>,
+    /// Raise net.core.rmem_max/wmem_max to the floor at start (host-wide; never lowered).
+    #[arg(long = "guard.raise-sysctl")]
+    pub raise_sysctl: bool,
+}
+
+impl GuardArgs {
+    /// Checks the guard flags that clap cannot.
     pub fn validate(&self) -> anyhow::Result<()> {
+        if !self.comm.is_empty() && !self.exclude_comm.is_empty() {
+            anyhow::bail!("--guard.comm and --guard.exclude-comm cannot be combined: use one list");
+        }
+        for c in self.comm.iter().chain(&self.exclude_comm) {
+            if c.is_empty() || c.len() > 15 {
+                anyhow::bail!(
+                    "invalid comm {c:?} in --guard.comm/--guard.exclude-comm: a process name \
+                     is 1 to 15 bytes (the kernel's comm)"
+                );
+            }
+        }
+        if let Some(p) = &self.cgroup
+            && !p.is_dir()
+        {
+            anyhow::bail!(
+                "--guard.cgroup {}: not a directory (give a cgroup v2 directory, e.g. under \
+                 the cgroup2 mount)",
+                p.display()
+            );
+        }
+        if self.mode == GuardMode::Off
+            && (self.cgroup.is_some()
+                || !self.comm.is_empty()
+                || !self.exclude_comm.is_empty()
+                || self.udp_floor.is_some()
+                || self.raise_sysctl)
+        {
+            anyhow::bail!(
+                "guard flags given but --guard.mode is off: add --guard.mode observe or enforce"
+            );
+        }
+        Ok(())
+    }
+}
+
+impl KernelArgs {
+    /// Checks what clap cannot (values that name probes, the cgroup2 path), for every
+    /// subcommand.
+    pub fn validate(&self) -> anyhow::Result<()> {
+        if let Some(p) = &self.cgroup2 {
+            crate::kernel::set_cgroup2_root(p)?;
+        }
         let names: Vec<&str> = crate::signals::PROBES.iter().map(|s| s.name).collect();
         for p in &self.disable {
             if !names.contains(&p.as_str()) {
@@ -228,6 +326,7 @@ impl RunArgs {
             );
         }
         self.kernel.validate()?;
+        self.guard.validate()?;
         if !self.kernel.btf_path.exists() {
             anyhow::bail!(
                 "kernel BTF not found at {}: bufscope needs a kernel built with \
@@ -311,7 +410,7 @@ mod tests {
             let cli =
                 Cli::try_parse_from(["bufscope", sub, "--probe.disable", "drops,nope"]).unwrap();
             let k = match cli.cmd {
-                Command::Run(a) => a.kernel,
+                Command::Run(a) => a.kernel.clone(),
                 Command::Check(a) => a.kernel,
                 Command::Explain(_) => unreachable!(),
             };

@@ -14,7 +14,7 @@ use aya::maps::{MapData, RingBuf};
 use crate::advice::{self, Finding, Inputs, Report};
 use crate::attribution::{Attributor, Procfs};
 use crate::kernel::BufferLimits;
-use crate::metrics::{self, Health, NewSeries};
+use crate::metrics::{self, Created, Format, Health};
 use crate::probes::Stats;
 use crate::signals::{AdviceCx, Cx, GcCx, Signal};
 use crate::store::{ProcMeta, ProcRef, Store};
@@ -62,7 +62,8 @@ pub struct Collector {
     /// committed before it) and by the event task when the kernel signals it.
     events: Option<RingBuf<MapData>>,
     warned_limits: bool,
-    new_series: NewSeries,
+    /// Created times of the counter series (OpenMetrics `_created`).
+    created: Created,
     /// The last evaluation of the advice rules (see [`Collector::findings`]).
     findings_cache: Option<(Instant, Arc<Vec<Finding>>)>,
     /// Something the advice rules read changed since `findings_cache` was computed.
@@ -92,7 +93,7 @@ impl Collector {
             last_poll: None,
             advice_window: Duration::from_secs(60),
             warned_limits: false,
-            new_series: NewSeries::default(),
+            created: Created::default(),
             events: None,
             findings_cache: None,
             advice_dirty: true,
@@ -321,8 +322,10 @@ impl Collector {
         }
     }
 
-    /// Prometheus text exposition.
-    pub fn render(&mut self) -> String {
+    /// The exposition in `format`. Every sample is the counter's current value for every
+    /// client: nothing depends on who scraped before. OpenMetrics adds each counter's
+    /// `_created` time ([`Created`]).
+    pub fn render(&mut self, format: Format) -> String {
         self.health.map_entries = self
             .signals
             .iter()
@@ -330,12 +333,17 @@ impl Collector {
             .map(|m| (m.map, m.entries, m.max_entries))
             .collect();
         let findings = self.findings(FINDINGS_MIN_AGE_SCRAPE);
-        let mut fams = metrics::families(&self.store, &self.health, findings.as_slice());
-        self.new_series.zero(&mut fams);
-        metrics::encode(&fams).unwrap_or_else(|e| {
-            tracing::error!("encoding metrics: {e}");
-            String::new()
-        })
+        let fams = metrics::families(&self.store, &self.health, findings.as_slice());
+        match format {
+            Format::Text => metrics::encode(&fams).unwrap_or_else(|e| {
+                tracing::error!("encoding metrics: {e}");
+                String::new()
+            }),
+            Format::OpenMetrics { .. } => {
+                let created = metrics::created_times(&mut self.created, &self.store, &fams);
+                metrics::encode_openmetrics(&fams, &created)
+            }
+        }
     }
 }
 

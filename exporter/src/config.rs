@@ -31,6 +31,12 @@
 //! log:
 //!   level: info
 //!   format: logfmt   # or json
+//! guard:
+//!   mode: observe            # off | observe | enforce
+//!   cgroup: /sys/fs/cgroup/unified/vpn.slice
+//!   comm: [openvpn, wireguard-go]   # or exclude_comm: [...]
+//!   udp_floor: 7340032
+//!   raise_sysctl: false
 //! ```
 
 use std::path::{Path, PathBuf};
@@ -67,6 +73,8 @@ pub struct FileConfig {
     bpf: Bpf,
     #[serde(default)]
     log: Log,
+    #[serde(default)]
+    guard: Guard,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -106,6 +114,7 @@ struct Advice {
 #[serde(deny_unknown_fields)]
 struct Paths {
     procfs: Option<PathBuf>,
+    cgroup2: Option<PathBuf>,
 }
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -119,6 +128,16 @@ struct Bpf {
     owners_map_entries: Option<u32>,
     autotune_map_entries: Option<u32>,
     events_ring_bytes: Option<u32>,
+}
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Guard {
+    mode: Option<crate::cli::GuardMode>,
+    cgroup: Option<PathBuf>,
+    comm: Option<Vec<String>>,
+    exclude_comm: Option<Vec<String>>,
+    udp_floor: Option<u64>,
+    raise_sysctl: Option<bool>,
 }
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -196,6 +215,36 @@ pub fn apply(file: FileConfig, args: &mut RunArgs, m: &ArgMatches) -> anyhow::Re
         );
     }
     set!("procfs", args.procfs, file.path.procfs);
+    if let Some(v) = file.path.cgroup2
+        && !from_cli("cgroup2")
+    {
+        args.kernel.cgroup2 = Some(v);
+    }
+    set!("mode", args.guard.mode, file.guard.mode);
+    set!("comm", args.guard.comm, file.guard.comm);
+    set!(
+        "exclude_comm",
+        args.guard.exclude_comm,
+        file.guard.exclude_comm
+    );
+    set!(
+        "raise_sysctl",
+        args.guard.raise_sysctl,
+        file.guard.raise_sysctl
+    );
+    if let Some(v) = file.guard.cgroup
+        && !from_cli("cgroup")
+    {
+        args.guard.cgroup = Some(v);
+    }
+    if let Some(v) = file.guard.udp_floor
+        && !from_cli("udp_floor")
+    {
+        if v == 0 {
+            anyhow::bail!("--config.file: guard.udp_floor must be at least 1");
+        }
+        args.guard.udp_floor = Some(v);
+    }
     set!("btf_path", args.kernel.btf_path, file.kernel.btf_path);
     set!(
         "drops_entries",
@@ -264,7 +313,7 @@ mod tests {
         let sub = m.subcommand_matches("run").unwrap();
         let file: FileConfig = serde_yaml::from_str(yaml)?;
         apply(file, &mut args, sub)?;
-        Ok(args)
+        Ok(*args)
     }
 
     #[test]

@@ -169,6 +169,9 @@ pub fn render(findings: &[&Value]) -> String {
             f["summary"].as_str().unwrap_or("")
         ));
         out.push_str(&format!("  fix:  {}\n", f["fix"].as_str().unwrap_or("")));
+        if let Some(g) = f["guard"].as_str() {
+            out.push_str(&format!("  guard: {g}\n"));
+        }
         if let Some(s) = f["socket"].as_object() {
             out.push_str(&format!(
                 "  socket: inode {} ({})\n",

@@ -52,7 +52,7 @@ fn main() {
                     std::process::exit(1);
                 }
             };
-            match rt.block_on(bufscope::run::run(args)) {
+            match rt.block_on(bufscope::run::run(*args)) {
                 Ok(()) => 0,
                 Err(e) => {
                     eprintln!("bufscope: error: {e:#}");

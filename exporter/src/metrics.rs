@@ -1,8 +1,18 @@
 //! Prometheus exposition of the [`Store`] and of bufscope's own health.
 //!
 //! Families are built at scrape time from the store (no per-series objects to keep in sync,
-//! so folding and expiry are just map operations) and encoded with the `prometheus` crate's
-//! text encoder, which escapes label values (`comm` is attacker-controlled text).
+//! so folding and expiry are just map operations) and encoded either in the Prometheus text
+//! format 0.0.4 (the `prometheus` crate's encoder) or, when the client asks for it
+//! ([`Format::negotiate`]), in OpenMetrics text with a `_created` sample per counter
+//! ([`Created`]). Both escape label values (`comm` is attacker-controlled text).
+//!
+//! Every sample is the counter's current value, whoever asks and however often: nothing in
+//! a value depends on earlier scrapes. A short burst still shows as an increase in
+//! Prometheus when the series existed at 0 before it (a process known to hold a UDP socket
+//! gets its drop series at 0, see `store::Store::placeholder`) or when Prometheus ingests
+//! created timestamps.
+
+use std::time::SystemTime;
 
 use prometheus::proto::{Counter, Gauge, LabelPair, Metric, MetricFamily, MetricType};
 
@@ -235,42 +245,307 @@ pub fn families(store: &Store, health: &Health, findings: &[Finding]) -> Vec<Met
     out
 }
 
-/// Shows every counter series at 0 the first time it is exposed; its real value follows at
-/// the next scrape. Without this a series is born non-zero and `rate()`/`increase()` never
-/// see its first burst (e.g. the only drops of a short flood).
-#[derive(Default)]
-pub struct NewSeries {
-    exposed: foldhash::HashSet<String>,
+/// The exposition formats `/metrics` answers in, chosen from the request's `Accept` header.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Format {
+    /// Prometheus text format 0.0.4 (no created timestamps): curl, browsers, anything that
+    /// does not ask for OpenMetrics.
+    Text,
+    /// OpenMetrics text; each counter sample is followed by its `_created` sample. `v1`: the
+    /// client accepts version 1.0.0 (else only 0.0.1, Prometheus before 2.33; same text).
+    OpenMetrics {
+        /// Answer as version 1.0.0 (else 0.0.1).
+        v1: bool,
+    },
 }
 
-impl NewSeries {
-    /// Zeroes the counters of `fams` not exposed by the previous call.
-    pub fn zero(&mut self, fams: &mut [MetricFamily]) {
-        use foldhash::HashSetExt as _;
-        let mut seen = foldhash::HashSet::with_capacity(self.exposed.len());
-        for mf in fams.iter_mut() {
+impl Format {
+    /// The format an `Accept` header prefers: OpenMetrics when it ranks it above the text
+    /// format (every Prometheus since 2.5 does), else text. Unparseable or missing: text.
+    pub fn negotiate(accept: Option<&str>) -> Self {
+        let Some(accept) = accept else {
+            return Self::Text;
+        };
+        // (quality, version 1.0.0 acceptable) of OpenMetrics; quality of the text format.
+        let (mut om_q, mut om_v1, mut om_q_v1, mut text_q) = (-1.0f32, false, -1.0f32, -1.0f32);
+        for range in accept.split(',') {
+            let mut parts = range.split(';').map(str::trim);
+            let media = parts.next().unwrap_or("").to_ascii_lowercase();
+            let (mut q, mut version) = (1.0f32, None);
+            for p in parts {
+                if let Some((k, v)) = p.split_once('=') {
+                    let (k, v) = (k.trim().to_ascii_lowercase(), v.trim().trim_matches('"'));
+                    match k.as_str() {
+                        "q" => q = v.parse().unwrap_or(0.0),
+                        "version" => version = Some(v.to_string()),
+                        _ => {}
+                    }
+                }
+            }
+            match media.as_str() {
+                "application/openmetrics-text" => {
+                    let v1 = version.as_deref().is_none_or(|v| v.starts_with("1."));
+                    om_q = om_q.max(q);
+                    if v1 && q > 0.0 {
+                        om_v1 = true;
+                        om_q_v1 = om_q_v1.max(q);
+                    }
+                }
+                "text/plain" | "text/*" | "*/*" => text_q = text_q.max(q),
+                _ => {}
+            }
+        }
+        if om_q > 0.0 && om_q >= text_q {
+            // Prefer 1.0.0 unless the client ranks 0.0.1 strictly higher.
+            Self::OpenMetrics {
+                v1: om_v1 && om_q_v1 >= om_q,
+            }
+        } else {
+            Self::Text
+        }
+    }
+
+    /// The `Content-Type` of an answer in this format.
+    pub fn content_type(self) -> &'static str {
+        match self {
+            Self::Text => "text/plain; version=0.0.4; charset=utf-8",
+            Self::OpenMetrics { v1: true } => {
+                "application/openmetrics-text; version=1.0.0; charset=utf-8"
+            }
+            Self::OpenMetrics { v1: false } => {
+                "application/openmetrics-text; version=0.0.1; charset=utf-8"
+            }
+        }
+    }
+}
+
+/// Unix seconds of `t` (0 before the epoch).
+pub fn unix_seconds(t: SystemTime) -> f64 {
+    t.duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64())
+}
+
+/// When each counter series was created, for OpenMetrics `_created` samples (Prometheus with
+/// `--enable-feature=created-timestamp-zero-ingestion` stores a 0 at that time, so a series
+/// that appears with its first count still shows that count as an increase).
+///
+/// A series' created time is the latest moment bufscope knows it was 0: when its process's
+/// entry was made ([`ProcStats::born`]), or, for a series that appeared later in a process
+/// already exposed, the previous OpenMetrics exposition (it was absent then). It is fixed
+/// once given and the same for every client; a series that leaves (its process exited past
+/// retention or was folded) and comes back gets a new one, which is a reset.
+#[derive(Debug)]
+pub struct Created {
+    /// Series (hash of name and labels) → Unix seconds.
+    at: foldhash::HashMap<u64, f64>,
+    /// When the previous OpenMetrics exposition was made.
+    last: Option<f64>,
+    hasher: foldhash::quality::FixedState,
+}
+
+impl Default for Created {
+    fn default() -> Self {
+        Self {
+            at: foldhash::HashMap::default(),
+            last: None,
+            hasher: foldhash::quality::FixedState::with_seed(0x6275_6673),
+        }
+    }
+}
+
+impl Created {
+    fn key(&self, name: &str, labels: &[LabelPair]) -> u64 {
+        use std::hash::{BuildHasher as _, Hash as _, Hasher as _};
+        let mut h = self.hasher.build_hasher();
+        name.hash(&mut h);
+        for l in labels {
+            l.name().hash(&mut h);
+            l.value().hash(&mut h);
+        }
+        h.finish()
+    }
+
+    /// The created time of every counter sample of `fams`, in order (families, then samples):
+    /// kept from before, or new ones for series not seen at the previous call. `born` gives,
+    /// by `pid` label value, when that process's entry was made (`""`: the exporter's start).
+    pub fn stamp(
+        &mut self,
+        fams: &[MetricFamily],
+        born: &foldhash::HashMap<String, f64>,
+        started: f64,
+        now: f64,
+    ) -> Vec<f64> {
+        let mut next = foldhash::HashMap::default();
+        next.reserve(self.at.len());
+        let mut out = Vec::new();
+        for mf in fams {
             if mf.get_field_type() != MetricType::COUNTER {
                 continue;
             }
-            let name = mf.name().to_string();
-            for m in mf.mut_metric().iter_mut() {
-                let mut key = name.clone();
-                for l in m.get_label() {
-                    key.push('\u{0}');
-                    key.push_str(l.name());
-                    key.push('=');
-                    key.push_str(l.value());
-                }
-                if !self.exposed.contains(&key) {
-                    let mut c = Counter::default();
-                    c.set_value(0.0);
-                    m.set_counter(c);
-                }
-                seen.insert(key);
+            for m in mf.get_metric() {
+                let key = self.key(mf.name(), m.get_label());
+                let ct = match self.at.get(&key) {
+                    Some(ct) => *ct,
+                    None => {
+                        let pid = m
+                            .get_label()
+                            .iter()
+                            .find(|l| l.name() == "pid")
+                            .map(|l| l.value());
+                        let born = pid.and_then(|p| born.get(p)).copied().unwrap_or(started);
+                        // Never after now: the zero must come before the first sample.
+                        born.max(self.last.unwrap_or(started)).min(now)
+                    }
+                };
+                next.insert(key, ct);
+                out.push(ct);
             }
         }
-        self.exposed = seen;
+        self.at = next;
+        self.last = Some(now);
+        out
     }
+
+    /// Number of series with a created time (self-check, tests).
+    pub fn len(&self) -> usize {
+        self.at.len()
+    }
+
+    /// True when no series has one yet.
+    pub fn is_empty(&self) -> bool {
+        self.at.is_empty()
+    }
+}
+
+/// The created time of every counter sample of `fams` (see [`Created::stamp`]), with each
+/// process's entry time from `store`.
+pub fn created_times(created: &mut Created, store: &Store, fams: &[MetricFamily]) -> Vec<f64> {
+    let born: foldhash::HashMap<String, f64> = store
+        .iter()
+        .map(|(pid, s)| (pid, unix_seconds(s.born)))
+        .collect();
+    created.stamp(
+        fams,
+        &born,
+        unix_seconds(store.started()),
+        unix_seconds(SystemTime::now()),
+    )
+}
+
+/// Escapes a label value (both formats) or an OpenMetrics `HELP` text.
+fn escape(s: &str, quote: bool, out: &mut String) {
+    for c in s.chars() {
+        match c {
+            '\\' => out.push_str("\\\\"),
+            '\n' => out.push_str("\\n"),
+            '"' if quote => out.push_str("\\\""),
+            c => out.push(c),
+        }
+    }
+}
+
+/// An OpenMetrics number.
+fn om_number(v: f64, out: &mut String) {
+    use std::fmt::Write as _;
+    if v.is_nan() {
+        out.push_str("NaN");
+    } else if v.is_infinite() {
+        out.push_str(if v > 0.0 { "+Inf" } else { "-Inf" });
+    } else if v.fract() == 0.0 && v.abs() < 1e15 {
+        let _ = write!(out, "{}", v as i64);
+    } else {
+        let _ = write!(out, "{v}");
+    }
+}
+
+fn om_labels(labels: &[LabelPair], out: &mut String) {
+    if labels.is_empty() {
+        return;
+    }
+    out.push('{');
+    for (i, l) in labels.iter().enumerate() {
+        if i > 0 {
+            out.push(',');
+        }
+        out.push_str(l.name());
+        out.push_str("=\"");
+        escape(l.value(), true, out);
+        out.push('"');
+    }
+    out.push('}');
+}
+
+/// Renders families as OpenMetrics text: counter families are named without `_total` and
+/// each `_total` sample is followed by its `_created` sample (`created`, one per counter
+/// sample in order, from [`Created::stamp`]); gauges named `*_info` with value 1 are `info`
+/// families; the text ends with `# EOF`.
+pub fn encode_openmetrics(families: &[MetricFamily], created: &[f64]) -> String {
+    let mut out = String::with_capacity(64 * 1024);
+    let mut cts = created.iter();
+    for mf in families {
+        let name = mf.name();
+        let kind = mf.get_field_type();
+        let (family, typ) = match kind {
+            MetricType::COUNTER => (name.strip_suffix("_total").unwrap_or(name), "counter"),
+            _ if name.ends_with("_info")
+                && mf
+                    .get_metric()
+                    .iter()
+                    .all(|m| m.get_gauge().get_value() == 1.0) =>
+            {
+                (name.strip_suffix("_info").unwrap_or(name), "info")
+            }
+            _ => (name, "gauge"),
+        };
+        out.push_str("# HELP ");
+        out.push_str(family);
+        out.push(' ');
+        escape(mf.help(), true, &mut out);
+        out.push_str("\n# TYPE ");
+        out.push_str(family);
+        out.push(' ');
+        out.push_str(typ);
+        out.push('\n');
+        for m in mf.get_metric() {
+            let value = match kind {
+                MetricType::COUNTER => m.get_counter().get_value(),
+                _ => m.get_gauge().get_value(),
+            };
+            match typ {
+                "counter" => {
+                    out.push_str(family);
+                    out.push_str("_total");
+                    om_labels(m.get_label(), &mut out);
+                    out.push(' ');
+                    om_number(value, &mut out);
+                    out.push('\n');
+                    if let Some(ct) = cts.next() {
+                        out.push_str(family);
+                        out.push_str("_created");
+                        om_labels(m.get_label(), &mut out);
+                        out.push(' ');
+                        om_number(*ct, &mut out);
+                        out.push('\n');
+                    }
+                }
+                "info" => {
+                    out.push_str(family);
+                    out.push_str("_info");
+                    om_labels(m.get_label(), &mut out);
+                    out.push_str(" 1\n");
+                }
+                _ => {
+                    out.push_str(family);
+                    om_labels(m.get_label(), &mut out);
+                    out.push(' ');
+                    om_number(value, &mut out);
+                    out.push('\n');
+                }
+            }
+        }
+    }
+    out.push_str("# EOF\n");
+    out
 }
 
 /// Renders families in the Prometheus text format (0.0.4).
@@ -309,5 +584,138 @@ mod tests {
         for line in text.lines().filter(|l| !l.starts_with('#')) {
             assert!(line.starts_with("bufscope_"), "broken line: {line:?}");
         }
+    }
+
+    fn store_with(comm: &str, drops: u64) -> Store {
+        let mut store = Store::new(10, Duration::from_secs(60));
+        let who = Who::Proc(ProcRef {
+            tgid: 42,
+            start_ticks: 7,
+        });
+        let s = store.proc_mut(who, || ProcMeta {
+            comm: comm.into(),
+            container: String::new(),
+        });
+        s.drops.add(Proto::Udp, "SOCKET_RCVBUFF", drops);
+        store
+    }
+
+    fn health() -> Health {
+        Health {
+            version: "1.2.3".into(),
+            kernel: "6.18".into(),
+            ..Health::default()
+        }
+    }
+
+    #[test]
+    fn negotiation_follows_the_accept_header() {
+        let om1 = Format::OpenMetrics { v1: true };
+        // What Prometheus 2.42 sends.
+        assert_eq!(
+            Format::negotiate(Some(
+                "application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;q=0.75,text/plain;version=0.0.4;q=0.5,*/*;q=0.1"
+            )),
+            om1
+        );
+        // Prometheus before 2.33: only 0.0.1.
+        assert_eq!(
+            Format::negotiate(Some(
+                "application/openmetrics-text; version=0.0.1,text/plain;version=0.0.4;q=0.5,*/*;q=0.1"
+            )),
+            Format::OpenMetrics { v1: false }
+        );
+        // Prometheus 3 with protobuf first (not served here), then OpenMetrics.
+        assert_eq!(
+            Format::negotiate(Some(
+                "application/vnd.google.protobuf;proto=io.prometheus.client.MetricFamily;encoding=delimited;q=0.5,application/openmetrics-text;version=1.0.0;q=0.4,text/plain;version=0.0.4;q=0.2"
+            )),
+            om1
+        );
+        for text in [
+            None,
+            Some("*/*"),
+            Some("text/plain"),
+            Some("text/plain;version=0.0.4,application/openmetrics-text;q=0.5"),
+            Some("application/openmetrics-text;q=0"),
+            Some("application/json"),
+            Some(";;;,=,q=x"),
+        ] {
+            assert_eq!(Format::negotiate(text), Format::Text, "{text:?}");
+        }
+        assert!(om1.content_type().starts_with("application/openmetrics-text; version=1.0.0"));
+        assert!(Format::Text.content_type().starts_with("text/plain; version=0.0.4"));
+    }
+
+    #[test]
+    fn openmetrics_has_created_samples_escaping_and_eof() {
+        let store = store_with("a\"b\\c\nd", 5);
+        let fams = families(&store, &health(), &[]);
+        let mut created = Created::default();
+        let cts = created_times(&mut created, &store, &fams);
+        let text = encode_openmetrics(&fams, &cts);
+        assert!(text.ends_with("# EOF\n"), "{text}");
+        assert!(text.contains("# TYPE bufscope_socket_drops counter\n"), "{text}");
+        let total = r#"bufscope_socket_drops_total{comm="a\"b\\c\nd",pid="42",container="",proto="udp",reason="SOCKET_RCVBUFF"} 5"#;
+        let created_line = r#"bufscope_socket_drops_created{comm="a\"b\\c\nd",pid="42",container="",proto="udp",reason="SOCKET_RCVBUFF"} "#;
+        let lines: Vec<&str> = text.lines().collect();
+        let i = lines.iter().position(|l| *l == total).unwrap();
+        let ct: f64 = lines[i + 1].strip_prefix(created_line).unwrap().parse().unwrap();
+        let born = unix_seconds(store.iter().next().unwrap().1.born);
+        assert_eq!(ct, born, "a new process's series were 0 when its entry was made");
+        // Info and gauge families; HELP escapes the double quote.
+        assert!(text.contains("# TYPE bufscope_build info\nbufscope_build_info{version=\"1.2.3\",kernel=\"6.18\"} 1\n"), "{text}");
+        assert!(text.contains("# TYPE bufscope_tracked_processes gauge\nbufscope_tracked_processes 1\n"), "{text}");
+        assert!(text.contains(r#"(counted under comm=\"_unknown\")"#), "{text}");
+        // Every counter sample has its _created, every other line is a sample or metadata.
+        let totals = lines.iter().filter(|l| l.contains("_total")).count();
+        let createds = lines.iter().filter(|l| l.contains("_created")).count();
+        assert_eq!(totals, createds);
+        assert_eq!(cts.len(), totals);
+    }
+
+    #[test]
+    fn created_times_are_stable_and_new_series_start_after_the_last_exposition() {
+        let mut store = store_with("a", 5);
+        let mut created = Created::default();
+        let fams = families(&store, &health(), &[]);
+        let first = created_times(&mut created, &store, &fams);
+        let started = unix_seconds(store.started());
+        // Self-metrics count since the exporter started.
+        let fams_names: Vec<&str> = fams
+            .iter()
+            .filter(|f| f.get_field_type() == MetricType::COUNTER)
+            .flat_map(|f| f.get_metric().iter().map(move |_| f.name()))
+            .collect();
+        let i = fams_names.iter().position(|n| *n == "bufscope_folded_processes_total").unwrap();
+        assert_eq!(first[i], started);
+        std::thread::sleep(Duration::from_millis(20));
+        // A second exposition: same created times.
+        let again = created_times(&mut created, &store, &families(&store, &health(), &[]));
+        assert_eq!(first, again);
+        let before_new = unix_seconds(SystemTime::now());
+        std::thread::sleep(Duration::from_millis(20));
+        // A new series of a process exposed before: created at the previous exposition
+        // (it was absent then), not at the process's entry.
+        let who = Who::Proc(ProcRef {
+            tgid: 42,
+            start_ticks: 7,
+        });
+        store.proc_mut(who, Default::default).drops.add(Proto::Udp, "PROTO_MEM", 3);
+        let fams = families(&store, &health(), &[]);
+        let third = created_times(&mut created, &store, &fams);
+        let text = encode_openmetrics(&fams, &third);
+        let line = text
+            .lines()
+            .find(|l| l.starts_with("bufscope_socket_drops_created") && l.contains("PROTO_MEM"))
+            .unwrap();
+        let ct: f64 = line.rsplit(' ').next().unwrap().parse().unwrap();
+        assert!(ct > first[0] && ct <= before_new, "{ct} vs {} .. {before_new}", first[0]);
+        // A series that went away and came back is new again.
+        let mut c2 = Created::default();
+        created_times(&mut c2, &store, &families(&store, &health(), &[]));
+        assert_eq!(c2.len(), created.len());
+        created_times(&mut c2, &Store::new(10, Duration::from_secs(1)), &[]);
+        assert!(c2.is_empty());
     }
 }

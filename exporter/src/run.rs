@@ -45,6 +45,14 @@ pub fn preflight() -> anyhow::Result<()> {
             );
         }
     }
+    if !caps::has(caps::CAP_NET_ADMIN) {
+        tracing::warn!(
+            capability = caps::CAP_NET_ADMIN.name,
+            "CAP_NET_ADMIN is missing: bufscope cannot load cgroup socket programs, so setsockopt \
+             and owners fall back to syscall tracepoints (every syscall on the node pays for \
+             them) and the guard cannot run"
+        );
+    }
     Ok(())
 }
 
@@ -116,21 +124,27 @@ fn load(args: &RunArgs) -> anyhow::Result<(Collector, RingBuf<MapData>, Probes)>
         events_bytes: args.events_ring_bytes,
     };
     let disabled: HashSet<String> = args.kernel.disable.iter().cloned().collect();
+    let (guard_setup, guard) = signals::guard::setup(&args.guard)?;
     let mut loaded = probes::load(
         &kinfo,
         &args.kernel.btf_path,
         &disabled,
         sizes,
         args.kernel.log_level,
+        &guard_setup,
     )?;
     if !loaded.status.iter().any(|s| s.attached) {
         bail!("no probe could attach (see the warnings above; `bufscope check` explains each)");
+    }
+    if guard.as_ref().is_some_and(|g| g.enforce) {
+        signals::guard::require_enforce(&loaded.status)?;
     }
     let env = BuildEnv {
         status: &loaded.status,
         sizes,
         reasons: &kinfo.reasons,
         attribution_hold: args.attribution_hold,
+        guard,
     };
     let ebpf = &mut loaded.ebpf;
     let rooms = signals::build(ebpf, &env)?;
@@ -140,9 +154,11 @@ fn load(args: &RunArgs) -> anyhow::Result<(Collector, RingBuf<MapData>, Probes)>
     let health = Health {
         version: env!("CARGO_PKG_VERSION").to_string(),
         kernel: kinfo.release.clone(),
+        // The guard is listed only when it is on (off is a choice, not a detached probe).
         probes: loaded
             .status
             .iter()
+            .filter(|s| s.spec.name != signals::guard::PROBE.name || env.guard.is_some())
             .map(|s| (s.spec.name.to_string(), s.hooks(), s.attached))
             .collect(),
         ..Health::default()

@@ -6,11 +6,17 @@
 //! processes never go down). Processes that exited leave after the retention window. Counts
 //! that cannot be attributed go to `comm="_unknown"` and to
 //! `bufscope_attribution_unknown_total{probe}`.
+//!
+//! A process known to hold a UDP socket before it counted anything gets a *placeholder*
+//! entry ([`Store::placeholder`]), so that its drop series exists at 0 before its first drop
+//! and Prometheus sees that drop as an increase. Placeholders only use free room: a process
+//! with counts never makes way for one, and each one is the first to go when a process with
+//! counts needs room (it has nothing to fold) or when it exits.
 
 use std::collections::BTreeMap;
 
 use foldhash::{HashMap, HashMapExt as _};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use crate::signals;
 
@@ -73,6 +79,12 @@ pub struct ProcStats {
     pub last_active: Instant,
     /// When the process was seen gone.
     pub exited: Option<Instant>,
+    /// When this entry was made (wall clock): its counters have counted from 0 since then
+    /// (OpenMetrics `_created`).
+    pub born: SystemTime,
+    /// Nothing counted yet: the entry exists only so that its series start at 0 (see
+    /// [`Store::placeholder`]).
+    pub placeholder: bool,
     /// [`signals::drops`].
     pub drops: signals::drops::ProcDrops,
     /// [`signals::setsockopt`] (and locks inherited by accepted TCP children).
@@ -81,6 +93,8 @@ pub struct ProcStats {
     pub tcp: signals::tcp_state::ProcTcp,
     /// [`signals::autotune`].
     pub autotune: signals::autotune::ProcAutotune,
+    /// [`signals::guard`].
+    pub guard: signals::guard::ProcGuard,
 }
 
 impl ProcStats {
@@ -89,10 +103,13 @@ impl ProcStats {
             meta,
             last_active: now,
             exited: None,
+            born: SystemTime::now(),
+            placeholder: false,
             drops: Default::default(),
             sockopt: Default::default(),
             tcp: Default::default(),
             autotune: Default::default(),
+            guard: Default::default(),
         }
     }
 
@@ -102,6 +119,7 @@ impl ProcStats {
         self.sockopt.absorb(&o.sockopt);
         self.tcp.absorb(&o.tcp);
         self.autotune.absorb(&o.autotune);
+        self.guard.absorb(&o.guard);
         self.last_active = self.last_active.max(o.last_active);
     }
 
@@ -110,6 +128,7 @@ impl ProcStats {
             || self.sockopt.has_counts()
             || self.tcp.has_counts()
             || self.autotune.has_counts()
+            || self.guard.has_counts()
     }
 }
 
@@ -133,6 +152,8 @@ pub struct Store {
     pub attribution_unknown: BTreeMap<&'static str, u64>,
     /// Processes folded into `_other` so far.
     pub folded: u64,
+    /// When the store was made (the exporter's start: every counter counts from then on).
+    started: SystemTime,
 }
 
 /// The `comm` of the pseudo-process that absorbs folded processes.
@@ -161,7 +182,13 @@ impl Store {
             retention,
             attribution_unknown: BTreeMap::new(),
             folded: 0,
+            started: SystemTime::now(),
         }
+    }
+
+    /// When the store was made: the exporter's start.
+    pub fn started(&self) -> SystemTime {
+        self.started
     }
 
     /// Number of tracked (real) processes.
@@ -192,7 +219,9 @@ impl Store {
                 .copied()
                 .collect();
             for q in reused {
-                if let Some(old) = self.procs.remove(&q) {
+                if let Some(old) = self.procs.remove(&q)
+                    && !old.placeholder
+                {
                     self.other.absorb(&old);
                     self.folded += 1;
                 }
@@ -205,11 +234,40 @@ impl Store {
         match self.procs.get_mut(&p) {
             Some(s) => {
                 s.last_active = now;
+                s.placeholder = false;
                 s
             }
             // Unreachable (inserted above); fall back to _other rather than panic.
             None => &mut self.other,
         }
+    }
+
+    /// The entry of a process known to hold a socket that has not counted anything yet, so
+    /// that a room can put its series at 0 (e.g. drops of a UDP socket: Prometheus then sees
+    /// the first drops as an increase). An existing entry is returned as it is (nothing
+    /// counts as activity). A new one is made only when there is room: `None` when
+    /// `--max-processes` are tracked (a placeholder never folds a process).
+    pub fn placeholder(
+        &mut self,
+        p: ProcRef,
+        meta: impl FnOnce() -> ProcMeta,
+    ) -> Option<&mut ProcStats> {
+        if !self.procs.contains_key(&p) {
+            // A reused pid's earlier process (exited, kept for retention) has the same labels.
+            if self.procs.len() >= self.max_processes || self.procs.keys().any(|q| q.tgid == p.tgid)
+            {
+                return None;
+            }
+            let mut s = ProcStats::new(meta(), Instant::now());
+            s.placeholder = true;
+            self.procs.insert(p, s);
+        }
+        self.procs.get_mut(&p)
+    }
+
+    /// Placeholder entries (processes with series at 0 and nothing counted).
+    pub fn placeholders(&self) -> usize {
+        self.procs.values().filter(|s| s.placeholder).count()
     }
 
     /// Records `n` unattributable events of `probe`.
@@ -218,13 +276,15 @@ impl Store {
     }
 
     fn fold_least_active(&mut self) {
+        // Placeholders first (nothing to fold), then exited processes, then the least active.
         let victim = self
             .procs
             .iter()
-            .min_by_key(|(p, s)| (s.exited.is_none(), s.last_active, **p))
+            .min_by_key(|(p, s)| (!s.placeholder, s.exited.is_none(), s.last_active, **p))
             .map(|(p, _)| *p);
         if let Some(v) = victim
             && let Some(stats) = self.procs.remove(&v)
+            && !stats.placeholder
         {
             self.other.absorb(&stats);
             self.folded += 1;
@@ -241,7 +301,7 @@ impl Store {
     }
 
     /// Marks processes for which `alive` is false as exited and forgets those that exited
-    /// longer than the retention window ago.
+    /// longer than the retention window ago (placeholders at once: they counted nothing).
     pub fn expire(&mut self, alive: impl Fn(&ProcRef) -> bool) {
         let now = Instant::now();
         for (p, s) in self.procs.iter_mut() {
@@ -250,8 +310,10 @@ impl Store {
             }
         }
         let retention = self.retention;
-        self.procs
-            .retain(|_, s| s.exited.is_none_or(|t| now.duration_since(t) < retention));
+        self.procs.retain(|_, s| {
+            s.exited
+                .is_none_or(|t| !s.placeholder && now.duration_since(t) < retention)
+        });
     }
 
     /// Every tracked process plus the pseudo-processes that have counts, with the label

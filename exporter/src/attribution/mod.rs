@@ -11,6 +11,10 @@
 //! Sockets without an inode (TCP children not accepted yet, orphans) are attributed to the
 //! owner of the listener on their local port; drops on a full TUN ring to the process that
 //! holds the TUN device.
+//!
+//! The same records say, before anything drops, which processes hold UDP sockets
+//! ([`Attributor::new_udp_holders`]): `OWNERS` gets each socket at creation, and one pass over
+//! `/proc` at the first call finds those created before bufscope started.
 
 pub mod container;
 pub mod procfs;
@@ -18,8 +22,10 @@ pub mod procfs;
 use foldhash::{HashMap, HashMapExt as _, HashSet, HashSetExt as _};
 use std::time::{Duration, Instant};
 
-use aya::maps::{HashMap as BpfHashMap, MapData};
+use aya::maps::{HashMap as BpfHashMap, IterableMap as _, MapData};
 use bufscope_common::Owner;
+
+use crate::probes::BatchReader;
 
 pub use procfs::Procfs;
 
@@ -29,6 +35,13 @@ use crate::store::{ProcMeta, ProcRef};
 const NEGATIVE_TTL: Duration = Duration::from_secs(5);
 /// How long TUN and listener lookups are cached.
 const CACHE_TTL: Duration = Duration::from_secs(10);
+/// [`Attributor::new_udp_holders`] reads `OWNERS` at most this often (the periodic poll
+/// runs it; the extra polls of scrapes in between skip it).
+const UDP_SCAN_EVERY: Duration = Duration::from_millis(900);
+/// How long a new socket of `OWNERS` that is not (yet) in `/proc/<pid>/net/udp*` is looked
+/// for again: a UDP socket is listed there once bound or connected, which usually follows
+/// `socket()` at once; other sockets (TCP, …) are given up after this.
+const UDP_PENDING_TTL: Duration = Duration::from_secs(5);
 
 /// (netns, TUN interface name) → pid holding the device.
 type TunHolders = HashMap<(u32, String), u32>;
@@ -45,11 +58,36 @@ pub struct Attributor {
     netns_pid: HashMap<u32, u32>,
     /// `/proc` scans done (self-metric).
     pub scans: u64,
+    /// What [`Attributor::new_udp_holders`] keeps between calls.
+    udp: UdpWatch,
+}
+
+/// State of [`Attributor::new_udp_holders`].
+#[derive(Default)]
+struct UdpWatch {
+    /// Reads `OWNERS` in batches (None: no map, or the kernel cannot; then key by key).
+    reader: Option<BatchReader>,
+    /// `OWNERS` keys at the last read.
+    seen: HashSet<u64>,
+    /// New sockets not found among UDP sockets yet: owner, first seen.
+    pending: HashMap<u64, (Owner, Instant)>,
+    /// Processes already reported.
+    reported: HashSet<ProcRef>,
+    /// The `/proc` pass for sockets older than bufscope is done.
+    boot_done: bool,
+    last: Option<Instant>,
 }
 
 impl Attributor {
     /// A service reading `procfs` and, when the `owners` probe runs, the BPF `OWNERS` map.
     pub fn new(procfs: Procfs, owners: Option<BpfHashMap<MapData, u64, Owner>>) -> Self {
+        let reader = owners.as_ref().and_then(|m| {
+            BatchReader::shared(
+                m.map().fd(),
+                std::mem::size_of::<u64>(),
+                std::mem::size_of::<Owner>(),
+            )
+        });
         Self {
             procfs,
             owners,
@@ -60,6 +98,10 @@ impl Attributor {
             tun: None,
             netns_pid: HashMap::new(),
             scans: 0,
+            udp: UdpWatch {
+                reader,
+                ..UdpWatch::default()
+            },
         }
     }
 
@@ -216,6 +258,143 @@ impl Attributor {
         self.proc_from_pid(pid)
     }
 
+    /// Processes newly known to hold a UDP socket (each reported once), so that their drop
+    /// series can exist at 0 before their first drop. Sources: the sockets `OWNERS` gained
+    /// since the last call (recorded at creation), checked against the owner's
+    /// `/proc/<pid>/net/udp*`; at the first call also every process `/proc` shows holding a
+    /// UDP socket (sockets older than bufscope). Runs at most every [`UDP_SCAN_EVERY`].
+    pub fn new_udp_holders(&mut self) -> Vec<ProcRef> {
+        let now = Instant::now();
+        if self
+            .udp
+            .last
+            .is_some_and(|t| now.duration_since(t) < UDP_SCAN_EVERY)
+        {
+            return Vec::new();
+        }
+        self.udp.last = Some(now);
+        let mut out = Vec::new();
+        if !self.udp.boot_done {
+            self.udp.boot_done = true;
+            self.scans += 1;
+            out = self.udp_holders_in_proc();
+        }
+        let entries = self.read_owners();
+        let mut seen = HashSet::with_capacity(entries.len());
+        for (ino, o) in entries {
+            seen.insert(ino);
+            if !self.udp.seen.contains(&ino) {
+                self.udp.pending.entry(ino).or_insert((o, now));
+            }
+        }
+        self.udp.seen = seen;
+        if self.udp.pending.is_empty() {
+            return self.report(out);
+        }
+        // One read of /proc/<pid>/net/udp* per network namespace with new sockets.
+        let mut udp_of_netns: HashMap<u32, Option<HashSet<u64>>> = HashMap::new();
+        let pending: Vec<(u64, Owner, Instant)> = self
+            .udp
+            .pending
+            .drain()
+            .map(|(ino, (o, t))| (ino, o, t))
+            .collect();
+        for (ino, o, since) in pending {
+            let r = ProcRef {
+                tgid: o.tgid,
+                start_ticks: Procfs::ns_to_ticks(o.start_ns),
+            };
+            if self.udp.reported.contains(&r) || !self.udp.seen.contains(&ino) {
+                continue;
+            }
+            // The owner is gone (or its pid reused): nothing to put a series on.
+            if self.procfs.start_ticks(o.tgid) != Some(r.start_ticks) {
+                continue;
+            }
+            let Some(netns) = self.procfs.netns(o.tgid) else {
+                continue;
+            };
+            let procfs = &self.procfs;
+            let udp = udp_of_netns
+                .entry(netns)
+                .or_insert_with(|| procfs.udp_inodes(o.tgid));
+            match udp {
+                Some(set) if set.contains(&ino) => {
+                    let p = self.owner(&o);
+                    self.inode_owner.insert(ino, p);
+                    out.push(p);
+                }
+                _ if now.duration_since(since) < UDP_PENDING_TTL => {
+                    self.udp.pending.insert(ino, (o, since));
+                }
+                _ => {}
+            }
+        }
+        self.report(out)
+    }
+
+    /// Keeps the processes of `found` not reported before, and remembers them.
+    fn report(&mut self, found: Vec<ProcRef>) -> Vec<ProcRef> {
+        let mut out = Vec::new();
+        for p in found {
+            if self.udp.reported.insert(p) {
+                out.push(p);
+            }
+        }
+        out
+    }
+
+    /// Every `OWNERS` entry (in batches when the kernel allows, else key by key).
+    fn read_owners(&mut self) -> Vec<(u64, Owner)> {
+        let Some(map) = self.owners.as_ref() else {
+            return Vec::new();
+        };
+        if let Some(r) = &self.udp.reader {
+            match r.read::<u64, Owner>(map.map().fd()) {
+                Ok(all) => {
+                    return all
+                        .into_iter()
+                        .filter_map(|(k, v)| Some((k, *v.first()?)))
+                        .collect();
+                }
+                Err(e) => {
+                    tracing::debug!("OWNERS batch read failed ({e}); reading key by key");
+                    self.udp.reader = None;
+                }
+            }
+        }
+        map.iter().filter_map(Result::ok).collect()
+    }
+
+    /// Processes `/proc` shows holding a UDP socket (one pass over `/proc/*/fd`, one read of
+    /// `net/udp*` per network namespace).
+    fn udp_holders_in_proc(&mut self) -> Vec<ProcRef> {
+        let holders = self.procfs.all_socket_holders();
+        let mut udp_of_netns: HashMap<u32, Option<HashSet<u64>>> = HashMap::new();
+        let mut netns_of: HashMap<u32, Option<u32>> = HashMap::new();
+        let mut pids: HashSet<u32> = HashSet::new();
+        for (ino, pid) in holders {
+            if pids.contains(&pid) {
+                continue;
+            }
+            let procfs = &self.procfs;
+            let Some(netns) = *netns_of.entry(pid).or_insert_with(|| procfs.netns(pid)) else {
+                continue;
+            };
+            let udp = udp_of_netns
+                .entry(netns)
+                .or_insert_with(|| procfs.udp_inodes(pid));
+            if udp.as_ref().is_some_and(|s| s.contains(&ino)) {
+                pids.insert(pid);
+            }
+        }
+        let mut pids: Vec<u32> = pids.into_iter().collect();
+        pids.sort_unstable();
+        pids.into_iter()
+            .filter_map(|pid| self.proc_from_pid(pid))
+            .collect()
+    }
+
     /// Forgets an inode (its socket is gone).
     pub fn forget_inode(&mut self, inode: u64) {
         self.inode_owner.remove(&inode);
@@ -225,6 +404,8 @@ impl Attributor {
     /// Drops cached labels of processes no longer referenced by `keep`.
     pub fn retain_procs(&mut self, keep: impl Fn(&ProcRef) -> bool) {
         self.meta.retain(|p, _| keep(p));
+        // A process reported without room for its series is looked at again next time.
+        self.udp.reported.retain(|p| keep(p));
         self.inode_owner.retain(|_, p| keep(p));
         let now = Instant::now();
         self.negative

@@ -147,6 +147,32 @@ impl Procfs {
         None
     }
 
+    /// Inodes of the UDP (and UDP-Lite) sockets, v4 and v6, of the network namespace that
+    /// `pid_in_ns` is in (`/proc/<pid>/net/udp*`: a socket is listed once bound or connected,
+    /// i.e. once it can receive). None when none of the files could be read.
+    pub fn udp_inodes(&self, pid_in_ns: u32) -> Option<HashSet<u64>> {
+        let mut out = HashSet::default();
+        let mut read_any = false;
+        for file in ["net/udp", "net/udp6", "net/udplite", "net/udplite6"] {
+            let Ok(text) = std::fs::read_to_string(self.pid_path(pid_in_ns, file)) else {
+                continue;
+            };
+            read_any = true;
+            for line in text.lines().skip(1) {
+                // sl local rem st tx:rx tr:when retrnsmt uid timeout inode ref pointer drops
+                if let Some(ino) = line
+                    .split_whitespace()
+                    .nth(9)
+                    .and_then(|f| f.parse::<u64>().ok())
+                    && ino != 0
+                {
+                    out.insert(ino);
+                }
+            }
+        }
+        read_any.then_some(out)
+    }
+
     /// TUN/TAP devices by (netns, interface name) → the process holding the device's fd
     /// (from `/proc/<pid>/fdinfo/<fd>`'s `iff:` line).
     pub fn tun_holders(&self) -> HashMap<(u32, String), u32> {
@@ -213,6 +239,23 @@ mod tests {
         let p = Procfs::default();
         assert!(p.start_ticks(std::process::id()).unwrap() > 0);
         assert!(p.netns(std::process::id()).unwrap() > 0);
+    }
+
+    #[test]
+    fn lists_own_udp_sockets_once_bound() {
+        let s = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        let s6 = std::net::UdpSocket::bind("[::1]:0");
+        let ino = |fd: i32| -> u64 {
+            let link = std::fs::read_link(format!("/proc/self/fd/{fd}")).unwrap();
+            parse_bracketed(link.to_str().unwrap(), "socket:[").unwrap()
+        };
+        let tcp = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let udp = Procfs::default().udp_inodes(std::process::id()).unwrap();
+        assert!(udp.contains(&ino(s.as_raw_fd())), "the bound UDP socket");
+        if let Ok(s6) = &s6 {
+            assert!(udp.contains(&ino(s6.as_raw_fd())), "the bound UDPv6 socket");
+        }
+        assert!(!udp.contains(&ino(tcp.as_raw_fd())), "not the TCP listener");
     }
 
     #[test]

@@ -4,7 +4,7 @@
 //!
 //! | path | handler |
 //! |---|---|
-//! | `--web.telemetry-path` (`/metrics`) | Prometheus text exposition |
+//! | `--web.telemetry-path` (`/metrics`) | Prometheus text 0.0.4, or OpenMetrics 1.0.0 with `_created` samples when `Accept` prefers it |
 //! | `/healthz` | 200 while any probe is attached (never behind auth) |
 //! | `/api/v1/findings` | findings as JSON (docs/findings.md) |
 //! | `/api/v1/status` | the status page's data |
@@ -21,11 +21,12 @@ use std::time::Instant;
 
 use axum::Router;
 use axum::extract::State;
-use axum::http::{StatusCode, header};
+use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{Html, IntoResponse, Response};
 use axum::routing::get;
 
 use crate::collector::Collector;
+use crate::metrics::Format;
 use crate::probes::ProbeStatus;
 
 /// Shared between the HTTP handlers and the background tasks.
@@ -55,13 +56,21 @@ fn unavailable() -> Response {
     (StatusCode::INTERNAL_SERVER_ERROR, "collector unavailable\n").into_response()
 }
 
-async fn metrics_handler(State(app): State<App>) -> Response {
-    match with_fresh(&app, |c| c.render()).await {
+/// `/metrics`, in the format the client's `Accept` header prefers ([`Format::negotiate`]).
+async fn metrics_handler(State(app): State<App>, headers: HeaderMap) -> Response {
+    let accept = headers
+        .get_all(header::ACCEPT)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .collect::<Vec<_>>()
+        .join(",");
+    let format = Format::negotiate((!accept.is_empty()).then_some(accept.as_str()));
+    match with_fresh(&app, move |c| c.render(format)).await {
         Some(text) => (
-            [(
-                header::CONTENT_TYPE,
-                "text/plain; version=0.0.4; charset=utf-8",
-            )],
+            [
+                (header::CONTENT_TYPE, format.content_type()),
+                (header::VARY, "Accept"),
+            ],
             text,
         )
             .into_response(),

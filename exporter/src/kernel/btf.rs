@@ -238,6 +238,37 @@ impl KernelBtf {
             .map(|ids| !ids.is_empty())
             .unwrap_or(false)
     }
+
+    /// Number of arguments of tracepoint `tp` as a `tp_btf` program sees them (the
+    /// `btf_trace_<tp>` prototype less its leading context pointer), e.g. 4 for `kfree_skb` on
+    /// 6.11+ (`skb, location, reason, rx_sk`), 3 on 5.17–6.10. None without such a tracepoint.
+    pub fn btf_tracepoint_args(&self, tp: &str) -> Option<usize> {
+        let name = format!("btf_trace_{tp}");
+        for t in self.btf.resolve_types_by_name(&name).ok()? {
+            let Type::Typedef(td) = t else { continue };
+            let Ok(Type::Ptr(ptr)) = self.btf.resolve_chained_type(&td) else {
+                continue;
+            };
+            if let Ok(Type::FuncProto(fp)) = self.btf.resolve_chained_type(&ptr) {
+                return Some(fp.parameters.len().saturating_sub(1));
+            }
+        }
+        None
+    }
+
+    /// True when the kernel's BTF has a function `name` (`BTF_KIND_FUNC`): a function that
+    /// was not inlined away, so fentry/fexit can attach to it where the kernel allows them.
+    pub fn has_func(&self, name: &str) -> bool {
+        self.btf
+            .resolve_types_by_name(name)
+            .map(|ts| ts.iter().any(|t| matches!(t, Type::Func(_))))
+            .unwrap_or(false)
+    }
+
+    /// True when struct `strukt` exists and has member path `path`.
+    pub fn has_member(&self, strukt: &str, path: &str) -> bool {
+        self.member(strukt, path).is_ok()
+    }
 }
 
 #[cfg(test)]
@@ -319,6 +350,36 @@ mod tests {
             k.member("sock", "no_such_member"),
             Err(BtfError::NoMember { .. })
         ));
+    }
+
+    #[test]
+    fn tracepoint_arguments_and_functions() {
+        let k = kernel().unwrap();
+        // Ground truth: the same prototypes as bpftool prints them (`format c`).
+        let out = std::process::Command::new("bpftool")
+            .args([
+                "btf",
+                "dump",
+                "file",
+                "/sys/kernel/btf/vmlinux",
+                "format",
+                "c",
+            ])
+            .output()
+            .expect("bpftool (cargo xtask setup installs it)");
+        let c = String::from_utf8_lossy(&out.stdout);
+        for tp in ["kfree_skb", "udp_fail_queue_rcv_skb", "inet_sock_set_state"] {
+            let line = c
+                .lines()
+                .find(|l| l.contains(&format!("(*btf_trace_{tp})(")))
+                .unwrap();
+            let want = line.matches(',').count(); // "void *, a, b" -> 2 arguments after ctx
+            assert_eq!(k.btf_tracepoint_args(tp), Some(want), "{line}");
+        }
+        assert_eq!(k.btf_tracepoint_args("no_such_tracepoint"), None);
+        assert!(k.has_func("tcp_rcv_space_adjust"));
+        assert!(!k.has_func("sock")); // a struct, not a function
+        assert!(k.has_member("sock", "sk_rcvbuf"));
     }
 
     #[test]

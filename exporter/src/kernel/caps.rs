@@ -35,6 +35,13 @@ pub const CAP_SYS_ADMIN: Cap = Cap {
     name: "CAP_SYS_ADMIN",
     why: "mount tracefs when it is not mounted (and stands in for CAP_BPF/CAP_PERFMON before 5.8)",
 };
+/// CAP_NET_ADMIN: load cgroup socket programs (cgroup/setsockopt, cgroup/sock_create, the
+/// guard's bind/connect/sendmsg hooks); `--guard.raise-sysctl`.
+pub const CAP_NET_ADMIN: Cap = Cap {
+    bit: 12,
+    name: "CAP_NET_ADMIN",
+    why: "load cgroup socket programs (setsockopt and owners without a syscall tax; the guard)",
+};
 /// CAP_DAC_READ_SEARCH: list `/proc/<pid>/fd` directories owned by other users.
 pub const CAP_DAC_READ_SEARCH: Cap = Cap {
     bit: 2,

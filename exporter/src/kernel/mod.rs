@@ -4,6 +4,7 @@
 
 pub mod btf;
 pub mod caps;
+pub mod compat;
 pub mod reasons;
 
 use std::path::{Path, PathBuf};
@@ -39,7 +40,8 @@ impl KernelInfo {
                     DropReasons::from_tracepoint_format(&t.join("events/skb/kfree_skb/format"))
                 })
             })
-            .unwrap_or_default();
+            .filter(|r| !r.is_empty())
+            .unwrap_or_else(DropReasons::without_kernel_reasons);
         let mut tracked_reasons = Vec::new();
         for name in tracked {
             match reasons.value(name) {
@@ -185,8 +187,48 @@ pub fn ensure_tracefs() -> anyhow::Result<PathBuf> {
 /// anywhere: `/sys/fs/cgroup` on pure v2 hosts, `/sys/fs/cgroup/unified` in hybrid mode).
 /// None when no cgroup2 is mounted.
 pub fn cgroup2_root() -> Option<PathBuf> {
+    if let Some(p) = CGROUP2_ROOT.get() {
+        return Some(p.clone());
+    }
     let text = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
     cgroup2_in_mountinfo(&text)
+}
+
+/// `--path.cgroup2`, once validated.
+static CGROUP2_ROOT: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+
+/// `CGROUP2_SUPER_MAGIC`.
+const CGROUP2_SUPER_MAGIC: i64 = 0x6367_7270;
+
+/// Whether `dir` is the root of a cgroup2 mount.
+fn is_cgroup2(dir: &Path) -> std::io::Result<bool> {
+    let c = std::ffi::CString::new(dir.as_os_str().as_encoded_bytes())
+        .map_err(|_| std::io::Error::from(std::io::ErrorKind::InvalidInput))?;
+    // SAFETY: statfs with a NUL-terminated path and a zeroed struct it fills.
+    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+    if unsafe { libc::statfs(c.as_ptr(), &mut st) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(st.f_type as i64 == CGROUP2_SUPER_MAGIC)
+}
+
+/// Uses `dir` as the cgroup2 root (`--path.cgroup2`) after checking that it is one; on hosts
+/// in hybrid mode (cgroup v1 at `dir`, v2 at `dir/unified`) the `unified` mount is used.
+pub fn set_cgroup2_root(dir: &Path) -> anyhow::Result<()> {
+    let hybrid = dir.join("unified");
+    let root = match is_cgroup2(dir) {
+        Ok(true) => dir.to_path_buf(),
+        Ok(false) if is_cgroup2(&hybrid).unwrap_or(false) => hybrid,
+        Ok(false) => anyhow::bail!(
+            "--path.cgroup2 {}: not a cgroup2 mount (nor is {}): mount the host's cgroup2 \
+             there, e.g. a hostPath volume of /sys/fs/cgroup",
+            dir.display(),
+            hybrid.display()
+        ),
+        Err(e) => anyhow::bail!("--path.cgroup2 {}: {e}", dir.display()),
+    };
+    let _ = CGROUP2_ROOT.set(root);
+    Ok(())
 }
 
 /// The first cgroup2 mount point in a mountinfo text (the field after ` - ` is the type;

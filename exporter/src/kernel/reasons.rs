@@ -77,6 +77,18 @@ impl DropReasons {
             .map(|(v, _)| *v)
     }
 
+    /// For kernels without `enum skb_drop_reason` (before 5.17): the two reasons bufscope's
+    /// UDP hooks derive from the enqueue error themselves (`-ENOMEM` → `SOCKET_RCVBUFF`,
+    /// else `PROTO_MEM`, as later kernels name them), numbered here since the kernel has no
+    /// numbers (no `kfree_skb` program can attach there: it has no reason argument).
+    pub fn without_kernel_reasons() -> Self {
+        let by_value = [(1, "SOCKET_RCVBUFF"), (2, "PROTO_MEM")]
+            .into_iter()
+            .map(|(v, n)| (v, n.to_string()))
+            .collect();
+        Self { by_value }
+    }
+
     /// Number of known reasons.
     pub fn len(&self) -> usize {
         self.by_value.len()

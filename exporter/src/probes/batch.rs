@@ -71,13 +71,30 @@ pub struct BatchReader {
     key_size: usize,
     value_size: usize,
     ncpus: usize,
+    /// Values are per CPU (each padded to 8 bytes); else one packed value per key.
+    per_cpu: bool,
 }
 
 impl BatchReader {
     /// A reader for the map behind `fd`, when the kernel reports exactly these key and value
     /// sizes for it (None otherwise: then read it key by key).
     pub fn new(fd: &MapFd, key_size: usize, value_size: usize) -> Option<Self> {
-        let ncpus = possible_cpus()?;
+        Self::with_cpus(fd, key_size, value_size, possible_cpus()?, true)
+    }
+
+    /// A reader for a plain (not per-CPU) hash or LRU hash map: [`BatchReader::read`] then
+    /// returns one value per key.
+    pub fn shared(fd: &MapFd, key_size: usize, value_size: usize) -> Option<Self> {
+        Self::with_cpus(fd, key_size, value_size, 1, false)
+    }
+
+    fn with_cpus(
+        fd: &MapFd,
+        key_size: usize,
+        value_size: usize,
+        ncpus: usize,
+        per_cpu: bool,
+    ) -> Option<Self> {
         let mut info = [0u8; 128];
         let mut attr = InfoAttr {
             bpf_fd: fd.as_fd().as_raw_fd() as u32,
@@ -97,18 +114,23 @@ impl BatchReader {
             key_size,
             value_size,
             ncpus,
+            per_cpu,
         })
     }
 
     /// Every entry of the map behind `fd` (the one this reader was made for) as (key, one value
-    /// per possible CPU). `K`/`V` must be the map's key and value types (sizes checked in
-    /// [`BatchReader::new`]).
+    /// per possible CPU; one value from a [`BatchReader::shared`] reader). `K`/`V` must be the
+    /// map's key and value types (sizes checked when the reader was made).
     pub fn read<K: aya::Pod, V: aya::Pod>(&self, fd: &MapFd) -> io::Result<Vec<(K, Vec<V>)>> {
         if std::mem::size_of::<K>() != self.key_size || std::mem::size_of::<V>() != self.value_size
         {
             return Err(io::Error::from(io::ErrorKind::InvalidInput));
         }
-        let stride = self.value_size.div_ceil(8) * 8;
+        let stride = if self.per_cpu {
+            self.value_size.div_ceil(8) * 8
+        } else {
+            self.value_size
+        };
         let mut chunk = CHUNK;
         let mut out = Vec::new();
         // Hash maps use a u32 bucket index as the batch token.

@@ -8,18 +8,23 @@
 //! them, and offers the map readers the rooms share ([`BatchReader`], [`Stats`]).
 
 mod batch;
+mod choice;
 mod stats;
 
 use std::collections::HashSet;
 
 use anyhow::Context as _;
-use aya::programs::{BtfTracePoint, CgroupAttachMode, CgroupSock, CgroupSockopt, TracePoint};
+use aya::programs::{
+    BtfTracePoint, CgroupAttachMode, CgroupSock, CgroupSockAddr, CgroupSockopt, FEntry, FExit,
+    TracePoint,
+};
 use aya::{Btf, Ebpf, EbpfLoader};
 
 use crate::kernel::KernelInfo;
 use crate::signals::PROBES;
 
 pub use batch::BatchReader;
+pub use choice::{BtfNeed, usable};
 pub use stats::Stats;
 
 /// One hook of a probe.
@@ -53,6 +58,45 @@ pub enum Hook {
         /// Program name in the object.
         prog: &'static str,
     },
+    /// The guard's `cgroup/getsockopt` program (attached at the guard's cgroup): buffer
+    /// readbacks of TCP requests the guard skipped.
+    CgroupGetsockopt {
+        /// Program name in the object.
+        prog: &'static str,
+    },
+    /// A `cgroup/<attach>` socket-address program (`bind4`, `connect6`, `sendmsg4`, …) of the
+    /// guard, attached at the guard's cgroup (`--guard.cgroup`, default the cgroup2 root).
+    CgroupSockAddr {
+        /// Program name in the object.
+        prog: &'static str,
+        /// The attach point (`bind4`, `bind6`, `connect4`, `connect6`, `sendmsg4`, `sendmsg6`).
+        attach: &'static str,
+    },
+    /// A BTF tracepoint used only where the kernel's BTF shows what its program relies on
+    /// (e.g. `kfree_skb` with a 4th argument, `rx_sk`): chosen from BTF, not from versions.
+    BtfTracepointWhere {
+        /// Program name in the object.
+        prog: &'static str,
+        /// Tracepoint name.
+        name: &'static str,
+        /// What the kernel's BTF must show.
+        needs: &'static [BtfNeed],
+    },
+    /// An `fentry` program on kernel function `func` (needs the function in BTF, i.e. not
+    /// inlined, and a kernel that allows BPF trampolines: some refuse them with EPERM).
+    Fentry {
+        /// Program name in the object.
+        prog: &'static str,
+        /// Kernel function.
+        func: &'static str,
+    },
+    /// An `fexit` program on kernel function `func` (as [`Hook::Fentry`]).
+    Fexit {
+        /// Program name in the object.
+        prog: &'static str,
+        /// Kernel function.
+        func: &'static str,
+    },
 }
 
 impl Hook {
@@ -63,6 +107,11 @@ impl Hook {
             Hook::BtfTracepoint { name, .. } => format!("tp_btf/{name}"),
             Hook::CgroupSetsockopt { .. } => "cgroup/setsockopt".into(),
             Hook::CgroupSockCreate { .. } => "cgroup/sock_create".into(),
+            Hook::CgroupSockAddr { attach, .. } => format!("cgroup/{attach}"),
+            Hook::CgroupGetsockopt { .. } => "cgroup/getsockopt".into(),
+            Hook::BtfTracepointWhere { name, .. } => format!("tp_btf/{name}"),
+            Hook::Fentry { func, .. } => format!("fentry/{func}"),
+            Hook::Fexit { func, .. } => format!("fexit/{func}"),
         }
     }
 
@@ -70,7 +119,10 @@ impl Hook {
     pub fn needs_cgroup2(&self) -> bool {
         matches!(
             self,
-            Hook::CgroupSetsockopt { .. } | Hook::CgroupSockCreate { .. }
+            Hook::CgroupSetsockopt { .. }
+                | Hook::CgroupSockCreate { .. }
+                | Hook::CgroupSockAddr { .. }
+                | Hook::CgroupGetsockopt { .. }
         )
     }
 }
@@ -113,6 +165,9 @@ pub struct ProbeStatus {
     /// Why not, when not (also `"disabled"` when switched off by configuration); when a
     /// fallback variant attached, why the better ones did not.
     pub error: Option<String>,
+    /// The variants passed over before the one in use (or all, when none attached): index
+    /// and why (the kernel's BTF lacks what it needs, or the kernel refused it).
+    pub skipped: Vec<(usize, String)>,
 }
 
 impl ProbeStatus {
@@ -178,6 +233,7 @@ pub fn load(
     disabled: &HashSet<String>,
     sizes: MapSizes,
     log_level: tracing::Level,
+    guard: &GuardSetup,
 ) -> anyhow::Result<Probes> {
     let btf = Btf::parse_file(btf_path, aya::Endianness::default())
         .with_context(|| format!("parsing {}", btf_path.display()))?;
@@ -190,9 +246,15 @@ pub fn load(
         tracing::Level::TRACE => 5,
     };
     let config = fast_path_config(kernel);
+    let compat = crate::kernel::compat::build(&kernel.btf, &kernel.reasons).unwrap_or_else(|e| {
+        tracing::warn!("older-kernel hooks unusable: {e}");
+        bufscope_common::CompatConfig::zeroed()
+    });
     let mut ebpf = EbpfLoader::new()
         .btf(Some(&btf))
         .override_global("CONFIG", &config, true)
+        .override_global("GUARD", &guard.config, true)
+        .override_global("COMPAT", &compat, true)
         .override_global("AYA_LOG_LEVEL", &aya_level, false)
         .map_max_entries("DROPS", sizes.drops)
         .map_max_entries("OWNERS", sizes.owners)
@@ -207,30 +269,46 @@ pub fn load(
     });
     let mut status = Vec::new();
     let mut loaded: HashSet<&'static str> = HashSet::new();
+    fill_guard_comms(&mut ebpf, guard)?;
+    let guard_cgroup = guard_cgroup(guard, cgroup.as_ref());
     for spec in PROBES {
-        if disabled.contains(spec.name) {
+        let off = (spec.name == crate::signals::guard::PROBE.name
+            && guard.config.mode == bufscope_common::guard::MODE_OFF)
+            .then_some("off (--guard.mode off)");
+        if let Some(why) = off.or(disabled.contains(spec.name).then_some("disabled")) {
             tracing::info!(probe = spec.name, "probe disabled by configuration");
             status.push(ProbeStatus {
                 spec: *spec,
                 attached: false,
                 variant: 0,
-                error: Some("disabled".into()),
+                error: Some(why.into()),
+                skipped: Vec::new(),
             });
             continue;
         }
         let mut errors = Vec::new();
+        let mut skipped = Vec::new();
         let mut attached = None;
         for (i, hooks) in spec.variants.iter().enumerate() {
+            if let Err(why) = usable(hooks, &kernel.btf) {
+                errors.push(format!("{}: {why}", describe(hooks)));
+                skipped.push((i, why));
+                continue;
+            }
             let env = AttachEnv {
                 btf: &btf,
                 cgroup: cgroup.as_ref(),
+                guard_cgroup: guard_cgroup.as_ref(),
             };
             match attach(&mut ebpf, hooks, &env, &mut loaded) {
                 Ok(()) => {
                     attached = Some(i);
                     break;
                 }
-                Err(e) => errors.push(format!("{}: {e:#}", describe(hooks))),
+                Err(e) => {
+                    errors.push(format!("{}: {e:#}", describe(hooks)));
+                    skipped.push((i, format!("{e:#}")));
+                }
             }
         }
         let error = (!errors.is_empty()).then(|| errors.join("; "));
@@ -250,6 +328,7 @@ pub fn load(
                     attached: true,
                     variant: i,
                     error,
+                    skipped,
                 });
             }
             None => {
@@ -263,6 +342,7 @@ pub fn load(
                     attached: false,
                     variant: 0,
                     error,
+                    skipped,
                 });
             }
         }
@@ -306,14 +386,70 @@ fn fast_path_config(kernel: &KernelInfo) -> bufscope_common::Config {
     c
 }
 
+/// The guard's settings for the loader: what is patched into `GUARD`, the comms of its scope
+/// and the cgroup its socket-address programs attach to.
+#[derive(Clone, Debug, Default)]
+pub struct GuardSetup {
+    /// `GUARD` (mode off: the guard probe is not attached and its branches are dead code).
+    pub config: bufscope_common::GuardConfig,
+    /// The `comm`s of `--guard.comm` / `--guard.exclude-comm`, as the kernel stores them.
+    pub comms: Vec<[u8; 16]>,
+    /// `--guard.cgroup` (None: the cgroup2 root).
+    pub cgroup: Option<std::path::PathBuf>,
+}
+
+/// Writes the guard's comms into `GUARD_COMMS`.
+fn fill_guard_comms(ebpf: &mut Ebpf, guard: &GuardSetup) -> anyhow::Result<()> {
+    if guard.comms.is_empty() {
+        return Ok(());
+    }
+    let mut map: aya::maps::HashMap<_, [u8; 16], u8> = aya::maps::HashMap::try_from(
+        ebpf.map_mut("GUARD_COMMS")
+            .context("map GUARD_COMMS missing from the BPF object")?,
+    )?;
+    for c in &guard.comms {
+        map.insert(c, 1, 0).context("filling GUARD_COMMS")?;
+    }
+    Ok(())
+}
+
+/// Opens the guard's cgroup (its `--guard.cgroup`, else the cgroup2 root).
+fn guard_cgroup(
+    guard: &GuardSetup,
+    root: Option<&anyhow::Result<std::fs::File>>,
+) -> Option<anyhow::Result<std::fs::File>> {
+    match &guard.cgroup {
+        Some(p) => Some(
+            std::fs::File::open(p)
+                .with_context(|| format!("opening --guard.cgroup {}", p.display())),
+        ),
+        None => root.map(|r| match r {
+            Ok(f) => f.try_clone().context("duplicating the cgroup2 root fd"),
+            Err(e) => Err(anyhow::anyhow!("{e:#}")),
+        }),
+    }
+}
+
 /// What attaching needs besides the object.
 struct AttachEnv<'a> {
     btf: &'a Btf,
     /// The cgroup2 root, opened (None: no cgroup2 mounted; Some(Err): cannot open it).
     cgroup: Option<&'a anyhow::Result<std::fs::File>>,
+    /// The guard's cgroup, opened (as `cgroup`).
+    guard_cgroup: Option<&'a anyhow::Result<std::fs::File>>,
 }
 
 impl AttachEnv<'_> {
+    fn guard_cgroup(&self) -> anyhow::Result<&std::fs::File> {
+        match self.guard_cgroup {
+            Some(Ok(f)) => Ok(f),
+            Some(Err(e)) => Err(anyhow::anyhow!("{e:#}")),
+            None => Err(anyhow::anyhow!(
+                "no cgroup2 hierarchy is mounted (see /proc/self/mountinfo)"
+            )),
+        }
+    }
+
     fn cgroup(&self) -> anyhow::Result<&std::fs::File> {
         match self.cgroup {
             Some(Ok(f)) => Ok(f),
@@ -398,7 +534,7 @@ fn attach_one(
                 }
             })
         }
-        Hook::BtfTracepoint { prog, name } => {
+        Hook::BtfTracepoint { prog, name } | Hook::BtfTracepointWhere { prog, name, .. } => {
             let p: &mut BtfTracePoint = program(ebpf, prog)?;
             if loaded.insert(prog) {
                 p.load(name, env.btf)
@@ -409,6 +545,36 @@ fn attach_one(
                 .with_context(|| format!("attaching tp_btf/{name}"))?;
             Box::new(move |ebpf| {
                 if let Ok(p) = program::<BtfTracePoint>(ebpf, prog) {
+                    let _ = p.detach(id);
+                }
+            })
+        }
+        Hook::Fentry { prog, func } => {
+            let p: &mut FEntry = program(ebpf, prog)?;
+            if loaded.insert(prog) {
+                p.load(func, env.btf)
+                    .with_context(|| format!("loading fentry/{func}"))?;
+            }
+            let id = p
+                .attach()
+                .with_context(|| format!("attaching fentry/{func}"))?;
+            Box::new(move |ebpf| {
+                if let Ok(p) = program::<FEntry>(ebpf, prog) {
+                    let _ = p.detach(id);
+                }
+            })
+        }
+        Hook::Fexit { prog, func } => {
+            let p: &mut FExit = program(ebpf, prog)?;
+            if loaded.insert(prog) {
+                p.load(func, env.btf)
+                    .with_context(|| format!("loading fexit/{func}"))?;
+            }
+            let id = p
+                .attach()
+                .with_context(|| format!("attaching fexit/{func}"))?;
+            Box::new(move |ebpf| {
+                if let Ok(p) = program::<FExit>(ebpf, prog) {
                     let _ = p.detach(id);
                 }
             })
@@ -425,6 +591,38 @@ fn attach_one(
                 .context("attaching cgroup/setsockopt at the cgroup2 root")?;
             Box::new(move |ebpf| {
                 if let Ok(p) = program::<CgroupSockopt>(ebpf, prog) {
+                    let _ = p.detach(id);
+                }
+            })
+        }
+        Hook::CgroupGetsockopt { prog } => {
+            let cgroup = env.guard_cgroup()?;
+            let p: &mut CgroupSockopt = program(ebpf, prog)?;
+            if loaded.insert(prog) {
+                p.load()
+                    .with_context(|| format!("loading cgroup/getsockopt {prog}"))?;
+            }
+            let id = p
+                .attach(cgroup, cgroup_mode())
+                .context("attaching cgroup/getsockopt at the guard's cgroup")?;
+            Box::new(move |ebpf| {
+                if let Ok(p) = program::<CgroupSockopt>(ebpf, prog) {
+                    let _ = p.detach(id);
+                }
+            })
+        }
+        Hook::CgroupSockAddr { prog, attach } => {
+            let cgroup = env.guard_cgroup()?;
+            let p: &mut CgroupSockAddr = program(ebpf, prog)?;
+            if loaded.insert(prog) {
+                p.load()
+                    .with_context(|| format!("loading cgroup/{attach} {prog}"))?;
+            }
+            let id = p
+                .attach(cgroup, cgroup_mode())
+                .with_context(|| format!("attaching cgroup/{attach} at the guard's cgroup"))?;
+            Box::new(move |ebpf| {
+                if let Ok(p) = program::<CgroupSockAddr>(ebpf, prog) {
                     let _ = p.detach(id);
                 }
             })

@@ -20,14 +20,42 @@ use crate::metrics::per_process;
 use crate::probes::{Hook, ProbeSpec};
 use crate::store::{ProcRef, ProcStats, Store, Who};
 
-/// The probe.
+/// The probe: the best variant this kernel allows.
+///
+/// | variant | exact | kernels |
+/// |---|---|---|
+/// | `tp_btf/tcp_rcvbuf_grow` | yes: the kernel's own event | 6.16+ |
+/// | `fentry`+`fexit/tcp_rcv_space_adjust` | yes: a grow is the call raising `rcvq_space.space` (the branch where 6.16+ fires the tracepoint) | fentry allowed |
+/// | `tp_btf/tcp_rcv_space_adjust` + `tp_btf/inet_sock_set_state` | same events, each seen at the socket's next call (one measurement late while open), the last one when the owner closes it | any (4.16+) |
 pub const PROBE: ProbeSpec = ProbeSpec {
     name: "autotune",
     what: "tcp_rcvbuf_grow on sockets with SOCK_RCVBUF_LOCK (autotuning suppressed), RTT, throughput",
-    variants: &[&[Hook::BtfTracepoint {
-        prog: "tcp_rcvbuf_grow",
-        name: "tcp_rcvbuf_grow",
-    }]],
+    variants: &[
+        &[Hook::BtfTracepoint {
+            prog: "tcp_rcvbuf_grow",
+            name: "tcp_rcvbuf_grow",
+        }],
+        &[
+            Hook::Fentry {
+                prog: "rcv_space_entry",
+                func: "tcp_rcv_space_adjust",
+            },
+            Hook::Fexit {
+                prog: "rcv_space_exit",
+                func: "tcp_rcv_space_adjust",
+            },
+        ],
+        &[
+            Hook::BtfTracepoint {
+                prog: "rcv_space_tp",
+                name: "tcp_rcv_space_adjust",
+            },
+            Hook::BtfTracepoint {
+                prog: "rcv_space_flush",
+                name: "inet_sock_set_state",
+            },
+        ],
+    ],
     is_drop_probe: false,
 };
 

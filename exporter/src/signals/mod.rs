@@ -15,6 +15,7 @@
 //! | [`tcp_state`] | `tcp_state` | ring buffer, [`EstablishedEvent`](bufscope_common::EstablishedEvent) | [`tcp_state::ProcTcp`] | `bufscope_tcp_established_total`, `bufscope_tcp_wscale_shrunk_total` |
 //! | [`autotune`] | `autotune` | `AUTOTUNE` per-CPU hash (socket) | [`autotune::ProcAutotune`] | `bufscope_tcp_autotune_suppressed_total` |
 //! | [`owners`] | `owners` | `OWNERS` hash (socket → process), read by [`Attributor`] | — | — |
+//! | [`guard`] | `guard` (+ decisions in `cgroup/setsockopt`) | ring buffer, [`GuardEvent`](bufscope_common::GuardEvent) | [`guard::ProcGuard`] | `bufscope_guard_decisions_total` |
 //!
 //! The [`crate::collector::Collector`] is a loop over the rooms through the [`Signal`] trait;
 //! attribution (socket → process → container) is the shared [`Attributor`]. Adding a signal:
@@ -22,6 +23,7 @@
 
 pub mod autotune;
 pub mod drops;
+pub mod guard;
 pub mod owners;
 pub mod setsockopt;
 pub mod tcp_state;
@@ -45,6 +47,7 @@ pub const PROBES: &[ProbeSpec] = &[
     tcp_state::PROBE,
     autotune::PROBE,
     owners::PROBE,
+    guard::PROBE,
 ];
 
 /// Probes whose events are attributed to processes (the `probe` label of
@@ -154,6 +157,8 @@ pub struct BuildEnv<'a> {
     pub reasons: &'a DropReasons,
     /// How long drops wait for their owner before going to `_unknown`.
     pub attribution_hold: Duration,
+    /// The guard's settings (None: `--guard.mode off`).
+    pub guard: Option<guard::Settings>,
 }
 
 impl BuildEnv<'_> {
@@ -181,6 +186,9 @@ pub fn build(ebpf: &mut Ebpf, env: &BuildEnv<'_>) -> anyhow::Result<Vec<Box<dyn 
     if let Some(s) = autotune::Autotune::take(ebpf, env)? {
         out.push(Box::new(s));
     }
+    if let Some(s) = guard::Guard::take(env) {
+        out.push(Box::new(s));
+    }
     Ok(out)
 }
 
@@ -190,6 +198,7 @@ pub fn families(procs: &[(String, &ProcStats)], out: &mut Vec<MetricFamily>) {
     setsockopt::families(procs, out);
     tcp_state::families(procs, out);
     autotune::families(procs, out);
+    guard::families(procs, out);
 }
 
 /// Every room's columns of one process's row on the status page (`/api/v1/status`).
@@ -198,6 +207,7 @@ pub fn status_row(s: &ProcStats, row: &mut serde_json::Map<String, serde_json::V
     s.sockopt.status(row);
     s.tcp.status(row);
     s.autotune.status(row);
+    s.guard.status(row);
 }
 
 /// Takes map `name` out of the object as type `T`.

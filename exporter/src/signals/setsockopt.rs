@@ -177,11 +177,16 @@ pub fn clamped(ev: &SockoptEvent) -> bool {
     if ev.ret != 0 || ev.optlen < 4 {
         return false;
     }
+    if ev.flags & sockopt_flags::GUARD_SKIPPED != 0 {
+        return false;
+    }
+    // What the kernel's handler got (the guard may have raised the request).
+    let val = ev.applied;
     let (requested, effective) = match BufOption::from_optname(ev.optname) {
-        Some(BufOption::Rcvbuf) => (ev.requested as u32 as u64, ev.rcvbuf_after),
-        Some(BufOption::Sndbuf) => (ev.requested as u32 as u64, ev.sndbuf_after),
-        Some(BufOption::RcvbufForce) => (ev.requested.max(0) as u64, ev.rcvbuf_after),
-        Some(BufOption::SndbufForce) => (ev.requested.max(0) as u64, ev.sndbuf_after),
+        Some(BufOption::Rcvbuf) => (val as u32 as u64, ev.rcvbuf_after),
+        Some(BufOption::Sndbuf) => (val as u32 as u64, ev.sndbuf_after),
+        Some(BufOption::RcvbufForce) => (val.max(0) as u64, ev.rcvbuf_after),
+        Some(BufOption::SndbufForce) => (val.max(0) as u64, ev.sndbuf_after),
         Some(BufOption::BufLock) | None => return false,
     };
     (effective.max(0) as u64) < 2 * requested.min(INT_MAX_HALF)
@@ -247,10 +252,16 @@ pub fn derive(ev: &mut SockoptEvent, limits: &BufferLimits, floors: Floors) -> b
     let Some(option) = BufOption::from_optname(ev.optname) else {
         return true;
     };
+    if ev.flags & sockopt_flags::GUARD_SKIPPED != 0 {
+        // The kernel's handler did not run: success, nothing changed.
+        return true;
+    }
     if ev.optlen < 4 {
         ev.ret = -EINVAL;
         return true;
     }
+    // What the kernel's handler got (the guard may have raised the request).
+    let val = ev.applied;
     let net_admin = ev.flags & sockopt_flags::NET_ADMIN != 0;
     let set = |val: i32, floor: i32| val.min(i32::MAX / 2).saturating_mul(2).max(floor);
     let ceiling = |max: Option<i64>| max.map(|m| m.clamp(0, u32::MAX as i64) as u32);
@@ -264,7 +275,7 @@ pub fn derive(ev: &mut SockoptEvent, limits: &BufferLimits, floors: Floors) -> b
             }) else {
                 return false;
             };
-            let val = (ev.requested as u32).min(max) as i32;
+            let val = (val as u32).min(max) as i32;
             apply(
                 ev,
                 send,
@@ -272,14 +283,14 @@ pub fn derive(ev: &mut SockoptEvent, limits: &BufferLimits, floors: Floors) -> b
             );
         }
         BufOption::RcvbufForce | BufOption::SndbufForce if !net_admin => ev.ret = -EPERM,
-        BufOption::RcvbufForce => apply(ev, false, set(ev.requested.max(0), floors.rcvbuf)),
-        BufOption::SndbufForce => apply(ev, true, set(ev.requested.max(0), floors.sndbuf)),
+        BufOption::RcvbufForce => apply(ev, false, set(val.max(0), floors.rcvbuf)),
+        BufOption::SndbufForce => apply(ev, true, set(val.max(0), floors.sndbuf)),
         BufOption::BufLock => {
             let mask = (SOCK_RCVBUF_LOCK | SOCK_SNDBUF_LOCK) as i32;
-            if ev.requested & !mask != 0 {
+            if val & !mask != 0 {
                 ev.ret = -EINVAL;
             } else {
-                ev.locks_after = ev.requested as u8;
+                ev.locks_after = val as u8;
             }
         }
     }
@@ -477,6 +488,7 @@ mod tests {
         SockoptEvent {
             optname,
             requested,
+            applied: requested,
             optlen: 4,
             rcvbuf_after: rcv_after,
             sndbuf_after: snd_after,
@@ -525,6 +537,7 @@ mod tests {
         let before = |optname: i32, requested: i32, flags: u8| SockoptEvent {
             optname,
             requested,
+            applied: requested,
             optlen: 4,
             rcvbuf_after: 212_992,
             sndbuf_after: 212_992,
@@ -584,6 +597,22 @@ mod tests {
         let mut big = before(SO_RCVBUF, 1 << 30, 0);
         derive(&mut big, &limits, floors);
         assert!(clamped(&big));
+        // A call the guard skipped changed nothing; one it raised is judged by what it applied.
+        let mut skipped = before(SO_RCVBUF, 65536, sockopt_flags::GUARD_SKIPPED);
+        assert!(derive(&mut skipped, &limits, floors));
+        assert_eq!(
+            (skipped.ret, skipped.rcvbuf_after, skipped.locks_after),
+            (0, 212_992, 0)
+        );
+        assert!(!clamped(&skipped));
+        let mut raised = before(SO_RCVBUF, 65536, sockopt_flags::GUARD_RAISED);
+        raised.applied = 7 << 20;
+        assert!(derive(&mut raised, &limits, floors));
+        assert_eq!(
+            raised.rcvbuf_after, 8_388_608,
+            "7 MiB clamped to rmem_max 4 MiB"
+        );
+        assert!(clamped(&raised));
         // Without the ceiling nothing is made up.
         let mut unknown = before(SO_RCVBUF, 65536, 0);
         assert!(!derive(&mut unknown, &BufferLimits::default(), floors));

@@ -31,17 +31,89 @@ use crate::advice::{Inputs, SocketDrops};
 use crate::attribution::Attributor;
 use crate::kernel::DropReasons;
 use crate::metrics::per_process;
-use crate::probes::{BatchReader, Hook, ProbeSpec};
+use crate::probes::{BatchReader, BtfNeed, Hook, ProbeSpec};
 use crate::store::{ProcRef, ProcStats, Proto, Store, Who};
 
-/// The probe.
+/// `kfree_skb` with its 4th argument, `rx_sk` (6.11+): every drop names its socket.
+const RX_SK: &[BtfNeed] = &[BtfNeed::Args(4)];
+/// `kfree_skb` with a drop reason (5.17+), used without `rx_sk`.
+const REASON: &[BtfNeed] = &[BtfNeed::Args(3)];
+/// `udp_fail_queue_rcv_skb` that the kernel also fires for IPv6 (the tracepoint gained a
+/// `family` field with the IPv6 call; Debian's 6.1 has neither).
+const UDP_FAIL_V6: &[BtfNeed] = &[BtfNeed::Member {
+    strukt: "trace_event_raw_udp_fail_queue_rcv_skb",
+    member: "family",
+    why: "the kernel fires it for IPv4 only",
+}];
+
+/// Drops of everything the UDP hook beside it does not count: by the owning socket when the
+/// skb has one, else per network namespace (IPv4 and IPv6 UDP queue drops are left to the
+/// UDP hook).
+const KFREE_SKB_NOKS: Hook = Hook::BtfTracepointWhere {
+    prog: "kfree_skb_noks",
+    name: "kfree_skb",
+    needs: REASON,
+};
+
+/// The probe: the best variant the kernel's BTF (and the kernel's refusals) allow.
+///
+/// | variant | socket known for | kernels |
+/// |---|---|---|
+/// | `tp_btf/kfree_skb` (`rx_sk`) | every drop | 6.11+ |
+/// | `tp_btf/udp_fail_queue_rcv_skb` + `tp_btf/kfree_skb` | UDP v4+v6; skbs a socket owns | `udp_fail` with `family`, no `rx_sk` |
+/// | `fexit/__udp_enqueue_schedule_skb` + `tp_btf/kfree_skb` | UDP v4+v6; skbs a socket owns | fexit allowed (e.g. Debian 6.1) |
+/// | `tp_btf/udp_fail_queue_rcv_skb` + `tp_btf/kfree_skb` | UDP v4; skbs a socket owns | 5.17+ |
+/// | `fexit/__udp_enqueue_schedule_skb` | UDP v4+v6 only | no drop reasons (before 5.17) |
+/// | `tp_btf/udp_fail_queue_rcv_skb` | UDP v4 only | no drop reasons, no fexit |
+///
+/// Without `rx_sk`, a drop of an skb no socket owns yet (TCP's receive-queue drops, IPv6 UDP
+/// where only IPv4 is hooked) is counted per network namespace and reason
+/// (`bufscope_netns_drops_total`).
 pub const PROBE: ProbeSpec = ProbeSpec {
     name: "drops",
     what: "buffer-full drops by kernel drop reason, per socket",
-    variants: &[&[Hook::BtfTracepoint {
-        prog: "kfree_skb",
-        name: "kfree_skb",
-    }]],
+    variants: &[
+        &[Hook::BtfTracepointWhere {
+            prog: "kfree_skb",
+            name: "kfree_skb",
+            needs: RX_SK,
+        }],
+        &[
+            Hook::BtfTracepointWhere {
+                prog: "udp_fail_queue_rcv_skb",
+                name: "udp_fail_queue_rcv_skb",
+                needs: UDP_FAIL_V6,
+            },
+            KFREE_SKB_NOKS,
+        ],
+        &[
+            Hook::Fexit {
+                prog: "udp_enqueue_exit",
+                func: "__udp_enqueue_schedule_skb",
+            },
+            KFREE_SKB_NOKS,
+        ],
+        &[
+            Hook::BtfTracepoint {
+                prog: "udp_fail_queue_rcv_skb",
+                name: "udp_fail_queue_rcv_skb",
+            },
+            Hook::BtfTracepointWhere {
+                prog: "kfree_skb_noks_v4",
+                name: "kfree_skb",
+                needs: REASON,
+            },
+        ],
+        // No drop reasons (before 5.17): UDP queue drops only, no kfree_skb.
+        &[Hook::Fexit {
+            prog: "udp_enqueue_exit",
+            func: "__udp_enqueue_schedule_skb",
+        }],
+        &[Hook::BtfTracepoint {
+            prog: "udp_fail_queue_rcv_skb",
+            name: "udp_fail_queue_rcv_skb",
+        }],
+    ],
     is_drop_probe: true,
 };
 
@@ -50,6 +122,9 @@ pub const PROBE: ProbeSpec = ProbeSpec {
 pub struct ProcDrops {
     /// Dropped packets by (proto, reason name).
     pub packets: BTreeMap<(Proto, String), u64>,
+    /// Drops whose socket this kernel's hooks cannot name, by (netns inode, proto, reason
+    /// name): only in the `_unknown` part (see [`drop_site::NETNS`]).
+    pub netns: BTreeMap<(u32, Proto, String), u64>,
 }
 
 impl ProcDrops {
@@ -58,11 +133,14 @@ impl ProcDrops {
         for (k, v) in &o.packets {
             *self.packets.entry(k.clone()).or_default() += v;
         }
+        for (k, v) in &o.netns {
+            *self.netns.entry(k.clone()).or_default() += v;
+        }
     }
 
     /// Whether anything was counted.
     pub fn has_counts(&self) -> bool {
-        !self.packets.is_empty()
+        !self.packets.is_empty() || !self.netns.is_empty()
     }
 
     /// Adds `n` drops of (`proto`, `reason`) without allocating the name when it is known:
@@ -291,12 +369,21 @@ impl Drops {
                 .held
                 .get(&k)
                 .is_some_and(|h| now.duration_since(h.since) >= self.hold);
-            if who.is_none() && !expired {
+            if who.is_none() && !expired && k.site != drop_site::NETNS {
                 continue;
             }
             let Some(h) = self.held.remove(&k) else {
                 continue;
             };
+            if k.site == drop_site::NETNS {
+                let name = self.reasons.name(k.reason);
+                let s = store.proc_mut(Who::Unknown, Default::default);
+                *s.drops
+                    .netns
+                    .entry((k.netns, Proto::from_ip(k.proto), name))
+                    .or_default() += h.packets;
+                continue;
+            }
             let who = match who {
                 Some(p) => Who::Proc(p),
                 None => {
@@ -322,6 +409,26 @@ impl Drops {
     }
 }
 
+/// The reason a full UDP receive buffer drops with (the series made at 0 in advance).
+const UDP_RCVBUF_REASON: &str = "SOCKET_RCVBUFF";
+
+impl Drops {
+    /// Gives each process newly known to hold a UDP socket its
+    /// `{proto="udp",reason="SOCKET_RCVBUFF"}` series at 0 (room permitting:
+    /// [`Store::placeholder`]), so that Prometheus sees its first drops as an increase.
+    fn zero_udp_series(&self, cx: &mut Cx<'_>) {
+        if self.reasons.value(UDP_RCVBUF_REASON).is_none() {
+            return;
+        }
+        for p in cx.attr.new_udp_holders() {
+            let attr = &*cx.attr;
+            if let Some(s) = cx.store.placeholder(p, || attr.meta(&p)) {
+                s.drops.add(Proto::Udp, UDP_RCVBUF_REASON, 0);
+            }
+        }
+    }
+}
+
 impl Signal for Drops {
     fn name(&self) -> &'static str {
         PROBE.name
@@ -332,6 +439,7 @@ impl Signal for Drops {
     /// costs syscalls per entry, so an idle host with thousands of sockets that once dropped
     /// would otherwise pay for them every poll.
     fn poll(&mut self, cx: &mut Cx<'_>) -> bool {
+        self.zero_udp_series(cx);
         let generation = cx.stats.and_then(|s| s.total(stat::DROPS_SEEN));
         if generation.is_some() && generation == self.generation && self.held.is_empty() {
             self.last_poll = Some(Instant::now());
@@ -415,8 +523,10 @@ impl Signal for Drops {
     }
 }
 
-/// The drops family.
+/// The drops families: per process, and per network namespace for drops no hook of this
+/// kernel can put on a socket.
 pub fn families(procs: &[(String, &ProcStats)], out: &mut Vec<MetricFamily>) {
+    netns_family(procs, out);
     per_process(
         "bufscope_socket_drops_total",
         "Packets dropped because a socket buffer or queue was full, by the owning process and kernel drop reason (GRO skbs weighted by segment count).",
@@ -431,4 +541,52 @@ pub fn families(procs: &[(String, &ProcStats)], out: &mut Vec<MetricFamily>) {
             }
         },
     );
+}
+
+/// `bufscope_netns_drops_total{netns,proto,reason}`: drops this kernel's hooks cannot put on a
+/// socket (no `kfree_skb.rx_sk`, before 6.11: e.g. TCP receive-queue drops), by the network
+/// namespace of the receiving device (inode number as in `/proc/<pid>/ns/net`; 0 when the
+/// skb had no device) and reason.
+fn netns_family(procs: &[(String, &ProcStats)], out: &mut Vec<MetricFamily>) {
+    use prometheus::proto::{Counter, LabelPair, Metric, MetricType};
+    let mut sum: BTreeMap<(u32, Proto, &str), u64> = BTreeMap::new();
+    for (_, s) in procs {
+        for ((netns, proto, reason), v) in &s.drops.netns {
+            *sum.entry((*netns, *proto, reason.as_str())).or_default() += v;
+        }
+    }
+    if sum.is_empty() {
+        return;
+    }
+    let mut mf = MetricFamily::default();
+    mf.set_name("bufscope_netns_drops_total".into());
+    mf.set_help(
+        "Buffer-full drops this kernel's hooks cannot put on a socket (no kfree_skb rx_sk, before 6.11), by network namespace and kernel drop reason.".into(),
+    );
+    mf.set_field_type(MetricType::COUNTER);
+    for ((netns, proto, reason), v) in sum {
+        let netns = netns.to_string();
+        let labels = [
+            ("netns", netns.as_str()),
+            ("proto", proto.as_str()),
+            ("reason", reason),
+        ];
+        let mut m = Metric::default();
+        m.set_label(
+            labels
+                .iter()
+                .map(|(k, v)| {
+                    let mut l = LabelPair::default();
+                    l.set_name((*k).into());
+                    l.set_value((*v).into());
+                    l
+                })
+                .collect(),
+        );
+        let mut c = Counter::default();
+        c.set_value(v as f64);
+        m.set_counter(c);
+        mf.mut_metric().push(m);
+    }
+    out.push(mf);
 }

@@ -5,7 +5,8 @@
 //! any program is attached to one, so they tax every syscall on the node; bufscope's default
 //! hooks for setsockopt and owners are cgroup programs that run only for the calls they want.
 //! The row "syscall tracepoints (no cgroup2)" runs bufscope in a mount namespace without
-//! cgroup2, where it falls back to those tracepoints: what the default cost before.
+//! cgroup2, where it falls back to those tracepoints: what the default cost before. The guard
+//! rows show what `--guard.mode observe|enforce` adds to setsockopt and bind calls.
 
 use std::os::fd::AsRawFd as _;
 use std::process::Command;
@@ -22,6 +23,9 @@ const SYSCALL_LOOPS: &str = "2000000";
 /// setsockopt calls per measurement.
 const SETSOCKOPT_CALLS: u32 = 200_000;
 
+/// UDP socket + bind + close cycles per measurement.
+const BIND_CYCLES: u32 = 20_000;
+
 /// What runs while the syscalls are timed.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Variant {
@@ -29,14 +33,18 @@ enum Variant {
     Default,
     NoSockoptOwners,
     Tracepoints,
+    GuardObserve,
+    GuardEnforce,
 }
 
 impl Variant {
-    const ALL: [Self; 4] = [
+    const ALL: [Self; 6] = [
         Self::None,
         Self::Default,
         Self::NoSockoptOwners,
         Self::Tracepoints,
+        Self::GuardObserve,
+        Self::GuardEnforce,
     ];
 
     fn label(self) -> &'static str {
@@ -45,8 +53,20 @@ impl Variant {
             Self::Default => "bufscope (default: cgroup/setsockopt, cgroup/sock_create)",
             Self::NoSockoptOwners => "bufscope --probe.disable setsockopt,owners",
             Self::Tracepoints => "bufscope on syscall tracepoints (no cgroup2: the fallback)",
+            Self::GuardObserve => "bufscope --guard.mode observe",
+            Self::GuardEnforce => "bufscope --guard.mode enforce",
         }
     }
+}
+
+/// UDP sockets created, bound to 127.0.0.1:0 and closed, per second (the guard's bind hook
+/// raises each one's buffers under enforce).
+fn bind_rate() -> anyhow::Result<f64> {
+    let t = Instant::now();
+    for _ in 0..BIND_CYCLES {
+        drop(std::net::UdpSocket::bind("127.0.0.1:0").context("UDP bind")?);
+    }
+    Ok(BIND_CYCLES as f64 / t.elapsed().as_secs_f64())
 }
 
 /// `perf bench syscall basic`: ns per getppid call.
@@ -100,6 +120,7 @@ pub(super) fn section(a: &Args, bins: &Bins) -> anyhow::Result<String> {
     let dir = std::env::temp_dir().join(format!("bufscope-bench-{}", std::process::id()));
     let mut ns: Vec<Vec<f64>> = vec![Vec::new(); Variant::ALL.len()];
     let mut rate: Vec<Vec<f64>> = vec![Vec::new(); Variant::ALL.len()];
+    let mut binds: Vec<Vec<f64>> = vec![Vec::new(); Variant::ALL.len()];
     for round in 0..a.runs {
         // Rotate the order every round so no variant always runs first or last.
         for k in 0..Variant::ALL.len() {
@@ -112,9 +133,12 @@ pub(super) fn section(a: &Args, bins: &Bins) -> anyhow::Result<String> {
                     Some(bins.exporter(&["--probe.disable", "setsockopt,owners"])?)
                 }
                 Variant::Tracepoints => Some(bins.exporter_without_cgroup2(&dir)?),
+                Variant::GuardObserve => Some(bins.exporter(&["--guard.mode", "observe"])?),
+                Variant::GuardEnforce => Some(bins.exporter(&["--guard.mode", "enforce"])?),
             };
             ns[i].push(getppid_ns()?);
             rate[i].push(setsockopt_rate()?);
+            binds[i].push(bind_rate()?);
             drop(exporter);
             eprintln!(
                 "syscalls round {}/{}: {}: {:.1} ns/getppid, {:.0} setsockopt/s",
@@ -129,24 +153,29 @@ pub(super) fn section(a: &Args, bins: &Bins) -> anyhow::Result<String> {
     let _ = std::fs::remove_dir_all(&dir);
     let base_ns = median(&ns[0]);
     let base_rate = median(&rate[0]);
+    let base_binds = median(&binds[0]);
     let rows: Vec<Vec<String>> = Variant::ALL
         .iter()
         .enumerate()
         .map(|(i, v)| {
             let n = median(&ns[i]);
             let r = median(&rate[i]);
+            let b = median(&binds[i]);
             vec![
                 v.label().to_string(),
                 format!("{n:.1}"),
                 format!("{:+.1}%", (n / base_ns - 1.0) * 100.0),
                 format!("{:.0}", r / 1000.0),
                 format!("{:.1}%", r / base_rate * 100.0),
+                format!("{:.1}", b / 1000.0),
+                format!("{:.1}%", b / base_binds * 100.0),
             ]
         })
         .collect();
     Ok(format!(
         "Syscall tax (median of {} alternating rounds; getppid: `perf bench syscall basic --loop {SYSCALL_LOOPS}`; \
-         setsockopt: {SETSOCKOPT_CALLS} SO_RCVBUF/SO_SNDBUF calls on one UDP socket):\n\n{}\n",
+         setsockopt: {SETSOCKOPT_CALLS} SO_RCVBUF/SO_SNDBUF calls on one UDP socket; bind: \
+         {BIND_CYCLES} UDP socket+bind+close cycles):\n\n{}\n",
         a.runs,
         table(
             &[
@@ -154,6 +183,8 @@ pub(super) fn section(a: &Args, bins: &Bins) -> anyhow::Result<String> {
                 "getppid ns/call",
                 "vs no bufscope",
                 "setsockopt k calls/s",
+                "vs no bufscope",
+                "UDP bind k cycles/s",
                 "vs no bufscope",
             ],
             &rows,

@@ -1,0 +1,336 @@
+//! The guard: the buffer policy applied in the kernel, without touching the application.
+//!
+//! - `tcp-autotune`: a TCP `SO_RCVBUF`/`SO_SNDBUF` (or `*FORCE`, or an `SO_BUF_LOCK` that sets a
+//!   lock) is skipped in `cgroup/setsockopt` (`optlen = -1`: the kernel's handler does not run,
+//!   the caller gets success), so autotuning stays on and a socket configured before
+//!   `connect()`/`listen()` is born with the normal window scale.
+//! - `udp-floor`: a UDP request below the floor is rewritten to the floor; a UDP socket that
+//!   never asks is raised with `bpf_setsockopt` when it binds, connects or first sends.
+//!
+//! Settings come from `GUARD` (frozen `.rodata`: with the guard off every branch here is dead
+//! code to the verifier). Observe mode counts the same decisions and changes nothing. Every
+//! decision is a [`GuardEvent`] in `EVENTS`.
+
+use aya_ebpf::{
+    helpers::{bpf_get_current_ancestor_cgroup_id, bpf_get_current_comm, bpf_getsockopt, bpf_setsockopt},
+    macros::{cgroup_sock_addr, cgroup_sockopt, map},
+    maps::{HashMap, LruHashMap},
+    programs::{SockAddrContext, SockoptContext},
+};
+use bufscope_common::{
+    GuardConfig, GuardEvent, IPPROTO_TCP, SO_BUF_LOCK, SO_RCVBUF, SO_RCVBUFFORCE, SO_SNDBUF,
+    SO_SNDBUFFORCE, SOCK_BUF_LOCK_MASK, SOL_SOCKET, event_kind, guard, stat,
+};
+
+use super::cgroup::{addr_of, sk_inode};
+use super::{EVENTS, current_owner, stat_inc, submit_flags};
+
+/// The guard's settings, patched by userspace before load (see [`GuardConfig`]).
+#[unsafe(no_mangle)]
+static GUARD: GuardConfig = GuardConfig {
+    mode: 0,
+    rules: 0,
+    udp_rcv_floor: 0,
+    udp_snd_floor: 0,
+    cgroup_id: 0,
+    cgroup_level: 0,
+    comm_mode: 0,
+    tcp_rmem_ceiling: 0,
+    tcp_wmem_ceiling: 0,
+    self_tgid: 0,
+    _pad: 0,
+};
+
+/// Reads one `GUARD` field (volatile: the compiler must not fold the compiled-in zero).
+macro_rules! guard_cfg {
+    ($f:ident) => {
+        unsafe { core::ptr::read_volatile(&raw const GUARD.$f) }
+    };
+}
+
+/// The comms of `--guard.comm` / `--guard.exclude-comm` (the kernel's 16-byte `comm`).
+#[map]
+static GUARD_COMMS: HashMap<[u8; 16], u8> = HashMap::with_max_entries(256, 0);
+
+/// TCP sockets whose `SO_RCVBUF`/`SO_SNDBUF` request the guard skipped: socket inode → the
+/// (receive, send) values asked for (0: not asked). `getsockopt` then reads back at least what
+/// the kernel would have given, so applications that verify their request (iperf3 aborts
+/// with "socket buffer size not set correctly") carry on, while the real buffer stays
+/// unlocked and autotuned.
+#[map]
+static GUARD_ASKED: LruHashMap<u64, [i32; 2]> = LruHashMap::with_max_entries(65536, 0);
+
+/// Remembers a skipped TCP request of `optname` = `requested` on `inode`.
+#[inline(always)]
+pub(crate) fn remember_skipped(inode: u64, optname: i32, requested: i32) {
+    let slot = match optname {
+        SO_RCVBUF | SO_RCVBUFFORCE => 0,
+        SO_SNDBUF | SO_SNDBUFFORCE => 1,
+        _ => return,
+    };
+    let mut asked = unsafe { GUARD_ASKED.get(&inode) }.copied().unwrap_or([0, 0]);
+    asked[slot] = requested;
+    let _ = GUARD_ASKED.insert(&inode, &asked, 0);
+}
+
+/// `IPPROTO_UDP`.
+const IPPROTO_UDP: u32 = 17;
+
+/// What the guard decided for one call.
+#[derive(Clone, Copy)]
+pub(crate) struct Decision {
+    /// 0: nothing to do; else a [`guard`] action.
+    pub(crate) action: u8,
+    pub(crate) rule: u8,
+    /// The value the kernel's handler gets (the floor for a raise).
+    pub(crate) applied: i32,
+}
+
+impl Decision {
+    const NONE: Self = Self {
+        action: 0,
+        rule: 0,
+        applied: 0,
+    };
+}
+
+#[inline(always)]
+fn mode() -> u32 {
+    guard_cfg!(mode)
+}
+
+/// Whether the calling process is in the guard's scope (cgroup subtree and comm lists).
+#[inline(always)]
+fn in_scope() -> bool {
+    if (aya_ebpf::helpers::bpf_get_current_pid_tgid() >> 32) as u32 == guard_cfg!(self_tgid) {
+        return false;
+    }
+    let id = guard_cfg!(cgroup_id);
+    if id != 0 {
+        let level = guard_cfg!(cgroup_level) as i32;
+        if unsafe { bpf_get_current_ancestor_cgroup_id(level) } != id {
+            return false;
+        }
+    }
+    match guard_cfg!(comm_mode) {
+        guard::COMM_ALL => true,
+        m => {
+            let comm = bpf_get_current_comm().unwrap_or_default();
+            let listed = unsafe { GUARD_COMMS.get(&comm) }.is_some();
+            (m == guard::COMM_ONLY) == listed
+        }
+    }
+}
+
+/// The decision for a buffer `setsockopt` of `optname` = `requested` on a socket of `proto`.
+#[inline(always)]
+pub(crate) fn decide_setsockopt(proto: u32, optname: i32, requested: i32, optlen: i32) -> Decision {
+    let mode = mode();
+    if mode == guard::MODE_OFF || !in_scope() {
+        return Decision::NONE;
+    }
+    let rules = guard_cfg!(rules);
+    let act = |rule: u32, enforced: u8, applied: i32| Decision {
+        action: if mode == guard::MODE_ENFORCE {
+            enforced
+        } else {
+            guard::ACTION_OBSERVED
+        },
+        rule: rule as u8,
+        applied,
+    };
+    if proto == IPPROTO_TCP as u32 && rules & guard::RULE_TCP_AUTOTUNE != 0 {
+        let locks = match optname {
+            SO_RCVBUF | SO_SNDBUF | SO_RCVBUFFORCE | SO_SNDBUFFORCE => true,
+            SO_BUF_LOCK => requested & SOCK_BUF_LOCK_MASK as i32 != 0,
+            _ => false,
+        };
+        if locks {
+            return act(guard::RULE_TCP_AUTOTUNE, guard::ACTION_SKIPPED, 0);
+        }
+    }
+    if proto == IPPROTO_UDP && rules & guard::RULE_UDP_FLOOR != 0 && optlen >= 4 {
+        let floor = match optname {
+            SO_RCVBUF | SO_RCVBUFFORCE => guard_cfg!(udp_rcv_floor),
+            SO_SNDBUF | SO_SNDBUFFORCE => guard_cfg!(udp_snd_floor),
+            _ => 0,
+        };
+        // A negative SO_RCVBUF/SO_SNDBUF means "as much as allowed" to the kernel
+        // (min_t(u32, val, max)): not smaller. Negative *FORCE values mean 0.
+        let smaller = match optname {
+            SO_RCVBUF | SO_SNDBUF => requested >= 0 && requested < floor,
+            _ => requested < floor,
+        };
+        if floor > 0 && smaller {
+            return act(guard::RULE_UDP_FLOOR, guard::ACTION_RAISED, floor);
+        }
+    }
+    Decision::NONE
+}
+
+/// Sends one [`GuardEvent`].
+#[inline(always)]
+pub(crate) fn report(d: Decision, hook: u8, optname: i32, inode: u64, requested: i32, proto: u8, ret: i32) {
+    let Some(mut entry) = EVENTS.reserve::<GuardEvent>(0) else {
+        stat_inc(stat::RINGBUF_FULL);
+        return;
+    };
+    entry.write(GuardEvent {
+        kind: event_kind::GUARD,
+        optname,
+        owner: current_owner(),
+        inode,
+        requested,
+        applied: d.applied,
+        rule: d.rule,
+        action: d.action,
+        hook,
+        proto,
+        ret,
+    });
+    entry.submit(submit_flags());
+}
+
+/// At bind/connect/sendmsg: raises a UDP socket's buffers to the floors when they are below.
+#[inline(always)]
+fn raise_udp(ctx: &SockAddrContext, hook: u8) -> i32 {
+    let mode = mode();
+    if mode == guard::MODE_OFF || guard_cfg!(rules) & guard::RULE_UDP_FLOOR == 0 {
+        return 1;
+    }
+    let sa = unsafe { &*ctx.sock_addr };
+    if sa.protocol != IPPROTO_UDP || !in_scope() {
+        return 1;
+    }
+    let mut inode = 0u64;
+    for (optname, floor) in [
+        (SO_RCVBUF, guard_cfg!(udp_rcv_floor)),
+        (SO_SNDBUF, guard_cfg!(udp_snd_floor)),
+    ] {
+        if floor <= 0 {
+            continue;
+        }
+        let mut cur: i32 = 0;
+        let got = unsafe {
+            bpf_getsockopt(
+                ctx.sock_addr.cast(),
+                SOL_SOCKET,
+                optname,
+                (&raw mut cur).cast(),
+                4,
+            )
+        };
+        // getsockopt reports the doubled size the kernel stores.
+        if got != 0 || cur >= floor.saturating_mul(2) {
+            continue;
+        }
+        if inode == 0 {
+            inode = sk_inode(addr_of(unsafe { sa.__bindgen_anon_1.sk }));
+        }
+        let (action, ret) = if mode == guard::MODE_ENFORCE {
+            let mut v = floor;
+            let r = unsafe {
+                bpf_setsockopt(
+                    ctx.sock_addr.cast(),
+                    SOL_SOCKET,
+                    optname,
+                    (&raw mut v).cast(),
+                    4,
+                )
+            };
+            (guard::ACTION_RAISED, r as i32)
+        } else {
+            (guard::ACTION_OBSERVED, 0)
+        };
+        let d = Decision {
+            action,
+            rule: guard::RULE_UDP_FLOOR as u8,
+            applied: floor,
+        };
+        report(d, hook, optname, inode, 0, IPPROTO_UDP as u8, ret);
+    }
+    1
+}
+
+/// `cgroup/bind4`.
+#[cgroup_sock_addr(bind4)]
+pub fn guard_bind4(ctx: SockAddrContext) -> i32 {
+    raise_udp(&ctx, guard::HOOK_BIND)
+}
+
+/// `cgroup/bind6`.
+#[cgroup_sock_addr(bind6)]
+pub fn guard_bind6(ctx: SockAddrContext) -> i32 {
+    raise_udp(&ctx, guard::HOOK_BIND)
+}
+
+/// `cgroup/connect4`.
+#[cgroup_sock_addr(connect4)]
+pub fn guard_connect4(ctx: SockAddrContext) -> i32 {
+    raise_udp(&ctx, guard::HOOK_CONNECT)
+}
+
+/// `cgroup/connect6`.
+#[cgroup_sock_addr(connect6)]
+pub fn guard_connect6(ctx: SockAddrContext) -> i32 {
+    raise_udp(&ctx, guard::HOOK_CONNECT)
+}
+
+/// `cgroup/sendmsg4` (unconnected sends with an address).
+#[cgroup_sock_addr(sendmsg4)]
+pub fn guard_sendmsg4(ctx: SockAddrContext) -> i32 {
+    raise_udp(&ctx, guard::HOOK_SENDMSG)
+}
+
+/// `cgroup/sendmsg6`.
+#[cgroup_sock_addr(sendmsg6)]
+pub fn guard_sendmsg6(ctx: SockAddrContext) -> i32 {
+    raise_udp(&ctx, guard::HOOK_SENDMSG)
+}
+
+/// `cgroup/getsockopt`: `SO_RCVBUF`/`SO_SNDBUF` of a TCP socket whose request the guard
+/// skipped read back as at least what the kernel would have given for it
+/// (`2 * min(value, rmem_max)`, capped like the kernel); everything else is untouched.
+#[cgroup_sockopt(getsockopt)]
+pub fn guard_getsockopt(ctx: SockoptContext) -> i32 {
+    let so = unsafe { &mut *ctx.sockopt };
+    if mode() != guard::MODE_ENFORCE || so.level != SOL_SOCKET {
+        if so.optlen > 4096 {
+            so.optlen = 0;
+        }
+        return 1;
+    }
+    let slot = match so.optname {
+        SO_RCVBUF => 0,
+        SO_SNDBUF => 1,
+        _ => return 1,
+    };
+    if so.retval != 0 {
+        return 1;
+    }
+    let sk = addr_of(unsafe { so.__bindgen_anon_1.sk });
+    let inode = sk_inode(sk);
+    let Some(asked) = (unsafe { GUARD_ASKED.get(&inode) }) else {
+        return 1;
+    };
+    let want = asked[slot];
+    if want <= 0 {
+        return 1;
+    }
+    let optval = unsafe { so.__bindgen_anon_2.optval } as *mut u8;
+    let end = unsafe { so.__bindgen_anon_3.optval_end } as *const u8;
+    if so.optlen < 4 || unsafe { optval.add(4) } as *const u8 > end {
+        return 1;
+    }
+    let ceiling = if slot == 0 {
+        guard_cfg!(tcp_rmem_ceiling)
+    } else {
+        guard_cfg!(tcp_wmem_ceiling)
+    };
+    let would = want.min(ceiling).min(i32::MAX / 2).saturating_mul(2);
+    let actual = unsafe { core::ptr::read_unaligned(optval as *const i32) };
+    if would > actual {
+        unsafe { core::ptr::write_unaligned(optval as *mut i32, would) };
+    }
+    1
+}
