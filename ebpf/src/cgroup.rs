@@ -19,12 +19,14 @@ use aya_ebpf::{
     maps::PerCpuArray,
     programs::{SockContext, SockoptContext},
 };
-use bufscope_common::{SOL_SOCKET, SockoptEvent, event_kind, sockopt_flags, stat};
+use bufscope_common::{
+    SO_RCVBUFFORCE, SO_SNDBUFFORCE, SOL_SOCKET, SockoptEvent, event_kind, sockopt_flags, stat,
+};
 
 use super::guard;
 use super::{
-    EVENTS, OWNERS, current_owner, is_buffer_option, kread, kread_field, record_owner, sk_netns,
-    sk_userlocks, stat_inc, submit_flags,
+    EVENTS, current_owner, is_buffer_option, kread, kread_field, record_caller_as_owner,
+    record_owner, sk_netns, sk_userlocks, stat_inc, submit_flags,
 };
 
 /// One slot per CPU to turn a context pointer into a number (see the module doc).
@@ -100,12 +102,7 @@ pub fn cgroup_setsockopt(ctx: SockoptContext) -> i32 {
     }
     let inode = sk_inode(sk);
     let owner = current_owner();
-    // Most calls come from the recorded owner; an LRU update costs a lock and a swap.
-    let known = unsafe { OWNERS.get(&inode) }
-        .is_some_and(|o| o.tgid == owner.tgid && o.start_ns == owner.start_ns);
-    if inode != 0 && !known && OWNERS.insert(&inode, &owner, 0).is_err() {
-        stat_inc(stat::OWNERS_FULL);
-    }
+    record_caller_as_owner(inode, &owner);
     let Some(mut entry) = EVENTS.reserve::<SockoptEvent>(0) else {
         stat_inc(stat::RINGBUF_FULL);
         return 1;
@@ -113,7 +110,8 @@ pub fn cgroup_setsockopt(ctx: SockoptContext) -> i32 {
     let locks = sk_userlocks(sk) as u8;
     let proto = kread_field(sk, cfg!(sk_protocol));
     let mut flags = sockopt_flags::BEFORE_HANDLER;
-    if caller_net_admin() {
+    // Only the *FORCE options look at the capability (4 reads saved on every other call).
+    if matches!(so.optname, SO_RCVBUFFORCE | SO_SNDBUFFORCE) && caller_net_admin() {
         flags |= sockopt_flags::NET_ADMIN;
     }
     let decision = guard::decide_setsockopt(proto, so.optname, requested, optlen);

@@ -12,7 +12,9 @@
 //! decision is a [`GuardEvent`] in `EVENTS`.
 
 use aya_ebpf::{
-    helpers::{bpf_get_current_ancestor_cgroup_id, bpf_get_current_comm, bpf_getsockopt, bpf_setsockopt},
+    helpers::{
+        bpf_get_current_ancestor_cgroup_id, bpf_get_current_comm, bpf_getsockopt, bpf_setsockopt,
+    },
     macros::{cgroup_sock_addr, cgroup_sockopt, map},
     maps::{HashMap, LruHashMap},
     programs::{SockAddrContext, SockoptContext},
@@ -68,7 +70,9 @@ pub(crate) fn remember_skipped(inode: u64, optname: i32, requested: i32) {
         SO_SNDBUF | SO_SNDBUFFORCE => 1,
         _ => return,
     };
-    let mut asked = unsafe { GUARD_ASKED.get(&inode) }.copied().unwrap_or([0, 0]);
+    let mut asked = unsafe { GUARD_ASKED.get(&inode) }
+        .copied()
+        .unwrap_or([0, 0]);
     asked[slot] = requested;
     let _ = GUARD_ASKED.insert(&inode, &asked, 0);
 }
@@ -170,7 +174,15 @@ pub(crate) fn decide_setsockopt(proto: u32, optname: i32, requested: i32, optlen
 
 /// Sends one [`GuardEvent`].
 #[inline(always)]
-pub(crate) fn report(d: Decision, hook: u8, optname: i32, inode: u64, requested: i32, proto: u8, ret: i32) {
+pub(crate) fn report(
+    d: Decision,
+    hook: u8,
+    optname: i32,
+    inode: u64,
+    requested: i32,
+    proto: u8,
+    ret: i32,
+) {
     let Some(mut entry) = EVENTS.reserve::<GuardEvent>(0) else {
         stat_inc(stat::RINGBUF_FULL);
         return;

@@ -51,8 +51,8 @@ macro_rules! cfg {
 }
 
 mod cgroup;
-mod guard;
 mod compat;
+mod guard;
 
 // ---------------------------------------------------------------------------------------------
 // Maps. Sizes are defaults; userspace may resize them at load (`--bpf.*-entries`).
@@ -298,6 +298,18 @@ fn owned_by_current(inode: u64) -> bool {
     unsafe { OWNERS.get(&inode) }.is_some_and(|o| o.tgid == tgid)
 }
 
+/// Records `owner` (the caller, in process context) for `inode` unless `OWNERS` already names
+/// it: an LRU update costs a lock and an element swap, and most calls come from the recorded
+/// owner.
+#[inline(always)]
+fn record_caller_as_owner(inode: u64, owner: &Owner) {
+    let known = unsafe { OWNERS.get(&inode) }
+        .is_some_and(|o| o.tgid == owner.tgid && o.start_ns == owner.start_ns);
+    if inode != 0 && !known && OWNERS.insert(&inode, owner, 0).is_err() {
+        stat_inc(stat::OWNERS_FULL);
+    }
+}
+
 #[inline(always)]
 fn record_owner(inode: u64) {
     let owner = current_owner();
@@ -406,12 +418,7 @@ pub fn sys_exit_setsockopt(ctx: TracePointContext) -> u32 {
     // case another thread closed the fd during the call.
     let inode: u64 = kread(kread::<u64>(p.file, cfg!(file_inode)), cfg!(inode_ino));
     let owner = current_owner();
-    // An LRU update costs a lock and an element swap; most calls come from the recorded owner.
-    let known = unsafe { OWNERS.get(&inode) }
-        .is_some_and(|o| o.tgid == owner.tgid && o.start_ns == owner.start_ns);
-    if inode != 0 && !known && OWNERS.insert(&inode, &owner, 0).is_err() {
-        stat_inc(stat::OWNERS_FULL);
-    }
+    record_caller_as_owner(inode, &owner);
     let Some(mut entry) = EVENTS.reserve::<SockoptEvent>(0) else {
         stat_inc(stat::RINGBUF_FULL);
         return 0;
