@@ -675,3 +675,137 @@ fn wireguard_go_gets_the_udp_floor_and_stops_dropping() {
         "throughput did not fall: {plain_mbit:.0} -> {guard_mbit:.0} Mbit/s"
     );
 }
+
+/// An OpenVPN 2.6 point-to-point tunnel over TCP across `lab` (static key; both ends with
+/// `--rcvbuf 65536 --sndbuf 65536`, the settings of this project's lab facts), stopped on drop.
+struct Ovpn {
+    ends: Vec<Child>,
+    key: std::path::PathBuf,
+}
+
+impl Ovpn {
+    fn up(lab: &Lab, port: u16) -> Self {
+        let key = std::env::temp_dir().join(format!("bufscope-ovpn-{}-{port}", std::process::id()));
+        let st = Command::new("openvpn")
+            .args(["--genkey", "secret"])
+            .arg(&key)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .unwrap();
+        assert!(st.success(), "openvpn --genkey");
+        let common = |c: &mut Command| {
+            c.args(["--dev", "tun", "--secret"])
+                .arg(&key)
+                .args(["--cipher", "AES-256-CBC", "--rcvbuf", "65536", "--sndbuf", "65536"])
+                .args(["--verb", "1"])
+                .stdout(Stdio::null())
+                .stderr(Stdio::null());
+        };
+        let mut server = lab.b().command("openvpn");
+        server.args(["--proto", "tcp-server", "--lport", &port.to_string()]);
+        server.args(["--ifconfig", "10.97.0.2", "10.97.0.1"]);
+        common(&mut server);
+        let server = server.spawn().unwrap();
+        std::thread::sleep(Duration::from_millis(500));
+        let mut client = lab.a().command("openvpn");
+        client.args(["--proto", "tcp-client", "--remote", &lab.addr_b().to_string()]);
+        client.arg(port.to_string());
+        client.args(["--ifconfig", "10.97.0.1", "10.97.0.2"]);
+        common(&mut client);
+        let client = client.spawn().unwrap();
+        let t = Self {
+            ends: vec![server, client],
+            key,
+        };
+        eventually(Duration::from_secs(30), "the OpenVPN tunnel", || {
+            lab.a()
+                .command("ping")
+                .args(["-c", "1", "-W", "1", "10.97.0.2"])
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status()
+                .ok()?
+                .success()
+                .then_some(())
+        });
+        t
+    }
+}
+
+impl Drop for Ovpn {
+    fn drop(&mut self) {
+        for c in &mut self.ends {
+            terminate(c);
+        }
+        let _ = std::fs::remove_file(&self.key);
+    }
+}
+
+/// One download (`iperf3 -R`) through an OpenVPN-over-TCP tunnel across `lab`: throughput and
+/// the outer TCP connection's receive window scale and lock bits on the client (A).
+fn ovpn_run(lab: &Lab, port: u16) -> Run {
+    let tunnel = Ovpn::up(lab, port);
+    let _server = measure::iperf3_server(lab.b(), "10.97.0.2", 5331).unwrap();
+    let r = measure::iperf3_client(lab.a(), "10.97.0.2", 5331, 10, 3, true, &[]).unwrap();
+    let outer = ss(Some(lab.a()), port)
+        .into_iter()
+        .find(|c| c.peer.ends_with(&format!(":{port}")))
+        .expect("the client's outer TCP connection");
+    let pid = tunnel.ends[1].id();
+    // `ip netns exec` execs openvpn: the client's pid is the spawned child's.
+    let locks = sockopt_of(pid, outer.inode, SO_BUF_LOCK).unwrap_or(-1);
+    Run {
+        mbit: r.received_mbit,
+        wscale: outer.rcv_wscale,
+        locks,
+    }
+}
+
+/// OpenVPN over TCP with `--rcvbuf 65536 --sndbuf 65536` on both ends through a 200 Mbit/s,
+/// 190 ms WAN: its outer connection is born with a tiny window scale and locked; `observe`
+/// changes nothing and counts; `enforce` gives it the normal scale, no lock, and the
+/// throughput of the same tunnel without the options (within 10%).
+#[test]
+#[ignore = "needs root: run via cargo xtask test"]
+fn openvpn_tcp_small_buffers_enforce_restores_autotuning_at_190ms() {
+    let lab = Lab::new(LabConfig::wan("bsgo", LinkParams::mbit(200).rtt_ms(190))).unwrap();
+    let without = ovpn_run(&lab, 1201);
+    let (observe, observed) = {
+        let e = Exporter::start(&["--guard.mode", "observe"]);
+        let r = ovpn_run(&lab, 1202);
+        (r, decisions(&e, "openvpn", "tcp-autotune", "observed"))
+    };
+    let (enforce, skipped) = {
+        let e = Exporter::start(&["--guard.mode", "enforce"]);
+        let r = ovpn_run(&lab, 1203);
+        (r, decisions(&e, "openvpn", "tcp-autotune", "skipped"))
+    };
+    eprintln!(
+        "OpenVPN/TCP --rcvbuf/--sndbuf 65536, iperf3 -R at 200 Mbit/s 190 ms: {:.1} Mbit/s \
+         outer wscale {} locks {}; observe {:.1} Mbit/s wscale {} locks {} ({observed} observed); \
+         enforce {:.1} Mbit/s wscale {} locks {} ({skipped} skipped)",
+        without.mbit,
+        without.wscale,
+        without.locks,
+        observe.mbit,
+        observe.wscale,
+        observe.locks,
+        enforce.mbit,
+        enforce.wscale,
+        enforce.locks
+    );
+    assert_eq!(without.locks & 2, 2, "--rcvbuf locks the outer socket");
+    assert_eq!(observe.wscale, without.wscale, "observe changes nothing");
+    assert_eq!(observe.locks, without.locks, "observe changes nothing");
+    assert!(observed >= 1.0);
+    assert!(enforce.wscale > without.wscale, "enforce: the normal window scale");
+    assert_eq!(enforce.locks & 3, 0, "enforce: no lock");
+    assert!(skipped >= 1.0);
+    assert!(
+        enforce.mbit >= 3.0 * without.mbit,
+        "enforce {:.1} vs {:.1} Mbit/s",
+        enforce.mbit,
+        without.mbit
+    );
+}
