@@ -15,7 +15,9 @@
 //! PersistentKeepalive = 25         # optional, seconds
 //!
 //! [Bufscope]
-//! Transport = udp                  # udp | tcp
+//! Transport = udp                  # udp | tcp | quic
+//! QuicMode = datagram              # quic: datagram | stream
+//! Congestion = cubic               # quic: cubic | bbr
 //! BufferPolicy = recommended       # recommended | fixed=<bytes> | os-default
 //! TargetBandwidth = 1G             # optional, bits/s, sizes UDP buffers from the BDP
 //! TargetRtt = 190ms                # optional
@@ -48,6 +50,16 @@ pub const DEFAULT_MTU: u16 = 1420;
 /// inner MTU amortises the inner headers over 6× more payload.
 pub const DEFAULT_TCP_MTU: u16 = 8920;
 
+/// Default MTU over QUIC DATAGRAM frames: one WireGuard packet (MTU + 32) per QUIC datagram,
+/// which must fit one QUIC packet. With a 1452-byte UDP payload (a 1500-byte IPv6 path, what
+/// WireGuard's own 1420 assumes) QUIC's short header, AEAD tag and DATAGRAM frame header leave
+/// 1414 bytes (quinn's `max_datagram_size` with 8-byte connection IDs): 1414 − 32 = 1382.
+pub const DEFAULT_QUIC_DATAGRAM_MTU: u16 = 1380;
+
+/// The UDP payload size of the QUIC transport's packets (quinn's `initial_mtu` and `min_mtu`):
+/// what a 1500-byte IPv6 path carries, as WireGuard's own MTU 1420 assumes.
+pub const QUIC_INITIAL_MTU: u16 = 1452;
+
 /// Outer transport of the tunnel.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum TransportKind {
@@ -56,6 +68,9 @@ pub enum TransportKind {
     /// Length-prefixed WireGuard packets over one TCP connection (for networks that block UDP;
     /// bufscope-tunnel on both ends).
     Tcp,
+    /// WireGuard packets in QUIC (quinn): DATAGRAM frames or one length-prefixed stream, see
+    /// [`QuicMode`] (bufscope-tunnel on both ends).
+    Quic,
 }
 
 impl fmt::Display for TransportKind {
@@ -63,6 +78,7 @@ impl fmt::Display for TransportKind {
         f.write_str(match self {
             TransportKind::Udp => "udp",
             TransportKind::Tcp => "tcp",
+            TransportKind::Quic => "quic",
         })
     }
 }
@@ -73,7 +89,74 @@ impl FromStr for TransportKind {
         match s.trim().to_ascii_lowercase().as_str() {
             "udp" => Ok(TransportKind::Udp),
             "tcp" => Ok(TransportKind::Tcp),
-            other => Err(format!("unknown transport {other:?} (expected udp or tcp)")),
+            "quic" => Ok(TransportKind::Quic),
+            other => Err(format!(
+                "unknown transport {other:?} (expected udp, tcp or quic)"
+            )),
+        }
+    }
+}
+
+/// How WireGuard packets ride in QUIC.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum QuicMode {
+    /// One WireGuard packet per QUIC DATAGRAM frame (RFC 9221): unreliable and unordered like
+    /// UDP, congestion-controlled, no flow control.
+    Datagram,
+    /// One bidirectional stream carrying WireGuard packets, each preceded by its length (2 bytes,
+    /// big endian): reliable and ordered, so QUIC's flow-control windows bound throughput.
+    Stream,
+}
+
+impl fmt::Display for QuicMode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            QuicMode::Datagram => "datagram",
+            QuicMode::Stream => "stream",
+        })
+    }
+}
+
+impl FromStr for QuicMode {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "datagram" | "datagrams" => Ok(QuicMode::Datagram),
+            "stream" => Ok(QuicMode::Stream),
+            other => Err(format!(
+                "unknown QUIC mode {other:?} (expected datagram or stream)"
+            )),
+        }
+    }
+}
+
+/// QUIC congestion controller (quinn's).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Congestion {
+    /// CUBIC, quinn's default and Linux TCP's.
+    Cubic,
+    /// BBR (quinn's experimental BBRv1).
+    Bbr,
+}
+
+impl fmt::Display for Congestion {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Congestion::Cubic => "cubic",
+            Congestion::Bbr => "bbr",
+        })
+    }
+}
+
+impl FromStr for Congestion {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "cubic" => Ok(Congestion::Cubic),
+            "bbr" => Ok(Congestion::Bbr),
+            other => Err(format!(
+                "unknown congestion controller {other:?} (expected cubic or bbr)"
+            )),
         }
     }
 }
@@ -191,7 +274,7 @@ fn split_suffix<'a>(t: &'a str, suffixes: &[(&str, usize)]) -> (&'a str, usize) 
 #[command(
     name = "bufscope-tunnel",
     version,
-    about = "Point-to-point WireGuard L3 tunnel (boringtun) over UDP or TCP that applies bufscope's buffer policy"
+    about = "Point-to-point WireGuard L3 tunnel (boringtun) over UDP, TCP or QUIC that applies bufscope's buffer policy"
 )]
 pub struct Cli {
     /// wg-quick-like configuration file ([Interface], [Peer], [Bufscope]).
@@ -231,7 +314,15 @@ pub struct Cli {
     /// Outer transport.
     #[arg(long)]
     pub transport: Option<TransportKind>,
-    /// Outer socket buffers: recommended | fixed=<bytes> | os-default.
+    /// QUIC transport: WireGuard packets in DATAGRAM frames (default) or in one stream. Both ends
+    /// must use the same.
+    #[arg(long = "quic.mode")]
+    pub quic_mode: Option<QuicMode>,
+    /// QUIC transport: congestion controller (default cubic).
+    #[arg(long)]
+    pub congestion: Option<Congestion>,
+    /// Outer socket buffers: recommended | fixed=<bytes> | os-default. QUIC: `recommended` also
+    /// sets bufscope-policy's flow-control windows, the others leave quinn's defaults.
     #[arg(long)]
     pub buffer_policy: Option<BufferPolicy>,
     /// Expected path bandwidth in bits/s (e.g. 1G): the recommended policy sizes UDP buffers
@@ -245,7 +336,8 @@ pub struct Cli {
     /// and one trip through the inner stack per packet, as older userspace WireGuards do.
     #[arg(long)]
     pub no_offload: bool,
-    /// TCP transport: how long to keep trying the first connection before giving up.
+    /// TCP and QUIC transports: how long to keep trying the first connection (QUIC: to complete
+    /// the handshake) before giving up.
     #[arg(long, value_parser = parse_duration, default_value = "10s")]
     pub connect_timeout: Duration,
 }
@@ -274,6 +366,10 @@ pub struct Settings {
     pub persistent_keepalive: Option<u16>,
     /// Outer transport.
     pub transport: TransportKind,
+    /// QUIC transport: how packets ride in QUIC.
+    pub quic_mode: QuicMode,
+    /// QUIC transport: congestion controller.
+    pub congestion: Congestion,
     /// Outer socket buffer policy.
     pub buffer_policy: BufferPolicy,
     /// Target path for the recommended policy.
@@ -297,6 +393,8 @@ struct FileConfig {
     allowed_ips: Vec<Cidr>,
     persistent_keepalive: Option<u16>,
     transport: Option<TransportKind>,
+    quic_mode: Option<QuicMode>,
+    congestion: Option<Congestion>,
     buffer_policy: Option<BufferPolicy>,
     target_bandwidth: Option<u64>,
     target_rtt: Option<Duration>,
@@ -388,6 +486,22 @@ fn parse_file(text: &str) -> Result<FileConfig> {
             }
             (Section::Bufscope, "transport") => {
                 c.transport = Some(
+                    value
+                        .parse()
+                        .map_err(|e: String| anyhow!(e))
+                        .with_context(ctx)?,
+                )
+            }
+            (Section::Bufscope, "quicmode") => {
+                c.quic_mode = Some(
+                    value
+                        .parse()
+                        .map_err(|e: String| anyhow!(e))
+                        .with_context(ctx)?,
+                )
+            }
+            (Section::Bufscope, "congestion") => {
+                c.congestion = Some(
                     value
                         .parse()
                         .map_err(|e: String| anyhow!(e))
@@ -529,16 +643,39 @@ impl Cli {
             .transport
             .or(file.transport)
             .unwrap_or(TransportKind::Udp);
-        let mtu = self.mtu.or(file.mtu).unwrap_or(match transport {
-            TransportKind::Tcp => DEFAULT_TCP_MTU,
-            TransportKind::Udp => DEFAULT_MTU,
-        });
+        let quic_mode = self
+            .quic_mode
+            .or(file.quic_mode)
+            .unwrap_or(QuicMode::Datagram);
+        let congestion = self
+            .congestion
+            .or(file.congestion)
+            .unwrap_or(Congestion::Cubic);
+        if transport != TransportKind::Quic
+            && (self.quic_mode.or(file.quic_mode).is_some()
+                || self.congestion.or(file.congestion).is_some())
+        {
+            tracing::warn!("QuicMode/Congestion only apply to the QUIC transport; ignored");
+        }
+        let mtu = self
+            .mtu
+            .or(file.mtu)
+            .unwrap_or(match (transport, quic_mode) {
+                (TransportKind::Tcp, _) | (TransportKind::Quic, QuicMode::Stream) => {
+                    DEFAULT_TCP_MTU
+                }
+                (TransportKind::Quic, QuicMode::Datagram) => DEFAULT_QUIC_DATAGRAM_MTU,
+                (TransportKind::Udp, _) => DEFAULT_MTU,
+            });
         if !(576..=65000).contains(&mtu) {
             bail!("MTU {mtu} out of range (576..=65000)");
         }
         let listen_port = self.listen_port.or(file.listen_port);
-        if transport == TransportKind::Tcp && endpoint.is_none() && listen_port.is_none() {
-            bail!("TCP transport needs an Endpoint (to connect) or a ListenPort (to listen)");
+        if transport != TransportKind::Udp && endpoint.is_none() && listen_port.is_none() {
+            bail!(
+                "{} transport needs an Endpoint (to connect) or a ListenPort (to listen)",
+                transport.to_string().to_ascii_uppercase()
+            );
         }
         Ok(Settings {
             interface,
@@ -555,6 +692,8 @@ impl Cli {
                 .or(file.persistent_keepalive)
                 .filter(|&k| k > 0),
             transport,
+            quic_mode,
+            congestion,
             buffer_policy: self
                 .buffer_policy
                 .or(file.buffer_policy)
@@ -646,6 +785,38 @@ mod tests {
             s.mtu, DEFAULT_TCP_MTU,
             "TCP transport defaults to a jumbo inner MTU"
         );
+    }
+
+    #[test]
+    fn quic_keys_and_defaults() {
+        let base = format!(
+            "[Interface]\nPrivateKey = {SK}\nListenPort = 51820\n[Peer]\nPublicKey = {PK}\nAllowedIPs = 10.9.0.2/32\n[Bufscope]\nTransport = quic\n"
+        );
+        let (cli, _p) = cli_with(&base);
+        let s = cli.settings().unwrap();
+        assert_eq!(s.transport, TransportKind::Quic);
+        assert_eq!(s.quic_mode, QuicMode::Datagram);
+        assert_eq!(s.congestion, Congestion::Cubic);
+        assert_eq!(s.mtu, DEFAULT_QUIC_DATAGRAM_MTU);
+        let (cli, _p) = cli_with(&format!("{base}QuicMode = stream\nCongestion = BBR\n"));
+        let s = cli.settings().unwrap();
+        assert_eq!(s.quic_mode, QuicMode::Stream);
+        assert_eq!(s.congestion, Congestion::Bbr);
+        assert_eq!(
+            s.mtu, DEFAULT_TCP_MTU,
+            "stream mode: jumbo inner MTU as over TCP"
+        );
+        // Flags override the file.
+        let (mut cli, _p) = cli_with(&format!("{base}QuicMode = stream\n"));
+        cli.quic_mode = Some(QuicMode::Datagram);
+        assert_eq!(cli.settings().unwrap().quic_mode, QuicMode::Datagram);
+        let (cli, _p) = cli_with(&format!("{base}QuicMode = udp\n"));
+        let e = format!("{:#}", cli.settings().err().unwrap());
+        assert!(e.contains("unknown QUIC mode"), "{e}");
+        // Neither an endpoint nor a port: nothing to connect to or listen on.
+        let (cli, _p) = cli_with(&base.replace("ListenPort = 51820\n", ""));
+        let e = format!("{:#}", cli.settings().err().unwrap());
+        assert!(e.contains("QUIC transport needs an Endpoint"), "{e}");
     }
 
     #[test]

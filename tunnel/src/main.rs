@@ -1,11 +1,12 @@
 //! `bufscope-tunnel`: a point-to-point WireGuard L3 tunnel (boringtun's noise protocol over a
-//! Linux TUN device) whose outer transport is UDP or TCP and whose outer socket buffers follow
+//! Linux TUN device) whose outer transport is UDP, TCP or QUIC and whose outer socket buffers follow
 //! `--buffer-policy` (bufscope's recommended policy by default). See `docs/tunnel.md`.
 
 mod buffers;
 mod config;
 mod net;
 mod offload;
+mod quic;
 mod sys;
 mod tcp;
 mod tun;
@@ -52,7 +53,9 @@ fn run(cli: &Cli) -> Result<()> {
     sys::block_termination_signals()?;
     let shutdown = Shutdown::new()?;
 
-    if let (TransportKind::Udp, Some(ep)) = (settings.transport, settings.endpoint) {
+    if let (TransportKind::Udp | TransportKind::Quic, Some(ep)) =
+        (settings.transport, settings.endpoint)
+    {
         // Fail before creating anything when there is no route to the peer.
         udp::check_reachable(ep)?;
     }
@@ -76,6 +79,7 @@ fn run(cli: &Cli) -> Result<()> {
     let threads = match settings.transport {
         TransportKind::Udp => udp::start(&settings, tun.clone(), peer.clone(), &shutdown)?,
         TransportKind::Tcp => tcp::start(&settings, tun.clone(), peer.clone(), &shutdown)?,
+        TransportKind::Quic => quic::start(&settings, tun.clone(), peer.clone(), &shutdown)?,
     };
     let result = supervise(threads, &shutdown);
     tracing::info!("{}", peer.stats.summary());

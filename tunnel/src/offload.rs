@@ -292,6 +292,12 @@ pub struct WriteStats {
     pub dropped: u64,
 }
 
+// SAFETY: `iov` is scratch space: every `write` clears it and fills it with pointers into the
+// header and the `buf` it borrows for the duration of the call, and nothing reads it between
+// calls. No pointer outlives the call, so moving a Coalescer to another thread (the QUIC
+// transport's receive task runs on tokio's workers) cannot let one dangle.
+unsafe impl Send for Coalescer {}
+
 impl Default for Coalescer {
     fn default() -> Self {
         Self::new()

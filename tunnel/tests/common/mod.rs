@@ -5,7 +5,7 @@
 
 use std::fs::File;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 pub use bufscope_netlab::measure;
@@ -241,4 +241,42 @@ pub fn iperf3(net: &Net, label: &str, reverse: bool, secs: u32) -> measure::Iper
         r.retransmits
     );
     r
+}
+
+/// Runs `cmd` to completion (at most 20 s) and checks: exit status 1 and exactly one line on
+/// stderr, which contains every `needles` item. Returns that line.
+pub fn expect_one_line_error(mut cmd: Command, needles: &[&str]) -> String {
+    let child = cmd
+        .env("RUST_LOG", "error")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = child.id();
+    let start = Instant::now();
+    let waiter = std::thread::spawn(move || child.wait_with_output().unwrap());
+    while !waiter.is_finished() {
+        if start.elapsed() > Duration::from_secs(20) {
+            unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+            panic!("bufscope-tunnel did not exit within 20 s");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let out: Output = waiter.join().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr).to_string();
+    let lines: Vec<&str> = stderr.lines().filter(|l| !l.trim().is_empty()).collect();
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "status {}, stderr:\n{stderr}",
+        out.status
+    );
+    assert_eq!(lines.len(), 1, "expected one line, got:\n{stderr}");
+    for n in needles {
+        assert!(lines[0].contains(n), "{n:?} missing from {:?}", lines[0]);
+    }
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    println!("{}", lines[0]);
+    lines[0].to_string()
 }

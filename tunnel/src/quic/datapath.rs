@@ -1,0 +1,445 @@
+//! The QUIC data path: TUN → encrypt → QUIC on a plain thread, QUIC → decrypt → TUN in a
+//! tokio task per connection.
+
+use std::future::Future;
+use std::net::IpAddr;
+use std::pin::pin;
+use std::sync::atomic::Ordering;
+use std::task::{Context as TaskContext, Poll, Waker};
+
+use anyhow::{Context as _, Result, bail};
+use boringtun::noise::{Tunn, TunnResult};
+use bytes::Bytes;
+use quinn::SendDatagramError;
+
+use super::{Ctx, Current, Link};
+use crate::net::packet_dst;
+use crate::offload::Coalescer;
+use crate::sys::{Wake, wait_readable};
+use crate::tun::{Tun, TunReader};
+use crate::wg::{self, Peer, SLOT, Stats};
+
+/// Packets decrypted per lock of the noise state (and per TUN flush).
+const BATCH: usize = 64;
+/// Encrypted datagrams handed to quinn per round.
+const TX_BATCH: usize = 256;
+/// Stream mode: bytes handed to quinn per `write_chunk` (the seed's 256 KiB copy buffers
+/// instead of tokio's 8 KiB).
+const CHUNK: usize = 256 << 10;
+/// Stream mode: receive buffer (many frames per read).
+const READ_BUF: usize = 1 << 20;
+/// Largest frame: the 2-byte length field.
+const MAX_FRAME: usize = u16::MAX as usize;
+
+/// Polls `f` once; `None` if it is not ready (its registration is dropped with it).
+fn now_or_never<F: Future>(f: F) -> Option<F::Output> {
+    let mut f = pin!(f);
+    match f.as_mut().poll(&mut TaskContext::from_waker(Waker::noop())) {
+        Poll::Ready(v) => Some(v),
+        Poll::Pending => None,
+    }
+}
+
+/// Decrypted packets waiting for one coalesced write to the TUN.
+struct Inbound {
+    out: Vec<u8>,
+    ready: Vec<(usize, usize)>,
+    co: Coalescer,
+    scratch: Vec<u8>,
+    src: Option<IpAddr>,
+}
+
+impl Inbound {
+    fn new(src: IpAddr) -> Self {
+        Self {
+            out: vec![0u8; BATCH * SLOT],
+            ready: Vec::with_capacity(BATCH),
+            co: Coalescer::new(),
+            scratch: vec![0u8; SLOT],
+            src: Some(src),
+        }
+    }
+
+    fn is_full(&self) -> bool {
+        self.ready.len() >= BATCH
+    }
+
+    /// Decrypts one WireGuard packet; replies (handshake responses, keepalives, packets
+    /// boringtun queued before the session) go back through `link`.
+    fn decrypt(&mut self, tunn: &mut Tunn, peer: &Peer, link: &Link, packet: &[u8]) {
+        Stats::add(&peer.stats.net_in, 1);
+        let i = self.ready.len();
+        let slot = &mut self.out[i * SLOT..(i + 1) * SLOT];
+        let base = slot.as_ptr() as usize;
+        match tunn.decapsulate(self.src, packet, slot) {
+            TunnResult::WriteToTunnelV4(p, src) if peer.allowed.contains(src.into()) => {
+                self.ready
+                    .push((i * SLOT + p.as_ptr() as usize - base, p.len()));
+            }
+            TunnResult::WriteToTunnelV6(p, src) if peer.allowed.contains(src.into()) => {
+                self.ready
+                    .push((i * SLOT + p.as_ptr() as usize - base, p.len()));
+            }
+            TunnResult::WriteToTunnelV4(..) | TunnResult::WriteToTunnelV6(..) => {
+                Stats::add(&peer.stats.not_allowed, 1)
+            }
+            TunnResult::WriteToNetwork(p) => {
+                link.send_control(p, peer);
+                while let TunnResult::WriteToNetwork(q) =
+                    tunn.decapsulate(None, &[], &mut self.scratch)
+                {
+                    link.send_control(q, peer);
+                }
+            }
+            TunnResult::Err(e) => {
+                Stats::add(&peer.stats.decap_errors, 1);
+                wg::log_decap_error(&e, None);
+            }
+            TunnResult::Done => {}
+        }
+    }
+
+    /// Writes the decrypted packets to the TUN, coalesced.
+    fn flush(&mut self, tun: &Tun, peer: &Peer) -> Result<()> {
+        if self.ready.is_empty() {
+            return Ok(());
+        }
+        let r = tun.write_batch(&mut self.co, &self.out, &self.ready);
+        self.ready.clear();
+        let st = r.context("writing to the TUN device")?;
+        Stats::add(&peer.stats.tun_out, st.packets);
+        Stats::add(&peer.stats.send_dropped, st.dropped);
+        Ok(())
+    }
+}
+
+/// Datagram mode: QUIC datagrams → decrypt → TUN, until the connection ends.
+pub(super) async fn datagrams_to_tun(ctx: &Ctx, cur: &Current) -> Result<()> {
+    let mut inb = Inbound::new(cur.conn.remote_address().ip());
+    let mut batch: Vec<Bytes> = Vec::with_capacity(BATCH);
+    loop {
+        let first = tokio::select! {
+            d = cur.conn.read_datagram() => d,
+            _ = ctx.stopped() => return Ok(()),
+        };
+        // A closed connection is reported by its manager.
+        let Ok(first) = first else { return Ok(()) };
+        batch.push(first);
+        while batch.len() < BATCH {
+            match now_or_never(cur.conn.read_datagram()) {
+                Some(Ok(d)) => batch.push(d),
+                _ => break,
+            }
+        }
+        cur.counters
+            .datagrams_read
+            .fetch_add(batch.len() as u64, Ordering::Relaxed);
+        {
+            let mut tunn = ctx.peer.tunn();
+            for d in batch.drain(..) {
+                inb.decrypt(&mut tunn, &ctx.peer, &ctx.link, &d);
+            }
+        }
+        inb.flush(&ctx.tun, &ctx.peer)?;
+    }
+}
+
+/// Stream mode: the stream's length-prefixed frames → decrypt → TUN, until it ends.
+pub(super) async fn stream_to_tun(
+    ctx: &Ctx,
+    cur: &Current,
+    mut recv: quinn::RecvStream,
+) -> Result<()> {
+    let mut inb = Inbound::new(cur.conn.remote_address().ip());
+    let mut rbuf = vec![0u8; READ_BUF];
+    let (mut start, mut filled) = (0usize, 0usize);
+    loop {
+        let n = tokio::select! {
+            r = recv.read(&mut rbuf[filled..]) => r,
+            _ = ctx.stopped() => return Ok(()),
+        };
+        let n = match n {
+            Ok(Some(n)) => n,
+            Ok(None) => bail!("the peer finished the stream"),
+            Err(quinn::ReadError::ConnectionLost(_)) => return Ok(()),
+            Err(e) => return Err(e).context("reading the QUIC stream"),
+        };
+        filled += n;
+        cur.counters
+            .stream_bytes_read
+            .fetch_add(n as u64, Ordering::Relaxed);
+        loop {
+            {
+                let mut tunn = ctx.peer.tunn();
+                while !inb.is_full() && filled - start >= 2 {
+                    let len = usize::from(u16::from_be_bytes([rbuf[start], rbuf[start + 1]]));
+                    if len == 0 {
+                        bail!("protocol error: empty frame on the QUIC stream");
+                    }
+                    if filled - start < 2 + len {
+                        break;
+                    }
+                    let frame = &rbuf[start + 2..start + 2 + len];
+                    start += 2 + len;
+                    inb.decrypt(&mut tunn, &ctx.peer, &ctx.link, frame);
+                }
+            }
+            let full = inb.is_full();
+            inb.flush(&ctx.tun, &ctx.peer)?;
+            if !full {
+                break;
+            }
+        }
+        // Keep room for a whole frame at the end of the buffer.
+        if start == filled {
+            start = 0;
+            filled = 0;
+        } else if rbuf.len() - filled < 2 + MAX_FRAME {
+            rbuf.copy_within(start..filled, 0);
+            filled -= start;
+            start = 0;
+        }
+    }
+}
+
+/// TUN → encrypt → QUIC (both modes), until shutdown.
+pub(super) fn tun_to_quic(ctx: &Ctx) -> Result<()> {
+    match ctx.mode {
+        crate::config::QuicMode::Datagram => tun_to_datagrams(ctx),
+        crate::config::QuicMode::Stream => tun_to_stream(ctx),
+    }
+}
+
+/// Waits for the TUN or the control queue; `false` on shutdown.
+fn wait_input(ctx: &Ctx) -> Result<bool> {
+    let w = wait_readable(
+        ctx.tun.raw_fd(),
+        Some(ctx.link.control_ready.raw()),
+        &ctx.shutdown,
+        None,
+    )?;
+    Ok(w != Wake::Shutdown)
+}
+
+/// One datagram to quinn; waits for room in its send buffer (the congestion window pushes back
+/// on the TUN instead of quinn dropping older datagrams). `false` if the connection is gone.
+fn send_datagram(ctx: &Ctx, cur: &Current, b: Bytes, warned: &mut bool) -> bool {
+    let r = if cur.conn.datagram_send_buffer_space() >= b.len() {
+        cur.conn.send_datagram(b)
+    } else {
+        let waited = ctx.handle.block_on(async {
+            tokio::select! {
+                r = cur.conn.send_datagram_wait(b) => Some(r),
+                _ = ctx.stopped() => None,
+            }
+        });
+        match waited {
+            Some(r) => r,
+            None => return false,
+        }
+    };
+    let peer = &ctx.peer;
+    match r {
+        Ok(()) => {
+            Stats::add(&peer.stats.net_out, 1);
+            true
+        }
+        Err(SendDatagramError::TooLarge) => {
+            Stats::add(&peer.stats.send_dropped, 1);
+            if !*warned {
+                *warned = true;
+                tracing::warn!(
+                    "a WireGuard packet does not fit a QUIC datagram (at most {:?} bytes on this path): lower the MTU (now {})",
+                    cur.conn.max_datagram_size(),
+                    ctx.mtu
+                );
+            }
+            true
+        }
+        Err(e) => {
+            Stats::add(&peer.stats.send_dropped, 1);
+            tracing::debug!("sending a datagram: {e}");
+            false
+        }
+    }
+}
+
+fn tun_to_datagrams(ctx: &Ctx) -> Result<()> {
+    let peer = &ctx.peer;
+    let mut reader = TunReader::new();
+    let mut slot = vec![0u8; SLOT];
+    let mut batch: Vec<Bytes> = Vec::with_capacity(TX_BATCH);
+    let mut warned = false;
+    loop {
+        let mut read_any = false;
+        while batch.len() < TX_BATCH
+            && reader
+                .recv(&ctx.tun)
+                .context("reading from the TUN device")?
+        {
+            let segs = reader.segments(&ctx.tun);
+            if batch.len() + segs > TX_BATCH && !batch.is_empty() {
+                break; // send first; the packet stays pending
+            }
+            read_any = true;
+            Stats::add(&peer.stats.tun_in, 1);
+            let mut tunn = peer.tunn();
+            let r = reader.emit(&ctx.tun, |packet| {
+                if !packet_dst(packet).is_some_and(|d| peer.allowed.contains(d)) {
+                    Stats::add(&peer.stats.not_allowed, 1);
+                    return;
+                }
+                match tunn.encapsulate(packet, &mut slot) {
+                    TunnResult::WriteToNetwork(p) => batch.push(Bytes::copy_from_slice(p)),
+                    TunnResult::Err(e) => tracing::debug!("encapsulate: {e:?}"),
+                    _ => {}
+                }
+            });
+            drop(tunn);
+            if let Err(e) = r {
+                tracing::debug!("unusable packet from the TUN: {e:?}");
+                Stats::add(&peer.stats.not_allowed, 1);
+            }
+        }
+        if batch.is_empty() {
+            if read_any {
+                continue;
+            }
+            if !wait_input(ctx)? {
+                return Ok(());
+            }
+            ctx.link.control_ready.drain();
+            continue;
+        }
+        let Some(cur) = ctx.link.current() else {
+            Stats::add(&peer.stats.send_dropped, batch.len() as u64);
+            batch.clear();
+            continue;
+        };
+        let mut alive = true;
+        for b in batch.drain(..) {
+            if alive {
+                alive = send_datagram(ctx, &cur, b, &mut warned);
+            } else {
+                Stats::add(&peer.stats.send_dropped, 1);
+            }
+        }
+        if ctx.shutdown.is_triggered() {
+            return Ok(());
+        }
+    }
+}
+
+fn tun_to_stream(ctx: &Ctx) -> Result<()> {
+    let peer = &ctx.peer;
+    let mut reader = TunReader::new();
+    // Room one encrypted segment needs (length prefix, MTU + 32, or a handshake).
+    let frame_room = 2 + (usize::from(ctx.mtu) + 32).max(148);
+    let mut wbuf = vec![0u8; CHUNK + frame_room];
+    let mut control: Vec<Vec<u8>> = Vec::new();
+    loop {
+        ctx.link.control_ready.drain();
+        {
+            let mut q = ctx.link.control.lock().unwrap_or_else(|e| e.into_inner());
+            control.extend(q.drain(..));
+        }
+        let mut pos = 0;
+        let mut frames = 0u64;
+        for p in control.drain(..) {
+            if p.len() <= MAX_FRAME && pos + 2 + p.len() <= wbuf.len() {
+                wbuf[pos..pos + 2].copy_from_slice(&(p.len() as u16).to_be_bytes());
+                wbuf[pos + 2..pos + 2 + p.len()].copy_from_slice(&p);
+                pos += 2 + p.len();
+                frames += 1;
+            }
+        }
+        let mut read_any = false;
+        while pos < CHUNK
+            && reader
+                .recv(&ctx.tun)
+                .context("reading from the TUN device")?
+        {
+            let segs = reader.segments(&ctx.tun);
+            if pos + segs * frame_room > wbuf.len() {
+                if pos > 0 {
+                    break; // send what we have; the packet stays pending
+                }
+                reader.emit(&ctx.tun, |_| {}).ok();
+                Stats::add(&peer.stats.send_dropped, segs as u64);
+                continue;
+            }
+            read_any = true;
+            Stats::add(&peer.stats.tun_in, 1);
+            let mut tunn = peer.tunn();
+            let r = reader.emit(&ctx.tun, |packet| {
+                if packet.len() + 32 + 2 > frame_room {
+                    Stats::add(&peer.stats.send_dropped, 1);
+                    return;
+                }
+                if !packet_dst(packet).is_some_and(|d| peer.allowed.contains(d)) {
+                    Stats::add(&peer.stats.not_allowed, 1);
+                    return;
+                }
+                let dst = &mut wbuf[pos + 2..pos + frame_room];
+                let base = dst.as_ptr() as usize;
+                let (off, len) = match tunn.encapsulate(packet, dst) {
+                    TunnResult::WriteToNetwork(p) => (p.as_ptr() as usize - base, p.len()),
+                    TunnResult::Err(e) => {
+                        tracing::debug!("encapsulate: {e:?}");
+                        return;
+                    }
+                    _ => return,
+                };
+                if off != 0 {
+                    wbuf.copy_within(pos + 2 + off..pos + 2 + off + len, pos + 2);
+                }
+                wbuf[pos..pos + 2].copy_from_slice(&(len as u16).to_be_bytes());
+                pos += 2 + len;
+                frames += 1;
+            });
+            drop(tunn);
+            if let Err(e) = r {
+                tracing::debug!("unusable packet from the TUN: {e:?}");
+                Stats::add(&peer.stats.not_allowed, 1);
+            }
+        }
+        if pos == 0 {
+            if read_any {
+                continue;
+            }
+            if !wait_input(ctx)? {
+                return Ok(());
+            }
+            continue;
+        }
+        let Some((cur, send)) = ctx
+            .link
+            .current()
+            .and_then(|c| c.send.clone().map(|s| (c, s)))
+        else {
+            Stats::add(&peer.stats.send_dropped, frames);
+            continue;
+        };
+        let chunk = Bytes::copy_from_slice(&wbuf[..pos]);
+        let r = ctx.handle.block_on(async {
+            tokio::select! {
+                r = async { send.lock().await.write_chunk(chunk).await } => Some(r),
+                _ = ctx.stopped() => None,
+            }
+        });
+        match r {
+            None => return Ok(()),
+            Some(Ok(())) => Stats::add(&peer.stats.net_out, frames),
+            Some(Err(e)) => {
+                Stats::add(&peer.stats.send_dropped, frames);
+                if !ctx.shutdown.is_triggered() {
+                    tracing::debug!(
+                        "QUIC stream to {} lost while sending: {e}",
+                        cur.conn.remote_address()
+                    );
+                }
+                ctx.link.drop_conn(cur.id);
+            }
+        }
+    }
+}
