@@ -20,14 +20,18 @@ use crate::store::{ProcMeta, ProcRef, Proto};
 /// Version of the `/api/v1/findings` schema. Bumped only on incompatible changes.
 pub const SCHEMA_VERSION: u32 = 1;
 
-/// How bad a finding is.
+/// How bad a finding is: what it costs now.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Severity {
-    /// Costs throughput now (drops in the last window, connections born crippled).
+    /// Costs throughput now (sustained drops in the last window, a connection running at the
+    /// ceiling its locked buffer sets, connections born crippled).
     Critical,
-    /// A latent problem, or one that was not active in the last window.
+    /// A latent problem, sporadic drops, or one that was not active in the last window.
     Warning,
+    /// Observed, but costs nothing measurable now (e.g. a locked buffer at an RTT where it
+    /// cannot limit, an idle connection).
+    Info,
 }
 
 impl Severity {
@@ -36,9 +40,20 @@ impl Severity {
         match self {
             Self::Critical => "critical",
             Self::Warning => "warning",
+            Self::Info => "info",
         }
     }
 }
+
+/// Drops per second from which drops are *sustained* (critical): the threshold of the shipped
+/// `BufscopeSocketDropsSustained` alert. Fewer are sporadic (a warning).
+pub const SUSTAINED_DROPS_PER_SECOND: f64 = 1.0;
+
+/// RTTs below this are the same host (loopback, veth): no buffer limits a flow there.
+const SAME_HOST_RTT_US: u32 = 100;
+
+/// A WAN round trip to say what a lock would cost on a real path (a VPN across a continent).
+const WAN_RTT: Duration = Duration::from_millis(50);
 
 /// Finding kinds (the `kind` label and JSON field).
 pub mod kind {
@@ -252,8 +267,41 @@ fn limit(v: Option<i64>) -> String {
 fn mbit(bps: f64) -> String {
     if bps >= 1e9 {
         format!("{:.2} Gbit/s", bps / 1e9)
-    } else {
+    } else if bps >= 1e6 {
         format!("{:.1} Mbit/s", bps / 1e6)
+    } else {
+        format!("{:.0} kbit/s", bps / 1e3)
+    }
+}
+
+/// An RTT in the unit that shows it (µs below a millisecond).
+fn rtt_text(us: u32) -> String {
+    if us < 1000 {
+        format!("{us} µs")
+    } else {
+        format!("{:.1} ms", us as f64 / 1000.0)
+    }
+}
+
+/// A drop rate as a person reads it: per second when there is about one a second or more,
+/// else how many in the window (a single drop is "1 in the last 60s", never "0/s").
+fn drop_rate_text(rate: f64, window: Duration) -> String {
+    if rate >= 10.0 {
+        format!("{rate:.0}/s")
+    } else if rate >= SUSTAINED_DROPS_PER_SECOND {
+        format!("{rate:.1}/s")
+    } else {
+        let n = (rate * window.as_secs_f64()).round().max(1.0);
+        format!("{n:.0} in the last {}s", window.as_secs())
+    }
+}
+
+/// Critical when sustained, warning when sporadic or past.
+fn drop_severity(rate: f64) -> Severity {
+    if rate >= SUSTAINED_DROPS_PER_SECOND {
+        Severity::Critical
+    } else {
+        Severity::Warning
     }
 }
 
@@ -342,8 +390,13 @@ pub fn evaluate(inputs: &Inputs) -> Vec<Finding> {
     tcp_locks(&mut b);
     autotune(&mut b);
     mark_guarded(&mut b.out, &inputs.guard);
+    // Most severe first; within a severity, what costs most now (drop rate) first.
+    let cost = |f: &Finding| f.evidence.get("drops_per_second").copied().unwrap_or(0.0);
     b.out.sort_by(|x, y| {
-        (x.severity, x.process.pid, x.kind).cmp(&(y.severity, y.process.pid, y.kind))
+        x.severity
+            .cmp(&y.severity)
+            .then(cost(y).total_cmp(&cost(x)))
+            .then((x.process.pid, x.kind).cmp(&(y.process.pid, y.kind)))
     });
     b.out
 }
@@ -426,11 +479,7 @@ fn udp_drops(b: &mut Builder<'_>) {
         }) else {
             continue;
         };
-        let severity = if rate > 0.0 {
-            Severity::Critical
-        } else {
-            Severity::Warning
-        };
+        let severity = drop_severity(rate);
         let mut evidence = vec![
             ("drops_total", total as f64),
             ("drops_per_second", rate),
@@ -441,8 +490,16 @@ fn udp_drops(b: &mut Builder<'_>) {
         if let Some(r) = b.inputs.rmem_max {
             evidence.push(("rmem_max_bytes", r as f64));
         }
-        let what = if rate > 0.0 {
-            format!("dropping {rate:.0}/s over the last {window}s")
+        let what = if rate >= SUSTAINED_DROPS_PER_SECOND {
+            format!(
+                "dropping {} over the last {window}s",
+                drop_rate_text(rate, b.inputs.window)
+            )
+        } else if rate > 0.0 {
+            format!(
+                "dropped {} (sporadic; {total} in total)",
+                drop_rate_text(rate, b.inputs.window)
+            )
         } else {
             format!("dropped {total} datagrams (none in the last {window}s)")
         };
@@ -522,15 +579,20 @@ fn tcp_drops(b: &mut Builder<'_>) {
         b.push(
             &p,
             kind::TCP_BUFFER_DROPS,
-            if rate > 0.0 && locked {
+            if rate >= SUSTAINED_DROPS_PER_SECOND && locked {
                 Severity::Critical
             } else {
                 Severity::Warning
             },
             None,
             format!(
-                "TCP segments dropped for buffer reasons ({}): {total} in total, {rate:.0}/s now",
-                reasons.join(", ")
+                "TCP segments dropped for buffer reasons ({}): {total} in total, {}",
+                reasons.join(", "),
+                if rate > 0.0 {
+                    format!("{} now", drop_rate_text(rate, b.inputs.window))
+                } else {
+                    format!("none in the last {}s", b.inputs.window.as_secs())
+                }
             ),
             fix,
             vec![("drops_total", total as f64), ("drops_per_second", rate)],
@@ -554,11 +616,16 @@ fn tun_ring(b: &mut Builder<'_>) {
         b.push(
             &p,
             kind::TUN_RING_FULL,
-            if rate > 0.0 { Severity::Critical } else { Severity::Warning },
+            drop_severity(rate),
             None,
             format!(
-                "TUN device {} queue overflowed: {total} packets dropped before the tunnel read them ({rate:.0}/s now)",
-                devs.join(", ")
+                "TUN device {} queue overflowed: {total} packets dropped before the tunnel read them ({})",
+                devs.join(", "),
+                if rate > 0.0 {
+                    format!("{} now", drop_rate_text(rate, b.inputs.window))
+                } else {
+                    format!("none in the last {}s", b.inputs.window.as_secs())
+                }
             ),
             format!(
                 "read the TUN device faster (batching, offloads, a reader thread per queue with \
@@ -714,6 +781,50 @@ fn tcp_locks(b: &mut Builder<'_>) {
     }
 }
 
+/// How much a locked TCP receive buffer costs now, from what `tcp_rcvbuf_grow` measured.
+struct LockCost {
+    /// The ceiling the locked window sets at the measured RTT (≈ rcvbuf/2 per RTT), bit/s.
+    cap_bps: f64,
+    /// What the reader consumed over the last measured interval, bit/s (0: idle).
+    observed_bps: f64,
+    /// The window the observed rate needs at this RTT (bytes).
+    bdp_bytes: u64,
+    severity: Severity,
+}
+
+fn lock_cost(t: &TuneView) -> LockCost {
+    let rtt = Duration::from_micros(t.rtt_us.max(1) as u64);
+    // About half of sk_rcvbuf is advertised as window (tcp_adv_win_scale/scaling_ratio).
+    let window = t.rcvbuf.max(0) as f64 / 2.0;
+    let cap_bps = window * 8.0 / rtt.as_secs_f64();
+    let observed_bps = if t.interval_us > 0 {
+        t.copied as f64 * 8.0 / (t.interval_us as f64 / 1e6)
+    } else {
+        0.0
+    };
+    let ratio = if cap_bps > 0.0 {
+        observed_bps / cap_bps
+    } else {
+        0.0
+    };
+    let severity = if observed_bps <= 0.0 || t.rtt_us < SAME_HOST_RTT_US {
+        // Idle, or the same host: nothing is limited by the buffer now.
+        Severity::Info
+    } else if (0.8..=1.25).contains(&ratio) {
+        // Running at the ceiling the lock sets: it costs throughput now. (Far above it the
+        // window/RTT model does not bind: the buffer is not what limits.)
+        Severity::Critical
+    } else {
+        Severity::Warning
+    };
+    LockCost {
+        cap_bps,
+        observed_bps,
+        bdp_bytes: policy::bdp_bytes(observed_bps as u64, rtt),
+        severity,
+    }
+}
+
 fn autotune(b: &mut Builder<'_>) {
     let groups = by_owner(
         b.inputs
@@ -724,51 +835,80 @@ fn autotune(b: &mut Builder<'_>) {
     );
     for (p, socks) in groups {
         let total: u64 = socks.iter().map(|t| t.suppressed).sum();
-        let Some(t) = socks.iter().max_by_key(|t| t.suppressed) else {
+        // The socket whose lock costs most now (then the most suppressed).
+        let Some((t, c)) = socks
+            .iter()
+            .map(|t| (*t, lock_cost(t)))
+            .min_by(|(a, x), (b, y)| {
+                x.severity
+                    .cmp(&y.severity)
+                    .then(y.observed_bps.total_cmp(&x.observed_bps))
+                    .then(b.suppressed.cmp(&a.suppressed))
+            })
+        else {
             continue;
         };
-        let rtt = Duration::from_micros(t.rtt_us.max(1) as u64);
-        // About half of sk_rcvbuf is advertised as window (tcp_adv_win_scale/scaling_ratio).
-        let window = t.rcvbuf.max(0) as f64 / 2.0;
-        let cap_bps = window * 8.0 / rtt.as_secs_f64();
-        let observed_bps = if t.interval_us > 0 {
-            t.copied as f64 * 8.0 / (t.interval_us as f64 / 1e6)
+        let buf = kib(t.rcvbuf as f64);
+        let grow = if b.inputs.tcp_rmem_max > t.rcvbuf as i64 && t.rcvbuf > 0 {
+            format!(
+                "autotuning could grow it to {} ({:.0}x)",
+                kib(b.inputs.tcp_rmem_max as f64),
+                b.inputs.tcp_rmem_max as f64 / t.rcvbuf as f64
+            )
         } else {
-            0.0
+            format!(
+                "autotuning could grow it up to {}",
+                kib(b.inputs.tcp_rmem_max as f64)
+            )
         };
-        let auto_cap = b.inputs.tcp_rmem_max as f64 / 2.0 * 8.0 / rtt.as_secs_f64();
-        let bdp_obs = policy::bdp_bytes(observed_bps as u64, rtt);
+        let wan_cap = t.rcvbuf.max(0) as f64 / 2.0 * 8.0 / WAN_RTT.as_secs_f64();
+        let summary = match c.severity {
+            Severity::Critical => format!(
+                "costs throughput now: the connection runs at the ~{} its locked {buf} receive                  buffer allows at the measured RTT of {} (observed {}); the kernel wanted to                  grow the buffer {total} time(s); {grow}",
+                mbit(c.cap_bps),
+                rtt_text(t.rtt_us),
+                mbit(c.observed_bps),
+            ),
+            Severity::Warning => format!(
+                "not at its ceiling now: a locked {buf} TCP receive buffer allows ~{} at the                  measured RTT of {} (observed {}); it limits the connection once traffic grows;                  the kernel wanted to grow it {total} time(s); {grow}",
+                mbit(c.cap_bps),
+                rtt_text(t.rtt_us),
+                mbit(c.observed_bps),
+            ),
+            Severity::Info if c.observed_bps <= 0.0 => format!(
+                "costs nothing now (idle): a locked {buf} TCP receive buffer, which the kernel                  wanted to grow {total} time(s); on a {} ms path it would cap a connection at                  ~{}",
+                WAN_RTT.as_millis(),
+                mbit(wan_cap)
+            ),
+            Severity::Info => format!(
+                "costs nothing at this RTT ({}, the same host): a locked {buf} TCP receive                  buffer is not what limits this connection (observed {}); on a {} ms path it                  would cap it at ~{}; the kernel wanted to grow it {total} time(s)",
+                rtt_text(t.rtt_us),
+                mbit(c.observed_bps),
+                WAN_RTT.as_millis(),
+                mbit(wan_cap)
+            ),
+        };
         b.push(
             &p,
             kind::AUTOTUNE_SUPPRESSED,
-            Severity::Warning,
+            c.severity,
             Some(SocketRef {
                 inode: t.inode,
                 proto: "tcp",
             }),
-            format!(
-                "the kernel wanted to grow a locked {} TCP receive buffer {total} time(s); at the \
-                 measured RTT of {:.1} ms that caps the connection at about {} (observed {}); \
-                 autotuning could grow it to {} (~{})",
-                kib(t.rcvbuf as f64),
-                t.rtt_us as f64 / 1000.0,
-                mbit(cap_bps),
-                mbit(observed_bps),
-                kib(b.inputs.tcp_rmem_max as f64),
-                mbit(auto_cap)
-            ),
+            summary,
             format!(
                 "remove setsockopt(SO_RCVBUF) so autotuning can follow the bandwidth-delay product \
                  (the observed rate needs a {} window at this RTT; autotuning sizes it)",
-                kib(bdp_obs as f64)
+                kib(c.bdp_bytes as f64)
             ),
             vec![
                 ("suppressed_total", total as f64),
                 ("rtt_us", t.rtt_us as f64),
                 ("rcvbuf_bytes", t.rcvbuf as f64),
-                ("throughput_cap_bps", cap_bps),
-                ("observed_bps", observed_bps),
-                ("bdp_bytes", bdp_obs as f64),
+                ("throughput_cap_bps", c.cap_bps),
+                ("observed_bps", c.observed_bps),
+                ("bdp_bytes", c.bdp_bytes as f64),
             ],
             Rule::TcpAutotune.citation(),
         );
@@ -913,5 +1053,151 @@ mod tests {
         // 64 KiB window / 190 ms = 2.76 Mbit/s
         assert!((a.evidence["throughput_cap_bps"] - 2_759_410.5).abs() < 10.0);
         assert!(a.summary.contains("190.0 ms"), "{}", a.summary);
+        // 64 KiB read per 190 ms: the connection runs at that ceiling.
+        assert_eq!(a.severity, Severity::Critical, "{}", a.summary);
+        assert!(
+            a.summary.starts_with("costs throughput now"),
+            "{}",
+            a.summary
+        );
+        assert!(
+            a.summary.contains("(48x)"),
+            "6 MiB / 128 KiB: {}",
+            a.summary
+        );
+    }
+
+    fn tune(rtt_us: u32, rcvbuf: i32, copied: u64, interval_us: u64) -> TuneView {
+        TuneView {
+            owner: Some(p(1)),
+            inode: 9,
+            suppressed: 3,
+            rtt_us,
+            rcvbuf,
+            copied,
+            interval_us,
+        }
+    }
+
+    fn autotune_finding(t: TuneView) -> Finding {
+        let mut i = inputs();
+        i.tcp_rmem_max = 33_554_432;
+        i.tunes.push(t);
+        evaluate(&i)
+            .into_iter()
+            .find(|f| f.kind == kind::AUTOTUNE_SUPPRESSED)
+            .unwrap()
+    }
+
+    #[test]
+    fn a_lock_at_rtt_zero_costs_nothing_and_prints_no_absurd_figure() {
+        // What the status page showed on loopback: 9 µs, 128 KiB, 78.8 Gbit/s observed.
+        let f = autotune_finding(tune(9, 131_072, 88_650_000, 9_000));
+        assert_eq!(f.severity, Severity::Info, "{}", f.summary);
+        assert!(
+            f.summary.starts_with("costs nothing at this RTT (9 µs"),
+            "{}",
+            f.summary
+        );
+        assert!(!f.summary.contains("0.0 ms"), "{}", f.summary);
+        // No throughput figure beyond what the host moved: no "14913 Gbit/s".
+        for w in f.summary.split_whitespace() {
+            if let Ok(v) = w.parse::<f64>() {
+                assert!(v < 1000.0, "absurd figure {v} in {}", f.summary);
+            }
+        }
+        // On a WAN path the same lock would cap it: 64 KiB / 50 ms = 10.5 Mbit/s.
+        assert!(f.summary.contains("~10.5 Mbit/s"), "{}", f.summary);
+        // RTT 0 (unmeasured) is the same case, not a division by zero.
+        let f = autotune_finding(tune(0, 131_072, 1_000_000, 1_000));
+        assert_eq!(f.severity, Severity::Info);
+        assert!(f.evidence["throughput_cap_bps"].is_finite());
+    }
+
+    #[test]
+    fn an_idle_locked_socket_costs_nothing_now() {
+        let f = autotune_finding(tune(40_000, 131_072, 0, 0));
+        assert_eq!(f.severity, Severity::Info);
+        assert!(
+            f.summary.starts_with("costs nothing now (idle)"),
+            "{}",
+            f.summary
+        );
+        assert_eq!(f.evidence["observed_bps"], 0.0);
+    }
+
+    #[test]
+    fn a_lock_below_its_ceiling_is_latent() {
+        // 40 ms, 128 KiB: the ceiling is 13.1 Mbit/s; 1 Mbit/s is flowing.
+        let f = autotune_finding(tune(40_000, 131_072, 5_000, 40_000));
+        assert_eq!(f.severity, Severity::Warning, "{}", f.summary);
+        assert!(
+            f.summary.starts_with("not at its ceiling now"),
+            "{}",
+            f.summary
+        );
+        assert!(f.summary.contains("40.0 ms"), "{}", f.summary);
+    }
+
+    fn udp(pid: u32, packets: u64, rate: f64) -> SocketDrops {
+        SocketDrops {
+            owner: Some(p(pid)),
+            inode: 100 + pid as u64,
+            proto: Proto::Udp,
+            reason: "SOCKET_RCVBUFF".into(),
+            packets,
+            rate,
+            rcvbuf: 212_992,
+            ifname: String::new(),
+        }
+    }
+
+    #[test]
+    fn a_single_drop_is_sporadic_not_zero_per_second() {
+        let mut i = inputs();
+        i.drops.push(udp(1, 1, 1.0 / 60.0));
+        let f = evaluate(&i);
+        assert_eq!(f[0].severity, Severity::Warning, "{}", f[0].summary);
+        assert!(
+            f[0].summary
+                .contains("dropped 1 in the last 60s (sporadic; 1 in total)"),
+            "{}",
+            f[0].summary
+        );
+        assert!(!f[0].summary.contains("0/s"), "{}", f[0].summary);
+    }
+
+    #[test]
+    fn findings_rank_by_what_they_cost_now() {
+        let mut i = inputs();
+        for (pid, comm) in [(1, "slow"), (2, "fast"), (3, "once")] {
+            i.meta.insert(
+                p(pid),
+                ProcMeta {
+                    comm: comm.into(),
+                    container: String::new(),
+                },
+            );
+        }
+        i.drops.push(udp(1, 600, 10.0));
+        i.drops.push(udp(2, 60_000, 1000.0));
+        i.drops.push(udp(3, 1, 1.0 / 60.0));
+        i.tunes.push(tune(9, 131_072, 88_650_000, 9_000));
+        let f = evaluate(&i);
+        let order: Vec<(&str, &str)> = f
+            .iter()
+            .map(|f| (f.process.comm.as_str(), f.severity.as_str()))
+            .collect();
+        assert_eq!(
+            order,
+            vec![
+                ("fast", "critical"),
+                ("slow", "critical"),
+                ("once", "warning"),
+                ("slow", "info")
+            ],
+            "{f:#?}"
+        );
+        assert!(f[0].summary.contains("dropping 1000/s"), "{}", f[0].summary);
     }
 }

@@ -115,6 +115,23 @@ pub fn per_process(
     fam.done(out);
 }
 
+/// [`per_process`] for a counter without further labels: `value` of each process for which
+/// `shown` holds.
+pub fn per_process_count(
+    name: &str,
+    help: &str,
+    procs: &[(String, &ProcStats)],
+    out: &mut Vec<MetricFamily>,
+    shown: fn(&ProcStats) -> bool,
+    value: fn(&ProcStats) -> u64,
+) {
+    per_process(name, help, procs, out, |s, emit| {
+        if shown(s) {
+            emit(&[], value(s) as f64);
+        }
+    });
+}
+
 /// Builds every metric family: each signal's per-process families, the findings, and
 /// bufscope's own health.
 pub fn families(store: &Store, health: &Health, findings: &[Finding]) -> Vec<MetricFamily> {
@@ -643,8 +660,15 @@ mod tests {
         ] {
             assert_eq!(Format::negotiate(text), Format::Text, "{text:?}");
         }
-        assert!(om1.content_type().starts_with("application/openmetrics-text; version=1.0.0"));
-        assert!(Format::Text.content_type().starts_with("text/plain; version=0.0.4"));
+        assert!(
+            om1.content_type()
+                .starts_with("application/openmetrics-text; version=1.0.0")
+        );
+        assert!(
+            Format::Text
+                .content_type()
+                .starts_with("text/plain; version=0.0.4")
+        );
     }
 
     #[test]
@@ -655,18 +679,36 @@ mod tests {
         let cts = created_times(&mut created, &store, &fams);
         let text = encode_openmetrics(&fams, &cts);
         assert!(text.ends_with("# EOF\n"), "{text}");
-        assert!(text.contains("# TYPE bufscope_socket_drops counter\n"), "{text}");
+        assert!(
+            text.contains("# TYPE bufscope_socket_drops counter\n"),
+            "{text}"
+        );
         let total = r#"bufscope_socket_drops_total{comm="a\"b\\c\nd",pid="42",container="",proto="udp",reason="SOCKET_RCVBUFF"} 5"#;
         let created_line = r#"bufscope_socket_drops_created{comm="a\"b\\c\nd",pid="42",container="",proto="udp",reason="SOCKET_RCVBUFF"} "#;
         let lines: Vec<&str> = text.lines().collect();
         let i = lines.iter().position(|l| *l == total).unwrap();
-        let ct: f64 = lines[i + 1].strip_prefix(created_line).unwrap().parse().unwrap();
+        let ct: f64 = lines[i + 1]
+            .strip_prefix(created_line)
+            .unwrap()
+            .parse()
+            .unwrap();
         let born = unix_seconds(store.iter().next().unwrap().1.born);
-        assert_eq!(ct, born, "a new process's series were 0 when its entry was made");
+        assert_eq!(
+            ct, born,
+            "a new process's series were 0 when its entry was made"
+        );
         // Info and gauge families; HELP escapes the double quote.
         assert!(text.contains("# TYPE bufscope_build info\nbufscope_build_info{version=\"1.2.3\",kernel=\"6.18\"} 1\n"), "{text}");
-        assert!(text.contains("# TYPE bufscope_tracked_processes gauge\nbufscope_tracked_processes 1\n"), "{text}");
-        assert!(text.contains(r#"(counted under comm=\"_unknown\")"#), "{text}");
+        assert!(
+            text.contains(
+                "# TYPE bufscope_tracked_processes gauge\nbufscope_tracked_processes 1\n"
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains(r#"(counted under comm=\"_unknown\")"#),
+            "{text}"
+        );
         // Every counter sample has its _created, every other line is a sample or metadata.
         let totals = lines.iter().filter(|l| l.contains("_total")).count();
         let createds = lines.iter().filter(|l| l.contains("_created")).count();
@@ -687,7 +729,10 @@ mod tests {
             .filter(|f| f.get_field_type() == MetricType::COUNTER)
             .flat_map(|f| f.get_metric().iter().map(move |_| f.name()))
             .collect();
-        let i = fams_names.iter().position(|n| *n == "bufscope_folded_processes_total").unwrap();
+        let i = fams_names
+            .iter()
+            .position(|n| *n == "bufscope_folded_processes_total")
+            .unwrap();
         assert_eq!(first[i], started);
         std::thread::sleep(Duration::from_millis(20));
         // A second exposition: same created times.
@@ -701,7 +746,10 @@ mod tests {
             tgid: 42,
             start_ticks: 7,
         });
-        store.proc_mut(who, Default::default).drops.add(Proto::Udp, "PROTO_MEM", 3);
+        store
+            .proc_mut(who, Default::default)
+            .drops
+            .add(Proto::Udp, "PROTO_MEM", 3);
         let fams = families(&store, &health(), &[]);
         let third = created_times(&mut created, &store, &fams);
         let text = encode_openmetrics(&fams, &third);
@@ -710,7 +758,11 @@ mod tests {
             .find(|l| l.starts_with("bufscope_socket_drops_created") && l.contains("PROTO_MEM"))
             .unwrap();
         let ct: f64 = line.rsplit(' ').next().unwrap().parse().unwrap();
-        assert!(ct > first[0] && ct <= before_new, "{ct} vs {} .. {before_new}", first[0]);
+        assert!(
+            ct > first[0] && ct <= before_new,
+            "{ct} vs {} .. {before_new}",
+            first[0]
+        );
         // A series that went away and came back is new again.
         let mut c2 = Created::default();
         created_times(&mut c2, &store, &families(&store, &health(), &[]));

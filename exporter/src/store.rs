@@ -410,6 +410,55 @@ mod tests {
         assert_eq!(total, 3, "the old process's counts moved to _other");
     }
 
+    fn proc_ref(t: u32) -> ProcRef {
+        ProcRef {
+            tgid: t,
+            start_ticks: 1,
+        }
+    }
+
+    #[test]
+    fn placeholders_use_only_free_room_and_go_first() {
+        let mut s = Store::new(3, Duration::from_secs(600));
+        s.proc_mut(p(1), meta("counted")).tcp.established += 1;
+        s.placeholder(proc_ref(2), meta("udp-a"))
+            .unwrap()
+            .drops
+            .add(Proto::Udp, "SOCKET_RCVBUFF", 0);
+        s.placeholder(proc_ref(3), meta("udp-b")).unwrap();
+        assert_eq!(s.len(), 3);
+        assert_eq!(s.placeholders(), 2);
+        // Full: a fourth placeholder is refused, nothing is folded for it.
+        assert!(s.placeholder(proc_ref(4), meta("udp-c")).is_none());
+        assert_eq!((s.len(), s.folded), (3, 0));
+        // An existing entry is handed back as it is (a counted one stays counted).
+        assert!(!s.placeholder(proc_ref(1), meta("x")).unwrap().placeholder);
+        // A process with counts takes a placeholder's room; nothing is folded into _other.
+        s.proc_mut(p(5), meta("new")).tcp.established += 2;
+        assert_eq!((s.len(), s.folded, s.placeholders()), (3, 0, 1));
+        assert!(s.iter().all(|(_, st)| st.meta.comm != OTHER_COMM));
+        // A placeholder that counts becomes a process like any other.
+        s.proc_mut(p(3), meta("udp-b")).tcp.established += 1;
+        assert_eq!(s.placeholders(), 0);
+        // Then the least active counted process is folded as before.
+        s.proc_mut(p(6), meta("newer")).tcp.established += 1;
+        assert_eq!(s.folded, 1);
+    }
+
+    #[test]
+    fn exited_placeholders_leave_at_once() {
+        let mut s = Store::new(10, Duration::from_secs(600));
+        s.placeholder(proc_ref(1), meta("udp")).unwrap();
+        s.proc_mut(p(2), meta("counted")).tcp.established += 1;
+        s.expire(|_| false);
+        let left: Vec<String> = s.iter().map(|(_, st)| st.meta.comm.clone()).collect();
+        assert_eq!(
+            left,
+            vec!["counted".to_string()],
+            "kept for retention: counted only"
+        );
+    }
+
     #[test]
     fn unknown_is_separate() {
         let mut s = Store::new(1, Duration::from_secs(1));
