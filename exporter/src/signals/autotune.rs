@@ -16,7 +16,7 @@ use bufscope_common::{AutotuneVal, stat};
 use super::{AdviceCx, BuildEnv, Cx, GcCx, MapFill, Signal, take_map};
 use crate::advice::{Inputs, TuneView};
 use crate::attribution::Attributor;
-use crate::metrics::per_process;
+use crate::metrics::per_process_count;
 use crate::probes::{Hook, ProbeSpec};
 use crate::store::{ProcRef, ProcStats, Store, Who};
 
@@ -287,15 +287,12 @@ impl Signal for Autotune {
 
 /// The autotune family.
 pub fn families(procs: &[(String, &ProcStats)], out: &mut Vec<MetricFamily>) {
-    per_process(
+    per_process_count(
         "bufscope_tcp_autotune_suppressed_total",
         "tcp_rcvbuf_grow events (the kernel wanted a bigger receive buffer) on sockets whose autotuning is off.",
         procs,
         out,
-        |s, emit| {
-            if s.autotune.suppressed > 0 {
-                emit(&[], s.autotune.suppressed as f64);
-            }
-        },
+        |s| s.autotune.suppressed > 0,
+        |s| s.autotune.suppressed,
     );
 }

@@ -14,7 +14,7 @@ use bufscope_common::{EstablishedEvent, SOCK_RCVBUF_LOCK, estab_flags, event_kin
 use super::{AdviceCx, BuildEnv, Cx, GcCx, Signal, decode};
 use crate::advice::{Inputs, TcpShape};
 use crate::attribution::Attributor;
-use crate::metrics::per_process;
+use crate::metrics::per_process_count;
 use crate::probes::{Hook, ProbeSpec};
 use crate::store::{ProcRef, ProcStats, Proto, Who};
 
@@ -184,27 +184,22 @@ impl Signal for TcpState {
 
 /// The tcp_state families.
 pub fn families(procs: &[(String, &ProcStats)], out: &mut Vec<MetricFamily>) {
-    per_process(
+    let has = |s: &ProcStats| s.tcp.established > 0;
+    per_process_count(
         "bufscope_tcp_established_total",
         "TCP connections that reached ESTABLISHED (active and passive).",
         procs,
         out,
-        |s, emit| {
-            if s.tcp.established > 0 {
-                emit(&[], s.tcp.established as f64);
-            }
-        },
+        has,
+        |s| s.tcp.established,
     );
-    per_process(
+    per_process_count(
         "bufscope_tcp_wscale_shrunk_total",
         "TCP connections born with a smaller receive window scale than the kernel would choose without a locked buffer (fixed for the connection's life).",
         procs,
         out,
-        |s, emit| {
-            if s.tcp.established > 0 {
-                emit(&[], s.tcp.wscale_shrunk as f64);
-            }
-        },
+        has,
+        |s| s.tcp.wscale_shrunk,
     );
 }
 
