@@ -4,12 +4,25 @@ use clap::{CommandFactory as _, FromArgMatches as _};
 
 use bufscope::cli::{Cli, Command, KernelArgs, LogFormat};
 
+/// Whether log lines get ANSI colours: only when they go to a terminal, and never when
+/// `NO_COLOR` is set to anything but the empty string (<https://no-color.org>). A file or a
+/// pipe (`bufscope run > log`, journald, kubectl logs) gets plain text.
+fn log_colour(stderr_is_terminal: bool, no_color: Option<&std::ffi::OsStr>) -> bool {
+    stderr_is_terminal && no_color.is_none_or(|v| v.is_empty())
+}
+
 fn init_logging(k: &KernelArgs) {
+    use std::io::IsTerminal as _;
     let filter = tracing_subscriber::EnvFilter::builder()
         .with_default_directive(k.log_level.into())
         .from_env_lossy();
+    let colour = log_colour(
+        std::io::stderr().is_terminal(),
+        std::env::var_os("NO_COLOR").as_deref(),
+    );
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(colour)
         .with_writer(std::io::stderr);
     let result = match k.log_format {
         LogFormat::Json => builder.json().try_init(),
@@ -77,4 +90,22 @@ fn main() {
         },
     };
     std::process::exit(code);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::log_colour;
+    use std::ffi::OsStr;
+
+    #[test]
+    fn colour_only_on_a_terminal_without_no_color() {
+        assert!(log_colour(true, None));
+        assert!(
+            log_colour(true, Some(OsStr::new(""))),
+            "empty NO_COLOR is unset"
+        );
+        assert!(!log_colour(true, Some(OsStr::new("1"))));
+        assert!(!log_colour(false, None), "a file or a pipe");
+        assert!(!log_colour(false, Some(OsStr::new("1"))));
+    }
 }

@@ -478,6 +478,48 @@ fn status_page_renders_and_updates_in_headless_chromium() {
         peak > 0.0,
         "the chart shows the live drop rate (peak {peak}/s)"
     );
+    // A chart a person can read: a y axis in drops/s with numbered gridlines, an x axis of
+    // clock times, and a line of its own for the flooded receiver (one of the top five).
+    let axis = |name: &str| {
+        let start = html
+            .find(&format!("<g data-axis=\"{name}\">"))
+            .unwrap_or_else(|| panic!("no {name} axis:\n{html}"));
+        let end = html[start..].find("</g>").unwrap() + start;
+        html[start..end].to_string()
+    };
+    let labels = |g: &str| -> Vec<String> {
+        g.split("<text")
+            .skip(1)
+            .filter_map(|t| Some(t.split_once('>')?.1.split_once("</text>")?.0.to_string()))
+            .collect()
+    };
+    let y = labels(&axis("y"));
+    assert!(y.iter().any(|l| l == "drops/s"), "y axis unit: {y:?}");
+    assert!(
+        y.iter().any(|l| l == "0") && y.len() >= 5,
+        "y axis ticks: {y:?}"
+    );
+    let x = labels(&axis("x"));
+    let clock = |l: &String| {
+        let b = l.as_bytes();
+        l.len() == 8
+            && b[2] == b':'
+            && b[5] == b':'
+            && l.replace(':', "").bytes().all(|c| c.is_ascii_digit())
+    };
+    assert!(
+        x.iter().filter(|l| clock(l)).count() >= 3,
+        "time labels: {x:?}"
+    );
+    assert!(
+        x.iter().any(|l| l.starts_with("time (local)")),
+        "x axis title: {x:?}"
+    );
+    assert!(
+        html.contains(&format!("data-series=\"process\" data-pid=\"{rp}\"")),
+        "a line for the receiver"
+    );
+    assert!(html.contains("data-series=\"total\""), "the total line");
     // Screenshot while drops still happen (kept in target/tmp for humans; its size proves it
     // rendered).
     run_ok(
