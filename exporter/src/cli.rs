@@ -23,6 +23,8 @@ pub enum Command {
     Check(CheckArgs),
     /// Print the findings of a running bufscope (what to change, per process).
     Explain(ExplainArgs),
+    /// Live terminal view of a running bufscope: processes by drop rate, findings and fixes.
+    Top(TopArgs),
 }
 
 /// Flags of `bufscope explain`.
@@ -50,6 +52,27 @@ pub struct ExplainArgs {
     /// Basic-auth user (the password is read from $BUFSCOPE_PASSWORD).
     #[arg(long = "web.user", value_name = "USER")]
     pub user: Option<String>,
+}
+
+/// Flags of `bufscope top`.
+#[derive(clap::Args, Debug, Clone)]
+pub struct TopArgs {
+    /// Base URL of the running exporter (`https://…` with --tls.ca-file for TLS).
+    #[arg(
+        long = "url",
+        default_value = "http://127.0.0.1:9477",
+        value_name = "URL"
+    )]
+    pub url: String,
+    /// CA certificate (PEM) to verify an https exporter with.
+    #[arg(long = "tls.ca-file", value_name = "FILE")]
+    pub ca_file: Option<PathBuf>,
+    /// Basic-auth user (the password is read from $BUFSCOPE_PASSWORD).
+    #[arg(long = "web.user", value_name = "USER")]
+    pub user: Option<String>,
+    /// Time between two reads of the exporter.
+    #[arg(long = "interval", default_value = "1s", value_name = "DURATION", value_parser = parse_duration)]
+    pub interval: Duration,
 }
 
 /// Log output format.
@@ -413,6 +436,7 @@ mod tests {
                 Command::Run(a) => a.kernel.clone(),
                 Command::Check(a) => a.kernel,
                 Command::Explain(_) => unreachable!(),
+                Command::Top(_) => unreachable!(),
             };
             let e = format!("{:#}", k.validate().unwrap_err());
             assert!(e.contains("\"nope\"") && e.contains("owners"), "{e}");

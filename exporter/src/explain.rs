@@ -1,8 +1,10 @@
 //! `bufscope explain`: fetch `/api/v1/findings` from a running bufscope and print, per
-//! process, what is wrong and what to change.
+//! process, what is wrong and what to change. Its [`Client`] (the exporter's API over HTTP or
+//! HTTPS, with basic auth) is also what `bufscope top` reads with.
 
 use std::io::{Read as _, Write as _};
 use std::net::{TcpStream, ToSocketAddrs as _};
+use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -41,84 +43,139 @@ fn parse_url(s: &str) -> anyhow::Result<Url> {
     Ok(Url { tls, host, port })
 }
 
-/// GETs `path` and returns (status, body).
-fn get(a: &ExplainArgs, path: &str) -> anyhow::Result<(u16, String)> {
-    let url = parse_url(&a.url)?;
-    let addr = (url.host.as_str(), url.port)
-        .to_socket_addrs()
-        .with_context(|| format!("resolving {}", a.url))?
-        .next()
-        .with_context(|| format!("{} resolves to no address", a.url))?;
-    let tcp = TcpStream::connect_timeout(&addr, Duration::from_secs(5))
-        .with_context(|| format!("connecting to {} (is `bufscope run` running there?)", a.url))?;
-    tcp.set_read_timeout(Some(Duration::from_secs(30)))?;
-    let mut req = format!(
-        "GET {path} HTTP/1.0\r\nHost: {}\r\nAccept: application/json\r\n",
-        url.host
-    );
-    if let Some(user) = &a.user {
-        let pass = std::env::var("BUFSCOPE_PASSWORD").unwrap_or_default();
-        req.push_str(&format!(
-            "Authorization: Basic {}\r\n",
-            BASE64.encode(format!("{user}:{pass}"))
-        ));
+/// A client of a running bufscope's HTTP API (`--url`, `--tls.ca-file`, `--web.user` with the
+/// password in `$BUFSCOPE_PASSWORD`), shared by `bufscope explain` and `bufscope top`. One
+/// HTTP/1.0 request per call; the TLS configuration is built once.
+pub struct Client {
+    /// The base URL as given.
+    base: String,
+    url: Url,
+    tls: Option<Arc<rustls::ClientConfig>>,
+    /// `Authorization` header value.
+    auth: Option<String>,
+    /// Connect and read timeout.
+    timeout: Duration,
+}
+
+impl Client {
+    /// A client of the exporter at `url` (`http://HOST:PORT` or `https://HOST:PORT`; an https
+    /// URL needs `ca_file`, the CA that signed the exporter's certificate). With `user`, every
+    /// request carries basic auth with the password from `$BUFSCOPE_PASSWORD`.
+    pub fn new(url: &str, ca_file: Option<&Path>, user: Option<&str>) -> anyhow::Result<Self> {
+        let parsed = parse_url(url)?;
+        let tls = if parsed.tls {
+            let ca = ca_file.context(
+                "an https --url needs --tls.ca-file (the CA that signed the exporter's certificate)",
+            )?;
+            let pem = std::fs::read(ca).with_context(|| format!("reading {}", ca.display()))?;
+            let mut roots = rustls::RootCertStore::empty();
+            use rustls::pki_types::pem::PemObject as _;
+            for c in rustls::pki_types::CertificateDer::pem_slice_iter(&pem) {
+                roots.add(c.context("--tls.ca-file is not valid PEM")?)?;
+            }
+            let cfg = rustls::ClientConfig::builder_with_provider(Arc::new(
+                rustls::crypto::ring::default_provider(),
+            ))
+            .with_safe_default_protocol_versions()?
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+            Some(Arc::new(cfg))
+        } else {
+            None
+        };
+        let auth = user.map(|user| {
+            let pass = std::env::var("BUFSCOPE_PASSWORD").unwrap_or_default();
+            format!("Basic {}", BASE64.encode(format!("{user}:{pass}")))
+        });
+        Ok(Self {
+            base: url.to_string(),
+            url: parsed,
+            tls,
+            auth,
+            timeout: Duration::from_secs(30),
+        })
     }
-    req.push_str("\r\n");
-    let mut raw = Vec::new();
-    if url.tls {
-        let ca = a.ca_file.as_ref().context(
-            "an https --url needs --tls.ca-file (the CA that signed the exporter's certificate)",
-        )?;
-        let pem = std::fs::read(ca).with_context(|| format!("reading {}", ca.display()))?;
-        let mut roots = rustls::RootCertStore::empty();
-        use rustls::pki_types::pem::PemObject as _;
-        for c in rustls::pki_types::CertificateDer::pem_slice_iter(&pem) {
-            roots.add(c.context("--tls.ca-file is not valid PEM")?)?;
-        }
-        let cfg = rustls::ClientConfig::builder_with_provider(Arc::new(
-            rustls::crypto::ring::default_provider(),
-        ))
-        .with_safe_default_protocol_versions()?
-        .with_root_certificates(roots)
-        .with_no_client_auth();
-        let name = rustls::pki_types::ServerName::try_from(url.host.clone())
-            .with_context(|| format!("invalid TLS server name {}", url.host))?;
-        let conn = rustls::ClientConnection::new(Arc::new(cfg), name)?;
-        let mut s = rustls::StreamOwned::new(conn, tcp);
-        s.write_all(req.as_bytes())?;
-        match s.read_to_end(&mut raw) {
-            Ok(_) => {}
-            // Servers may close without close_notify after the body.
-            Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof && !raw.is_empty() => {}
-            Err(e) => return Err(e).context("TLS read"),
-        }
-    } else {
-        let mut s = tcp;
-        s.write_all(req.as_bytes())?;
-        s.read_to_end(&mut raw)?;
+
+    /// Sets the read timeout (default 30 s); connecting waits at most 5 s or this, whichever
+    /// is shorter.
+    pub fn with_timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
     }
-    let text = String::from_utf8_lossy(&raw).into_owned();
-    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
-    let status = head
-        .split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .unwrap_or(0);
-    Ok((status, body.to_string()))
+
+    /// The base URL as given.
+    pub fn base(&self) -> &str {
+        &self.base
+    }
+
+    /// GETs `path` and returns (status, body).
+    pub fn get(&self, path: &str) -> anyhow::Result<(u16, String)> {
+        let url = &self.url;
+        let a = &self.base;
+        let addr = (url.host.as_str(), url.port)
+            .to_socket_addrs()
+            .with_context(|| format!("resolving {a}"))?
+            .next()
+            .with_context(|| format!("{a} resolves to no address"))?;
+        let tcp = TcpStream::connect_timeout(&addr, self.timeout.min(Duration::from_secs(5)))
+            .with_context(|| format!("connecting to {a} (is `bufscope run` running there?)"))?;
+        tcp.set_read_timeout(Some(self.timeout))?;
+        let mut req = format!(
+            "GET {path} HTTP/1.0\r\nHost: {}\r\nAccept: application/json\r\n",
+            url.host
+        );
+        if let Some(auth) = &self.auth {
+            req.push_str(&format!("Authorization: {auth}\r\n"));
+        }
+        req.push_str("\r\n");
+        let mut raw = Vec::new();
+        if let Some(cfg) = &self.tls {
+            let name = rustls::pki_types::ServerName::try_from(url.host.clone())
+                .with_context(|| format!("invalid TLS server name {}", url.host))?;
+            let conn = rustls::ClientConnection::new(cfg.clone(), name)?;
+            let mut s = rustls::StreamOwned::new(conn, tcp);
+            s.write_all(req.as_bytes())?;
+            match s.read_to_end(&mut raw) {
+                Ok(_) => {}
+                // Servers may close without close_notify after the body.
+                Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof && !raw.is_empty() => {}
+                Err(e) => return Err(e).context("TLS read"),
+            }
+        } else {
+            let mut s = tcp;
+            s.write_all(req.as_bytes())?;
+            s.read_to_end(&mut raw)?;
+        }
+        let text = String::from_utf8_lossy(&raw).into_owned();
+        let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+        let status = head
+            .split_whitespace()
+            .nth(1)
+            .and_then(|c| c.parse().ok())
+            .unwrap_or(0);
+        Ok((status, body.to_string()))
+    }
+
+    /// GETs `path` and parses the JSON document; a status other than 200 is an error that
+    /// says what to do (basic auth wanted, HTTP code otherwise).
+    pub fn get_json(&self, path: &str) -> anyhow::Result<Value> {
+        let (status, body) = self.get(path)?;
+        match status {
+            200 => {}
+            401 => bail!(
+                "{} wants basic auth: pass --web.user and set $BUFSCOPE_PASSWORD",
+                self.base
+            ),
+            s => bail!("GET {}{path} returned HTTP {s}", self.base),
+        }
+        serde_json::from_str(&body).context("the exporter returned invalid JSON")
+    }
 }
 
 /// Runs `bufscope explain`.
 pub fn run(a: &ExplainArgs) -> anyhow::Result<()> {
-    let (status, body) = get(a, "/api/v1/findings")?;
-    match status {
-        200 => {}
-        401 => bail!(
-            "{} wants basic auth: pass --web.user and set $BUFSCOPE_PASSWORD",
-            a.url
-        ),
-        s => bail!("GET {}/api/v1/findings returned HTTP {s}", a.url),
-    }
-    let doc: Value = serde_json::from_str(&body).context("the exporter returned invalid JSON")?;
+    let client = Client::new(&a.url, a.ca_file.as_deref(), a.user.as_deref())?;
+    let doc = client.get_json("/api/v1/findings")?;
     let empty = Vec::new();
     let findings: Vec<&Value> = doc["findings"]
         .as_array()

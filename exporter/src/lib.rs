@@ -21,3 +21,4 @@ pub mod probes;
 pub mod run;
 pub mod signals;
 pub mod store;
+pub mod top;

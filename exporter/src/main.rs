@@ -88,6 +88,13 @@ fn main() {
                 1
             }
         },
+        Command::Top(args) => match bufscope::top::run(&args) {
+            Ok(()) => 0,
+            Err(e) => {
+                eprintln!("bufscope: error: {e:#}");
+                1
+            }
+        },
     };
     std::process::exit(code);
 }

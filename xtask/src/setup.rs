@@ -32,6 +32,8 @@ pub const DEBIAN_PACKAGES: &[(&str, &str)] = &[
     ("chromium", "/usr/bin/chromium"),
     ("openssl", "/usr/bin/openssl"),
     ("curl", "/usr/bin/curl"),
+    // `bufscope top` is tested in a real terminal (integration/tests/top.rs).
+    ("tmux", "/usr/bin/tmux"),
     // `kubectl kustomize` renders deploy/kustomize (integration/tests/deploy.rs); the package
     // comes from the cloud SDK apt repository of these machines' image.
     ("kubectl", "/usr/bin/kubectl"),
