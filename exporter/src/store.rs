@@ -12,6 +12,10 @@
 //! and Prometheus sees that drop as an increase. Placeholders only use free room: a process
 //! with counts never makes way for one, and each one is the first to go when a process with
 //! counts needs room (it has nothing to fold) or when it exits.
+//!
+//! A process that `exec`s keeps its pid and start time but gets a new `comm`
+//! ([`Store::relabel`]): its counts so far stay on the series with the old labels (kept like
+//! an exited process's for the retention window), its counts from then on go to new series.
 
 use std::collections::BTreeMap;
 
@@ -154,6 +158,9 @@ pub struct Store {
     pub folded: u64,
     /// When the store was made (the exporter's start: every counter counts from then on).
     started: SystemTime,
+    /// The counts of processes under earlier labels (before an `exec`: [`Store::relabel`]),
+    /// kept like exited processes for the retention window.
+    retired: Vec<(ProcRef, ProcStats)>,
 }
 
 /// The `comm` of the pseudo-process that absorbs folded processes.
@@ -183,6 +190,7 @@ impl Store {
             attribution_unknown: BTreeMap::new(),
             folded: 0,
             started: SystemTime::now(),
+            retired: Vec::new(),
         }
     }
 
@@ -226,6 +234,14 @@ impl Store {
                     self.folded += 1;
                 }
             }
+            let (same_pid, kept): (Vec<_>, Vec<_>) = std::mem::take(&mut self.retired)
+                .into_iter()
+                .partition(|(q, _)| q.tgid == p.tgid);
+            self.retired = kept;
+            for (_, old) in same_pid {
+                self.other.absorb(&old);
+                self.folded += 1;
+            }
             if self.procs.len() >= self.max_processes {
                 self.fold_least_active();
             }
@@ -263,6 +279,52 @@ impl Store {
             self.procs.insert(p, s);
         }
         self.procs.get_mut(&p)
+    }
+
+    /// Gives tracked process `p` new labels (`meta`: its `comm` changed with an `exec`). Its
+    /// counts so far stay on series with the old labels, kept like an exited process's for
+    /// the retention window; from now on it counts on series with the new labels, whose drop
+    /// series start at 0. An entry that counted nothing is just renamed.
+    pub fn relabel(&mut self, p: ProcRef, meta: ProcMeta) {
+        let now = Instant::now();
+        let Some(s) = self.procs.get_mut(&p) else {
+            return;
+        };
+        if s.meta == meta {
+            return;
+        }
+        if s.placeholder || !s.has_counts() {
+            s.meta = meta;
+            return;
+        }
+        // Back to labels it had before (exec A, B, A): those series continue.
+        let fresh = match self
+            .retired
+            .iter()
+            .position(|(q, r)| *q == p && r.meta == meta)
+        {
+            Some(i) => {
+                let (_, mut r) = self.retired.swap_remove(i);
+                r.exited = None;
+                r.last_active = now;
+                r
+            }
+            None => {
+                let mut f = ProcStats::new(meta, now);
+                for k in s.drops.packets.keys() {
+                    f.drops.packets.insert(k.clone(), 0);
+                }
+                f
+            }
+        };
+        let mut old = std::mem::replace(s, fresh);
+        old.exited = Some(now);
+        self.retired.push((p, old));
+        if self.retired.len() > self.max_processes {
+            let (_, o) = self.retired.remove(0);
+            self.other.absorb(&o);
+            self.folded += 1;
+        }
     }
 
     /// Placeholder entries (processes with series at 0 and nothing counted).
@@ -314,12 +376,18 @@ impl Store {
             s.exited
                 .is_none_or(|t| !s.placeholder && now.duration_since(t) < retention)
         });
+        self.retired
+            .retain(|(_, s)| s.exited.is_none_or(|t| now.duration_since(t) < retention));
     }
 
     /// Every tracked process plus the pseudo-processes that have counts, with the label
     /// value for `pid` (empty for pseudo-processes).
     pub fn iter(&self) -> impl Iterator<Item = (String, &ProcStats)> {
-        let mut procs: Vec<(&ProcRef, &ProcStats)> = self.procs.iter().collect();
+        let mut procs: Vec<(&ProcRef, &ProcStats)> = self
+            .procs
+            .iter()
+            .chain(self.retired.iter().map(|(p, s)| (p, s)))
+            .collect();
         procs.sort_by_key(|(p, _)| **p);
         procs
             .into_iter()
@@ -457,6 +525,50 @@ mod tests {
             vec!["counted".to_string()],
             "kept for retention: counted only"
         );
+    }
+
+    #[test]
+    fn an_exec_starts_new_series_and_keeps_the_old_ones() {
+        let mut s = Store::new(10, Duration::from_millis(20));
+        let r = proc_ref(4);
+        s.proc_mut(p(4), meta("launcher"))
+            .drops
+            .add(Proto::Udp, "SOCKET_RCVBUFF", 5);
+        s.relabel(r, meta("worker")());
+        s.proc_mut(p(4), meta("unused"))
+            .drops
+            .add(Proto::Udp, "SOCKET_RCVBUFF", 2);
+        let by_comm = |s: &Store| -> Vec<(String, String, u64)> {
+            let mut v: Vec<_> = s
+                .iter()
+                .map(|(pid, st)| (pid, st.meta.comm.clone(), st.drops.packets.values().sum()))
+                .collect();
+            v.sort();
+            v
+        };
+        assert_eq!(
+            by_comm(&s),
+            vec![
+                ("4".into(), "launcher".into(), 5),
+                ("4".into(), "worker".into(), 2)
+            ]
+        );
+        // Back to an earlier name: that series continues (no duplicate labels).
+        s.relabel(r, meta("launcher")());
+        s.proc_mut(p(4), meta("unused"))
+            .drops
+            .add(Proto::Udp, "SOCKET_RCVBUFF", 1);
+        assert_eq!(
+            by_comm(&s),
+            vec![
+                ("4".into(), "launcher".into(), 6),
+                ("4".into(), "worker".into(), 2)
+            ]
+        );
+        // The old labels leave after the retention window.
+        std::thread::sleep(Duration::from_millis(30));
+        s.expire(|_| true);
+        assert_eq!(by_comm(&s), vec![("4".into(), "launcher".into(), 6)]);
     }
 
     #[test]

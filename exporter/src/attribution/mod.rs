@@ -12,11 +12,16 @@
 //! owner of the listener on their local port; drops on a full TUN ring to the process that
 //! holds the TUN device.
 //!
+//! A socket with counts goes to a **live** process that holds it (the newest holder when
+//! several do), not to its creator once that one let go of it (fork, fd passing, exec):
+//! [`Attributor::refresh_holders`], in `holders`.
+//!
 //! The same records say, before anything drops, which processes hold UDP sockets
 //! ([`Attributor::new_udp_holders`]): `OWNERS` gets each socket at creation, and one pass over
 //! `/proc` at the first call finds those created before bufscope started.
 
 pub mod container;
+mod holders;
 pub mod procfs;
 
 use foldhash::{HashMap, HashMapExt as _, HashSet, HashSetExt as _};
@@ -27,6 +32,7 @@ use bufscope_common::Owner;
 
 use crate::probes::BatchReader;
 
+pub use holders::RESCAN_EVERY;
 pub use procfs::Procfs;
 
 use crate::store::{ProcMeta, ProcRef};
@@ -60,6 +66,12 @@ pub struct Attributor {
     pub scans: u64,
     /// What [`Attributor::new_udp_holders`] keeps between calls.
     udp: UdpWatch,
+    /// The live holder of each socket with counts ([`Attributor::refresh_holders`]).
+    holding: holders::Holdings,
+    /// Sockets nobody held at the last look, and when.
+    no_holder: HashMap<u64, Instant>,
+    /// Processes whose `comm` changed (an `exec`) since [`Attributor::apply_renames`].
+    renamed: Vec<ProcRef>,
 }
 
 /// State of [`Attributor::new_udp_holders`].
@@ -102,6 +114,9 @@ impl Attributor {
                 reader,
                 ..UdpWatch::default()
             },
+            holding: holders::holdings(),
+            no_holder: HashMap::new(),
+            renamed: Vec::new(),
         }
     }
 
@@ -399,6 +414,7 @@ impl Attributor {
     pub fn forget_inode(&mut self, inode: u64) {
         self.inode_owner.remove(&inode);
         self.negative.remove(&inode);
+        self.forget_holding(inode);
     }
 
     /// Drops cached labels of processes no longer referenced by `keep`.
@@ -407,6 +423,7 @@ impl Attributor {
         // A process reported without room for its series is looked at again next time.
         self.udp.reported.retain(|p| keep(p));
         self.inode_owner.retain(|_, p| keep(p));
+        self.retain_holding(&keep);
         let now = Instant::now();
         self.negative
             .retain(|_, t| now.duration_since(*t) < NEGATIVE_TTL * 12);

@@ -89,6 +89,51 @@ impl Procfs {
             .collect()
     }
 
+    /// Socket fds of `pid`: (fd number, socket inode).
+    pub fn socket_fds(&self, pid: u32) -> Vec<(u32, u64)> {
+        let Ok(dir) = std::fs::read_dir(self.pid_path(pid, "fd")) else {
+            return Vec::new();
+        };
+        dir.filter_map(Result::ok)
+            .filter_map(|e| {
+                let fd: u32 = e.file_name().to_str()?.parse().ok()?;
+                let l = std::fs::read_link(e.path()).ok()?;
+                Some((fd, parse_bracketed(l.to_str()?, "socket:[")?))
+            })
+            .collect()
+    }
+
+    /// Whether `pid`'s fd `fd` is socket `inode` (one `readlink`: false once the process
+    /// exited or closed, moved or replaced the fd).
+    pub fn fd_is_socket(&self, pid: u32, fd: u32, inode: u64) -> bool {
+        std::fs::read_link(self.pid_path(pid, &format!("fd/{fd}")))
+            .ok()
+            .and_then(|l| parse_bracketed::<u64>(l.to_str()?, "socket:["))
+            == Some(inode)
+    }
+
+    /// Every process holding each of the `wanted` socket inodes, with the fd it holds it by
+    /// (one pass over all of `/proc/*/fd`; pids in ascending order, one fd per process).
+    pub fn all_holders_of(&self, wanted: &HashSet<u64>) -> HashMap<u64, Vec<(u32, u32)>> {
+        let mut out: HashMap<u64, Vec<(u32, u32)>> = HashMap::new();
+        if wanted.is_empty() {
+            return out;
+        }
+        let mut pids = self.pids();
+        pids.sort_unstable();
+        for pid in pids {
+            for (fd, ino) in self.socket_fds(pid) {
+                if wanted.contains(&ino) {
+                    let v = out.entry(ino).or_default();
+                    if v.last().is_none_or(|(p, _)| *p != pid) {
+                        v.push((pid, fd));
+                    }
+                }
+            }
+        }
+        out
+    }
+
     /// For every socket inode held by any process, one holder (the lowest pid).
     pub fn all_socket_holders(&self) -> HashMap<u64, u32> {
         let mut pids = self.pids();
@@ -225,6 +270,20 @@ mod tests {
         assert!(p.socket_inodes(me).contains(&ino));
         let found = p.find_socket_holders(&HashSet::from_iter([ino]));
         assert_eq!(found.get(&ino), Some(&me));
+    }
+
+    #[test]
+    fn finds_every_holder_with_its_fd() {
+        let s = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        let fd = s.as_raw_fd() as u32;
+        let link = std::fs::read_link(format!("/proc/self/fd/{fd}")).unwrap();
+        let ino: u64 = parse_bracketed(link.to_str().unwrap(), "socket:[").unwrap();
+        let p = Procfs::default();
+        let me = std::process::id();
+        assert!(p.fd_is_socket(me, fd, ino));
+        assert!(!p.fd_is_socket(me, fd, ino + 1));
+        let found = p.all_holders_of(&HashSet::from_iter([ino]));
+        assert_eq!(found.get(&ino), Some(&vec![(me, fd)]));
     }
 
     #[test]

@@ -168,6 +168,15 @@ impl Autotune {
                 }
             }
         }
+        // Suppressed events follow the socket to its live holder (an accepted socket handed
+        // to a worker), like drops.
+        let moved: HashSet<u64> = current
+            .iter()
+            .filter(|(ino, v)| v.suppressed > self.last.get(ino).map_or(0, |p| p.suppressed))
+            .map(|(ino, _)| *ino)
+            .collect();
+        attr.refresh_holders(&moved);
+        attr.apply_renames(store);
         let unknown: HashSet<u64> = current
             .iter()
             .filter(|(ino, v)| {

@@ -9,7 +9,8 @@
 //! Probe: `tp_btf/kfree_skb` filters on the tracked drop reasons first, then adds to `DROPS`
 //! keyed by socket inode × reason (GRO skbs weighted by their segment count). Drops happen in
 //! softirq, so the owner is never `current`: it is joined on the inode in userspace
-//! ([`Attributor`]).
+//! ([`Attributor`]), to the live process holding the socket at the poll
+//! ([`Attributor::refresh_holders`]: after a fork, an fd hand-off or an exec, not the creator).
 
 mod seen;
 
@@ -355,6 +356,16 @@ impl Drops {
         if self.held.is_empty() {
             return;
         }
+        // The live holder of each socket with new drops (fork, fd passing, exec: the counts
+        // follow the socket, not its creator).
+        let dropping: HashSet<u64> = self
+            .held
+            .keys()
+            .filter(|k| k.site == drop_site::SOCKET)
+            .map(|k| k.inode)
+            .collect();
+        attr.refresh_holders(&dropping);
+        attr.apply_renames(store);
         let unknown: HashSet<u64> = self
             .held
             .keys()

@@ -1,0 +1,160 @@
+//! Attribution follows the socket (issue 13): the counts of a socket go to a **live** process
+//! that holds it, not to whoever created it.
+//!
+//! For the sockets with new counts of a poll ([`Attributor::refresh_holders`]):
+//! - a socket seen before keeps its holder while that process still holds it by the same fd
+//!   (one `readlink` of `/proc/<pid>/fd/<fd>`: it fails once the process exited or closed or
+//!   replaced the fd) and its last full look is less than [`RESCAN_EVERY`] old;
+//! - otherwise one pass over `/proc/*/fd` for all such sockets lists every process holding
+//!   each, and the newest of them (latest start time, then highest pid) is chosen: after a
+//!   fork the child, after a hand-off the receiver, in a prefork server a worker rather than
+//!   the master that created the socket and keeps it;
+//! - a socket nobody holds any more (closed: its last counts happened while someone held it)
+//!   keeps its last holder, else the recorded owner (`OWNERS`).
+//!
+//! Nothing runs per packet: this costs a `readlink` per socket with new counts per poll, a
+//! `comm` read per such process (an `exec` keeps pid and start time but changes `comm`: the
+//! labels follow, [`Attributor::apply_renames`]), and a `/proc` pass when a socket first
+//! counts, when its holder let go of it, and every [`RESCAN_EVERY`] while it keeps counting.
+
+use std::time::{Duration, Instant};
+
+use foldhash::{HashMap, HashMapExt as _, HashSet, HashSetExt as _};
+
+use super::Attributor;
+use crate::store::{ProcRef, Store};
+
+/// How often the holders of a socket that keeps counting are listed again (a fork after its
+/// first count, a worker started later).
+pub const RESCAN_EVERY: Duration = Duration::from_secs(10);
+/// A socket that nobody held at the last look is looked for again at most this often.
+const NO_HOLDER_RECHECK: Duration = Duration::from_millis(900);
+
+/// The live holder a socket's counts go to.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Holding {
+    /// The process.
+    pub proc: ProcRef,
+    /// The fd it holds the socket by.
+    pub fd: u32,
+    /// When its holders were last listed from `/proc`.
+    pub scanned: Instant,
+}
+
+impl Attributor {
+    /// Brings the holder of each of `inodes` (sockets with new counts) up to date: see the
+    /// module documentation. [`Attributor::lookup_inode`] then returns it.
+    pub fn refresh_holders(&mut self, inodes: &HashSet<u64>) {
+        if inodes.is_empty() {
+            return;
+        }
+        let now = Instant::now();
+        let mut wanted = HashSet::new();
+        let mut procs: HashSet<ProcRef> = HashSet::new();
+        for ino in inodes {
+            match self.holding.get(ino) {
+                Some(h)
+                    if now.duration_since(h.scanned) < RESCAN_EVERY
+                        && self.procfs.fd_is_socket(h.proc.tgid, h.fd, *ino) =>
+                {
+                    procs.insert(h.proc);
+                }
+                _ => {
+                    let recently_empty = self
+                        .no_holder
+                        .get(ino)
+                        .is_some_and(|t| now.duration_since(*t) < NO_HOLDER_RECHECK);
+                    if !recently_empty {
+                        wanted.insert(*ino);
+                    }
+                }
+            }
+        }
+        if !wanted.is_empty() {
+            self.scans += 1;
+            let found = self.procfs.all_holders_of(&wanted);
+            for ino in &wanted {
+                let mut best: Option<(ProcRef, u32)> = None;
+                for (pid, fd) in found.get(ino).into_iter().flatten() {
+                    let Some(p) = self.proc_from_pid(*pid) else {
+                        continue;
+                    };
+                    if best.is_none_or(|(b, _)| (p.start_ticks, p.tgid) > (b.start_ticks, b.tgid)) {
+                        best = Some((p, *fd));
+                    }
+                }
+                match best {
+                    Some((p, fd)) => {
+                        self.holding.insert(
+                            *ino,
+                            Holding {
+                                proc: p,
+                                fd,
+                                scanned: now,
+                            },
+                        );
+                        self.inode_owner.insert(*ino, p);
+                        self.negative.remove(ino);
+                        self.no_holder.remove(ino);
+                        procs.insert(p);
+                    }
+                    None => {
+                        // Closed (or in flight in a unix socket): the last holder, if any,
+                        // stays; else the recorded owner (OWNERS) as before.
+                        self.no_holder.insert(*ino, now);
+                    }
+                }
+            }
+        }
+        for p in procs {
+            self.check_comm(p);
+        }
+    }
+
+    /// Re-reads `comm` of a live holder: after an `exec` the same process (pid and start
+    /// time) has a new name, and its counts from now on carry it.
+    fn check_comm(&mut self, p: ProcRef) {
+        let Some(raw) = self.procfs.comm(p.tgid) else {
+            return;
+        };
+        let comm = String::from_utf8_lossy(&raw);
+        if let Some(m) = self.meta.get_mut(&p)
+            && m.comm != comm
+        {
+            m.comm = comm.into_owned();
+            self.renamed.push(p);
+        }
+    }
+
+    /// Gives the processes whose `comm` changed (an `exec`) their new labels in `store`:
+    /// counts from now on go to series with the new `comm`, the earlier ones stay on the old
+    /// series ([`Store::relabel`]).
+    pub fn apply_renames(&mut self, store: &mut Store) {
+        for p in std::mem::take(&mut self.renamed) {
+            let m = self.meta(&p);
+            store.relabel(p, m);
+        }
+    }
+
+    /// Forgets the holder of a socket that is gone.
+    pub(super) fn forget_holding(&mut self, inode: u64) {
+        self.holding.remove(&inode);
+        self.no_holder.remove(&inode);
+    }
+
+    /// Drops the holders no longer referenced.
+    pub(super) fn retain_holding(&mut self, keep: &impl Fn(&ProcRef) -> bool) {
+        self.holding.retain(|_, h| keep(&h.proc));
+        let now = Instant::now();
+        self.no_holder
+            .retain(|_, t| now.duration_since(*t) < RESCAN_EVERY * 6);
+    }
+}
+
+/// The holders map type (kept here with its logic).
+pub(super) type Holdings = HashMap<u64, Holding>;
+
+/// An empty holders map.
+pub(super) fn holdings() -> Holdings {
+    HashMap::new()
+}

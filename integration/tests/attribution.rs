@@ -1,0 +1,373 @@
+//! Attribution follows the socket (issue 13): drops land on the live process that holds (and
+//! reads) a UDP socket, across fork, fd passing, prefork sharing and exec, never on an exited
+//! launcher. Every figure is compared with the kernel's per-socket drops column
+//! (`/proc/<pid>/net/udp`). The patterns are real programs: a Python script (below) started
+//! under a symlink to `python3` named `bsp-launcher` (its `comm`), exec'ing one named
+//! `bsp-execd`.
+#![allow(clippy::unwrap_used)]
+
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use bufscope_integration::{Exporter, Metrics, Workload, eventually, proc_udp_drops};
+use bufscope_testkit::LineChild;
+
+const DROPS: &str = "bufscope_socket_drops_total";
+
+/// The patterns. Every reader drains its socket slowly (one datagram per 2 ms), so a burst
+/// overflows its 4 KiB buffer; `READY` names the pids, the socket's inode and its port.
+const SCRIPT: &str = r#"
+import os, select, signal, socket, sys, time
+
+def bound():
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    s.bind(("127.0.0.1", 0))
+    return s
+
+def ino(fd):
+    return int(os.readlink("/proc/self/fd/%d" % fd)[8:-1])
+
+def say(line):
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
+
+def serve(fd, use_stdin=True):
+    s = socket.socket(fileno=fd)
+    s.setblocking(False)
+    watch = [sys.stdin, s] if use_stdin else [s]
+    while True:
+        r, _, _ = select.select(watch, [], [], 0.5)
+        if sys.stdin in r:
+            line = sys.stdin.readline()
+            if not line or line.strip() == "exit":
+                os._exit(0)
+        if s in r:
+            try:
+                s.recv(2048)
+            except BlockingIOError:
+                pass
+            time.sleep(0.002)
+
+def wait_stdin(word):
+    while True:
+        line = sys.stdin.readline()
+        if not line or line.strip() == "exit":
+            return False
+        if line.strip() == word:
+            return True
+
+mode = sys.argv[1]
+if mode == "fork-exit":
+    s = bound()
+    launcher = os.getpid()
+    if os.fork() == 0:
+        say("READY pid=%d launcher=%d inode=%d port=%d" % (os.getpid(), launcher, ino(s.fileno()), s.getsockname()[1]))
+        serve(s.detach())
+    os._exit(0)
+elif mode == "scm-rights":
+    a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    launcher = os.getpid()
+    if os.fork() == 0:
+        a.close()
+        _, fds, _, _ = socket.recv_fds(b, 16, 1)
+        s = socket.socket(fileno=fds[0])
+        say("READY pid=%d launcher=%d inode=%d port=%d" % (os.getpid(), launcher, ino(s.fileno()), s.getsockname()[1]))
+        serve(s.detach())
+    b.close()
+    s = bound()
+    socket.send_fds(a, [b"x"], [s.fileno()])
+    s.close()
+    a.close()
+    os._exit(0)
+elif mode == "prefork":
+    s = bound()
+    workers = []
+    for _ in range(2):
+        pid = os.fork()
+        if pid == 0:
+            serve(s.fileno(), use_stdin=False)
+        workers.append(pid)
+    say("READY pid=%d workers=%d,%d inode=%d port=%d" % (os.getpid(), workers[0], workers[1], ino(s.fileno()), s.getsockname()[1]))
+    wait_stdin("never")
+    for w in workers:
+        os.kill(w, signal.SIGKILL)
+    os._exit(0)
+elif mode == "exec":
+    s = bound()
+    s.set_inheritable(True)
+    say("READY pid=%d inode=%d port=%d" % (os.getpid(), ino(s.fileno()), s.getsockname()[1]))
+    if wait_stdin("exec"):
+        os.execv(sys.argv[2], [sys.argv[2], sys.argv[0], "execd", str(s.fileno())])
+    os._exit(0)
+elif mode == "execd":
+    say("EXECED pid=%d" % os.getpid())
+    serve(int(sys.argv[2]))
+"#;
+
+/// A directory with the script and the two `python3` symlinks (removed when dropped).
+struct Programs {
+    dir: PathBuf,
+}
+
+impl Programs {
+    fn new(name: &str) -> Self {
+        let dir = std::env::temp_dir().join(format!("bsp-attr-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("patterns.py"), SCRIPT).unwrap();
+        let python = interpreter();
+        for link in ["bsp-launcher", "bsp-execd"] {
+            std::os::unix::fs::symlink(&python, dir.join(link)).unwrap();
+        }
+        Self { dir }
+    }
+
+    /// Starts `bsp-launcher patterns.py <mode> <args>` and waits for its READY line.
+    fn start(
+        &self,
+        mode: &str,
+        args: &[&str],
+    ) -> (LineChild, std::collections::HashMap<String, String>) {
+        let mut cmd = Command::new(self.dir.join("bsp-launcher"));
+        cmd.arg(self.dir.join("patterns.py"))
+            .arg(mode)
+            .args(args)
+            .stderr(Stdio::inherit());
+        let mut child = LineChild::spawn(cmd, mode).unwrap();
+        let ready = child.wait_ready(Duration::from_secs(30)).unwrap();
+        (child, ready)
+    }
+
+    fn path(&self, name: &str) -> PathBuf {
+        self.dir.join(name)
+    }
+}
+
+impl Drop for Programs {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// The real `python3` executable (not a wrapper such as a pyenv shim: the symlinks must
+/// point at the interpreter itself for `comm` to be their name).
+fn interpreter() -> PathBuf {
+    let out = Command::new("python3")
+        .args([
+            "-c",
+            "import os, sys; print(os.path.realpath(sys.executable))",
+        ])
+        .output()
+        .expect("python3");
+    let p = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
+    assert!(p.is_absolute(), "python3 not found");
+    p
+}
+
+fn field<'a>(ready: &'a std::collections::HashMap<String, String>, k: &str) -> &'a str {
+    ready
+        .get(k)
+        .map(String::as_str)
+        .unwrap_or_else(|| panic!("READY has no {k}: {ready:?}"))
+}
+
+/// Sends `count` datagrams to `port` from a separate process.
+fn flood(port: &str, count: u32) {
+    let c = count.to_string();
+    let sender = Workload::start(&["udp-flood", "--port", port, "--count", &c]);
+    assert!(sender.wait(), "flooder failed");
+}
+
+/// The kernel's drops column of socket `inode`, read through `pid`'s network namespace.
+fn kernel_drops(pid: u32, inode: u64) -> u64 {
+    proc_udp_drops(pid, inode).expect("socket in /proc/<pid>/net/udp")
+}
+
+fn on_pid(m: &Metrics, pid: u32) -> f64 {
+    let p = pid.to_string();
+    // + 0.0: an empty sum is -0.0.
+    m.sum(DROPS, &[("pid", p.as_str()), ("proto", "udp")]) + 0.0
+}
+
+/// Waits until the drops on `pids` sum to the kernel's `want`, then checks nothing more shows.
+fn wait_sum(exporter: &Exporter, pids: &[u32], want: u64, what: &str) -> Metrics {
+    let total = |m: &Metrics| pids.iter().map(|p| on_pid(m, *p)).sum::<f64>();
+    eventually(Duration::from_secs(15), what, || {
+        let m = exporter.scrape();
+        (total(&m) == want as f64).then_some(())
+    });
+    std::thread::sleep(Duration::from_millis(1500));
+    let m = exporter.scrape();
+    assert_eq!(total(&m), want as f64, "{what}: nothing more later");
+    m
+}
+
+/// A launcher creates and binds the socket, forks, and exits; the child holds and reads it.
+#[test]
+#[ignore = "needs root: run via cargo xtask test"]
+fn fork_and_exit_drops_land_on_the_child() {
+    let progs = Programs::new("fork");
+    let exporter = Exporter::start(&[]);
+    let (_child, ready) = progs.start("fork-exit", &[]);
+    let pid: u32 = field(&ready, "pid").parse().unwrap();
+    let launcher: u32 = field(&ready, "launcher").parse().unwrap();
+    let inode: u64 = field(&ready, "inode").parse().unwrap();
+    eventually(Duration::from_secs(10), "the launcher to exit", || {
+        let fds = std::fs::read_dir(format!("/proc/{launcher}/fd"));
+        fds.map_or(true, |mut d| d.next().is_none()).then_some(())
+    });
+    flood(field(&ready, "port"), 5000);
+    let kernel = kernel_drops(pid, inode);
+    assert!(
+        kernel > 1000,
+        "the flood should overflow the buffer ({kernel})"
+    );
+    let m = wait_sum(
+        &exporter,
+        &[pid],
+        kernel,
+        "the child's drops = the kernel's",
+    );
+    assert_eq!(on_pid(&m, launcher), 0.0, "nothing on the exited launcher");
+    eprintln!(
+        "fork-and-exit: kernel drops column {kernel}, bufscope {} on child {pid}, {} on launcher {launcher}",
+        on_pid(&m, pid),
+        on_pid(&m, launcher)
+    );
+}
+
+/// A launcher hands the socket to a worker over SCM_RIGHTS, closes its copy and exits.
+#[test]
+#[ignore = "needs root: run via cargo xtask test"]
+fn scm_rights_hand_off_drops_land_on_the_worker() {
+    let progs = Programs::new("scm");
+    let exporter = Exporter::start(&[]);
+    let (_child, ready) = progs.start("scm-rights", &[]);
+    let pid: u32 = field(&ready, "pid").parse().unwrap();
+    let launcher: u32 = field(&ready, "launcher").parse().unwrap();
+    let inode: u64 = field(&ready, "inode").parse().unwrap();
+    eventually(Duration::from_secs(10), "the launcher to exit", || {
+        let fds = std::fs::read_dir(format!("/proc/{launcher}/fd"));
+        fds.map_or(true, |mut d| d.next().is_none()).then_some(())
+    });
+    flood(field(&ready, "port"), 5000);
+    let kernel = kernel_drops(pid, inode);
+    assert!(
+        kernel > 1000,
+        "the flood should overflow the buffer ({kernel})"
+    );
+    let m = wait_sum(
+        &exporter,
+        &[pid],
+        kernel,
+        "the worker's drops = the kernel's",
+    );
+    assert_eq!(on_pid(&m, launcher), 0.0, "nothing on the exited launcher");
+    eprintln!(
+        "SCM_RIGHTS hand-off: kernel drops column {kernel}, bufscope {} on worker {pid}, {} on launcher {launcher}",
+        on_pid(&m, pid),
+        on_pid(&m, launcher)
+    );
+}
+
+/// A prefork master keeps the socket, two workers read it: the drops are on the workers and
+/// sum to the kernel's count; none on the master.
+#[test]
+#[ignore = "needs root: run via cargo xtask test"]
+fn prefork_drops_land_on_the_reading_workers() {
+    let progs = Programs::new("prefork");
+    let exporter = Exporter::start(&[]);
+    let (_child, ready) = progs.start("prefork", &[]);
+    let master: u32 = field(&ready, "pid").parse().unwrap();
+    let workers: Vec<u32> = field(&ready, "workers")
+        .split(',')
+        .map(|w| w.parse().unwrap())
+        .collect();
+    let inode: u64 = field(&ready, "inode").parse().unwrap();
+    flood(field(&ready, "port"), 5000);
+    let kernel = kernel_drops(master, inode);
+    assert!(
+        kernel > 1000,
+        "the flood should overflow the buffer ({kernel})"
+    );
+    let m = wait_sum(
+        &exporter,
+        &workers,
+        kernel,
+        "the workers' drops = the kernel's",
+    );
+    assert_eq!(
+        on_pid(&m, master),
+        0.0,
+        "nothing on the master, which never reads"
+    );
+    eprintln!(
+        "prefork: kernel drops column {kernel}, bufscope {} / {} on workers {workers:?}, {} on master {master}",
+        on_pid(&m, workers[0]),
+        on_pid(&m, workers[1]),
+        on_pid(&m, master)
+    );
+}
+
+/// A process execs into another program keeping the socket: the drops before the exec stay on
+/// the old `comm`, those after it go to the new one, and together they are the kernel's count.
+#[test]
+#[ignore = "needs root: run via cargo xtask test"]
+fn exec_keeping_the_fd_moves_the_drops_to_the_new_comm() {
+    let progs = Programs::new("exec");
+    let exporter = Exporter::start(&[]);
+    let execd = progs.path("bsp-execd");
+    let (mut child, ready) = progs.start("exec", &[execd.to_str().unwrap()]);
+    let pid: u32 = field(&ready, "pid").parse().unwrap();
+    let inode: u64 = field(&ready, "inode").parse().unwrap();
+    let port = field(&ready, "port").to_string();
+    let p = pid.to_string();
+    let by_comm = |m: &Metrics, comm: &str| m.sum(DROPS, &[("pid", p.as_str()), ("comm", comm)]);
+
+    flood(&port, 3000);
+    let before = kernel_drops(pid, inode);
+    assert!(
+        before > 1000,
+        "the flood should overflow the buffer ({before})"
+    );
+    wait_sum(
+        &exporter,
+        &[pid],
+        before,
+        "drops before the exec = the kernel's",
+    );
+    assert_eq!(by_comm(&exporter.scrape(), "bsp-launcher"), before as f64);
+
+    child.send("exec").unwrap();
+    child.wait_line("EXECED", Duration::from_secs(30)).unwrap();
+    assert_eq!(
+        std::fs::read_to_string(format!("/proc/{pid}/comm"))
+            .unwrap()
+            .trim(),
+        "bsp-execd"
+    );
+    flood(&port, 5000);
+    let total = kernel_drops(pid, inode);
+    assert!(
+        total > before + 1000,
+        "the second flood should overflow too ({total})"
+    );
+    let m = wait_sum(&exporter, &[pid], total, "all drops = the kernel's");
+    assert_eq!(
+        by_comm(&m, "bsp-launcher"),
+        before as f64,
+        "the old comm keeps its drops"
+    );
+    assert_eq!(
+        by_comm(&m, "bsp-execd"),
+        (total - before) as f64,
+        "the new comm gets the rest"
+    );
+    eprintln!(
+        "exec: kernel drops column {before} before the exec, {total} in all; bufscope {} on comm=bsp-launcher, {} on comm=bsp-execd (pid {pid})",
+        by_comm(&m, "bsp-launcher"),
+        by_comm(&m, "bsp-execd")
+    );
+}
