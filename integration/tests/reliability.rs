@@ -561,7 +561,9 @@ fn kill_9_during_a_flood_then_restart_is_clean() {
     let e1 = Exporter::start(&[]);
     let progs1 = held_bpf_ids(e1.pid(), "prog_id:");
     let links1 = held_bpf_ids(e1.pid(), "link_id:");
-    assert!(progs1.len() >= 6, "programs held: {progs1:?}");
+    // One program per default probe: kfree_skb, cgroup_setsockopt, inet_sock_set_state,
+    // tcp_rcvbuf_grow, cgroup_sock_create (6 on the syscall-tracepoint fallback).
+    assert!(progs1.len() >= 5, "programs held: {progs1:?}");
 
     // A long flood; kill the exporter in the middle of it.
     let flood = Workload::start(&[
