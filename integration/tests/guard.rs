@@ -697,7 +697,14 @@ impl Ovpn {
         let common = |c: &mut Command| {
             c.args(["--dev", "tun", "--secret"])
                 .arg(&key)
-                .args(["--cipher", "AES-256-CBC", "--rcvbuf", "65536", "--sndbuf", "65536"])
+                .args([
+                    "--cipher",
+                    "AES-256-CBC",
+                    "--rcvbuf",
+                    "65536",
+                    "--sndbuf",
+                    "65536",
+                ])
                 .args(["--verb", "1"])
                 .stdout(Stdio::null())
                 .stderr(Stdio::null());
@@ -709,7 +716,12 @@ impl Ovpn {
         let server = server.spawn().unwrap();
         std::thread::sleep(Duration::from_millis(500));
         let mut client = lab.a().command("openvpn");
-        client.args(["--proto", "tcp-client", "--remote", &lab.addr_b().to_string()]);
+        client.args([
+            "--proto",
+            "tcp-client",
+            "--remote",
+            &lab.addr_b().to_string(),
+        ]);
         client.arg(port.to_string());
         client.args(["--ifconfig", "10.97.0.1", "10.97.0.2"]);
         common(&mut client);
@@ -799,7 +811,10 @@ fn openvpn_tcp_small_buffers_enforce_restores_autotuning_at_190ms() {
     assert_eq!(observe.wscale, without.wscale, "observe changes nothing");
     assert_eq!(observe.locks, without.locks, "observe changes nothing");
     assert!(observed >= 1.0);
-    assert!(enforce.wscale > without.wscale, "enforce: the normal window scale");
+    assert!(
+        enforce.wscale > without.wscale,
+        "enforce: the normal window scale"
+    );
     assert_eq!(enforce.locks & 3, 0, "enforce: no lock");
     assert!(skipped >= 1.0);
     assert!(
