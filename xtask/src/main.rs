@@ -6,6 +6,7 @@ use clap::{Parser, Subcommand};
 mod bench;
 mod build;
 mod lab;
+mod matrix;
 mod run;
 mod setup;
 mod test;
@@ -30,6 +31,9 @@ enum Cmd {
     Test(test::Args),
     /// Open a shell-ready network lab (two namespaces joined by an emulated WAN link).
     Lab(lab::Args),
+    /// The kernel-matrix stage of `test` alone: boot each pinned guest kernel (QEMU) and run
+    /// the integration subset inside it; `--bump` updates the pinned kernels.
+    Matrix(matrix::Args),
     /// Benchmarks that print side-by-side ratios.
     #[command(subcommand)]
     Bench(bench::Bench),
@@ -43,6 +47,7 @@ fn main() -> anyhow::Result<()> {
         Cmd::Run(a) => run::run(&a),
         Cmd::Test(a) => test::run(&a),
         Cmd::Lab(a) => lab::run(&a),
+        Cmd::Matrix(a) => matrix::run(&a),
         Cmd::Bench(b) => bench::run(b),
     }
 }

@@ -68,6 +68,8 @@ pub fn run(a: &Args) -> anyhow::Result<()> {
     if !a.no_packages {
         ensure_debian_packages()?;
         ensure_pip_packages()?;
+        // QEMU, virtme-ng and the pinned guest kernels of the kernel matrix (cached).
+        crate::matrix::setup()?;
     }
     eprintln!("xtask setup: done");
     Ok(())

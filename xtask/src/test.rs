@@ -6,6 +6,10 @@ use crate::util::{cargo, is_root, run_cmd, workspace_root};
 /// Arguments of `cargo xtask test`.
 #[derive(clap::Args)]
 pub struct Args {
+    /// Skip the kernel-matrix stage (guest kernels under QEMU; `cargo xtask matrix` runs it
+    /// alone).
+    #[arg(long)]
+    pub no_matrix: bool,
     /// Extra arguments passed to the test binaries (e.g. a test name filter).
     #[arg(last = true)]
     pub args: Vec<String>,
@@ -32,5 +36,11 @@ pub fn run(a: &Args) -> anyhow::Result<()> {
         ])
         .args(["--test-threads=1"])
         .args(&a.args);
-    run_cmd(&mut c)
+    let host = run_cmd(&mut c);
+    let matrix = if a.no_matrix {
+        Ok(())
+    } else {
+        crate::matrix::stage(&[])
+    };
+    host.and(matrix)
 }

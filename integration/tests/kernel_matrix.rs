@@ -1,0 +1,464 @@
+//! Kernel compatibility: the hooks bufscope chooses on this kernel, and that every choice still
+//! gives the kernel's own numbers. Runs on the host like every integration test, and inside
+//! each guest kernel of `cargo xtask matrix` (Debian 12's 6.1 and bookworm-backports' 6.12
+//! under QEMU), where the older kernels make bufscope pick its fallback hooks.
+//!
+//! Ground truth never comes from bufscope: the kernel's BTF as `bpftool` prints it and the
+//! tracepoint format files say which hooks exist; `/proc/<pid>/net/udp{,6}` says how many
+//! datagrams each socket dropped; bpftrace (a tracepoint, or a kprobe pair where the
+//! tracepoint does not exist) counts autotuning's grow events.
+//!
+//! `BUFSCOPE_REFUSE_HOOKS` (read by bufscope; see `exporter/src/probes/choice.rs`) is passed
+//! through, so the matrix runs these tests again with the better hooks refused.
+#![allow(clippy::unwrap_used)]
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use bufscope_integration::{Exporter, Workload, bufscope_bin, eventually, proc_udp_drops};
+
+/// The kernel's BTF as C (`bpftool btf dump … format c`).
+fn btf_c() -> String {
+    let out = Command::new("bpftool")
+        .args([
+            "btf",
+            "dump",
+            "file",
+            "/sys/kernel/btf/vmlinux",
+            "format",
+            "c",
+        ])
+        .output()
+        .expect("bpftool (cargo xtask setup installs it)");
+    assert!(out.status.success(), "bpftool failed");
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Arguments of tracepoint `tp` after the context, from `typedef void (*btf_trace_<tp>)(void *,
+/// …);` in the BTF's C dump; None when the kernel has no such tracepoint.
+fn tp_args(c: &str, tp: &str) -> Option<usize> {
+    let line = c
+        .lines()
+        .find(|l| l.contains(&format!("(*btf_trace_{tp})(")))?;
+    Some(line.matches(',').count())
+}
+
+fn tracefs_event(path: &str) -> Option<String> {
+    [
+        "/sys/kernel/tracing/events",
+        "/sys/kernel/debug/tracing/events",
+    ]
+    .iter()
+    .find_map(|root| std::fs::read_to_string(Path::new(root).join(path).join("format")).ok())
+}
+
+/// `[ ok ] <probe> <hooks> — …` lines of `bufscope check` under `probes:` → probe → (ok,
+/// hooks).
+fn check_lines(text: &str) -> BTreeMap<String, (bool, String)> {
+    let mut out = BTreeMap::new();
+    let probes = text.split("\nprobes:\n").nth(1).unwrap_or("");
+    for l in probes.lines() {
+        let ok = l.starts_with("[ ok ]");
+        if !ok && !l.starts_with("[FAIL]") {
+            continue;
+        }
+        let rest = l[6..].trim_start();
+        let mut words = rest.split_whitespace();
+        let (Some(probe), Some(hooks)) = (words.next(), words.next()) else {
+            continue;
+        };
+        // "a + b" in the online check, "a,b" in the offline one: normalize to the label form.
+        let mut hooks = hooks.to_string();
+        let mut more = words.clone();
+        while more.next() == Some("+") {
+            if let Some(h) = more.next() {
+                hooks.push(',');
+                hooks.push_str(h);
+            }
+            words = more.clone();
+        }
+        out.insert(probe.to_string(), (ok, hooks));
+    }
+    out
+}
+
+fn run_check(args: &[&str]) -> (i32, String) {
+    let out = Command::new(bufscope_bin())
+        .arg("check")
+        .args(args)
+        .env("NO_COLOR", "1")
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    eprintln!("bufscope check {args:?}:\n{text}");
+    (out.status.code().unwrap_or(-1), text)
+}
+
+const PROBES: [&str; 5] = ["drops", "setsockopt", "tcp_state", "autotune", "owners"];
+
+#[test]
+#[ignore = "needs root: run via cargo xtask test"]
+fn check_names_the_hook_each_probe_uses_and_the_metrics_agree() {
+    let c = btf_c();
+    let kfree_args = tp_args(&c, "kfree_skb").expect("every supported kernel has kfree_skb");
+    let has_grow_tp = tp_args(&c, "tcp_rcvbuf_grow").is_some();
+    let refused = std::env::var("BUFSCOPE_REFUSE_HOOKS").unwrap_or_default();
+
+    let (code, text) = run_check(&[]);
+    assert_eq!(code, 0, "bufscope check failed:\n{text}");
+    let online = check_lines(&text);
+    for p in PROBES {
+        assert!(online.contains_key(p), "no line for {p}:\n{text}");
+    }
+    for (p, (ok, hooks)) in &online {
+        assert!(ok, "{p} did not attach ({hooks}):\n{text}");
+    }
+    // drops: kfree_skb alone only where it carries rx_sk (4 arguments); else it needs a UDP
+    // hook that knows the socket beside it.
+    let drops = &online["drops"].1;
+    if kfree_args >= 4 && !refused.contains("tp_btf/kfree_skb") {
+        assert_eq!(drops, "tp_btf/kfree_skb");
+    } else {
+        assert!(drops.contains("tp_btf/kfree_skb"), "{drops}");
+        assert!(
+            drops.contains("fexit/__udp_enqueue_schedule_skb")
+                || drops.contains("tp_btf/udp_fail_queue_rcv_skb"),
+            "{drops}"
+        );
+    }
+    let autotune = &online["autotune"].1;
+    if has_grow_tp && !refused.contains("tp_btf/tcp_rcvbuf_grow") {
+        assert_eq!(autotune, "tp_btf/tcp_rcvbuf_grow");
+    } else {
+        assert!(autotune.contains("tcp_rcv_space_adjust"), "{autotune}");
+    }
+
+    // Offline, from the same BTF: the same choice wherever the kernel refused nothing.
+    let (code, text) = run_check(&["--btf", "/sys/kernel/btf/vmlinux"]);
+    assert_eq!(code, 0, "{text}");
+    let offline = check_lines(&text);
+    for (p, (_, on)) in &online {
+        let off = &offline
+            .get(p)
+            .unwrap_or_else(|| panic!("offline: no {p}"))
+            .1;
+        if !on.contains("fentry") && !on.contains("fexit") && refused.is_empty() {
+            // fentry/fexit: the kernel may refuse them at load (offline cannot know).
+            assert_eq!(on, off, "{p}: online {on} vs offline {off}");
+        }
+    }
+
+    // The metric says the same as check (for the probes `run` attaches by default: check also
+    // tries the ones configuration leaves off).
+    let e = Exporter::start(&[]);
+    let m = e.scrape();
+    for p in PROBES {
+        let hooks = &online[p].1;
+        assert_eq!(
+            m.sum(
+                "bufscope_probe_attached",
+                &[("probe", p), ("hook", hooks.as_str())]
+            ),
+            1.0,
+            "bufscope_probe_attached{{probe={p},hook={hooks}}}"
+        );
+    }
+    eprintln!(
+        "kfree_skb arguments {kfree_args}, tcp_rcvbuf_grow tracepoint {has_grow_tp}: {online:?}"
+    );
+}
+
+/// Whether the drops hook in use puts IPv6 UDP queue drops on their socket on this kernel:
+/// kfree_skb's rx_sk or the fexit see every family; `udp_fail_queue_rcv_skb` only where the
+/// kernel fires it for IPv6 too, which its tracepoint format shows by a `family` field.
+fn v6_on_socket(hooks: &str) -> bool {
+    if hooks == "tp_btf/kfree_skb" || hooks.contains("fexit/__udp_enqueue_schedule_skb") {
+        return true;
+    }
+    tracefs_event("udp/udp_fail_queue_rcv_skb").is_some_and(|f| f.contains(" family;"))
+}
+
+fn netns_inode(pid: u32) -> String {
+    let link = std::fs::read_link(format!("/proc/{pid}/ns/net")).unwrap();
+    // "net:[4026531840]"
+    link.to_string_lossy()
+        .trim_start_matches("net:[")
+        .trim_end_matches(']')
+        .to_string()
+}
+
+/// A UDP receiver for [`udp_drops_before_and_after_bufscope_are_exact`].
+struct Receiver {
+    w: Workload,
+    v6: bool,
+    netns: bool,
+    before: bool,
+}
+
+fn receiver(v6: bool, netns: bool, before: bool) -> Receiver {
+    let mut args = vec!["udp-recv", "--rcvbuf", "4096"];
+    if v6 {
+        args.push("--v6");
+    }
+    if netns {
+        args.push("--new-netns");
+    }
+    Receiver {
+        w: Workload::start(&args),
+        v6,
+        netns,
+        before,
+    }
+}
+
+/// Receivers started before and after bufscope (IPv4 and IPv6, the host's and a new network
+/// namespace), each flooded from another process: every datagram the kernel dropped
+/// (`/proc/<pid>/net/udp{,6}` drops column) is counted exactly once — on the receiver where the
+/// drop hook in use knows the socket, else in its namespace's `bufscope_netns_drops_total`.
+#[test]
+#[ignore = "needs root: run via cargo xtask test"]
+fn udp_drops_before_and_after_bufscope_are_exact() {
+    let mut rx = vec![receiver(false, false, true), receiver(true, true, true)];
+    let e = Exporter::start(&[]);
+    rx.extend([receiver(false, true, false), receiver(true, false, false)]);
+    let hooks = e
+        .scrape()
+        .find("bufscope_probe_attached", &[("probe", "drops")])
+        .find(|s| s.value == 1.0)
+        .map(|s| s.labels["hook"].clone())
+        .expect("the drops probe attached");
+    let netns_drops = |m: &bufscope_integration::Metrics, netns: &str| {
+        m.sum(
+            "bufscope_netns_drops_total",
+            &[("netns", netns), ("reason", "SOCKET_RCVBUFF")],
+        )
+    };
+    for r in &rx {
+        let inode: u64 = r.w.get("inodes").parse().unwrap();
+        let port = r.w.get("ports").to_string();
+        let pid = r.w.pid().to_string();
+        let netns = netns_inode(r.w.pid());
+        let netns_before = netns_drops(&e.scrape(), &netns);
+        let mut flood = vec!["udp-flood", "--port", port.as_str(), "--count", "5000"];
+        if r.v6 {
+            flood.push("--v6");
+        }
+        if r.netns {
+            flood.extend(["--netns-of", pid.as_str()]);
+        }
+        assert!(Workload::start(&flood).wait(), "flooder failed");
+        let kernel = proc_udp_drops(r.w.pid(), inode).unwrap() as f64;
+        assert!(kernel > 1000.0, "the flood overflowed nothing ({kernel})");
+        let on_socket = !r.v6 || v6_on_socket(&hooks);
+        let (want_sock, want_netns) = if on_socket {
+            (kernel, 0.0)
+        } else {
+            (0.0, kernel)
+        };
+        let got = eventually(Duration::from_secs(15), "drops to be counted", || {
+            let m = e.scrape();
+            let sock = m.sum(
+                "bufscope_socket_drops_total",
+                &[("pid", pid.as_str()), ("reason", "SOCKET_RCVBUFF")],
+            );
+            let ns = netns_drops(&m, &netns) - netns_before;
+            (sock == want_sock && ns == want_netns).then_some((sock, ns))
+        });
+        eprintln!(
+            "{} {} bufscope, {}: kernel drops column {kernel}, bufscope on the receiver {}, in its netns {} (drops via {hooks})",
+            if r.v6 { "IPv6" } else { "IPv4" },
+            if r.before { "before" } else { "after" },
+            if r.netns { "own netns" } else { "host netns" },
+            got.0,
+            got.1
+        );
+    }
+}
+
+/// setsockopt on this kernel: a request above `rmem_max` (clamped, and the socket locked),
+/// `SO_RCVBUFFORCE` as root (not clamped) and without CAP_NET_ADMIN (EPERM), each decided by
+/// the kernel's own answer (errno, getsockopt readback), then compared with bufscope.
+#[test]
+#[ignore = "needs root: run via cargo xtask test"]
+fn setsockopt_clamp_force_and_eperm_match_the_kernel() {
+    use bufscope_integration::fixtures::{
+        WITHOUT_CAP_NET_ADMIN, rmem_max, setsockopt, setsockopt_wrapped,
+    };
+    let e = Exporter::start(&[]);
+    let req = (rmem_max() * 2).min(i32::MAX as i64 / 2);
+    let clamped = setsockopt("udp", "SO_RCVBUF", &req.to_string());
+    assert_eq!(clamped.get("errno"), "0");
+    let readback: i64 = clamped.get("rcvbuf").parse().unwrap();
+    assert!(
+        readback < 2 * req,
+        "kernel readback {readback} shows no clamp"
+    );
+    assert_eq!(clamped.get("locks").parse::<u32>().unwrap() & 2, 2);
+    let forced = setsockopt("udp", "SO_RCVBUFFORCE", &req.to_string());
+    assert_eq!(forced.get("errno"), "0");
+    assert_eq!(forced.get("rcvbuf").parse::<i64>().unwrap(), 2 * req);
+    let refused = setsockopt_wrapped(&WITHOUT_CAP_NET_ADMIN, "udp", "SO_RCVBUFFORCE", "8388608");
+    assert_eq!(refused.get("errno"), libc::EPERM.to_string());
+    for (w, opt, want) in [
+        (&clamped, "SO_RCVBUF", (1.0, 1.0, 0.0, 1.0)),
+        (&forced, "SO_RCVBUFFORCE", (1.0, 0.0, 0.0, 1.0)),
+        (&refused, "SO_RCVBUFFORCE", (1.0, 0.0, 1.0, 0.0)),
+    ] {
+        let p = w.pid().to_string();
+        let l = [("pid", p.as_str()), ("proto", "udp"), ("option", opt)];
+        let got = eventually(Duration::from_secs(15), "the setsockopt event", || {
+            let m = e.scrape();
+            let c = m.sum("bufscope_setsockopt_total", &l);
+            (c == 1.0).then(|| {
+                (
+                    c,
+                    m.sum("bufscope_setsockopt_clamped_total", &l),
+                    m.sum("bufscope_setsockopt_failed_total", &l),
+                    m.sum(
+                        "bufscope_rcvbuf_locks_total",
+                        &[("pid", p.as_str()), ("proto", "udp")],
+                    ),
+                )
+            })
+        });
+        assert_eq!(
+            got, want,
+            "{opt} of pid {p}: (calls, clamped, failed, locks)"
+        );
+        eprintln!(
+            "setsockopt {opt} errno {}: bufscope (calls, clamped, failed, locks) {got:?}",
+            w.get("errno")
+        );
+    }
+}
+
+/// Counts autotuning's grow events on local port `port` while `run` runs, with bpftrace: the
+/// `tcp_rcvbuf_grow` tracepoint where the kernel has it, else a kprobe/kretprobe pair on
+/// `tcp_rcv_space_adjust` that sees the call raise `rcvq_space.space` (the kernel's grow
+/// branch). Either way an observer that shares no code with bufscope.
+fn bpftrace_grows(port: u16, run: impl FnOnce()) -> u64 {
+    let (prog, clear) = if tracefs_event("tcp/tcp_rcvbuf_grow").is_some() {
+        (
+            format!("tracepoint:tcp:tcp_rcvbuf_grow /args->sport == {port}/ {{ @n = count(); }}"),
+            "",
+        )
+    } else {
+        let prog = format!(
+            "kprobe:tcp_rcv_space_adjust /((struct sock *)arg0)->__sk_common.skc_num == {port}/ \
+             {{ @sk[tid] = arg0; @s[tid] = ((struct tcp_sock *)arg0)->rcvq_space.space; }} \
+             kretprobe:tcp_rcv_space_adjust /@sk[tid]/ {{ \
+             if (((struct tcp_sock *)@sk[tid])->rcvq_space.space > @s[tid]) {{ @n = count(); }} \
+             delete(@sk[tid]); delete(@s[tid]); }}"
+        );
+        (prog, "clear(@sk); clear(@s);")
+    };
+    let prog = format!(
+        "{prog} BEGIN {{ printf(\"ATTACHED\\n\"); }} \
+         END {{ printf(\"COUNT \"); print(@n); clear(@n); {clear} }}"
+    );
+    struct Guard(std::process::Child);
+    impl Drop for Guard {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let mut child = Guard(
+        Command::new("bpftrace")
+            .args(["-e", &prog])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("bpftrace (cargo xtask setup installs it)"),
+    );
+    let stdout = child.0.stdout.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        use std::io::BufRead as _;
+        for l in std::io::BufReader::new(stdout)
+            .lines()
+            .map_while(Result::ok)
+        {
+            let _ = tx.send(l);
+        }
+    });
+    loop {
+        match rx.recv_timeout(Duration::from_secs(120)) {
+            Ok(l) if l.contains("ATTACHED") => break,
+            Ok(_) => {}
+            Err(_) => panic!("bpftrace did not attach"),
+        }
+    }
+    run();
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(child.0.id() as i32, libc::SIGINT) };
+    let mut count = None;
+    while let Ok(l) = rx.recv_timeout(Duration::from_secs(60)) {
+        if let Some(n) = l.strip_prefix("COUNT ") {
+            count = Some(
+                n.rsplit(' ')
+                    .next()
+                    .and_then(|x| x.trim().parse().ok())
+                    .unwrap_or(0),
+            );
+        }
+    }
+    count.expect("bpftrace printed no COUNT")
+}
+
+/// A locked and an unlocked bulk receiver: bufscope's suppressed-grow count equals the
+/// independent count on the locked one and is 0 on the other, with whichever hook this kernel
+/// gives the autotune probe. Compared after the receiver closed its socket (the tracepoint
+/// fallback counts a socket's last grow at close).
+#[test]
+#[ignore = "needs root: run via cargo xtask test"]
+fn autotune_suppressed_matches_an_independent_count_on_this_kernel() {
+    let e = Exporter::start(&[]);
+    let hooks = e
+        .scrape()
+        .find("bufscope_probe_attached", &[("probe", "autotune")])
+        .find(|s| s.value == 1.0)
+        .map(|s| s.labels["hook"].clone())
+        .expect("the autotune probe attached");
+    let bytes = "67108864";
+    for (lock, name) in [(true, "locked"), (false, "control")] {
+        let mut args = vec!["tcp-bulk-recv", "--bytes", bytes];
+        if lock {
+            args.extend(["--rcvbuf-after", "65536"]);
+        }
+        let mut rx = Workload::start(&args);
+        let port: u16 = rx.get("port").parse().unwrap();
+        let rpid = rx.pid().to_string();
+        let grows = bpftrace_grows(port, || {
+            let tx = Workload::start(&[
+                "tcp-bulk-send",
+                "--port",
+                &port.to_string(),
+                "--bytes",
+                bytes,
+            ]);
+            assert!(tx.wait());
+            rx.wait_line("RECEIVED", Duration::from_secs(300));
+            drop(rx);
+            std::thread::sleep(Duration::from_millis(500));
+        });
+        assert!(
+            grows > 0,
+            "{name}: the kernel never wanted to grow the buffer"
+        );
+        let want = if lock { grows as f64 } else { 0.0 };
+        let got = eventually(Duration::from_secs(15), "autotune metric", || {
+            let v = e.scrape().sum(
+                "bufscope_tcp_autotune_suppressed_total",
+                &[("pid", rpid.as_str())],
+            );
+            (v == want).then_some(v)
+        });
+        assert_eq!(got, want, "{name}: bpftrace counted {grows} grow events");
+        eprintln!(
+            "autotune via {hooks}, {name}: independent grow count {grows}, bufscope suppressed {got}"
+        );
+    }
+}
