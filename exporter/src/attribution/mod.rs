@@ -44,10 +44,18 @@ const CACHE_TTL: Duration = Duration::from_secs(10);
 /// [`Attributor::new_udp_holders`] reads `OWNERS` at most this often (the periodic poll
 /// runs it; the extra polls of scrapes in between skip it).
 const UDP_SCAN_EVERY: Duration = Duration::from_millis(900);
-/// How long a new socket of `OWNERS` that is not (yet) in `/proc/<pid>/net/udp*` is looked
-/// for again: a UDP socket is listed there once bound or connected, which usually follows
-/// `socket()` at once; other sockets (TCP, …) are given up after this.
-const UDP_PENDING_TTL: Duration = Duration::from_secs(5);
+/// A process whose new sockets were looked at (its `/proc/<pid>/fd`) is looked at again no
+/// sooner than this: a process that opens TCP connections all the time costs one pass over
+/// its fds per this period, not per poll.
+const UDP_RECHECK: Duration = Duration::from_secs(10);
+/// New sockets still waiting for their process's next look are forgotten after this.
+const UDP_PENDING_TTL: Duration = Duration::from_secs(30);
+
+/// Whether a kernel protocol name (`system.sockprotoname`: `UDP`, `UDPv6`, `UDP-Lite`,
+/// `UDPLITEv6`, `TCP`, …) is UDP's.
+fn is_udp(name: &str) -> bool {
+    name.to_ascii_uppercase().starts_with("UDP")
+}
 
 /// (netns, TUN interface name) → pid holding the device.
 type TunHolders = HashMap<(u32, String), u32>;
@@ -81,8 +89,10 @@ struct UdpWatch {
     reader: Option<BatchReader>,
     /// `OWNERS` keys at the last read.
     seen: HashSet<u64>,
-    /// New sockets not found among UDP sockets yet: owner, first seen.
+    /// New sockets whose protocol was not looked at yet: owner, first seen.
     pending: HashMap<u64, (Owner, Instant)>,
+    /// When each process's fds were last looked at.
+    checked: HashMap<ProcRef, Instant>,
     /// Processes already reported.
     reported: HashSet<ProcRef>,
     /// The `/proc` pass for sockets older than bufscope is done.
@@ -275,9 +285,11 @@ impl Attributor {
 
     /// Processes newly known to hold a UDP socket (each reported once), so that their drop
     /// series can exist at 0 before their first drop. Sources: the sockets `OWNERS` gained
-    /// since the last call (recorded at creation), checked against the owner's
-    /// `/proc/<pid>/net/udp*`; at the first call also every process `/proc` shows holding a
-    /// UDP socket (sockets older than bufscope). Runs at most every [`UDP_SCAN_EVERY`].
+    /// since the last call (recorded at creation), whose protocol the kernel names through
+    /// the owner's fd (`system.sockprotoname`; a process is looked at again no sooner than
+    /// [`UDP_RECHECK`]); at the first call also every process `/proc` shows holding a UDP
+    /// socket (sockets older than bufscope). Runs at most every [`UDP_SCAN_EVERY`]; costs a
+    /// read of `OWNERS` and, for processes with new sockets, a pass over their fds.
     pub fn new_udp_holders(&mut self) -> Vec<ProcRef> {
         let now = Instant::now();
         if self
@@ -306,15 +318,9 @@ impl Attributor {
         if self.udp.pending.is_empty() {
             return self.report(out);
         }
-        // One read of /proc/<pid>/net/udp* per network namespace with new sockets.
-        let mut udp_of_netns: HashMap<u32, Option<HashSet<u64>>> = HashMap::new();
-        let pending: Vec<(u64, Owner, Instant)> = self
-            .udp
-            .pending
-            .drain()
-            .map(|(ino, (o, t))| (ino, o, t))
-            .collect();
-        for (ino, o, since) in pending {
+        // The new sockets by process: one pass over each process's fds.
+        let mut by_proc: HashMap<ProcRef, (Owner, Vec<(u64, Instant)>)> = HashMap::new();
+        for (ino, (o, since)) in self.udp.pending.drain() {
             let r = ProcRef {
                 tgid: o.tgid,
                 start_ticks: Procfs::ns_to_ticks(o.start_ns),
@@ -322,27 +328,36 @@ impl Attributor {
             if self.udp.reported.contains(&r) || !self.udp.seen.contains(&ino) {
                 continue;
             }
+            by_proc
+                .entry(r)
+                .or_insert((o, Vec::new()))
+                .1
+                .push((ino, since));
+        }
+        self.udp
+            .checked
+            .retain(|_, t| now.duration_since(*t) < UDP_RECHECK);
+        for (r, (o, socks)) in by_proc {
+            if self.udp.checked.contains_key(&r) {
+                // Looked at recently: wait for the next look (bounded by UDP_PENDING_TTL).
+                for (ino, since) in socks {
+                    if now.duration_since(since) < UDP_PENDING_TTL {
+                        self.udp.pending.insert(ino, (o, since));
+                    }
+                }
+                continue;
+            }
             // The owner is gone (or its pid reused): nothing to put a series on.
             if self.procfs.start_ticks(o.tgid) != Some(r.start_ticks) {
                 continue;
             }
-            let Some(netns) = self.procfs.netns(o.tgid) else {
-                continue;
-            };
-            let procfs = &self.procfs;
-            let udp = udp_of_netns
-                .entry(netns)
-                .or_insert_with(|| procfs.udp_inodes(o.tgid));
-            match udp {
-                Some(set) if set.contains(&ino) => {
-                    let p = self.owner(&o);
-                    self.inode_owner.insert(ino, p);
-                    out.push(p);
-                }
-                _ if now.duration_since(since) < UDP_PENDING_TTL => {
-                    self.udp.pending.insert(ino, (o, since));
-                }
-                _ => {}
+            self.udp.checked.insert(r, now);
+            let wanted: HashSet<u64> = socks.iter().map(|(ino, _)| *ino).collect();
+            let protos = self.procfs.socket_protocols(o.tgid, &wanted);
+            if let Some((ino, _)) = protos.iter().find(|(_, name)| is_udp(name)) {
+                let p = self.owner(&o);
+                self.inode_owner.insert(*ino, p);
+                out.push(p);
             }
         }
         self.report(out)
