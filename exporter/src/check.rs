@@ -52,7 +52,7 @@ fn offline(btf_path: &Path, args: &CheckArgs) -> i32 {
         env!("CARGO_PKG_VERSION"),
         btf_path.display()
     );
-    let k = match KernelInfo::load(btf_path, &args.kernel.reasons) {
+    let k = match KernelInfo::load_offline(btf_path, &args.kernel.reasons) {
         Ok(k) => k,
         Err(e) => {
             line(false, "kernel BTF", &format!("{e:#}"));

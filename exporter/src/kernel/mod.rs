@@ -32,11 +32,21 @@ pub struct KernelInfo {
 impl KernelInfo {
     /// Reads BTF from `btf_path` and resolves everything the probes need.
     pub fn load(btf_path: &Path, tracked: &[String]) -> anyhow::Result<Self> {
+        Self::load_from(btf_path, tracked, true)
+    }
+
+    /// [`KernelInfo::load`] for another kernel's BTF (`bufscope check --btf`): drop reasons
+    /// come from that BTF only, never from this machine's tracefs.
+    pub fn load_offline(btf_path: &Path, tracked: &[String]) -> anyhow::Result<Self> {
+        Self::load_from(btf_path, tracked, false)
+    }
+
+    fn load_from(btf_path: &Path, tracked: &[String], running: bool) -> anyhow::Result<Self> {
         let btf = KernelBtf::open(btf_path)?;
         let reasons = DropReasons::from_btf(&btf)
             .filter(|r| !r.is_empty())
             .or_else(|| {
-                tracefs_root().and_then(|t| {
+                running.then(tracefs_root).flatten().and_then(|t| {
                     DropReasons::from_tracepoint_format(&t.join("events/skb/kfree_skb/format"))
                 })
             })
