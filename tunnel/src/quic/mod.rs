@@ -643,7 +643,7 @@ fn spawn_receiver(ctx: &Ctx, cur: &Current, recv: Option<quinn::RecvStream>) {
         if let Err(e) = r
             && !c.is_stopping()
         {
-            tracing::debug!("QUIC receive task for {}: {e:#}", cur.conn.remote_address());
+            tracing::warn!("QUIC receive task for {}: {e:#}", cur.conn.remote_address());
             cur.conn
                 .close(VarInt::from_u32(CLOSE_SHUTDOWN), b"receive error");
         }
