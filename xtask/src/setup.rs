@@ -48,7 +48,10 @@ pub const PIP_PACKAGES: &[(&str, &str)] = &[
         "cloudcoil.models.prometheus_operator",
     ),
     // The OpenMetrics parser the scrape-truth test checks /metrics with.
-    ("prometheus-client==0.26.0", "prometheus_client.openmetrics.parser"),
+    (
+        "prometheus-client==0.26.0",
+        "prometheus_client.openmetrics.parser",
+    ),
 ];
 
 /// Arguments of `cargo xtask setup`.
