@@ -5,6 +5,7 @@ use clap::{Parser, Subcommand};
 
 mod bench;
 mod build;
+mod image;
 mod lab;
 mod matrix;
 mod run;
@@ -25,6 +26,8 @@ enum Cmd {
     Setup(setup::Args),
     /// Build the whole workspace, including the BPF object.
     Build(build::Args),
+    /// Build the container image with podman (release binary, `localhost/bufscope:dev`).
+    Image(image::Args),
     /// Set up, build and run the exporter (`bufscope run`), printing the metrics URL.
     Run(run::Args),
     /// Set up, then run unit tests and the privileged integration tests (serially).
@@ -44,6 +47,7 @@ fn main() -> anyhow::Result<()> {
     match cli.cmd {
         Cmd::Setup(a) => setup::run(&a),
         Cmd::Build(a) => build::run(&a),
+        Cmd::Image(a) => image::run(&a),
         Cmd::Run(a) => run::run(&a),
         Cmd::Test(a) => test::run(&a),
         Cmd::Lab(a) => lab::run(&a),

@@ -71,6 +71,8 @@ pub fn run(a: &Args) -> anyhow::Result<()> {
     if !a.no_packages {
         ensure_debian_packages()?;
         ensure_pip_packages()?;
+        // podman + runc, mmdebstrap, the containers.conf drop-in, the local base image.
+        crate::image::setup()?;
         // QEMU, virtme-ng and the pinned guest kernels of the kernel matrix (cached).
         crate::matrix::setup()?;
     }

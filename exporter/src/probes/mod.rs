@@ -223,6 +223,57 @@ pub struct Probes {
     pub status: Vec<ProbeStatus>,
 }
 
+/// Context naming the cause when a seccomp filter, not the kernel, refuses `bpf(2)`: container
+/// runtimes whose default profile predates CAP_BPF allow it only with CAP_SYS_ADMIN, and the
+/// EPERM they return reads like a missing capability.
+const SECCOMP_BLOCKS_BPF: &str = "seccomp filter blocks bpf(): see docs/kubernetes.md \
+     (\"seccomp\"): this runtime's default profile allows bpf() only with CAP_SYS_ADMIN; use \
+     the Localhost profile deploy/seccomp/bufscope.json or a runtime that allows it with CAP_BPF";
+
+/// `e`, with [`SECCOMP_BLOCKS_BPF`] in front when a seccomp filter is what refuses `bpf()`.
+fn name_seccomp(e: aya::EbpfError) -> anyhow::Error {
+    let e = anyhow::Error::new(e);
+    if seccomp_blocks_bpf() {
+        e.context(SECCOMP_BLOCKS_BPF)
+    } else {
+        e
+    }
+}
+
+/// True when this process runs under a seccomp filter (`Seccomp: 2` in /proc/self/status),
+/// holds CAP_BPF or CAP_SYS_ADMIN, and still cannot get the kernel's EINVAL for a `bpf()` with
+/// an unknown command (which needs no capability): the filter answered first.
+fn seccomp_blocks_bpf() -> bool {
+    let Ok(status) = std::fs::read_to_string("/proc/self/status") else {
+        return false;
+    };
+    let field = |name: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .map(str::trim)
+    };
+    let filtered = field("Seccomp:") == Some("2");
+    // CAP_SYS_ADMIN is bit 21, CAP_BPF bit 39.
+    let capable = field("CapEff:")
+        .and_then(|v| u64::from_str_radix(v, 16).ok())
+        .is_some_and(|eff| eff & (1 << 21 | 1 << 39) != 0);
+    if !filtered || !capable {
+        return false;
+    }
+    // SAFETY: bpf(2) with an unknown command, a null attribute pointer and size 0: the kernel
+    // reads nothing and returns EINVAL.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_bpf,
+            libc::c_int::MAX,
+            std::ptr::null::<libc::c_void>(),
+            0 as libc::c_uint,
+        )
+    };
+    r == -1 && std::io::Error::last_os_error().raw_os_error() != Some(libc::EINVAL)
+}
+
 /// The compiled BPF object.
 static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/bufscope"));
 
@@ -261,6 +312,7 @@ pub fn load(
         .map_max_entries("AUTOTUNE", sizes.autotune)
         .map_max_entries("EVENTS", sizes.events_bytes)
         .load(OBJECT)
+        .map_err(name_seccomp)
         .context("loading the BPF object (maps) failed")?;
 
     let cgroup = crate::kernel::cgroup2_root().map(|root| {
