@@ -429,20 +429,45 @@ fn bulk_send(port: u16, bytes: &str) {
     assert!(status.success(), "tcp-bulk-send failed: {status}");
 }
 
-/// A locked and an unlocked bulk receiver: bufscope's suppressed-grow count equals the
-/// independent count on the locked one and is 0 on the other, with whichever hook this kernel
-/// gives the autotune probe. Compared after each receiver closed its socket (the tracepoint
-/// fallback counts a socket's last grow at close).
+/// `bufscope` with `BUFSCOPE_REFUSE_HOOKS=refuse`: a script that sets it and `exec`s the
+/// binary under test (for [`Exporter::start_bin`]).
+fn refusing_bufscope(refuse: &str) -> std::path::PathBuf {
+    use std::os::unix::fs::PermissionsExt as _;
+    let path = std::env::temp_dir().join(format!("bufscope-refusing-{}", std::process::id()));
+    let script = format!(
+        "#!/bin/sh\nBUFSCOPE_REFUSE_HOOKS='{refuse}' exec '{}' \"$@\"\n",
+        bufscope_bin().display()
+    );
+    std::fs::write(&path, script).unwrap();
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+    path
+}
+
+/// A locked and an unlocked bulk receiver, watched by two exporters at once — one with the
+/// best autotune hook this kernel allows, one forced onto the tracepoint fallback (the better
+/// hooks refused): each one's suppressed-grow count equals the independent count on the
+/// locked receiver and is 0 on the other. Compared after each receiver closed its socket (the
+/// tracepoint fallback counts a socket's last grow at close).
 #[test]
 #[ignore = "needs root: run via cargo xtask test"]
 fn autotune_suppressed_matches_an_independent_count_on_this_kernel() {
-    let e = Exporter::start(&[]);
-    let hooks = e
-        .scrape()
-        .find("bufscope_probe_attached", &[("probe", "autotune")])
-        .find(|s| s.value == 1.0)
-        .map(|s| s.labels["hook"].clone())
-        .expect("the autotune probe attached");
+    let fallback = refusing_bufscope("fentry,fexit,tp_btf/tcp_rcvbuf_grow");
+    let exporters = [Exporter::start(&[]), Exporter::start_bin(&fallback, &[])];
+    let hooks: Vec<String> = exporters
+        .iter()
+        .map(|e| {
+            e.scrape()
+                .find("bufscope_probe_attached", &[("probe", "autotune")])
+                .find(|s| s.value == 1.0)
+                .map(|s| s.labels["hook"].clone())
+                .expect("the autotune probe attached")
+        })
+        .collect();
+    assert!(
+        hooks[1].starts_with("tp_btf/tcp_rcv_space_adjust"),
+        "the fallback exporter uses {}",
+        hooks[1]
+    );
     let bytes = "67108864";
     let mut locked =
         Workload::start(&["tcp-bulk-recv", "--bytes", bytes, "--rcvbuf-after", "65536"]);
@@ -461,20 +486,31 @@ fn autotune_suppressed_matches_an_independent_count_on_this_kernel() {
         drop(control);
         std::thread::sleep(Duration::from_millis(500));
     });
-    for (i, name) in ["locked", "control"].iter().enumerate() {
-        let n = grows.get(&ports[i]).copied().unwrap_or(0);
-        assert!(n > 0, "{name}: the kernel never wanted to grow the buffer");
-        let want = if i == 0 { n as f64 } else { 0.0 };
-        let got = eventually(Duration::from_secs(15), "autotune metric", || {
-            let v = e.scrape().sum(
-                "bufscope_tcp_autotune_suppressed_total",
-                &[("pid", pids[i].as_str())],
+    let _ = std::fs::remove_file(&fallback);
+    // The observer saw the kernel want to grow at least one of the two buffers (how often it
+    // does on one 64 MiB transfer varies with timing: 0-13 times under TCG).
+    assert!(
+        ports.iter().any(|p| grows.get(p).is_some_and(|n| *n > 0)),
+        "the kernel never wanted to grow either buffer: {grows:?}"
+    );
+    for (e, hooks) in exporters.iter().zip(&hooks) {
+        for (i, name) in ["locked", "control"].iter().enumerate() {
+            let n = grows.get(&ports[i]).copied().unwrap_or(0);
+            let want = if i == 0 { n as f64 } else { 0.0 };
+            let got = eventually(Duration::from_secs(15), "autotune metric", || {
+                let v = e.scrape().sum(
+                    "bufscope_tcp_autotune_suppressed_total",
+                    &[("pid", pids[i].as_str())],
+                );
+                (v == want).then_some(v)
+            });
+            assert_eq!(
+                got, want,
+                "{hooks}, {name}: bpftrace counted {n} grow events"
             );
-            (v == want).then_some(v)
-        });
-        assert_eq!(got, want, "{name}: bpftrace counted {n} grow events");
-        eprintln!(
-            "autotune via {hooks}, {name}: independent grow count {n}, bufscope suppressed {got}"
-        );
+            eprintln!(
+                "autotune via {hooks}, {name}: independent grow count {n}, bufscope suppressed {got}"
+            );
+        }
     }
 }

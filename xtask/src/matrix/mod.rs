@@ -179,18 +179,11 @@ const STEPS: &[Step] = &[
         when: None,
     },
     Step {
-        name: "autotune vs an independent bpftrace count",
+        name: "autotune vs an independent bpftrace count (best hook and tracepoint fallback)",
         test: "kernel_matrix",
         env: "",
         args: &["autotune_suppressed"],
         when: None,
-    },
-    Step {
-        name: "autotune with fentry/fexit refused (the tracepoint fallback)",
-        test: "kernel_matrix",
-        env: "BUFSCOPE_REFUSE_HOOKS=fentry,fexit",
-        args: &["autotune_suppressed"],
-        when: Some(("autotune", "fentry/")),
     },
 ];
 
