@@ -12,6 +12,9 @@ use anyhow::{Context as _, bail};
 
 use crate::util::{is_root, run_cmd};
 
+#[path = "setup_peers.rs"]
+pub mod peers;
+
 /// Version of bpf-linker known to work with aya 0.14 and nightly's LLVM 22.
 const BPF_LINKER_VERSION: &str = "0.13.0";
 
@@ -75,6 +78,7 @@ pub fn run(a: &Args) -> anyhow::Result<()> {
         crate::image::setup()?;
         // QEMU, virtme-ng and the pinned guest kernels of the kernel matrix (cached).
         crate::matrix::setup()?;
+        peers::ensure(); // the tunnel bench's upstream wireguard-go and boringtun-cli
     }
     eprintln!("xtask setup: done");
     Ok(())

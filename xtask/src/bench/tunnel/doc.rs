@@ -59,6 +59,19 @@ pub(super) fn update(
     if a.fixed_bytes != 65536 {
         let _ = write!(args, " --fixed-bytes {}", a.fixed_bytes);
     }
+    if a.rtts != [0, 50, 190] {
+        let rtts: Vec<String> = a.rtts.iter().map(u64::to_string).collect();
+        let _ = write!(args, " --rtts {}", rtts.join(","));
+    }
+    if a.transports != ["udp", "tcp", "quic"] {
+        let _ = write!(args, " --transports {}", a.transports.join(","));
+    }
+    if a.no_wireguard_go {
+        args.push_str(" --no-wireguard-go");
+    }
+    if a.quic_congestion != "cubic" {
+        let _ = write!(args, " --quic-congestion {}", a.quic_congestion);
+    }
     let generated = format!(
         "{DOC_BEGIN}\n\
          Command: `cargo xtask bench tunnel{args} --update-doc` (as root), run {}, {:.0} s, \
@@ -68,8 +81,15 @@ pub(super) fn update(
          Link: RTT ≈0 rows over a plain veth pair (no emulation: the host is the bottleneck); 50 and 190 ms rows \
          over the netlab WAN link at {} Mbit/s with a one-BDP bottleneck buffer. One iperf3 TCP flow per cell, \
          {} s with the first {} s left out (RTT ≈0 rows: median of {} transfers of {} s, 1 s left out); latency = average of a 5/s ping during the transfer; drops = \
-         `Udp:RcvbufErrors` (UDP) or `TcpExt:TCPRcvQDrop` (TCP) delta in the receiving namespace; outer rcvbuf = \
-         `ss -m` `rb` of the client's outer socket after the download.\n\n\
+         `Udp:RcvbufErrors` (UDP, QUIC) or `TcpExt:TCPRcvQDrop` (TCP) delta in the receiving namespace; outer rcvbuf = \
+         `ss -m` `rb` of the client's outer socket after the download. QUIC rows: quic-dgram = `--quic.mode datagram`, \
+         quic-stream = `--quic.mode stream`; \"policy windows\" = `--buffer-policy recommended`, \"quinn windows\" = \
+         `os-default` (quinn's default windows and an untouched socket). Under the table, from the client's (a's) \
+         shutdown log: cc = the congestion controller the connection ran; dgrams/send and dgrams/recv = UDP datagrams \
+         per send call (GSO) and per received buffer (GRO) on its outer socket over the row's run; quinn dgram drops = \
+         datagrams quinn dropped from its own receive buffer (both ends); stream window in effect = stream bytes a read \
+         × 8 / MAX_STREAM_DATA frames it sent (quinn sends one per window/8 read: at least the window a granted, and \
+         close to it).\n\n\
          {table}\n\n{summary}{DOC_END}\n",
         m.date,
         elapsed.as_secs_f64(),

@@ -12,7 +12,9 @@ use bufscope_testkit::skmem_rb;
 
 use super::report::opt_ms;
 use super::setup::{Keys, start_tunnel};
-use super::{Args, INNER_B, IPERF_PORT, Measured, TUNNEL_PORT, Transfer, Transport, Variant};
+use super::{
+    Args, INNER_B, IPERF_PORT, Measured, QuicFigures, TUNNEL_PORT, Transfer, Transport, Variant,
+};
 
 /// Sets up `v`, measures idle latency, download and upload.
 pub(super) fn measure_variant(
@@ -24,11 +26,11 @@ pub(super) fn measure_variant(
     keys: &Keys,
     work: &Path,
 ) -> anyhow::Result<Measured> {
-    let tunnel = start_tunnel(lab, v, bin, keys, work)?;
+    let mut tunnel = start_tunnel(lab, v, bin, keys, work, &a.quic_congestion)?;
     let idle = measure::ping(lab.a(), INNER_B, 5, Duration::from_millis(200))?;
     let _server = measure::iperf3_server(lab.b(), INNER_B, IPERF_PORT)?;
     let drop_key = match v.transport() {
-        Transport::Udp => "Udp:RcvbufErrors",
+        Transport::Udp | Transport::QuicDatagram | Transport::QuicStream => "Udp:RcvbufErrors",
         Transport::Tcp => "TcpExt:TCPRcvQDrop",
     };
     let (secs, omit, repeats) = if rtt == 0 {
@@ -79,13 +81,73 @@ pub(super) fn measure_variant(
     let down = median(true)?;
     let rcvbuf = outer_rcvbuf(lab.a(), v.transport());
     let up = median(false)?;
+    let logs = tunnel.stop();
+    let quic = v
+        .transport()
+        .is_quic()
+        .then(|| quic_figures(&logs, v.transport()));
     drop(tunnel);
     Ok(Measured {
         rcvbuf,
         idle_ms: idle.avg_ms,
         down,
         up,
+        quic,
     })
+}
+
+/// The number (digits and one dot) right after `key` in `text`.
+fn number_after(text: &str, key: &str) -> Option<f64> {
+    let start = text.find(key)? + key.len();
+    text[start..]
+        .chars()
+        .take_while(|c| c.is_ascii_digit() || *c == '.')
+        .collect::<String>()
+        .parse()
+        .ok()
+}
+
+/// What bufscope-tunnel's shutdown logs (server first, then client) say quinn did.
+fn quic_figures(logs: &[String], t: Transport) -> QuicFigures {
+    let line = |log: &str, needle: &str| {
+        log.lines()
+            .rev()
+            .find(|l| l.contains(needle))
+            .map(str::to_string)
+    };
+    let client = logs.last().map_or("", String::as_str);
+    let offloads = line(client, "outer UDP sent ").unwrap_or_default();
+    let stats = line(client, "QUIC stats at shutdown").unwrap_or_default();
+    let quinn_drops = (t == Transport::QuicDatagram).then(|| {
+        logs.iter()
+            .filter_map(|l| line(l, "QUIC stats at shutdown"))
+            .filter_map(|s| number_after(&s, "dropped in quinn's receive buffer "))
+            .map(|d| d as u64)
+            .sum()
+    });
+    // A connection that ended mid-row: say why (both ends), so that a low figure is explained.
+    for (end, log) in ["server", "client"].iter().zip(logs) {
+        for l in log.lines().filter(|l| {
+            (l.contains("QUIC connection with")
+                || l.contains("QUIC receive task")
+                || l.contains("reconnecting:"))
+                // The client stops first at teardown; the server saying so is no anomaly.
+                && !l.contains("bufscope-tunnel shutting down")
+        }) {
+            eprintln!("bench tunnel:   {end}: {}", l.trim());
+        }
+    }
+    QuicFigures {
+        reconnects: client.matches("QUIC reconnected to").count(),
+        datagrams_per_send: number_after(&offloads, "sends ("),
+        datagrams_per_recv: number_after(&offloads, "buffers ("),
+        quinn_drops,
+        stream_window: number_after(&stats, "stream window in effect ≈ ").map(|w| w as u64),
+        congestion: line(client, "congestion controller ").and_then(|l| {
+            let start = l.find("congestion controller ")? + "congestion controller ".len();
+            l[start..].split_whitespace().next().map(str::to_string)
+        }),
+    }
 }
 
 /// One `/proc/net` counter inside `ns`.
@@ -99,7 +161,7 @@ fn counter(ns: &Netns, key: &str) -> anyhow::Result<u64> {
 /// The outer socket's receive buffer (`rb` of `ss -m`) inside `ns`.
 fn outer_rcvbuf(ns: &Netns, t: Transport) -> Option<u64> {
     let flag = match t {
-        Transport::Udp => "-Huamn",
+        Transport::Udp | Transport::QuicDatagram | Transport::QuicStream => "-Huamn",
         Transport::Tcp => "-Htmn",
     };
     let out = ns.exec("ss", [flag]).ok()?;

@@ -4,14 +4,17 @@
 //!
 //! For each RTT (≈0 over a plain veth pair, then 50 and 190 ms over the emulated WAN link at
 //! `--rate-mbit`), each outer transport (UDP, TCP) and each policy (`recommended`,
-//! `fixed=64K`, `os-default`), plus wireguard-go on UDP: a tunnel between the lab's two
+//! `fixed=64K`, `os-default`), plus wireguard-go on UDP, plus the QUIC transport (issue 17:
+//! datagram mode with `recommended`, stream mode with quinn's default windows (`os-default`)
+//! and with the policy's windows (`recommended`), the seed `quic-tunnel-windows.txt`): a tunnel
+//! between the lab's two
 //! namespaces (client `a`, server `b`), then through it one iperf3 TCP flow down (server →
 //! client, `-R`) and one up, each with a ping running alongside (loaded latency), the inner
 //! flow's retransmits, and the outer socket's receive-buffer drops: the delta of
 //! `Udp:RcvbufErrors` (UDP) or `TcpExt:TCPRcvQDrop` (TCP) in the receiving namespace.
 //!
 //! The code: `setup` (keys and the tunnel between the lab's namespaces), `measure` (one
-//! variant: idle latency, then a download and an upload), `report` (the table and the
+//! variant: idle latency, then a download and an upload), `report` (the tables and the
 //! targets) and `doc` (docs/benchmarks.md).
 
 mod doc;
@@ -26,6 +29,7 @@ use anyhow::{Context as _, bail};
 use bufscope_netlab::{Lab, LabConfig, LinkParams};
 
 use super::{loadavg, release_dir};
+use crate::setup::peers;
 use crate::util::{cargo, is_root, run_cmd};
 use measure::measure_variant;
 use report::{human_bytes, render_summary, render_table};
@@ -41,9 +45,13 @@ pub struct Args {
     /// Round-trip times in ms; 0 means a plain veth pair.
     #[arg(long, value_delimiter = ',', default_value = "0,50,190")]
     pub rtts: Vec<u64>,
-    /// Outer transports of bufscope-tunnel to measure.
-    #[arg(long, value_delimiter = ',', default_value = "udp,tcp")]
+    /// Outer transports of bufscope-tunnel to measure: udp, tcp, quic (= quic-dgram and
+    /// quic-stream), quic-dgram, quic-stream.
+    #[arg(long, value_delimiter = ',', default_value = "udp,tcp,quic")]
     pub transports: Vec<String>,
+    /// Congestion controller of the QUIC rows (cubic, bbr).
+    #[arg(long, default_value = "cubic")]
+    pub quic_congestion: String,
     /// Buffer size of the `fixed` policy (the anti-pattern), bytes.
     #[arg(long, default_value_t = 65536)]
     pub fixed_bytes: u64,
@@ -66,9 +74,13 @@ pub struct Args {
     /// Skip bufscope-tunnel (only the wireguard-go rows).
     #[arg(long)]
     pub no_bufscope: bool,
-    /// Skip the wireguard-go rows.
+    /// Skip the wireguard-go (Debian) rows.
     #[arg(long)]
     pub no_wireguard_go: bool,
+    /// Skip the upstream wireguard-go and boringtun-cli rows (built by `cargo xtask setup`;
+    /// left out with a note when they are not).
+    #[arg(long)]
+    pub no_peers: bool,
     /// Rewrite the "Tunnel" section of docs/benchmarks.md with this run's results.
     #[arg(long)]
     pub update_doc: bool,
@@ -89,6 +101,10 @@ const WG_SOCKET_DIR: &str = "/run/wireguard";
 enum Transport {
     Udp,
     Tcp,
+    /// QUIC, WireGuard packets in DATAGRAM frames.
+    QuicDatagram,
+    /// QUIC, WireGuard packets in one stream.
+    QuicStream,
 }
 
 impl Transport {
@@ -96,6 +112,43 @@ impl Transport {
         match self {
             Transport::Udp => "udp",
             Transport::Tcp => "tcp",
+            Transport::QuicDatagram => "quic-dgram",
+            Transport::QuicStream => "quic-stream",
+        }
+    }
+
+    fn is_quic(self) -> bool {
+        matches!(self, Transport::QuicDatagram | Transport::QuicStream)
+    }
+
+    /// bufscope-tunnel's `--transport` (and `--quic.mode`) flags.
+    fn flags(self) -> &'static [&'static str] {
+        match self {
+            Transport::Udp => &["--transport", "udp"],
+            Transport::Tcp => &["--transport", "tcp"],
+            Transport::QuicDatagram => &["--transport", "quic", "--quic.mode", "datagram"],
+            Transport::QuicStream => &["--transport", "quic", "--quic.mode", "stream"],
+        }
+    }
+
+    /// The policies measured over this transport.
+    fn policies(self, fixed: u64) -> Vec<Policy> {
+        match self {
+            Transport::Udp | Transport::Tcp => {
+                vec![Policy::Recommended, Policy::Fixed(fixed), Policy::OsDefault]
+            }
+            Transport::QuicDatagram => vec![Policy::Recommended],
+            Transport::QuicStream => vec![Policy::OsDefault, Policy::Recommended],
+        }
+    }
+
+    /// Order of the table's row groups.
+    fn rank(self) -> u8 {
+        match self {
+            Transport::Udp => 0,
+            Transport::Tcp => 1,
+            Transport::QuicDatagram => 2,
+            Transport::QuicStream => 3,
         }
     }
 }
@@ -123,21 +176,39 @@ impl Policy {
 enum Variant {
     Bufscope(Transport, Policy),
     WireguardGo,
+    /// Upstream wireguard-go, built by `cargo xtask setup` (xtask/src/setup_peers.rs).
+    WireguardGoUpstream,
+    /// boringtun-cli from crates.io, built by `cargo xtask setup`.
+    BoringtunCli,
 }
 
 impl Variant {
     fn transport(self) -> Transport {
         match self {
             Variant::Bufscope(t, _) => t,
-            Variant::WireguardGo => Transport::Udp,
+            Variant::WireguardGo | Variant::WireguardGoUpstream | Variant::BoringtunCli => {
+                Transport::Udp
+            }
         }
     }
 
     fn label(self) -> String {
         match self {
             Variant::Bufscope(_, Policy::Fixed(n)) => format!("bufscope fixed={}", human_bytes(n)),
+            Variant::Bufscope(t, Policy::Recommended) if t.is_quic() => {
+                "bufscope recommended (policy windows)".into()
+            }
+            Variant::Bufscope(t, Policy::OsDefault) if t.is_quic() => {
+                "bufscope os-default (quinn windows)".into()
+            }
             Variant::Bufscope(_, p) => format!("bufscope {}", p.flag()),
             Variant::WireguardGo => "wireguard-go (Debian)".into(),
+            Variant::WireguardGoUpstream => format!(
+                "wireguard-go {} (upstream {})",
+                peers::WIREGUARD_GO_VERSION,
+                &peers::WIREGUARD_GO_COMMIT[..7]
+            ),
+            Variant::BoringtunCli => format!("boringtun-cli {}", peers::BORINGTUN_CLI_VERSION),
         }
     }
 }
@@ -165,6 +236,25 @@ struct Measured {
     idle_ms: Option<f64>,
     down: Transfer,
     up: Transfer,
+    /// QUIC rows: what the tunnels' shutdown logs say quinn did.
+    quic: Option<QuicFigures>,
+}
+
+/// From the client's (a's) shutdown log: offloads, quinn-internal drops, windows in effect.
+#[derive(Debug, Clone, Default)]
+struct QuicFigures {
+    /// UDP datagrams per send call (GSO), over the whole run of the client.
+    datagrams_per_send: Option<f64>,
+    /// UDP datagrams per received buffer (GRO).
+    datagrams_per_recv: Option<f64>,
+    /// Datagram mode: datagrams quinn dropped from its receive buffer (client + server).
+    quinn_drops: Option<u64>,
+    /// Stream mode: the stream window the client granted, ≈ bytes × 8 / MAX_STREAM_DATA.
+    stream_window: Option<u64>,
+    /// The congestion controller the client's connection ran.
+    congestion: Option<String>,
+    /// Times the client reconnected during the row (0 when the connection held).
+    reconnects: usize,
 }
 
 /// Runs the benchmark and prints the table.
@@ -186,15 +276,28 @@ pub fn run(a: &Args) -> anyhow::Result<()> {
             "wireguard-go is missing: `cargo xtask setup` or apt-get install wireguard-go (or --no-wireguard-go)"
         );
     }
-    let transports = a
-        .transports
-        .iter()
-        .map(|t| match t.as_str() {
-            "udp" => Ok(Transport::Udp),
-            "tcp" => Ok(Transport::Tcp),
-            other => bail!("unknown transport {other:?} (udp, tcp)"),
-        })
-        .collect::<anyhow::Result<Vec<_>>>()?;
+    let mut transports = Vec::new();
+    for t in &a.transports {
+        let ts: &[Transport] = match t.as_str() {
+            "udp" => &[Transport::Udp],
+            "tcp" => &[Transport::Tcp],
+            "quic" => &[Transport::QuicDatagram, Transport::QuicStream],
+            "quic-dgram" | "quic-datagram" => &[Transport::QuicDatagram],
+            "quic-stream" => &[Transport::QuicStream],
+            other => bail!("unknown transport {other:?} (udp, tcp, quic, quic-dgram, quic-stream)"),
+        };
+        for &t in ts {
+            if !transports.contains(&t) {
+                transports.push(t);
+            }
+        }
+    }
+    if !matches!(a.quic_congestion.as_str(), "cubic" | "bbr") {
+        bail!(
+            "unknown --quic-congestion {:?} (cubic, bbr)",
+            a.quic_congestion
+        );
+    }
     let tunnel_bin = if a.no_bufscope {
         None
     } else {
@@ -210,11 +313,7 @@ pub fn run(a: &Args) -> anyhow::Result<()> {
     let mut variants = Vec::new();
     if tunnel_bin.is_some() {
         for &t in &transports {
-            for p in [
-                Policy::Recommended,
-                Policy::Fixed(a.fixed_bytes),
-                Policy::OsDefault,
-            ] {
+            for p in t.policies(a.fixed_bytes) {
                 variants.push(Variant::Bufscope(t, p));
             }
         }
@@ -222,13 +321,24 @@ pub fn run(a: &Args) -> anyhow::Result<()> {
     if !a.no_wireguard_go {
         variants.push(Variant::WireguardGo);
     }
-    // wireguard-go next to bufscope's UDP rows.
-    variants.sort_by_key(|v| {
-        (
-            v.transport() == Transport::Tcp,
-            matches!(v, Variant::Bufscope(Transport::Tcp, _)),
-        )
-    });
+    if !a.no_peers {
+        for (v, bin) in [
+            (Variant::WireguardGoUpstream, peers::wireguard_go()),
+            (Variant::BoringtunCli, peers::boringtun_cli()),
+        ] {
+            if bin.exists() {
+                variants.push(v);
+            } else {
+                eprintln!(
+                    "bench tunnel: leaving out {}: {} is not built (`cargo xtask setup` builds it)",
+                    v.label(),
+                    bin.display()
+                );
+            }
+        }
+    }
+    // wireguard-go next to bufscope's UDP rows (the sort is stable).
+    variants.sort_by_key(|v| v.transport().rank());
 
     let mut rows = Vec::new();
     for &rtt in &a.rtts {
@@ -262,8 +372,19 @@ pub fn run(a: &Args) -> anyhow::Result<()> {
     let elapsed = started.elapsed();
     let load_after = loadavg();
 
-    let table = render_table(&rows);
-    let summary = render_summary(&rows, a);
+    let mut table = render_table(&rows);
+    let quic: Vec<&Row> = rows
+        .iter()
+        .filter(|r| r.variant.transport().is_quic())
+        .collect();
+    if !quic.is_empty() {
+        table.push_str("\n\nWhat quinn did in the QUIC rows:\n\n");
+        table.push_str(&report::render_quic_details(&quic));
+    }
+    let mut summary = render_summary(&rows, a);
+    if !quic.is_empty() {
+        summary.push_str(&report::render_quic_summary(&rows, a));
+    }
     println!("{table}\n{summary}");
     println!(
         "elapsed {:.0} s; load average before {load_before}, after {load_after}",

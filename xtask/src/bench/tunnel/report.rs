@@ -2,7 +2,7 @@
 
 use std::fmt::Write as _;
 
-use super::{Args, Measured, Policy, Row, Transport, Variant};
+use super::{Args, Measured, Policy, QuicFigures, Row, Transport, Variant};
 
 pub(super) fn human_bytes(n: u64) -> String {
     if n >= 1 << 20 && n.is_multiple_of(1 << 20) {
@@ -44,79 +44,235 @@ fn ratio(x: f64, of: Option<f64>) -> String {
 
 /// Inner MTU over UDP (bufscope-tunnel's and wireguard-go's default).
 const INNER_MTU: f64 = 1420.0;
-/// bufscope-tunnel's default inner MTU over the TCP transport (`DEFAULT_TCP_MTU`).
+/// bufscope-tunnel's default inner MTU over the TCP transport (`DEFAULT_TCP_MTU`), also
+/// QUIC stream mode's.
 const INNER_MTU_TCP: f64 = 8920.0;
+/// bufscope-tunnel's default inner MTU in QUIC datagram mode (`DEFAULT_QUIC_DATAGRAM_MTU`).
+const INNER_MTU_QUIC_DGRAM: f64 = 1380.0;
+/// QUIC's UDP payload size (`QUIC_INITIAL_MTU`, also quinn's MTU discovery bound).
+const QUIC_UDP_PAYLOAD: f64 = 1452.0;
+/// QUIC 1-RTT packet overhead: header byte, connection ID (4 bytes towards the listening
+/// side, none towards the connecting side: bufscope-tunnel's choice; this counts the larger),
+/// 2-byte packet number (quinn's encoding for a few thousand packets in flight), 16-byte AEAD
+/// tag.
+const QUIC_PACKET_OVERHEAD: f64 = 1.0 + 4.0 + 2.0 + 16.0;
 
 /// The largest fraction of the emulated link rate (which counts outer IP bytes) that one
 /// inner TCP flow can carry: inner TCP payload (MTU − 20 IP − 32 TCP with timestamps) over
 /// what crosses the link per inner packet. UDP: + 32 WireGuard + 8 UDP + 20 IP. TCP: the
 /// WireGuard packet + 2-byte length prefix rides in outer TCP segments of 1448/1500 bytes.
+/// QUIC datagram: + 32 WireGuard + 3 DATAGRAM frame header (type, 2-byte length) + the QUIC
+/// packet + 8 UDP + 20 IP. QUIC stream: the framed WireGuard packet rides in STREAM frames
+/// (about 10 bytes of frame header) of 1452-byte QUIC packets.
 fn payload_ceiling(t: Transport) -> f64 {
     match t {
         Transport::Udp => (INNER_MTU - 52.0) / (INNER_MTU + 60.0),
         Transport::Tcp => (INNER_MTU_TCP - 52.0) / (INNER_MTU_TCP + 34.0) * 1448.0 / 1500.0,
+        Transport::QuicDatagram => {
+            (INNER_MTU_QUIC_DGRAM - 52.0)
+                / (INNER_MTU_QUIC_DGRAM + 32.0 + 3.0 + QUIC_PACKET_OVERHEAD + 28.0)
+        }
+        Transport::QuicStream => {
+            (INNER_MTU_TCP - 52.0) / (INNER_MTU_TCP + 34.0)
+                * (QUIC_UDP_PAYLOAD - QUIC_PACKET_OVERHEAD - 10.0)
+                / (QUIC_UDP_PAYLOAD + 28.0)
+        }
     }
 }
 
+const HEADER: [&str; 15] = [
+    "RTT",
+    "outer",
+    "tunnel / buffer policy",
+    "outer rcvbuf",
+    "idle ms",
+    "down Mbit/s",
+    "down ms",
+    "down retr",
+    "down rcvbuf drops",
+    "up Mbit/s",
+    "up ms",
+    "up retr",
+    "up rcvbuf drops",
+    "down vs rec.",
+    "up vs rec.",
+];
+
 /// The table, as Markdown (readable as plain text too).
 pub(super) fn render_table(rows: &[Row]) -> String {
+    let lines: Vec<Vec<String>> = rows.iter().map(|r| cells(r, rows, HEADER.len())).collect();
+    crate::bench::table(&HEADER, &lines)
+}
+
+/// A row's cells under [`HEADER`]; a failed row says why and leaves `width` cells.
+fn cells(r: &Row, rows: &[Row], width: usize) -> Vec<String> {
+    let mut cells = vec![
+        rtt_label(r.rtt_ms),
+        r.variant.transport().name().into(),
+        r.variant.label(),
+    ];
+    match &r.result {
+        Ok(m) => {
+            let refm = reference(rows, r.rtt_ms, r.variant.transport());
+            cells.extend([
+                m.rcvbuf.map_or("–".into(), human_bytes),
+                opt_ms(m.idle_ms),
+                format!("{:.1}", m.down.mbit),
+                opt_ms(m.down.latency_ms),
+                m.down.retransmits.to_string(),
+                m.down.drops.to_string(),
+                format!("{:.1}", m.up.mbit),
+                opt_ms(m.up.latency_ms),
+                m.up.retransmits.to_string(),
+                m.up.drops.to_string(),
+                ratio(m.down.mbit, refm.map(|x| x.down.mbit)),
+                ratio(m.up.mbit, refm.map(|x| x.up.mbit)),
+            ]);
+        }
+        Err(e) => {
+            let short: String = e
+                .lines()
+                .next()
+                .unwrap_or_default()
+                .chars()
+                .take(80)
+                .collect();
+            cells.push(format!("failed: {short}"));
+            cells.resize(width, String::new());
+        }
+    }
+    cells
+}
+
+/// What quinn did in the QUIC rows (from the client's shutdown log), below the main table.
+pub(super) fn render_quic_details(rows: &[&Row]) -> String {
     let header = [
         "RTT",
         "outer",
         "tunnel / buffer policy",
-        "outer rcvbuf",
-        "idle ms",
-        "down Mbit/s",
-        "down ms",
-        "down retr",
-        "down rcvbuf drops",
-        "up Mbit/s",
-        "up ms",
-        "up retr",
-        "up rcvbuf drops",
-        "down vs rec.",
-        "up vs rec.",
+        "cc",
+        "dgrams/send (GSO)",
+        "dgrams/recv (GRO)",
+        "quinn dgram drops",
+        "stream window in effect",
+        "reconnects",
     ];
-    let mut lines: Vec<Vec<String>> = Vec::new();
-    for r in rows {
-        let mut cells = vec![
-            rtt_label(r.rtt_ms),
-            r.variant.transport().name().into(),
-            r.variant.label(),
-        ];
-        match &r.result {
-            Ok(m) => {
-                let refm = reference(rows, r.rtt_ms, r.variant.transport());
-                cells.extend([
-                    m.rcvbuf.map_or("–".into(), human_bytes),
-                    opt_ms(m.idle_ms),
-                    format!("{:.1}", m.down.mbit),
-                    opt_ms(m.down.latency_ms),
-                    m.down.retransmits.to_string(),
-                    m.down.drops.to_string(),
-                    format!("{:.1}", m.up.mbit),
-                    opt_ms(m.up.latency_ms),
-                    m.up.retransmits.to_string(),
-                    m.up.drops.to_string(),
-                    ratio(m.down.mbit, refm.map(|x| x.down.mbit)),
-                    ratio(m.up.mbit, refm.map(|x| x.up.mbit)),
-                ]);
+    let lines: Vec<Vec<String>> = rows
+        .iter()
+        .map(|r| {
+            let mut c = vec![
+                rtt_label(r.rtt_ms),
+                r.variant.transport().name().into(),
+                r.variant.label(),
+            ];
+            match &r.result {
+                Ok(Measured { quic: Some(q), .. }) => {
+                    c.extend(quic_cells(r.variant.transport(), q))
+                }
+                _ => c.resize(header.len(), "–".into()),
             }
-            Err(e) => {
-                let short: String = e
-                    .lines()
-                    .next()
-                    .unwrap_or_default()
-                    .chars()
-                    .take(80)
-                    .collect();
-                cells.push(format!("failed: {short}"));
-                cells.resize(header.len(), String::new());
-            }
-        }
-        lines.push(cells);
-    }
+            c
+        })
+        .collect();
     crate::bench::table(&header, &lines)
+}
+
+fn quic_cells(t: Transport, q: &QuicFigures) -> [String; 6] {
+    let f = |v: Option<f64>| v.map_or("–".into(), |v| format!("{v:.2}"));
+    [
+        q.congestion.clone().unwrap_or_else(|| "–".into()),
+        f(q.datagrams_per_send),
+        f(q.datagrams_per_recv),
+        q.quinn_drops.map_or("–".into(), |d| d.to_string()),
+        match (t, q.stream_window) {
+            (Transport::QuicStream, Some(w)) => format!("≈{}", human_bytes(w)),
+            _ => "–".into(),
+        },
+        q.reconnects.to_string(),
+    ]
+}
+
+/// The targets of issue 17, checked against this run (and its UDP rows, if it had them).
+pub(super) fn render_quic_summary(rows: &[Row], a: &Args) -> String {
+    let get = |rtt: u64, t: Transport, p: Policy| {
+        rows.iter()
+            .find(|r| r.rtt_ms == rtt && r.variant == Variant::Bufscope(t, p))
+            .and_then(|r| r.result.as_ref().ok())
+    };
+    let mark = |ok: bool| if ok { "✓" } else { "✗" };
+    let rate = a.rate_mbit as f64;
+    let mut s = String::from("\nTargets (issue 17, QUIC):\n");
+    if let Some(r) = get(190, Transport::QuicStream, Policy::Recommended) {
+        let (d, u) = (r.down.mbit / rate, r.up.mbit / rate);
+        let vs = get(190, Transport::QuicStream, Policy::OsDefault).map(|o| {
+            (
+                r.down.mbit / o.down.mbit.max(1e-9),
+                r.up.mbit / o.up.mbit.max(1e-9),
+                o,
+            )
+        });
+        let _ = writeln!(
+            s,
+            "- quic stream, policy windows at 190 ms: down {:.1}%, up {:.1}% of the {} Mbit/s link (target ≥ 90%; header overhead caps one flow at {:.1}% here) {}",
+            d * 100.0,
+            u * 100.0,
+            a.rate_mbit,
+            payload_ceiling(Transport::QuicStream) * 100.0,
+            mark(d >= 0.9 && u >= 0.9)
+        );
+        if let Some((dr, ur, o)) = vs {
+            let _ = writeln!(
+                s,
+                "- quic stream, quinn's windows → policy windows at 190 ms: down {:.1} → {:.1} Mbit/s ({dr:.1}×), up {:.1} → {:.1} ({ur:.1}×) (target ≥ 3×; a 1.25 MB window caps one stream at 52.6 Mbit/s at 190 ms) {}",
+                o.down.mbit,
+                r.down.mbit,
+                o.up.mbit,
+                r.up.mbit,
+                mark(dr >= 3.0 && ur >= 3.0)
+            );
+        }
+    }
+    for rtt in [50, 190] {
+        if let Some(r) = get(rtt, Transport::QuicDatagram, Policy::Recommended) {
+            let (d, u) = (r.down.mbit / rate, r.up.mbit / rate);
+            let _ = writeln!(
+                s,
+                "- quic datagram at {rtt} ms: down {:.1}%, up {:.1}% of the {} Mbit/s link (target ≥ 90%; header overhead caps one flow at {:.1}% here) {}",
+                d * 100.0,
+                u * 100.0,
+                a.rate_mbit,
+                payload_ceiling(Transport::QuicDatagram) * 100.0,
+                mark(d >= 0.9 && u >= 0.9)
+            );
+        }
+    }
+    for t in [Transport::QuicDatagram, Transport::QuicStream] {
+        if let Some(r) = get(0, t, Policy::Recommended) {
+            let drops = r.down.drops + r.up.drops;
+            let udp = get(0, Transport::Udp, Policy::Recommended).map_or_else(
+                || "no UDP rows in this run".to_string(),
+                |u| {
+                    format!(
+                        "{:.2}× / {:.2}× the UDP transport's {:.0} / {:.0}",
+                        r.down.mbit / u.down.mbit.max(1e-9),
+                        r.up.mbit / u.up.mbit.max(1e-9),
+                        u.down.mbit,
+                        u.up.mbit
+                    )
+                },
+            );
+            let _ = writeln!(
+                s,
+                "- {} recommended at ≈0 (veth): down {:.0}, up {:.0} Mbit/s, outer rcvbuf drops {} ({udp}) (target ≥ 1000 Mbit/s with zero drops) {}",
+                t.name(),
+                r.down.mbit,
+                r.up.mbit,
+                drops,
+                mark(r.down.mbit >= 1000.0 && r.up.mbit >= 1000.0 && drops == 0)
+            );
+        }
+    }
+    s
 }
 
 /// The issue's targets, checked against this run.
@@ -203,6 +359,28 @@ pub(super) fn render_summary(rows: &[Row], a: &Args) -> String {
                 w.down.drops,
                 w.up.drops,
             );
+        }
+    }
+    // The strongest peers (issue 17), where they ran: no target, the ratio and the drops.
+    for v in [Variant::WireguardGoUpstream, Variant::BoringtunCli] {
+        for &rtt in &a.rtts {
+            if let (Some(r), Some(p)) = (
+                get(rtt, Variant::Bufscope(Transport::Udp, Policy::Recommended)),
+                get(rtt, v),
+            ) {
+                let _ = writeln!(
+                    s,
+                    "- udp recommended vs {} at {}: down {:.2}×, up {:.2}×; outer rcvbuf drops {}+{} vs {}+{}",
+                    v.label(),
+                    rtt_label(rtt),
+                    r.down.mbit / p.down.mbit.max(1e-9),
+                    r.up.mbit / p.up.mbit.max(1e-9),
+                    r.down.drops,
+                    r.up.drops,
+                    p.down.drops,
+                    p.up.drops,
+                );
+            }
         }
     }
     s

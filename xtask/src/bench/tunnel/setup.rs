@@ -14,6 +14,7 @@ use bufscope_netlab::{Lab, Process};
 use bufscope_testkit::{cmd_output, output_with_input, wait_until};
 
 use super::{INNER_A, INNER_B, TUNNEL_PORT, Transport, Variant, WG_SOCKET_DIR};
+use crate::setup::peers;
 
 /// Key files for both ends.
 pub(super) struct Keys {
@@ -77,6 +78,18 @@ impl Drop for Tunnel {
 }
 
 impl Tunnel {
+    /// Stops both ends (SIGTERM, so that they log their shutdown summaries) and returns their
+    /// logs: server (b) first, then client (a).
+    pub(super) fn stop(&mut self) -> Vec<String> {
+        while let Some(p) = self.procs.pop() {
+            p.kill();
+        }
+        self.logs
+            .iter()
+            .map(|l| std::fs::read_to_string(l).unwrap_or_default())
+            .collect()
+    }
+
     /// The last lines of the logs, for error messages.
     pub(super) fn log_tail(&self) -> String {
         let mut s = String::new();
@@ -101,6 +114,7 @@ pub(super) fn start_tunnel(
     bin: Option<&Path>,
     keys: &Keys,
     work: &Path,
+    quic_congestion: &str,
 ) -> anyhow::Result<Tunnel> {
     let mut t = Tunnel {
         procs: Vec::new(),
@@ -142,13 +156,13 @@ pub(super) fn start_tunnel(
                     .args(["--peer-public-key", peer_public])
                     .args(["--allowed-ips", &format!("{peer_inner}/32")])
                     .args(["--listen-port", &TUNNEL_PORT.to_string()])
-                    .args([
-                        "--transport",
-                        transport.name(),
-                        "--buffer-policy",
-                        &policy.flag(),
-                    ]);
-                // UDP: both ends know each other; TCP: the client connects, the server listens.
+                    .args(transport.flags())
+                    .args(["--buffer-policy", &policy.flag()]);
+                if transport.is_quic() {
+                    c.args(["--congestion", quic_congestion]);
+                }
+                // UDP: both ends know each other; TCP and QUIC: the client connects, the
+                // server listens.
                 if transport == Transport::Udp || is_client {
                     c.args(["--endpoint", &format!("{peer_outer}:{TUNNEL_PORT}")]);
                 }
@@ -158,8 +172,24 @@ pub(super) fn start_tunnel(
                     .stderr(log_file);
                 t.procs.push(Process::spawn(&mut c)?);
             }
-            Variant::WireguardGo => {
-                let mut c = ns.command("wireguard-go");
+            Variant::WireguardGo | Variant::WireguardGoUpstream | Variant::BoringtunCli => {
+                // All three speak wireguard-go's UAPI: a socket in WG_SOCKET_DIR, set with `wg`.
+                let mut c = match v {
+                    Variant::WireguardGoUpstream => ns.command(peers::wireguard_go()),
+                    Variant::BoringtunCli => {
+                        let mut c = ns.command(peers::boringtun_cli());
+                        // Root in the lab: keep the privileges `wg` needs on the UAPI socket.
+                        c.args([
+                            "--disable-drop-privileges",
+                            "--verbosity",
+                            "error",
+                            "--log",
+                            "/dev/stderr",
+                        ]);
+                        c
+                    }
+                    _ => ns.command("wireguard-go"),
+                };
                 c.args(["-f", &ifname])
                     .env("LOG_LEVEL", "error")
                     .stdin(Stdio::null())
