@@ -19,6 +19,7 @@ use aya_ebpf::{
     maps::PerCpuArray,
     programs::{SockContext, SockoptContext},
 };
+use aya_log_ebpf::debug;
 use bufscope_common::{
     SO_RCVBUFFORCE, SO_SNDBUFFORCE, SOL_SOCKET, SockoptEvent, event_kind, sockopt_flags, stat,
 };
@@ -155,6 +156,16 @@ pub fn cgroup_setsockopt(ctx: SockoptContext) -> i32 {
         _pad2: 0,
     });
     entry.submit(submit_flags());
+    // The outcome is derived in userspace; this is what the kernel's handler is about to get.
+    debug!(
+        &ctx,
+        "setsockopt tgid={} opt={} req={} applied={} rcvbuf_before={}",
+        owner.tgid,
+        so.optname,
+        requested,
+        applied,
+        kread::<i32>(sk, cfg!(sk_rcvbuf))
+    );
     if decision.action != 0 {
         guard::report(
             decision,
