@@ -29,10 +29,11 @@ fn netns_veth_sysctl_and_drop() {
         ));
 
         let _veth = VethPair::create(&a, "bslv0", &b, "bslv1").unwrap();
-        a.add_addr("bslv0", "10.88.0.1/24").unwrap();
-        b.add_addr("bslv1", "10.88.0.2/24").unwrap();
+        // Not 10.88.0.0/16: that is podman's default network (cni-podman0 on hosts that run it).
+        a.add_addr("bslv0", "10.251.88.1/24").unwrap();
+        b.add_addr("bslv1", "10.251.88.2/24").unwrap();
         let ping = a
-            .exec("ping", ["-c", "2", "-i", "0.2", "-W", "2", "10.88.0.2"])
+            .exec("ping", ["-c", "2", "-i", "0.2", "-W", "2", "10.251.88.2"])
             .unwrap();
         assert!(ping.contains(" 0% packet loss"), "{ping}");
         // The veth ends live only inside the namespaces.
@@ -58,10 +59,10 @@ fn netns_veth_sysctl_and_drop() {
 
         // run_in: a socket bound on the namespace's address only works inside it.
         let bound = a
-            .run_in(|| std::net::UdpSocket::bind("10.88.0.1:0").is_ok())
+            .run_in(|| std::net::UdpSocket::bind("10.251.88.1:0").is_ok())
             .unwrap();
         assert!(bound);
-        assert!(std::net::UdpSocket::bind("10.88.0.1:0").is_err());
+        assert!(std::net::UdpSocket::bind("10.251.88.1:0").is_err());
 
         // A process left running inside is killed when the namespace goes.
         let p = a.spawn("sleep", ["600"]).unwrap();
