@@ -12,7 +12,10 @@ pub struct Args {
 
 /// Builds the workspace's default members (all binaries and tests' dependencies).
 pub fn run(a: &Args) -> anyhow::Result<()> {
-    crate::setup::run(&crate::setup::Args { no_packages: true })?;
+    crate::setup::run(&crate::setup::Args {
+        no_packages: true,
+        ..Default::default()
+    })?;
     build(a.release)
 }
 

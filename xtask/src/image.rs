@@ -53,7 +53,10 @@ pub struct Args {
 
 /// Builds the release binary and the image.
 pub fn run(a: &Args) -> anyhow::Result<()> {
-    crate::setup::run(&crate::setup::Args { no_packages: true })?;
+    crate::setup::run(&crate::setup::Args {
+        no_packages: true,
+        ..Default::default()
+    })?;
     if !Path::new("/usr/bin/podman").exists() {
         bail!("podman is not installed: run `cargo xtask setup` as root");
     }

@@ -63,6 +63,11 @@ pub struct Args {
     /// Skip the Debian packages (toolchain only).
     #[arg(long)]
     pub no_packages: bool,
+    /// Also build the tunnel bench's peers (upstream wireguard-go, boringtun-cli): no test
+    /// needs them, so the default setup (and CI) skips them; `cargo xtask bench tunnel`
+    /// builds them itself when they are missing.
+    #[arg(long)]
+    pub bench_peers: bool,
 }
 
 /// Runs every setup step.
@@ -78,7 +83,9 @@ pub fn run(a: &Args) -> anyhow::Result<()> {
         crate::image::setup()?;
         // QEMU, virtme-ng and the pinned guest kernels of the kernel matrix (cached).
         crate::matrix::setup()?;
-        peers::ensure(); // the tunnel bench's upstream wireguard-go and boringtun-cli
+        if a.bench_peers {
+            peers::ensure(); // the tunnel bench's upstream wireguard-go and boringtun-cli
+        }
     }
     eprintln!("xtask setup: done");
     Ok(())

@@ -1,5 +1,6 @@
-//! The tunnel bench's strongest peers (issue 17), built by `cargo xtask setup` into
-//! `~/.cache/bufscope-peers` for `cargo xtask bench tunnel` only (no test uses them):
+//! The tunnel bench's strongest peers (issue 17), built by `cargo xtask bench tunnel` itself
+//! (or ahead of it by `cargo xtask setup --bench-peers`; the default setup and CI skip them)
+//! into `~/.cache/bufscope-peers`, for the bench only (no test uses them):
 //!
 //! - upstream wireguard-go, built offline from the snapshot in
 //!   `xtask/src/bench/tunnel/peers/` (its public repository at [`WIREGUARD_GO_COMMIT`], with

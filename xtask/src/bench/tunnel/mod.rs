@@ -322,6 +322,8 @@ pub fn run(a: &Args) -> anyhow::Result<()> {
         variants.push(Variant::WireguardGo);
     }
     if !a.no_peers {
+        // Bench-only peers: built (and cached) here, not by the default setup.
+        peers::ensure();
         for (v, bin) in [
             (Variant::WireguardGoUpstream, peers::wireguard_go()),
             (Variant::BoringtunCli, peers::boringtun_cli()),
@@ -330,7 +332,7 @@ pub fn run(a: &Args) -> anyhow::Result<()> {
                 variants.push(v);
             } else {
                 eprintln!(
-                    "bench tunnel: leaving out {}: {} is not built (`cargo xtask setup` builds it)",
+                    "bench tunnel: leaving out {}: {} is not built (`cargo xtask setup --bench-peers` builds it)",
                     v.label(),
                     bin.display()
                 );
