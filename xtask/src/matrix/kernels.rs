@@ -261,6 +261,16 @@ fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
     hay.windows(needle.len()).position(|w| w == needle)
 }
 
+/// The version `apt-cache madison` lists for `suite` (`pkg | version | mirror suite/main …`).
+fn madison_version(madison: &str, suite: &str) -> Option<String> {
+    let in_suite = format!(" {suite}/");
+    madison
+        .lines()
+        .find(|l| l.split('|').nth(2).is_some_and(|s| s.contains(&in_suite)))
+        .and_then(|l| l.split('|').nth(1))
+        .map(|v| v.trim().to_string())
+}
+
 /// `--bump`: for every pin, the image package its meta package depends on in its suite now,
 /// and that package's version there; rewrites `kernels.pin` in the source tree.
 pub fn bump() -> anyhow::Result<()> {
@@ -268,17 +278,8 @@ pub fn bump() -> anyhow::Result<()> {
     let mut text = PINS.to_string();
     for pin in pins()? {
         let madison = apt_output(&conf, &["madison", &pin.meta])?;
-        let meta_version = madison
-            .lines()
-            .find(|l| {
-                l.split('|')
-                    .nth(2)
-                    .is_some_and(|s| s.contains(&format!(" {}/", pin.suite)))
-            })
-            .and_then(|l| l.split('|').nth(1))
-            .map(str::trim)
-            .with_context(|| format!("{} has no version in {}", pin.meta, pin.suite))?
-            .to_string();
+        let meta_version = madison_version(&madison, &pin.suite)
+            .with_context(|| format!("{} has no version in {}", pin.meta, pin.suite))?;
         let show = apt_output(&conf, &["show", &format!("{}={meta_version}", pin.meta)])?;
         let package = show
             .lines()
@@ -287,17 +288,8 @@ pub fn bump() -> anyhow::Result<()> {
             .with_context(|| format!("{}={meta_version} depends on no image", pin.meta))?
             .to_string();
         let madison = apt_output(&conf, &["madison", &package])?;
-        let version = madison
-            .lines()
-            .find(|l| {
-                l.split('|')
-                    .nth(2)
-                    .is_some_and(|s| s.contains(&format!(" {}/", pin.suite)))
-            })
-            .and_then(|l| l.split('|').nth(1))
-            .map(str::trim)
-            .with_context(|| format!("{package} has no version in {}", pin.suite))?
-            .to_string();
+        let version = madison_version(&madison, &pin.suite)
+            .with_context(|| format!("{package} has no version in {}", pin.suite))?;
         if package != pin.package || version != pin.version {
             eprintln!(
                 "xtask matrix: {}: {} {} -> {package} {version}",
