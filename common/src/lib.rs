@@ -614,6 +614,41 @@ pub struct SpaceSnap {
     pub _pad: u32,
 }
 
+/// The reader hook (`tp_btf/sock_recv_length`): which process receives from a socket several
+/// live processes hold. Its maps and program, by name. The program is loaded at start and
+/// attached only while `WATCHED` has entries (sockets with drops and more than one holder).
+pub mod reader {
+    /// Program name in the object.
+    pub const PROG: &str = "sock_recv_length";
+    /// Socket inode → 1, the sockets whose receivers are recorded.
+    pub const WATCHED: &str = "WATCHED";
+    /// [`super::ReaderKey`] → [`super::ReaderVal`] (per-CPU LRU hash).
+    pub const READERS: &str = "READERS";
+}
+
+/// Key of `READERS`: one process receiving from one watched socket.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct ReaderKey {
+    /// Socket inode number (as in `DropKey::inode`).
+    pub inode: u64,
+    /// The receiving process (`current`'s tgid: the hook runs in the receiver's context).
+    pub tgid: u32,
+    /// Padding.
+    pub _pad: u32,
+}
+
+/// Value of `READERS` (summed over CPUs by userspace): successful receives of one process
+/// from one watched socket since the key was created.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ReaderVal {
+    /// Calls that returned data.
+    pub receives: u64,
+    /// Bytes they returned.
+    pub bytes: u64,
+}
+
 const _: () = assert!(core::mem::size_of::<CompatConfig>() == 32);
 const _: () = assert!(core::mem::size_of::<SpaceSnap>() == 16);
 const _: () = assert!(core::mem::size_of::<Field>() == 8);
@@ -627,6 +662,8 @@ const _: () = assert!(core::mem::size_of::<SockoptEvent>() == 96);
 const _: () = assert!(core::mem::size_of::<GuardEvent>() == 72);
 const _: () = assert!(core::mem::size_of::<GuardConfig>() == 48);
 const _: () = assert!(core::mem::size_of::<EstablishedEvent>() == 80);
+const _: () = assert!(core::mem::size_of::<ReaderKey>() == 16);
+const _: () = assert!(core::mem::size_of::<ReaderVal>() == 16);
 
 #[cfg(feature = "user")]
 mod user {
@@ -645,4 +682,6 @@ mod user {
     unsafe impl aya::Pod for GuardEvent {}
     unsafe impl aya::Pod for CompatConfig {}
     unsafe impl aya::Pod for SpaceSnap {}
+    unsafe impl aya::Pod for ReaderKey {}
+    unsafe impl aya::Pod for ReaderVal {}
 }

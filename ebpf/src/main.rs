@@ -8,6 +8,7 @@
 //! | window-scale shrink | `tp_btf/inet_sock_set_state` | `EVENTS` ([`EstablishedEvent`]) |
 //! | autotuning suppressed | `tp_btf/tcp_rcvbuf_grow` | `AUTOTUNE` (per socket inode) |
 //! | socket owners | `cgroup/sock_create` ([`cgroup`]; fallback `syscalls/sys_exit_{socket,accept,accept4}`), setsockopt, SYN_SENT, LISTEN | `OWNERS`, `LISTENERS` |
+//! | readers of shared dropping sockets | `tp_btf/sock_recv_length` ([`reader`]), attached only while a socket is watched | `WATCHED`, `READERS` |
 //!
 //! Drop hooks run in softirq where `current` is whoever was interrupted (usually the sender),
 //! so nothing here attributes a drop to `current`: drops are keyed by the socket's inode, and
@@ -53,6 +54,7 @@ macro_rules! cfg {
 mod cgroup;
 mod compat;
 mod guard;
+mod reader;
 
 // ---------------------------------------------------------------------------------------------
 // Maps. Sizes are defaults; userspace may resize them at load (`--bpf.*-entries`).

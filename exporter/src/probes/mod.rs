@@ -7,6 +7,7 @@
 //! declares its probe ([`crate::signals::PROBES`]); this module loads the object, attaches
 //! them, and offers the map readers the rooms share ([`BatchReader`], [`Stats`]).
 
+pub mod armed;
 mod batch;
 mod choice;
 mod stats;
@@ -399,6 +400,7 @@ pub fn load(
             }
         }
     }
+    armed::load(&mut ebpf, &btf, &kernel.btf, &status);
     // The parsed BTF (tens of MiB of small allocations) is gone: give the pages back.
     drop(btf);
     trim_heap();
