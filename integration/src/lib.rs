@@ -5,9 +5,12 @@
 //! Tests panic with a message rather than return errors, so a failure shows where.
 #![allow(clippy::unwrap_used)]
 
+pub mod bpftrace;
 pub mod fixtures;
+pub mod manifests;
+
 use std::collections::HashMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -19,6 +22,12 @@ pub use bufscope_testkit::{Metrics, Sample, proc_udp_drops, terminate};
 /// The value of a testkit helper, or a panic with its error (tests panic with a message).
 fn ok<T>(r: anyhow::Result<T>) -> T {
     r.unwrap_or_else(|e| panic!("{e:#}"))
+}
+
+/// The repository root (the parent of this crate's directory).
+pub fn repo() -> PathBuf {
+    let here = Path::new(env!("CARGO_MANIFEST_DIR"));
+    here.parent().unwrap_or(here).to_path_buf()
 }
 
 /// `target/<profile>/` (the directory holding this test binary's `deps/`).
@@ -211,6 +220,47 @@ pub fn held_bpf_ids(pid: u32, key: &str) -> std::collections::BTreeSet<u32> {
 pub fn bpf_exists(kind: &str, id: u32) -> bool {
     let id = id.to_string();
     bufscope_testkit::cmd_output(Command::new("bpftool").args([kind, "show", "id", &id])).is_ok()
+}
+
+/// Runs `cmd` with `stdin` on its stdin: (success, stdout, stderr). Panics when it cannot start
+/// (`cargo xtask setup` installs the tools the tests run).
+pub fn output(cmd: &mut Command, stdin: &str) -> (bool, String, String) {
+    cmd.stderr(Stdio::piped());
+    let out = bufscope_testkit::output_with_input(cmd, stdin.as_bytes())
+        .unwrap_or_else(|e| panic!("{e:#} (cargo xtask setup installs the tools)"));
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// A new, empty directory `bufscope-<tag>-<pid>-<nanos>` under the temporary directory,
+/// removed with everything in it on drop.
+pub struct TempDir(PathBuf);
+
+impl TempDir {
+    /// Creates it.
+    pub fn new(tag: &str) -> Self {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.subsec_nanos())
+            .unwrap_or(0);
+        let p = std::env::temp_dir().join(format!("bufscope-{tag}-{}-{nanos}", std::process::id()));
+        std::fs::create_dir_all(&p).unwrap_or_else(|e| panic!("creating {}: {e}", p.display()));
+        Self(p)
+    }
+
+    /// Its path.
+    pub fn path(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
 }
 
 /// Runs `promtool check metrics` on `text`; returns (success, output).

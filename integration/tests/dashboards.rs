@@ -9,7 +9,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -17,17 +17,8 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use bufscope_integration::fixtures::{
     WITHOUT_CAP_NET_ADMIN, rmem_max, setsockopt, setsockopt_wrapped,
 };
-use bufscope_integration::{
-    Exporter, Workload, eventually, http_get, ss_tcp, terminate, workload_bin,
-};
+use bufscope_integration::{Exporter, Workload, eventually, repo, ss_tcp, workload_bin};
 use serde_json::Value;
-
-fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .unwrap()
-        .to_path_buf()
-}
 
 fn dashboard() -> Value {
     let text = std::fs::read_to_string(repo().join("dashboards/bufscope.json")).unwrap();
@@ -428,119 +419,25 @@ fn metric_name_extraction() {
 // ---------------------------------------------------------------------------------------------
 // Against a real Prometheus.
 
-/// A temporary directory removed on drop.
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new(tag: &str) -> Self {
-        let nanos = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .unwrap()
-            .subsec_nanos();
-        let p = std::env::temp_dir().join(format!("bufscope-{tag}-{}-{nanos}", std::process::id()));
-        std::fs::create_dir_all(&p).unwrap();
-        Self(p)
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-/// A `prometheus` server on loopback; killed and its TSDB removed on drop.
-struct Prometheus {
-    child: Child,
-    addr: String,
-    dir: TempDir,
-}
+/// A real `prometheus` (the test library's) whose API answers are read as JSON.
+struct Prometheus(bufscope_testkit::Prometheus);
 
 impl Prometheus {
+    /// Starts it with `config` and `files` (rule files the config names) beside it.
     fn start(config: &str, files: &[(&str, String)]) -> Self {
-        let dir = TempDir::new("prometheus");
-        std::fs::write(dir.0.join("prometheus.yml"), config).unwrap();
-        for (name, text) in files {
-            std::fs::write(dir.0.join(name), text).unwrap();
-        }
-        let port = {
-            let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-            l.local_addr().unwrap().port()
-        };
-        let addr = format!("127.0.0.1:{port}");
-        let log = std::fs::File::create(dir.0.join("prometheus.log")).unwrap();
-        let child = Command::new("prometheus")
-            .arg(format!(
-                "--config.file={}",
-                dir.0.join("prometheus.yml").display()
-            ))
-            .arg(format!(
-                "--storage.tsdb.path={}",
-                dir.0.join("data").display()
-            ))
-            .arg(format!("--web.listen-address={addr}"))
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .expect("prometheus (Debian package prometheus; cargo xtask setup installs it)");
-        let mut p = Self { child, addr, dir };
-        let start = Instant::now();
-        loop {
-            if let Ok(Some(st)) = p.child.try_wait() {
-                panic!("prometheus exited ({st}):\n{}", p.log());
-            }
-            if std::net::TcpStream::connect(&p.addr).is_ok()
-                && http_get(&p.addr, "/-/ready").0 == 200
-            {
-                break;
-            }
-            assert!(
-                start.elapsed() < Duration::from_secs(30),
-                "prometheus not ready:\n{}",
-                p.log()
-            );
-            std::thread::sleep(Duration::from_millis(200));
-        }
-        p
+        let files: Vec<(&str, &str)> = files.iter().map(|(n, t)| (*n, t.as_str())).collect();
+        let p = bufscope_testkit::Prometheus::start_with_files(config, &files, &[]);
+        Self(p.unwrap_or_else(|e| panic!("{e:#}")))
     }
 
-    fn log(&self) -> String {
-        std::fs::read_to_string(self.dir.0.join("prometheus.log")).unwrap_or_default()
-    }
-
-    /// GET an API path; panics unless the answer is `status: success`.
+    /// GET an API path; its `data`, or a panic unless the answer is `status: success`.
     fn api(&self, path: &str, params: &[(&str, &str)]) -> Value {
-        let q: Vec<String> = params
-            .iter()
-            .map(|(k, v)| format!("{k}={}", urlencode(v)))
-            .collect();
-        let (status, body) = http_get(&self.addr, &format!("{path}?{}", q.join("&")));
+        let body = self.0.api(path, params).unwrap_or_else(|e| panic!("{e:#}"));
         let v: Value = serde_json::from_str(&body)
-            .unwrap_or_else(|e| panic!("{path} {params:?}: HTTP {status}, not JSON ({e}): {body}"));
-        assert_eq!(
-            v["status"], "success",
-            "{path} {params:?}: HTTP {status}: {body}"
-        );
+            .unwrap_or_else(|e| panic!("{path} {params:?}: not JSON ({e}): {body}"));
+        assert_eq!(v["status"], "success", "{path} {params:?}: {body}");
         v["data"].clone()
     }
-}
-
-impl Drop for Prometheus {
-    fn drop(&mut self) {
-        terminate(&mut self.child);
-    }
-}
-
-fn urlencode(s: &str) -> String {
-    s.bytes()
-        .map(|b| match b {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
-                (b as char).to_string()
-            }
-            _ => format!("%{b:02X}"),
-        })
-        .collect()
 }
 
 fn now() -> f64 {

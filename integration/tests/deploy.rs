@@ -10,91 +10,25 @@
 #![allow(clippy::unwrap_used)]
 
 use std::collections::BTreeSet;
-use std::io::{BufRead as _, BufReader, Write as _};
-use std::path::{Path, PathBuf};
+use std::io::{BufRead as _, BufReader};
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc::channel;
 use std::time::Duration;
 
-use bufscope_integration::{
-    Metrics, Workload, bufscope_bin, eventually, http_get, proc_udp_drops, terminate,
+use bufscope_integration::manifests::{
+    KUBERNETES_VERSION, docs, kind, quantity, render, strings, validate,
 };
-use serde_json::Value;
+use bufscope_integration::{
+    Metrics, TempDir, Workload, bufscope_bin, eventually, http_get, output, proc_udp_drops, repo,
+    terminate,
+};
 
-/// Kubernetes release the manifests are validated against (kubernetes-validate schemas).
-const KUBERNETES_VERSION: &str = "1.30.0";
 const TARGETS: [&str; 3] = [
     "base",
     "overlays/gateway",
     "overlays/gateway-servicemonitor",
 ];
-
-fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .unwrap()
-        .to_path_buf()
-}
-
-fn output(cmd: &mut Command, stdin: Option<&str>) -> (bool, String, String) {
-    let mut child = cmd
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap_or_else(|e| panic!("{cmd:?}: {e} (cargo xtask setup installs the tools)"));
-    let mut input = child.stdin.take().unwrap();
-    input.write_all(stdin.unwrap_or("").as_bytes()).unwrap();
-    drop(input);
-    let out = child.wait_with_output().unwrap();
-    (
-        out.status.success(),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
-
-/// `kubectl kustomize deploy/kustomize/<target>`.
-fn render(target: &str) -> String {
-    let dir = repo().join("deploy/kustomize").join(target);
-    let (ok, out, err) = output(Command::new("kubectl").arg("kustomize").arg(&dir), None);
-    assert!(ok, "kubectl kustomize {}: {err}", dir.display());
-    out
-}
-
-/// The documents of a multi-document YAML stream, as JSON (PyYAML, which validate.py uses too).
-fn docs(yaml: &str) -> Vec<Value> {
-    let (ok, out, err) = output(
-        Command::new("python3").args([
-            "-c",
-            "import json, sys, yaml; json.dump([d for d in yaml.safe_load_all(sys.stdin) if d], sys.stdout)",
-        ]),
-        Some(yaml),
-    );
-    assert!(ok, "YAML → JSON: {err}");
-    serde_json::from_str::<Vec<Value>>(&out).unwrap()
-}
-
-/// `deploy/validate.py -k <version> -` on `yaml`: (success, report).
-fn validate(yaml: &str) -> (bool, String) {
-    let (ok, out, err) = output(
-        Command::new("python3")
-            .arg(repo().join("deploy/validate.py"))
-            .args(["-k", KUBERNETES_VERSION, "-"]),
-        Some(yaml),
-    );
-    (ok, format!("{out}{err}"))
-}
-
-fn kind<'a>(docs: &'a [Value], k: &str) -> Option<&'a Value> {
-    docs.iter().find(|d| d["kind"] == k)
-}
-
-fn strings(v: &Value) -> Vec<String> {
-    v.as_array()
-        .map(|a| a.iter().map(|x| x.as_str().unwrap().to_string()).collect())
-        .unwrap_or_default()
-}
 
 #[test]
 fn every_kustomize_target_validates_strictly_against_kubernetes_and_operator_schemas() {
@@ -163,7 +97,7 @@ fn prometheusrule_is_dashboards_alerts_yaml() {
 fn capabilities_bufscope_checks() -> BTreeSet<String> {
     let (_, out, err) = output(
         Command::new(bufscope_bin()).args(["check", "--no-attach"]),
-        None,
+        "",
     );
     let caps: BTreeSet<String> = format!("{out}{err}")
         .lines()
@@ -177,7 +111,7 @@ fn capabilities_bufscope_checks() -> BTreeSet<String> {
 
 /// Long flags `bufscope run --help` lists.
 fn run_flags() -> BTreeSet<String> {
-    let (ok, out, _) = output(Command::new(bufscope_bin()).args(["run", "--help"]), None);
+    let (ok, out, _) = output(Command::new(bufscope_bin()).args(["run", "--help"]), "");
     assert!(ok);
     out.split_whitespace()
         .filter(|w| w.starts_with("--"))
@@ -189,27 +123,6 @@ fn run_flags() -> BTreeSet<String> {
                 .to_string()
         })
         .collect()
-}
-
-/// Kubernetes quantity → base units (cores or bytes).
-fn quantity(q: &Value) -> f64 {
-    let s = q
-        .as_str()
-        .map(str::to_string)
-        .unwrap_or_else(|| q.to_string());
-    let (num, unit) = s.split_at(s.find(|c: char| c.is_ascii_alphabetic()).unwrap_or(s.len()));
-    let n: f64 = num.parse().unwrap_or_else(|_| panic!("quantity {s}"));
-    n * match unit {
-        "" => 1.0,
-        "m" => 1e-3,
-        "Ki" => 1024.0,
-        "Mi" => 1024.0 * 1024.0,
-        "Gi" => 1024.0 * 1024.0 * 1024.0,
-        "k" => 1e3,
-        "M" => 1e6,
-        "G" => 1e9,
-        u => panic!("unit {u} in {s}"),
-    }
 }
 
 /// The capability names in docs/kubernetes.md's capability table (`| CAP_X | … |` rows).
@@ -527,14 +440,6 @@ impl Drop for PodLike {
     }
 }
 
-struct TempDir(PathBuf);
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
 #[test]
 #[ignore = "needs root: run via cargo xtask test"]
 fn the_daemonsets_capabilities_are_enough_and_each_attribution_capability_is_needed() {
@@ -573,14 +478,8 @@ fn the_daemonsets_capabilities_are_enough_and_each_attribution_capability_is_nee
             false,
         ),
     ] {
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .subsec_nanos();
-        let dir = TempDir(
-            std::env::temp_dir().join(format!("bufscope-pod-{}-{nanos}", std::process::id())),
-        );
-        let pod = PodLike::start(&args, &granted, &dir.0);
+        let dir = TempDir::new("pod");
+        let pod = PodLike::start(&args, &granted, dir.path());
         let m = pod.scrape();
         for s in m.find("bufscope_probe_attached", &[]) {
             assert_eq!(s.value, 1.0, "{name}: {s:?} not attached:\n{}", pod.log());

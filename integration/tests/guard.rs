@@ -117,6 +117,16 @@ struct Run {
     locks: i32,
 }
 
+impl std::fmt::Display for Run {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{:.1} Mbit/s wscale {} locks {}",
+            self.mbit, self.wscale, self.locks
+        )
+    }
+}
+
 /// One iperf3 download (`-R`: the server in B sends, the client in A receives) through `lab`,
 /// with `extra` client flags; the client's data connection is read while it runs.
 fn iperf3_run(lab: &Lab, port: u16, extra: &[&str]) -> Run {
@@ -204,21 +214,8 @@ fn iperf3_window_64k_enforce_restores_autotuning_at_190ms() {
         (r, decisions(&e, "iperf3", "tcp-autotune", "skipped"))
     };
     eprintln!(
-        "iperf3 -R at 200 Mbit/s, 190 ms: control (no -w) {:.1} Mbit/s wscale {} locks {}; \
-         -w 64K: {:.1} Mbit/s wscale {} locks {}; observe: {:.1} Mbit/s wscale {} locks {} \
-         ({observed} observed); enforce: {:.1} Mbit/s wscale {} locks {} ({skipped} skipped)",
-        control.mbit,
-        control.wscale,
-        control.locks,
-        without.mbit,
-        without.wscale,
-        without.locks,
-        observe.mbit,
-        observe.wscale,
-        observe.locks,
-        enforce.mbit,
-        enforce.wscale,
-        enforce.locks,
+        "iperf3 -R at 200 Mbit/s, 190 ms: control (no -w) {control}; -w 64K: {without}; \
+         observe: {observe} ({observed} observed); enforce: {enforce} ({skipped} skipped)"
     );
     assert!(without.wscale < control.wscale, "-w 64K shrinks the scale");
     assert_eq!(without.locks & 2, 2, "-w 64K locks the receive buffer");
@@ -794,18 +791,8 @@ fn openvpn_tcp_small_buffers_enforce_restores_autotuning_at_190ms() {
         (r, decisions(&e, "openvpn", "tcp-autotune", "skipped"))
     };
     eprintln!(
-        "OpenVPN/TCP --rcvbuf/--sndbuf 65536, iperf3 -R at 200 Mbit/s 190 ms: {:.1} Mbit/s \
-         outer wscale {} locks {}; observe {:.1} Mbit/s wscale {} locks {} ({observed} observed); \
-         enforce {:.1} Mbit/s wscale {} locks {} ({skipped} skipped)",
-        without.mbit,
-        without.wscale,
-        without.locks,
-        observe.mbit,
-        observe.wscale,
-        observe.locks,
-        enforce.mbit,
-        enforce.wscale,
-        enforce.locks
+        "OpenVPN/TCP --rcvbuf/--sndbuf 65536, iperf3 -R at 200 Mbit/s 190 ms: outer {without}; \
+         observe {observe} ({observed} observed); enforce {enforce} ({skipped} skipped)"
     );
     assert_eq!(without.locks & 2, 2, "--rcvbuf locks the outer socket");
     assert_eq!(observe.wscale, without.wscale, "observe changes nothing");

@@ -18,14 +18,15 @@
 #![allow(clippy::unwrap_used)]
 
 use std::collections::BTreeSet;
-use std::io::Write as _;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
+use bufscope_integration::manifests::{docs, kind, quantity, render, strings, validate};
 use bufscope_integration::{
-    Metrics, Workload, bufscope_bin, http_get, proc_udp_drops, require_root, workload_bin,
+    Metrics, TempDir, Workload, bufscope_bin, http_get, output, proc_udp_drops, repo, require_root,
+    workload_bin,
 };
 use serde_json::Value;
 
@@ -38,36 +39,11 @@ fn image() -> String {
 }
 /// Stand-in for the seccomp component's init-container image (busybox).
 const BUSYBOX: &str = "localhost/bufscope-test-busybox:latest";
-const KUBERNETES_VERSION: &str = "1.30.0";
 const SECCOMP_ERROR: &str = "seccomp filter blocks bpf(): see docs/kubernetes.md";
 
-fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .unwrap()
-        .to_path_buf()
-}
-
-/// Runs `cmd` with `stdin`: (success, stdout, stderr).
-fn output(cmd: &mut Command, stdin: &str) -> (bool, String, String) {
-    let mut child = cmd
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap_or_else(|e| panic!("{cmd:?}: {e} (cargo xtask setup installs the tools)"));
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(stdin.as_bytes())
-        .unwrap();
-    let out = child.wait_with_output().unwrap();
-    (
-        out.status.success(),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
+/// The rendered DaemonSet.
+fn daemonset(docs: &[Value]) -> &Value {
+    kind(docs, "DaemonSet").expect("no DaemonSet rendered")
 }
 
 /// `podman <args>`'s stdout; panics with its stderr.
@@ -79,75 +55,6 @@ fn podman(args: &[&str]) -> String {
         args.join(" ")
     );
     out.trim().to_string()
-}
-
-/// `kubectl kustomize deploy/kustomize/<target>`: the YAML, and its documents as JSON.
-fn render(target: &str) -> (String, Vec<Value>) {
-    let dir = repo().join("deploy/kustomize").join(target);
-    let (ok, yaml, err) = output(Command::new("kubectl").arg("kustomize").arg(&dir), "");
-    assert!(ok, "kubectl kustomize {}: {err}", dir.display());
-    let (ok, json, err) = output(
-        Command::new("python3").args([
-            "-c",
-            "import json, sys, yaml; json.dump([d for d in yaml.safe_load_all(sys.stdin) if d], sys.stdout)",
-        ]),
-        &yaml,
-    );
-    assert!(ok, "YAML → JSON: {err}");
-    (yaml, serde_json::from_str(&json).unwrap())
-}
-
-fn kind<'a>(docs: &'a [Value], k: &str) -> &'a Value {
-    docs.iter()
-        .find(|d| d["kind"] == k)
-        .unwrap_or_else(|| panic!("no {k} rendered"))
-}
-
-fn strings(v: &Value) -> Vec<String> {
-    v.as_array()
-        .map(|a| a.iter().map(|x| x.as_str().unwrap().to_string()).collect())
-        .unwrap_or_default()
-}
-
-/// Kubernetes quantity → base units (cores or bytes).
-fn quantity(q: &Value) -> f64 {
-    let s = q
-        .as_str()
-        .map(str::to_string)
-        .unwrap_or_else(|| q.to_string());
-    let (num, unit) = s.split_at(s.find(|c: char| c.is_ascii_alphabetic()).unwrap_or(s.len()));
-    let n: f64 = num.parse().unwrap_or_else(|_| panic!("quantity {s}"));
-    n * match unit {
-        "" => 1.0,
-        "m" => 1e-3,
-        "Ki" => 1024.0,
-        "Mi" => 1024.0 * 1024.0,
-        "Gi" => 1024.0 * 1024.0 * 1024.0,
-        u => panic!("unit {u} in {s}"),
-    }
-}
-
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new(what: &str) -> Self {
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .subsec_nanos();
-        let p = std::env::temp_dir().join(format!(
-            "bufscope-image-{what}-{}-{nanos}",
-            std::process::id()
-        ));
-        std::fs::create_dir_all(&p).unwrap();
-        Self(p)
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
 }
 
 /// Builds [`image`] from `Dockerfile` (stage `prebuilt`, base [`LOCAL_BASE`], the binary under
@@ -164,8 +71,8 @@ fn images() {
             has_base,
             "{LOCAL_BASE} is missing: `cargo xtask setup` makes it (mmdebstrap + podman import)"
         );
-        let ctx = TempDir::new("context");
-        std::fs::copy(bufscope_bin(), ctx.0.join("bufscope")).unwrap();
+        let ctx = TempDir::new("image-context");
+        std::fs::copy(bufscope_bin(), ctx.path().join("bufscope")).unwrap();
         // Images of earlier runs whose process is gone go.
         let tags = podman(&["images", "--format", "{{.Repository}}:{{.Tag}}"]);
         for t in tags.lines() {
@@ -192,7 +99,7 @@ fn images() {
             "BINARY=bufscope",
             "--tag",
             &image,
-            ctx.0.to_str().unwrap(),
+            ctx.path().to_str().unwrap(),
         ]);
         let size = |i: &str| podman(&["image", "inspect", "--format", "{{.Size}}", i]);
         eprintln!(
@@ -202,11 +109,11 @@ fn images() {
             size(LOCAL_BASE),
             bufscope_bin().display()
         );
-        let bb = TempDir::new("busybox");
-        std::fs::copy("/bin/busybox", bb.0.join("busybox"))
+        let bb = TempDir::new("image-busybox");
+        std::fs::copy("/bin/busybox", bb.path().join("busybox"))
             .expect("/bin/busybox (Debian busybox-static; cargo xtask setup installs it)");
         std::fs::write(
-            bb.0.join("Containerfile"),
+            bb.path().join("Containerfile"),
             "FROM scratch\nCOPY busybox /bin/busybox\nRUN [\"/bin/busybox\", \"--install\", \"-s\", \"/bin\"]\n",
         )
         .unwrap();
@@ -215,7 +122,7 @@ fn images() {
             "--quiet",
             "--tag",
             BUSYBOX,
-            bb.0.to_str().unwrap(),
+            bb.path().to_str().unwrap(),
         ]);
     });
 }
@@ -259,8 +166,8 @@ struct Node {
 
 impl Node {
     fn new(default_seccomp: Option<PathBuf>) -> Self {
-        let dir = TempDir::new("node");
-        let default_seccomp = default_seccomp.unwrap_or_else(|| old_default_profile(&dir.0).0);
+        let dir = TempDir::new("image-node");
+        let default_seccomp = default_seccomp.unwrap_or_else(|| old_default_profile(dir.path()).0);
         Self {
             dir,
             default_seccomp,
@@ -269,7 +176,7 @@ impl Node {
 
     fn host_path(&self, p: &str) -> PathBuf {
         if p.starts_with("/var/lib/kubelet/") {
-            self.dir.0.join(p.trim_start_matches('/'))
+            self.dir.path().join(p.trim_start_matches('/'))
         } else {
             PathBuf::from(p)
         }
@@ -428,7 +335,7 @@ fn run_flags(docs: &[Value], pod: &Value, c: &Value, node: &Node, image: &str) -
                 .iter()
                 .find(|d| d["kind"] == "ConfigMap" && d["metadata"]["name"] == name)
                 .unwrap_or_else(|| panic!("ConfigMap {name} is not rendered"));
-            let dir = node.dir.0.join("configmaps").join(name);
+            let dir = node.dir.path().join("configmaps").join(name);
             std::fs::create_dir_all(&dir).unwrap();
             for (k, val) in cm["data"].as_object().unwrap() {
                 std::fs::write(dir.join(k), val.as_str().unwrap()).unwrap();
@@ -456,7 +363,7 @@ fn run_flags(docs: &[Value], pod: &Value, c: &Value, node: &Node, image: &str) -
 /// the bufscope container (detached) and when its `podman run` started ([`boottime`]).
 fn start_pod(docs: &[Value], node: &Node, tag: &str) -> (Container, f64) {
     images();
-    let pod = &kind(docs, "DaemonSet")["spec"]["template"]["spec"];
+    let pod = &daemonset(docs)["spec"]["template"]["spec"];
     for (i, c) in pod["initContainers"]
         .as_array()
         .into_iter()
@@ -582,8 +489,8 @@ fn cap_mask(names: &BTreeSet<String>) -> u64 {
 #[ignore = "needs root: run via cargo xtask test"]
 fn under_the_engines_old_default_seccomp_profile_bufscope_fails_and_names_the_cause() {
     require_root();
-    let (_, docs) = render("overlays/gateway");
-    let pod = &kind(&docs, "DaemonSet")["spec"]["template"]["spec"];
+    let docs = docs(&render("overlays/gateway"));
+    let pod = &daemonset(&docs)["spec"]["template"]["spec"];
     assert_eq!(
         pod["securityContext"]["seccompProfile"]["type"], "RuntimeDefault",
         "the base DaemonSet runs under the runtime's default profile"
@@ -614,16 +521,12 @@ fn under_the_engines_old_default_seccomp_profile_bufscope_fails_and_names_the_ca
 fn with_the_shipped_seccomp_profile_the_image_runs_as_the_daemonset_and_counts_host_and_container_drops()
  {
     require_root();
-    let (yaml, docs) = render("overlays/gateway-seccomp");
+    let yaml = render("overlays/gateway-seccomp");
+    let docs = docs(&yaml);
     // Valid for Kubernetes, strictly, like the other targets (integration/tests/deploy.rs).
-    let (ok, out, err) = output(
-        Command::new("python3")
-            .arg(repo().join("deploy/validate.py"))
-            .args(["-k", KUBERNETES_VERSION, "-"]),
-        &yaml,
-    );
-    assert!(ok, "overlays/gateway-seccomp:\n{out}{err}");
-    let ds = kind(&docs, "DaemonSet");
+    let (ok, report) = validate(&yaml);
+    assert!(ok, "overlays/gateway-seccomp:\n{report}");
+    let ds = daemonset(&docs);
     let pod = &ds["spec"]["template"]["spec"];
     let c = &pod["containers"][0];
     let caps: BTreeSet<String> = strings(&c["securityContext"]["capabilities"]["add"])
@@ -647,7 +550,7 @@ fn with_the_shipped_seccomp_profile_the_image_runs_as_the_daemonset_and_counts_h
         );
     }
     let node = Node::new(None);
-    let (engine_default, engine_is_old) = old_default_profile(&node.dir.0);
+    let (engine_default, engine_is_old) = old_default_profile(node.dir.path());
     if engine_is_old {
         let (ok, generated, err) = output(
             Command::new("python3")

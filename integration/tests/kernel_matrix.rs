@@ -17,32 +17,14 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use bufscope_integration::{Exporter, Workload, bufscope_bin, eventually, proc_udp_drops};
+use bufscope_integration::{
+    Exporter, Workload, bpftrace, bufscope_bin, eventually, proc_udp_drops,
+};
+use bufscope_testkit::{btf_tracepoint_args, check_probes};
 
 /// The kernel's BTF as C (`bpftool btf dump … format c`).
 fn btf_c() -> String {
-    let out = Command::new("bpftool")
-        .args([
-            "btf",
-            "dump",
-            "file",
-            "/sys/kernel/btf/vmlinux",
-            "format",
-            "c",
-        ])
-        .output()
-        .expect("bpftool (cargo xtask setup installs it)");
-    assert!(out.status.success(), "bpftool failed");
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
-/// Arguments of tracepoint `tp` after the context, from `typedef void (*btf_trace_<tp>)(void *,
-/// …);` in the BTF's C dump; None when the kernel has no such tracepoint.
-fn tp_args(c: &str, tp: &str) -> Option<usize> {
-    let line = c
-        .lines()
-        .find(|l| l.contains(&format!("(*btf_trace_{tp})(")))?;
-    Some(line.matches(',').count())
+    bufscope_testkit::btf_dump("c").unwrap_or_else(|e| panic!("{e:#}"))
 }
 
 fn tracefs_event(path: &str) -> Option<String> {
@@ -54,34 +36,12 @@ fn tracefs_event(path: &str) -> Option<String> {
     .find_map(|root| std::fs::read_to_string(Path::new(root).join(path).join("format")).ok())
 }
 
-/// `[ ok ] <probe> <hooks> — …` lines of `bufscope check` under `probes:` → probe → (ok,
-/// hooks).
+/// The probe lines of `bufscope check`: probe → (ok, hooks in label form).
 fn check_lines(text: &str) -> BTreeMap<String, (bool, String)> {
-    let mut out = BTreeMap::new();
-    let probes = text.split("\nprobes:\n").nth(1).unwrap_or("");
-    for l in probes.lines() {
-        let ok = l.starts_with("[ ok ]");
-        if !ok && !l.starts_with("[FAIL]") {
-            continue;
-        }
-        let rest = l[6..].trim_start();
-        let mut words = rest.split_whitespace();
-        let (Some(probe), Some(hooks)) = (words.next(), words.next()) else {
-            continue;
-        };
-        // "a + b" in the online check, "a,b" in the offline one: normalize to the label form.
-        let mut hooks = hooks.to_string();
-        let mut more = words.clone();
-        while more.next() == Some("+") {
-            if let Some(h) = more.next() {
-                hooks.push(',');
-                hooks.push_str(h);
-            }
-            words = more.clone();
-        }
-        out.insert(probe.to_string(), (ok, hooks));
-    }
-    out
+    check_probes(text)
+        .into_iter()
+        .map(|c| (c.probe, (c.ok, c.hooks)))
+        .collect()
 }
 
 fn run_check(args: &[&str]) -> (i32, String) {
@@ -102,8 +62,9 @@ const PROBES: [&str; 5] = ["drops", "setsockopt", "tcp_state", "autotune", "owne
 #[ignore = "needs root: run via cargo xtask test"]
 fn check_names_the_hook_each_probe_uses_and_the_metrics_agree() {
     let c = btf_c();
-    let kfree_args = tp_args(&c, "kfree_skb").expect("every supported kernel has kfree_skb");
-    let has_grow_tp = tp_args(&c, "tcp_rcvbuf_grow").is_some();
+    let kfree_args =
+        btf_tracepoint_args(&c, "kfree_skb").expect("every supported kernel has kfree_skb");
+    let has_grow_tp = btf_tracepoint_args(&c, "tcp_rcvbuf_grow").is_some();
     let refused = std::env::var("BUFSCOPE_REFUSE_HOOKS").unwrap_or_default();
 
     let (code, text) = run_check(&[]);
@@ -340,75 +301,26 @@ fn setsockopt_clamp_force_and_eperm_match_the_kernel() {
 /// branch). Either way an observer that shares no code with bufscope. One bpftrace for all
 /// ports: attaching takes 20–45 s under TCG.
 fn bpftrace_grows(run: impl FnOnce()) -> BTreeMap<u16, u64> {
-    let (prog, clear) = if tracefs_event("tcp/tcp_rcvbuf_grow").is_some() {
+    let (probes, clear) = if tracefs_event("tcp/tcp_rcvbuf_grow").is_some() {
         (
-            "tracepoint:tcp:tcp_rcvbuf_grow { @n[args->sport] = count(); }".to_string(),
+            "tracepoint:tcp:tcp_rcvbuf_grow { @n[args->sport] = count(); }",
             "",
         )
     } else {
-        let prog = "kprobe:tcp_rcv_space_adjust \
+        (
+            "kprobe:tcp_rcv_space_adjust \
              { @sk[tid] = arg0; @s[tid] = ((struct tcp_sock *)arg0)->rcvq_space.space; } \
              kretprobe:tcp_rcv_space_adjust /@sk[tid]/ { \
              if (((struct tcp_sock *)@sk[tid])->rcvq_space.space > @s[tid]) { \
              @n[((struct sock *)@sk[tid])->__sk_common.skc_num] = count(); } \
-             delete(@sk[tid]); delete(@s[tid]); }"
-            .to_string();
-        (prog, "clear(@sk); clear(@s);")
+             delete(@sk[tid]); delete(@s[tid]); }",
+            "clear(@sk); clear(@s);",
+        )
     };
-    let prog = format!(
-        "{prog} BEGIN {{ printf(\"ATTACHED\\n\"); }} \
-         END {{ printf(\"COUNTS\\n\"); print(@n); printf(\"DONE\\n\"); clear(@n); {clear} }}"
-    );
-    struct Guard(std::process::Child);
-    impl Drop for Guard {
-        fn drop(&mut self) {
-            let _ = self.0.kill();
-            let _ = self.0.wait();
-        }
-    }
-    let mut child = Guard(
-        Command::new("bpftrace")
-            .args(["-e", &prog])
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("bpftrace (cargo xtask setup installs it)"),
-    );
-    let stdout = child.0.stdout.take().unwrap();
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        use std::io::BufRead as _;
-        for l in std::io::BufReader::new(stdout)
-            .lines()
-            .map_while(Result::ok)
-        {
-            let _ = tx.send(l);
-        }
-    });
-    loop {
-        match rx.recv_timeout(Duration::from_secs(180)) {
-            Ok(l) if l.contains("ATTACHED") => break,
-            Ok(_) => {}
-            Err(_) => panic!("bpftrace did not attach"),
-        }
-    }
-    run();
-    // SAFETY: signalling our own child.
-    unsafe { libc::kill(child.0.id() as i32, libc::SIGINT) };
-    let mut counts = BTreeMap::new();
-    while let Ok(l) = rx.recv_timeout(Duration::from_secs(120)) {
-        // "@n[41013]: 5" (no lines when nothing fired)
-        if let Some(rest) = l.strip_prefix("@n[")
-            && let Some((port, n)) = rest.split_once("]: ")
-            && let (Ok(port), Ok(n)) = (port.trim().parse(), n.trim().parse())
-        {
-            counts.insert(port, n);
-        }
-        if l == "DONE" {
-            break;
-        }
-    }
-    counts
+    bpftrace::counts(probes, clear, Duration::from_secs(180), run)
+        .into_iter()
+        .map(|(port, n)| (port.parse().expect("bpftrace keyed @n by port"), n))
+        .collect()
 }
 
 /// Sends `bytes` to `port` from another process and waits until it is done (no READY wait:

@@ -3,10 +3,9 @@
 #![allow(clippy::unwrap_used)]
 
 use std::collections::HashMap;
-use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use bufscope_integration::{Exporter, SsConn, Workload, eventually, ss_tcp};
+use bufscope_integration::{Exporter, SsConn, Workload, bpftrace, eventually, ss_tcp};
 
 fn locked(bits: &str) -> bool {
     bits.parse::<u32>().unwrap() & 2 != 0
@@ -135,68 +134,10 @@ fn wscale_shrink_locks_and_established_match_ss() {
 /// Counts `tcp:tcp_rcvbuf_grow` events on local port `port` while `run` runs, with bpftrace:
 /// an observer independent of bufscope.
 fn bpftrace_count(port: u16, run: impl FnOnce()) -> u64 {
-    let prog = format!(
-        "tracepoint:tcp:tcp_rcvbuf_grow /args->sport == {port}/ {{ @n = count(); }} \
-         BEGIN {{ printf(\"ATTACHED\\n\"); }} END {{ printf(\"COUNT \"); print(@n); clear(@n); }}"
-    );
-    /// Kills bpftrace if the test panics before stopping it.
-    struct Guard(std::process::Child);
-    impl Drop for Guard {
-        fn drop(&mut self) {
-            let _ = self.0.kill();
-            let _ = self.0.wait();
-        }
-    }
-    let mut child = Guard(
-        Command::new("bpftrace")
-            .args(["-e", &prog])
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("bpftrace (cargo xtask setup installs it)"),
-    );
-    let stdout = child.0.stdout.take().unwrap();
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        use std::io::BufRead as _;
-        for l in std::io::BufReader::new(stdout)
-            .lines()
-            .map_while(Result::ok)
-        {
-            let _ = tx.send(l);
-        }
-    });
-    loop {
-        match rx.recv_timeout(Duration::from_secs(60)) {
-            Ok(l) if l.contains("ATTACHED") => break,
-            Ok(_) => {}
-            Err(_) => panic!("bpftrace did not attach"),
-        }
-    }
-    run();
-    // SAFETY: signalling our own child.
-    unsafe { libc::kill(child.0.id() as i32, libc::SIGINT) };
-    let mut count = None;
-    while let Ok(l) = rx.recv_timeout(Duration::from_secs(30)) {
-        // "COUNT @n: 42" (no line for @n when the tracepoint never fired)
-        if let Some(n) = l.strip_prefix("COUNT ") {
-            count = Some(
-                n.rsplit(' ')
-                    .next()
-                    .and_then(|x| x.trim().parse().ok())
-                    .unwrap_or(0),
-            );
-        }
-    }
-    // bpftrace exits after printing; never wait on it for long (Guard kills it on drop).
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while std::time::Instant::now() < deadline {
-        if let Ok(Some(_)) = child.0.try_wait() {
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    count.expect("bpftrace printed no COUNT")
+    let probes =
+        format!("tracepoint:tcp:tcp_rcvbuf_grow /args->sport == {port}/ {{ @n = count(); }}");
+    let counts = bpftrace::counts(&probes, "", Duration::from_secs(60), run);
+    counts.get("").copied().unwrap_or(0)
 }
 
 #[test]

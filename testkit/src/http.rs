@@ -9,21 +9,8 @@ use anyhow::Context as _;
 /// Minimal HTTP/1.0 GET of `path` from `addr` (`host:port`), 30 s read timeout; returns
 /// (status, body). The status is 0 when the response has no status line.
 pub fn http_get(addr: &str, path: &str) -> anyhow::Result<(u16, String)> {
-    let mut s = TcpStream::connect(addr).with_context(|| format!("connect {addr}"))?;
-    s.set_read_timeout(Some(Duration::from_secs(30)))?;
-    write!(s, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n")
-        .with_context(|| format!("sending GET {path} to {addr}"))?;
-    let mut raw = Vec::new();
-    s.read_to_end(&mut raw)
-        .with_context(|| format!("reading GET {path} from {addr}"))?;
-    let text = String::from_utf8_lossy(&raw).into_owned();
-    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
-    let status = head
-        .split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .unwrap_or(0);
-    Ok((status, body.to_string()))
+    let (status, _, body) = http_get_with(addr, path, &[])?;
+    Ok((status, body))
 }
 
 /// Response headers: (lower-case name, value), in order.

@@ -1,7 +1,7 @@
 //! Child processes: polling, signals, graceful stop, and children whose stdout lines arrive on a
 //! channel.
 
-use std::io::{BufRead as _, BufReader, Write as _};
+use std::io::{BufRead as _, BufReader, Read, Write as _};
 use std::process::{Child, ChildStdin, Command, ExitStatus, Stdio};
 use std::sync::mpsc::{Receiver, channel};
 use std::time::{Duration, Instant};
@@ -75,6 +75,20 @@ pub fn ready_fields<C: FromIterator<(String, String)>>(line: &str) -> C {
         .collect()
 }
 
+/// The lines of `r` (a child's stdout, say) on a channel, read by a thread of their own; the
+/// channel closes when `r` ends (the child closed it or exited) or fails.
+pub fn line_channel(r: impl Read + Send + 'static) -> Receiver<String> {
+    let (tx, rx) = channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(r).lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    rx
+}
+
 /// A child with piped stdin and stdout whose stdout lines arrive on a channel (stderr is left as
 /// the command had it: inherited unless set).
 ///
@@ -98,18 +112,10 @@ impl LineChild {
         let mut child = cmd.spawn().with_context(|| format!("starting {name}"))?;
         let stdout = child.stdout.take().context("child stdout")?;
         let stdin = child.stdin.take();
-        let (tx, rx) = channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-                if tx.send(line).is_err() {
-                    break;
-                }
-            }
-        });
         Ok(Self {
             child,
             stdin,
-            lines: rx,
+            lines: line_channel(stdout),
             name: name.to_string(),
             exit_grace: Duration::from_secs(5),
             stop_signal: None,
@@ -150,6 +156,12 @@ impl LineChild {
                 ),
             }
         }
+    }
+
+    /// Its next stdout line; `None` once stdout has closed, or when none came within
+    /// `timeout`.
+    pub fn next_line(&mut self, timeout: Duration) -> Option<String> {
+        self.lines.recv_timeout(timeout).ok()
     }
 
     /// Waits for its `READY` line and returns the line's fields ([`ready_fields`]).
@@ -244,6 +256,10 @@ mod tests {
         assert_eq!(f.get("b").map(String::as_str), Some("2"));
         p.send("hello")?;
         assert_eq!(p.wait_line("GOT", Duration::from_secs(10))?, "GOT hello");
+        // After its last line, stdout closes: no more lines, without waiting out the timeout.
+        let t = Instant::now();
+        assert_eq!(p.next_line(Duration::from_secs(30)), None);
+        assert!(t.elapsed() < Duration::from_secs(20));
         p.finish(Duration::from_secs(10))
     }
 

@@ -20,6 +20,16 @@ impl Prometheus {
     /// Starts `prometheus` with `config` (prometheus.yml text) and `extra` flags on a free
     /// loopback port; returns once `/-/ready` answers 200 (30 s at most).
     pub fn start(config: &str, extra: &[&str]) -> anyhow::Result<Self> {
+        Self::start_with_files(config, &[], extra)
+    }
+
+    /// Like [`Prometheus::start`], with `files` (name, text) written beside prometheus.yml
+    /// first: rule files the config names, say.
+    pub fn start_with_files(
+        config: &str,
+        files: &[(&str, &str)],
+        extra: &[&str],
+    ) -> anyhow::Result<Self> {
         let nanos = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map(|d| d.subsec_nanos())
@@ -30,6 +40,10 @@ impl Prometheus {
         ));
         std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
         std::fs::write(dir.join("prometheus.yml"), config)?;
+        for (name, text) in files {
+            std::fs::write(dir.join(name), text)
+                .with_context(|| format!("writing {name} in {}", dir.display()))?;
+        }
         let port = std::net::TcpListener::bind("127.0.0.1:0")?
             .local_addr()?
             .port();
