@@ -14,6 +14,8 @@ use std::process::Command;
 
 use anyhow::{Context as _, bail};
 
+use bufscope_testkit::cmd_output;
+
 use crate::util::{is_root, run_cmd, workspace_root};
 
 /// The development tag.
@@ -80,7 +82,7 @@ pub fn run(a: &Args) -> anyhow::Result<()> {
         "podman build failed; where the base image cannot be pulled (no registry), use \
          --local-base (a Debian 12 base made here by `cargo xtask setup`)",
     )?;
-    let size = output(Command::new("podman").args([
+    let size = cmd_output(Command::new("podman").args([
         "image",
         "inspect",
         "--format",
@@ -100,7 +102,7 @@ pub fn setup() -> anyhow::Result<()> {
     ensure_packages()?;
     ensure_drop_in()?;
     let runtime =
-        output(Command::new("podman").args(["info", "--format", "{{.Host.OCIRuntime.Name}}"]))?;
+        cmd_output(Command::new("podman").args(["info", "--format", "{{.Host.OCIRuntime.Name}}"]))?;
     if runtime != "runc" {
         bail!(
             "podman uses the OCI runtime {runtime:?}, not runc ({DROP_IN} sets runc; a \
@@ -110,38 +112,10 @@ pub fn setup() -> anyhow::Result<()> {
     ensure_local_base()
 }
 
-fn output(cmd: &mut Command) -> anyhow::Result<String> {
-    let shown = format!("{cmd:?}");
-    let out = cmd
-        .output()
-        .with_context(|| format!("failed to start {shown}"))?;
-    if !out.status.success() {
-        bail!(
-            "{shown} failed: {}",
-            String::from_utf8_lossy(&out.stderr).trim()
-        );
-    }
-    Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
-}
-
 fn ensure_packages() -> anyhow::Result<()> {
-    let missing: Vec<&str> = PACKAGES
-        .iter()
-        .filter(|(_, file)| !Path::new(file).exists())
-        .map(|(pkg, _)| *pkg)
-        .collect();
-    if missing.is_empty() {
-        return Ok(());
-    }
-    if !is_root() {
-        bail!("missing Debian packages {missing:?}: run `cargo xtask setup` as root");
-    }
-    run_cmd(Command::new("apt-get").args(["update", "-qq"]))?;
-    run_cmd(
-        Command::new("apt-get")
-            .env("DEBIAN_FRONTEND", "noninteractive")
-            .args(["install", "-y", "-qq", "--no-install-recommends"])
-            .args(&missing),
+    crate::setup::apt_install(
+        &crate::setup::missing_packages(PACKAGES),
+        "run `cargo xtask setup` as root",
     )
 }
 

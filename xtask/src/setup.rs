@@ -211,25 +211,37 @@ fn ensure_bpf_linker() -> anyhow::Result<()> {
 }
 
 fn ensure_debian_packages() -> anyhow::Result<()> {
-    let missing: Vec<&str> = DEBIAN_PACKAGES
+    apt_install(
+        &missing_packages(DEBIAN_PACKAGES),
+        "run `cargo xtask setup` as root or apt-get install them",
+    )
+}
+
+/// The packages of `packages` (a Debian package and one file it installs) whose file is
+/// missing.
+pub(crate) fn missing_packages<'a>(packages: &[(&'a str, &str)]) -> Vec<&'a str> {
+    packages
         .iter()
-        .filter(|(_, bin)| !Path::new(bin).exists())
+        .filter(|(_, file)| !Path::new(file).exists())
         .map(|(pkg, _)| *pkg)
-        .collect();
+        .collect()
+}
+
+/// Installs the Debian packages `missing` with apt-get (nothing when it is empty); not being
+/// root is an error that names them and says `what_to_do`.
+pub(crate) fn apt_install(missing: &[&str], what_to_do: &str) -> anyhow::Result<()> {
     if missing.is_empty() {
         return Ok(());
     }
     if !is_root() {
-        bail!(
-            "missing Debian packages {missing:?}: run `cargo xtask setup` as root or apt-get install them"
-        );
+        bail!("missing Debian packages {missing:?}: {what_to_do}");
     }
     run_cmd(Command::new("apt-get").args(["update", "-qq"]))?;
     run_cmd(
         Command::new("apt-get")
             .env("DEBIAN_FRONTEND", "noninteractive")
             .args(["install", "-y", "-qq", "--no-install-recommends"])
-            .args(&missing),
+            .args(missing),
     )
 }
 

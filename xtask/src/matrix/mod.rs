@@ -14,7 +14,6 @@
 
 mod kernels;
 
-use std::io::BufRead as _;
 use std::os::unix::process::CommandExt as _;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -87,11 +86,7 @@ pub fn run(a: &Args) -> anyhow::Result<()> {
 
 /// What `cargo xtask setup` adds for the matrix: packages, virtme-ng, the pinned kernels.
 pub fn setup() -> anyhow::Result<()> {
-    let mut missing: Vec<&str> = PACKAGES
-        .iter()
-        .filter(|(_, f)| !Path::new(f).exists())
-        .map(|(p, _)| *p)
-        .collect();
+    let mut missing = crate::setup::missing_packages(PACKAGES);
     // `python3 -m venv` needs ensurepip, which Debian ships in python3-venv.
     let venv_ok = Command::new("python3")
         .args(["-c", "import ensurepip, venv"])
@@ -100,18 +95,7 @@ pub fn setup() -> anyhow::Result<()> {
     if !venv_ok {
         missing.push("python3-venv");
     }
-    if !missing.is_empty() {
-        if !is_root() {
-            bail!("missing Debian packages {missing:?} for the kernel matrix: run as root");
-        }
-        run_cmd(Command::new("apt-get").args(["update", "-qq"]))?;
-        run_cmd(
-            Command::new("apt-get")
-                .env("DEBIAN_FRONTEND", "noninteractive")
-                .args(["install", "-y", "-qq", "--no-install-recommends"])
-                .args(&missing),
-        )?;
-    }
+    crate::setup::apt_install(&missing, "the kernel matrix needs them: run it as root")?;
     let venv = cache_dir().join("venv");
     if !venv.join("bin/vng").exists() {
         std::fs::create_dir_all(cache_dir())?;
@@ -325,16 +309,7 @@ fn boot(k: &kernels::Kernel, script: &Path) -> anyhow::Result<GuestRun> {
         .spawn()
         .context("starting vng (cargo xtask setup installs virtme-ng)")?;
     let pgid = child.id() as i32;
-    let stdout = child.stdout.take().context("vng stdout")?;
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        for l in std::io::BufReader::new(stdout)
-            .lines()
-            .map_while(Result::ok)
-        {
-            let _ = tx.send(l);
-        }
-    });
+    let rx = bufscope_testkit::line_channel(child.stdout.take().context("vng stdout")?);
     let started = Instant::now();
     let mut run = GuestRun::default();
     let mut in_check = false;
@@ -395,34 +370,11 @@ fn boot(k: &kernels::Kernel, script: &Path) -> anyhow::Result<GuestRun> {
 }
 
 /// `probe → hooks` from `bufscope check` output (online `a + b` or offline `a,b` forms).
-fn chosen_hooks(lines: &[String]) -> Vec<(String, String)> {
-    let mut out = Vec::new();
-    for l in lines {
-        let Some(rest) = l
-            .strip_prefix("[ ok ]")
-            .or_else(|| l.strip_prefix("[FAIL]"))
-        else {
-            continue;
-        };
-        let mut w = rest.split_whitespace();
-        let (Some(probe), Some(first)) = (w.next(), w.next()) else {
-            continue;
-        };
-        if probe.starts_with("CAP_") || ["kernel", "tracefs", "cgroup2"].contains(&probe) {
-            continue;
-        }
-        let mut hooks = first.to_string();
-        let mut more = w.clone();
-        while more.next() == Some("+") {
-            if let Some(h) = more.next() {
-                hooks.push(',');
-                hooks.push_str(h);
-            }
-            w = more.clone();
-        }
-        out.push((probe.to_string(), hooks));
-    }
-    out
+fn chosen_hooks(text: &str) -> Vec<(String, String)> {
+    bufscope_testkit::check_probes(text)
+        .into_iter()
+        .map(|c| (c.probe, c.hooks))
+        .collect()
 }
 
 /// Runs the matrix for `only` (all pinned kernels when empty); fails when any step failed.
@@ -461,7 +413,7 @@ pub fn stage(only: &[String]) -> anyhow::Result<()> {
             pin.name,
             k.btf.display()
         );
-        let offline = chosen_hooks(&off_text.lines().map(String::from).collect::<Vec<_>>());
+        let offline = chosen_hooks(&off_text);
         let t = Instant::now();
         let run = match boot(&k, &script) {
             Ok(r) => r,
@@ -480,7 +432,7 @@ pub fn stage(only: &[String]) -> anyhow::Result<()> {
                 pin.name, run.check_rc
             ));
         }
-        let online = chosen_hooks(&run.check);
+        let online = chosen_hooks(&run.check.join("\n"));
         for (probe, hooks) in &online {
             match offline.iter().find(|(p, _)| p == probe) {
                 Some((_, off)) if off == hooks => {}

@@ -1,8 +1,6 @@
 //! What the probes section compares: each bufscope program next to a bpftrace one-liner that
 //! counts the same events by the same key, and bpftrace scripts that gather the same data.
 
-use std::process::Command;
-
 use anyhow::{Context as _, bail};
 
 use super::probes::Load;
@@ -44,24 +42,12 @@ fn reason_numbers(names: &[&str]) -> anyhow::Result<Vec<u32>> {
 
 /// True when the kernel's `struct sock` has `sk_ino` (6.18+).
 fn kernel_has_sk_ino() -> bool {
-    Command::new("bpftool")
-        .args([
-            "btf",
-            "dump",
-            "file",
-            "/sys/kernel/btf/vmlinux",
-            "format",
-            "c",
-        ])
-        .output()
-        .map(|o| {
-            let text = String::from_utf8_lossy(&o.stdout);
-            text.split("\nstruct sock {")
-                .nth(1)
-                .and_then(|rest| rest.split("\n};").next())
-                .is_some_and(|body| body.contains(" sk_ino;"))
-        })
-        .unwrap_or(false)
+    bufscope_testkit::btf_dump("c").is_ok_and(|text| {
+        text.split("\nstruct sock {")
+            .nth(1)
+            .and_then(|rest| rest.split("\n};").next())
+            .is_some_and(|body| body.contains(" sk_ino;"))
+    })
 }
 
 pub(super) fn hooks() -> anyhow::Result<Vec<Hook>> {
