@@ -15,6 +15,17 @@ pub const WITHOUT_CAP_NET_ADMIN: [&str; 6] = [
     "--",
 ];
 
+/// `setpriv` arguments that run the command as `nobody` (uid and gid 65534, no supplementary
+/// groups), for [`Workload::start_wrapped`]: a process of another user, whose sockets only
+/// `/proc/<pid>/fd` can attribute.
+pub const AS_NOBODY: [&str; 5] = [
+    "setpriv",
+    "--reuid=65534",
+    "--regid=65534",
+    "--clear-groups",
+    "--",
+];
+
 /// `bufscope-workload setsockopt`: one `setsockopt(opt, value)` call on a new `proto` (`udp` or
 /// `tcp`) socket. Its READY line carries the call's `errno` and the kernel's readbacks
 /// (`rcvbuf`, `locks`, …).

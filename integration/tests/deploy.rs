@@ -16,6 +16,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::mpsc::channel;
 use std::time::Duration;
 
+use bufscope_integration::fixtures::AS_NOBODY;
 use bufscope_integration::manifests::{
     KUBERNETES_VERSION, docs, kind, quantity, render, strings, validate,
 };
@@ -453,16 +454,7 @@ fn the_daemonsets_capabilities_are_enough_and_each_attribution_capability_is_nee
 
     // A UDP receiver of another user, created before bufscope starts: only /proc/<pid>/fd can
     // tell whose socket it is.
-    let recv = Workload::start_wrapped(
-        &[
-            "setpriv",
-            "--reuid=65534",
-            "--regid=65534",
-            "--clear-groups",
-            "--",
-        ],
-        &["udp-recv", "--rcvbuf", "4096"],
-    );
+    let recv = Workload::start_wrapped(&AS_NOBODY, &["udp-recv", "--rcvbuf", "4096"]);
     let port = recv.get("ports").to_string();
     let inode: u64 = recv.get("inodes").parse().unwrap();
     let pid = recv.pid().to_string();

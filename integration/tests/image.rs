@@ -23,6 +23,7 @@ use std::process::Command;
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
+use bufscope_integration::fixtures::AS_NOBODY;
 use bufscope_integration::manifests::{docs, kind, quantity, render, strings, validate};
 use bufscope_integration::{
     Metrics, TempDir, Workload, bufscope_bin, http_get, output, proc_udp_drops, repo, require_root,
@@ -575,16 +576,7 @@ fn with_the_shipped_seccomp_profile_the_image_runs_as_the_daemonset_and_counts_h
 
     // Receivers: one on the host as another user, created before bufscope starts (only
     // /proc/<pid>/fd through the host's /proc can tell whose it is).
-    let host_recv = Workload::start_wrapped(
-        &[
-            "setpriv",
-            "--reuid=65534",
-            "--regid=65534",
-            "--clear-groups",
-            "--",
-        ],
-        &["udp-recv", "--rcvbuf", "4096"],
-    );
+    let host_recv = Workload::start_wrapped(&AS_NOBODY, &["udp-recv", "--rcvbuf", "4096"]);
     let host_inode: u64 = host_recv.get("inodes").parse().unwrap();
 
     let (bufscope, t0) = start_pod(&docs, &node, "localhost");
