@@ -33,6 +33,37 @@ fn hook_exists(hook: &Hook, kinfo: Option<&KernelInfo>, tracefs: Option<&Path>) 
     }
 }
 
+/// `--bpf.pin-path`: what is pinned there (by a running or a stopped bufscope).
+fn pinned(dir: &Path) {
+    println!("pinned in {}:", dir.display());
+    if !dir.exists() {
+        println!("       nothing (the directory does not exist)");
+        return;
+    }
+    match probes::pins::describe(dir) {
+        Ok((meta, objects)) => {
+            match meta {
+                Some(m) => println!(
+                    "       META: written by bufscope {}, layout {}, maps since {} (unix), links since {}, adopted {} times",
+                    m.version(),
+                    m.layout_version,
+                    m.created_unix,
+                    m.attached_unix,
+                    m.adoptions
+                ),
+                None => println!("       no META: not (or not completely) written by bufscope"),
+            }
+            if objects.is_empty() {
+                println!("       no maps or links");
+            }
+            for o in objects {
+                println!("       {:<44} {}", o.path.display(), o.what);
+            }
+        }
+        Err(e) => println!("       unreadable: {e:#}"),
+    }
+}
+
 /// The first line of an error, shortened (verifier logs are hundreds of lines; `bufscope run`
 /// logs them whole).
 fn first_line(e: &str) -> String {
@@ -234,6 +265,7 @@ pub fn run(args: &CheckArgs) -> i32 {
                 },
                 ..Default::default()
             },
+            None,
         ) {
             Ok(p) => attach_results = p.status.clone(),
             Err(e) => println!("       loading the BPF object failed: {e:#}"),
@@ -288,6 +320,9 @@ pub fn run(args: &CheckArgs) -> i32 {
                 );
             }
         }
+    }
+    if let Some(dir) = &args.pins.pin_path {
+        pinned(dir);
     }
     if !missing.is_empty() {
         let names: Vec<&str> = missing.iter().map(|c| c.name).collect();

@@ -23,6 +23,8 @@ pub enum Command {
     Check(CheckArgs),
     /// Print the findings of a running bufscope (what to change, per process).
     Explain(ExplainArgs),
+    /// Detach and remove everything `bufscope run --bpf.pin-path` pinned.
+    Cleanup(CleanupArgs),
     /// Live terminal view of a running bufscope: processes by drop rate, findings and fixes.
     Top(TopArgs),
 }
@@ -52,6 +54,25 @@ pub struct ExplainArgs {
     /// Basic-auth user (the password is read from $BUFSCOPE_PASSWORD).
     #[arg(long = "web.user", value_name = "USER")]
     pub user: Option<String>,
+}
+
+/// `--bpf.pin-path`, shared by `run`, `check` and `cleanup`.
+#[derive(clap::Args, Debug, Clone, Default)]
+pub struct PinArgs {
+    /// Pin the BPF maps and links in this bpffs directory (e.g. /sys/fs/bpf/bufscope) so that
+    /// counting goes on while bufscope is not running (restarts, upgrades, crashes) and the
+    /// next bufscope continues from the kernel's totals. bpffs is mounted at /sys/fs/bpf when
+    /// absent. Without it, nothing outlives bufscope.
+    #[arg(long = "bpf.pin-path", value_name = "DIR")]
+    pub pin_path: Option<PathBuf>,
+}
+
+/// Flags of `bufscope cleanup`.
+#[derive(clap::Args, Debug, Clone)]
+pub struct CleanupArgs {
+    /// The directory `bufscope run --bpf.pin-path` pinned in.
+    #[arg(long = "bpf.pin-path", value_name = "DIR", required = true)]
+    pub pin_path: PathBuf,
 }
 
 /// Flags of `bufscope top`.
@@ -195,6 +216,9 @@ pub struct RunArgs {
     /// Guard flags.
     #[command(flatten)]
     pub guard: GuardArgs,
+    /// `--bpf.pin-path`.
+    #[command(flatten)]
+    pub pins: PinArgs,
     /// Kernel, probe and log flags.
     #[command(flatten)]
     pub kernel: KernelArgs,
@@ -211,6 +235,9 @@ pub struct CheckArgs {
     /// would use there and why. Loads nothing.
     #[arg(long = "btf", value_name = "FILE")]
     pub btf: Option<PathBuf>,
+    /// `--bpf.pin-path`: also list what is pinned there.
+    #[command(flatten)]
+    pub pins: PinArgs,
     /// Kernel, probe and log flags.
     #[command(flatten)]
     pub kernel: KernelArgs,
@@ -277,6 +304,10 @@ pub struct GuardArgs {
     /// Raise net.core.rmem_max/wmem_max to the floor at start (host-wide; never lowered).
     #[arg(long = "guard.raise-sysctl")]
     pub raise_sysctl: bool,
+    /// With --bpf.pin-path: keep the guard (and the setsockopt program it shares) attached
+    /// while bufscope is not running. Without it the guard stops with bufscope.
+    #[arg(long = "guard.persist")]
+    pub persist: bool,
 }
 
 impl GuardArgs {
@@ -307,7 +338,8 @@ impl GuardArgs {
                 || !self.comm.is_empty()
                 || !self.exclude_comm.is_empty()
                 || self.udp_floor.is_some()
-                || self.raise_sysctl)
+                || self.raise_sysctl
+                || self.persist)
         {
             anyhow::bail!(
                 "guard flags given but --guard.mode is off: add --guard.mode observe or enforce"
@@ -350,6 +382,21 @@ impl RunArgs {
         }
         self.kernel.validate()?;
         self.guard.validate()?;
+        if self.guard.persist && self.pins.pin_path.is_none() {
+            anyhow::bail!(
+                "--guard.persist keeps the guard attached through pins: add --bpf.pin-path DIR \
+                 (e.g. /sys/fs/bpf/bufscope)"
+            );
+        }
+        if let Some(p) = &self.pins.pin_path
+            && !p.is_absolute()
+        {
+            anyhow::bail!(
+                "--bpf.pin-path {}: not an absolute path (name a directory on a bpffs, e.g. \
+                 /sys/fs/bpf/bufscope)",
+                p.display()
+            );
+        }
         if !self.kernel.btf_path.exists() {
             anyhow::bail!(
                 "kernel BTF not found at {}: bufscope needs a kernel built with \

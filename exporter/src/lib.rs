@@ -10,6 +10,7 @@
 pub mod advice;
 pub mod attribution;
 pub mod check;
+pub mod cleanup;
 pub mod cli;
 pub mod collector;
 pub mod config;

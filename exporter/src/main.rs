@@ -81,6 +81,7 @@ fn main() {
             init_logging(&args.kernel);
             bufscope::check::run(&args)
         }
+        Command::Cleanup(args) => bufscope::cleanup::run(&args),
         Command::Explain(args) => match bufscope::explain::run(&args) {
             Ok(()) => 0,
             Err(e) => {

@@ -84,6 +84,23 @@ pub struct Health {
     pub rmem_max: Option<i64>,
     /// `net.core.wmem_max` now (None: unreadable here).
     pub wmem_max: Option<i64>,
+    /// `--bpf.pin-path`: what the start found and did (None: nothing pinned).
+    pub pins: Option<PinsHealth>,
+}
+
+/// What `--bpf.pin-path` did at start, for the self-metrics.
+#[derive(Clone, Debug, Default)]
+pub struct PinsHealth {
+    /// The pin directory.
+    pub path: String,
+    /// `created`, `adopted`, `upgraded` or `replaced`.
+    pub outcome: &'static str,
+    /// Maps whose pins had another layout and were replaced.
+    pub replaced: Vec<String>,
+    /// Probes whose links are pinned (they keep counting while bufscope is down).
+    pub pinned: Vec<String>,
+    /// When the pinned maps were created (seconds since the epoch).
+    pub since_unix: u64,
 }
 
 /// Receives (extra labels, value) for one sample.
@@ -249,6 +266,44 @@ pub fn families(store: &Store, health: &Health, findings: &[Finding]) -> Vec<Met
     }
     f.done(&mut out);
 
+    if let Some(p) = &health.pins {
+        let mut f = Family::new(
+            "bufscope_bpf_pins_info",
+            "--bpf.pin-path: what this start did with the pins (created, adopted: counting went on \
+             while bufscope was down, upgraded: maps kept and programs replaced, replaced: maps of \
+             another layout were replaced and their counts restarted).",
+            MetricType::GAUGE,
+        );
+        let layout = crate::probes::pins::LAYOUT_VERSION.to_string();
+        f.push(
+            &[
+                ("path", &p.path),
+                ("outcome", p.outcome),
+                ("layout", &layout),
+                ("replaced", &p.replaced.join(",")),
+            ],
+            1.0,
+        );
+        f.done(&mut out);
+        let mut f = Family::new(
+            "bufscope_bpf_pins_created_timestamp_seconds",
+            "When the pinned maps were created: the counters count from then on.",
+            MetricType::GAUGE,
+        );
+        f.push(&[], p.since_unix as f64);
+        f.done(&mut out);
+        let mut f = Family::new(
+            "bufscope_probe_pinned",
+            "Whether the probe's links are pinned (1: it keeps counting while bufscope is not \
+             running; the guard and the setsockopt program it shares only with --guard.persist).",
+            MetricType::GAUGE,
+        );
+        for (name, _, attached) in &health.probes {
+            let pinned = *attached && p.pinned.iter().any(|n| n == name);
+            f.push(&[("probe", name)], if pinned { 1.0 } else { 0.0 });
+        }
+        f.done(&mut out);
+    }
     let mut f = Family::new(
         "bufscope_build_info",
         "bufscope version and the kernel it runs on.",

@@ -132,6 +132,7 @@ fn load(args: &RunArgs) -> anyhow::Result<(Collector, RingBuf<MapData>, Probes)>
         sizes,
         args.kernel.log_level,
         &guard_setup,
+        args.pins.pin_path.as_deref(),
     )?;
     if !loaded.status.iter().any(|s| s.attached) {
         bail!("no probe could attach (see the warnings above; `bufscope check` explains each)");
@@ -161,6 +162,7 @@ fn load(args: &RunArgs) -> anyhow::Result<(Collector, RingBuf<MapData>, Probes)>
             .filter(|s| s.spec.name != signals::guard::PROBE.name || env.guard.is_some())
             .map(|s| (s.spec.name.to_string(), s.hooks(), s.attached))
             .collect(),
+        pins: loaded.pins.as_ref().map(|p| p.health()),
         ..Health::default()
     };
     // The parsed kernel BTF (tens of MiB) is only needed to load: give it back.

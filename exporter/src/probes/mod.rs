@@ -10,11 +10,13 @@
 pub mod armed;
 mod batch;
 mod choice;
+pub mod pins;
 mod stats;
 
 use std::collections::HashSet;
 
 use anyhow::Context as _;
+use aya::programs::links::FdLink;
 use aya::programs::{
     BtfTracePoint, CgroupAttachMode, CgroupSock, CgroupSockAddr, CgroupSockopt, FEntry, FExit,
     TracePoint,
@@ -222,6 +224,8 @@ pub struct Probes {
     pub ebpf: Ebpf,
     /// Per-probe outcome, in [`PROBES`] order.
     pub status: Vec<ProbeStatus>,
+    /// `--bpf.pin-path`: what was pinned or adopted (None: nothing is pinned).
+    pub pins: Option<pins::PinDir>,
 }
 
 /// Context naming the cause when a seccomp filter, not the kernel, refuses `bpf(2)`: container
@@ -278,7 +282,9 @@ fn seccomp_blocks_bpf() -> bool {
 /// The compiled BPF object.
 static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/bufscope"));
 
-/// Loads the object with this kernel's layout and attaches every enabled probe.
+/// Loads the object with this kernel's layout and attaches every enabled probe; with
+/// `pin_path`, pins (or adopts) the persistent maps and the probes' links ([`pins`]).
+#[allow(clippy::too_many_arguments)]
 pub fn load(
     kernel: &KernelInfo,
     btf_path: &std::path::Path,
@@ -286,6 +292,7 @@ pub fn load(
     sizes: MapSizes,
     log_level: tracing::Level,
     guard: &GuardSetup,
+    pin_path: Option<&std::path::Path>,
 ) -> anyhow::Result<Probes> {
     let btf = Btf::parse_file(btf_path, aya::Endianness::default())
         .with_context(|| format!("parsing {}", btf_path.display()))?;
@@ -302,21 +309,64 @@ pub fn load(
         tracing::warn!("older-kernel hooks unusable: {e}");
         bufscope_common::CompatConfig::zeroed()
     });
-    let mut ebpf = EbpfLoader::new()
+    let cgroup_root = crate::kernel::cgroup2_root();
+    let overrides = [
+        ("DROPS", sizes.drops),
+        ("OWNERS", sizes.owners),
+        ("AUTOTUNE", sizes.autotune),
+        ("EVENTS", sizes.events_bytes),
+    ];
+    let mut pins = match pin_path {
+        None => None,
+        Some(dir) => {
+            let maps = pins::persistent_maps(OBJECT, &overrides)?;
+            let mut fp = pins::Fingerprint::default();
+            let mut off: Vec<&String> = disabled.iter().collect();
+            off.sort();
+            let settings = format!(
+                "{config:?}|{:?}|{:?}|{:?}|{}|{compat:?}|{aya_level}|{off:?}|{cgroup_root:?}|{:?}",
+                guard.config,
+                guard.comms,
+                guard.cgroup,
+                guard.persist,
+                std::env::var(choice::REFUSE_ENV).ok(),
+            );
+            fp.add(OBJECT).add(settings.as_bytes());
+            for m in &maps {
+                fp.add(format!("{m:?}").as_bytes());
+            }
+            Some(pins::prepare(dir, &maps, fp.value(), guard.persist)?)
+        }
+    };
+    let map_paths: Vec<(String, std::path::PathBuf)> = match &pins {
+        Some(p) => pins::persistent_maps(OBJECT, &overrides)?
+            .into_iter()
+            .map(|m| {
+                let path = p.map_path(&m.name);
+                (m.name, path)
+            })
+            .collect(),
+        None => Vec::new(),
+    };
+    let mut loader = EbpfLoader::new();
+    loader
         .btf(Some(&btf))
         .override_global("CONFIG", &config, true)
         .override_global("GUARD", &guard.config, true)
         .override_global("COMPAT", &compat, true)
-        .override_global("AYA_LOG_LEVEL", &aya_level, false)
-        .map_max_entries("DROPS", sizes.drops)
-        .map_max_entries("OWNERS", sizes.owners)
-        .map_max_entries("AUTOTUNE", sizes.autotune)
-        .map_max_entries("EVENTS", sizes.events_bytes)
+        .override_global("AYA_LOG_LEVEL", &aya_level, false);
+    for (name, size) in overrides {
+        loader.map_max_entries(name, size);
+    }
+    for (name, path) in &map_paths {
+        loader.map_pin_path(name.as_str(), path.as_path());
+    }
+    let mut ebpf = loader
         .load(OBJECT)
         .map_err(name_seccomp)
         .context("loading the BPF object (maps) failed")?;
 
-    let cgroup = crate::kernel::cgroup2_root().map(|root| {
+    let cgroup = cgroup_root.map(|root| {
         std::fs::File::open(&root)
             .with_context(|| format!("opening cgroup2 root {}", root.display()))
     });
@@ -324,10 +374,14 @@ pub fn load(
     let mut loaded: HashSet<&'static str> = HashSet::new();
     fill_guard_comms(&mut ebpf, guard)?;
     let guard_cgroup = guard_cgroup(guard, cgroup.as_ref());
-    for spec in PROBES {
-        let off = (spec.name == crate::signals::guard::PROBE.name
-            && guard.config.mode == bufscope_common::guard::MODE_OFF)
+    let guard_on = guard.config.mode != bufscope_common::guard::MODE_OFF;
+    for (index, spec) in PROBES.iter().enumerate() {
+        let off = (spec.name == crate::signals::guard::PROBE.name && !guard_on)
             .then_some("off (--guard.mode off)");
+        if let Some(p) = pins.as_mut() {
+            // Set again below when this run pins the probe's links.
+            p.set_variant(index, None);
+        }
         if let Some(why) = off.or(disabled.contains(spec.name).then_some("disabled")) {
             tracing::info!(probe = spec.name, "probe disabled by configuration");
             status.push(ProbeStatus {
@@ -335,6 +389,28 @@ pub fn load(
                 attached: false,
                 variant: 0,
                 error: Some(why.into()),
+                skipped: Vec::new(),
+            });
+            continue;
+        }
+        // The guard decides in the setsockopt probe's program: neither outlives bufscope
+        // unless --guard.persist.
+        let guarded = spec.name == crate::signals::guard::PROBE.name
+            || (guard_on && spec.name == crate::signals::setsockopt::PROBE.name);
+        let pin_here = pins.as_ref().is_some_and(|p| !guarded || p.persist_guard);
+        let adopted = pins.as_ref().filter(|_| pin_here).and_then(|p| {
+            spec.variants.iter().enumerate().find_map(|(i, hooks)| {
+                (p.adoptable(index, spec.name, hooks.len()) == Some(i)).then_some(i)
+            })
+        });
+        if let (Some(i), Some(p)) = (adopted, pins.as_mut()) {
+            p.set_variant(index, Some(i));
+            tracing::info!(probe = spec.name, hooks = %describe(spec.variants[i]), "probe adopted (pinned links keep running)");
+            status.push(ProbeStatus {
+                spec: *spec,
+                attached: true,
+                variant: i,
+                error: None,
                 skipped: Vec::new(),
             });
             continue;
@@ -352,10 +428,11 @@ pub fn load(
                 btf: &btf,
                 cgroup: cgroup.as_ref(),
                 guard_cgroup: guard_cgroup.as_ref(),
+                pin: pin_here,
             };
             match attach(&mut ebpf, hooks, &env, &mut loaded) {
-                Ok(()) => {
-                    attached = Some(i);
+                Ok(done) => {
+                    attached = Some((i, done));
                     break;
                 }
                 Err(e) => {
@@ -366,7 +443,7 @@ pub fn load(
         }
         let error = (!errors.is_empty()).then(|| errors.join("; "));
         match attached {
-            Some(i) => {
+            Some((i, done)) => {
                 let hooks = describe(spec.variants[i]);
                 match &error {
                     None => tracing::info!(probe = spec.name, hooks = %hooks, "probe attached"),
@@ -376,9 +453,22 @@ pub fn load(
                         "probe attached through a fallback ({e})"
                     ),
                 }
+                let mut error = error;
+                let mut ok = true;
+                if let Some(p) = pins.as_mut().filter(|_| pin_here) {
+                    // Not pinned is not attached: a link aya handed over is gone when its
+                    // pin fails, and a half-attached probe would count wrong.
+                    if let Err(e) = pin_links(&mut ebpf, p, spec.name, done) {
+                        tracing::warn!(probe = spec.name, "probe detached: pinning failed: {e:#}");
+                        error = Some(format!("pinning failed: {e:#}"));
+                        ok = false;
+                    }
+                    p.set_variant(index, ok.then_some(i));
+                }
+                // Unpinned, the links stay with aya's programs (dropping a Finish keeps them).
                 status.push(ProbeStatus {
                     spec: *spec,
-                    attached: true,
+                    attached: ok,
                     variant: i,
                     error,
                     skipped,
@@ -390,6 +480,9 @@ pub fn load(
                     "probe could not attach, the other probes keep running: {}",
                     error.as_deref().unwrap_or("no variant")
                 );
+                if let Some(p) = pins.as_mut() {
+                    p.set_variant(index, None);
+                }
                 status.push(ProbeStatus {
                     spec: *spec,
                     attached: false,
@@ -400,11 +493,44 @@ pub fn load(
             }
         }
     }
+    if let Some(p) = &pins {
+        p.drop_stale_links()?;
+        p.write_meta()?;
+    }
     armed::load(&mut ebpf, &btf, &kernel.btf, &status);
     // The parsed BTF (tens of MiB of small allocations) is gone: give the pages back.
     drop(btf);
     trim_heap();
-    Ok(Probes { ebpf, status })
+    Ok(Probes { ebpf, status, pins })
+}
+
+/// Pins the links of one attached variant at `DIR/links/<probe>_<n>`; on failure detaches
+/// the rest and removes what it pinned of this probe.
+fn pin_links(
+    ebpf: &mut Ebpf,
+    pins: &pins::PinDir,
+    probe: &str,
+    done: Vec<Attached>,
+) -> anyhow::Result<()> {
+    let n = done.len();
+    // A half-written earlier attempt (adopting, with this probe's pins incomplete).
+    for k in 0..n {
+        let _ = std::fs::remove_file(pins.link_path(probe, k));
+    }
+    let mut result = Ok(());
+    for (k, d) in done.into_iter().enumerate() {
+        if result.is_ok() {
+            result = d.pin(ebpf, &pins.link_path(probe, k));
+        } else {
+            d.undo(ebpf);
+        }
+    }
+    if result.is_err() {
+        for k in 0..n {
+            let _ = std::fs::remove_file(pins.link_path(probe, k));
+        }
+    }
+    result
 }
 
 /// Returns freed heap pages to the kernel (glibc keeps them otherwise). Start-up parses the
@@ -450,6 +576,8 @@ pub struct GuardSetup {
     pub comms: Vec<[u8; 16]>,
     /// `--guard.cgroup` (None: the cgroup2 root).
     pub cgroup: Option<std::path::PathBuf>,
+    /// `--guard.persist`: pin the guard's links (and the shared setsockopt program's).
+    pub persist: bool,
 }
 
 /// Writes the guard's comms into `GUARD_COMMS`.
@@ -491,6 +619,8 @@ struct AttachEnv<'a> {
     cgroup: Option<&'a anyhow::Result<std::fs::File>>,
     /// The guard's cgroup, opened (as `cgroup`).
     guard_cgroup: Option<&'a anyhow::Result<std::fs::File>>,
+    /// Whether the links will be pinned.
+    pin: bool,
 }
 
 impl AttachEnv<'_> {
@@ -515,8 +645,80 @@ impl AttachEnv<'_> {
     }
 }
 
-/// Undoes one attachment.
-type Undo = Box<dyn FnOnce(&mut Ebpf)>;
+/// Finishes one attached hook through aya: `None` detaches it (a variant that did not fully
+/// attach), `Some(path)` takes its link from aya and pins it there.
+type Finish = Box<dyn FnOnce(&mut Ebpf, Option<&std::path::Path>) -> anyhow::Result<()>>;
+
+/// One attached hook.
+enum Attached {
+    /// Its link is owned by aya's program.
+    Aya(Finish),
+    /// A cgroup link made here to be pinned ([`pins::cgroup_link`]).
+    Raw(std::os::fd::OwnedFd),
+}
+
+impl Attached {
+    /// Detaches it.
+    fn undo(self, ebpf: &mut Ebpf) {
+        match self {
+            Attached::Aya(f) => {
+                let _ = f(ebpf, None);
+            }
+            Attached::Raw(fd) => drop(fd),
+        }
+    }
+
+    /// Pins its link at `path` (the link then outlives bufscope).
+    fn pin(self, ebpf: &mut Ebpf, path: &std::path::Path) -> anyhow::Result<()> {
+        match self {
+            Attached::Aya(f) => f(ebpf, Some(path)),
+            Attached::Raw(fd) => pins::pin_fd(std::os::fd::AsFd::as_fd(&fd), path),
+        }
+    }
+}
+
+/// The [`Finish`] of program `$prog` of type `$ty` attached as `$id`; `$into` turns the
+/// taken link into an [`FdLink`] (or says why it cannot be pinned).
+macro_rules! finish {
+    ($ty:ty, $prog:expr, $id:expr, $into:expr) => {{
+        let (prog, id) = ($prog, $id);
+        Attached::Aya(Box::new(
+            move |ebpf: &mut Ebpf, pin: Option<&std::path::Path>| {
+                let p = program::<$ty>(ebpf, prog)?;
+                match pin {
+                    None => {
+                        let _ = p.detach(id);
+                        Ok(())
+                    }
+                    Some(path) => {
+                        let link: FdLink = $into(p.take_link(id)?)?;
+                        link.pin(path).with_context(|| {
+                            format!("pinning {prog}'s link at {}", path.display())
+                        })?;
+                        Ok(())
+                    }
+                }
+            },
+        ))
+    }};
+}
+
+/// The link of a tracepoint or a cgroup socket program as an [`FdLink`]: kernels before 5.15
+/// attach tracepoints through perf-event ioctls, without a link to pin.
+fn fd_link<L>(link: L) -> anyhow::Result<FdLink>
+where
+    FdLink: TryFrom<L, Error = aya::programs::links::LinkError>,
+{
+    FdLink::try_from(link).map_err(|e| {
+        anyhow::anyhow!("{e}: this kernel attached it without a BPF link, which cannot be pinned")
+    })
+}
+
+/// Links aya makes but cannot hand over (`cgroup/{set,get}sockopt`) are made by
+/// [`pins::cgroup_link`] when pinned.
+fn not_pinnable(_: aya::programs::cgroup_sockopt::CgroupSockoptLink) -> anyhow::Result<FdLink> {
+    anyhow::bail!("aya cannot hand over a cgroup sockopt link")
+}
 
 /// The program `prog` of the object as type `P`.
 fn program<'a, P>(ebpf: &'a mut Ebpf, prog: &str) -> anyhow::Result<&'a mut P>
@@ -543,24 +745,53 @@ fn attach(
     hooks: &[Hook],
     env: &AttachEnv<'_>,
     loaded: &mut HashSet<&'static str>,
-) -> anyhow::Result<()> {
-    let mut undo: Vec<Undo> = Vec::new();
-    let mut result = Ok(());
+) -> anyhow::Result<Vec<Attached>> {
+    let mut done: Vec<Attached> = Vec::new();
     for hook in hooks {
         match attach_one(ebpf, hook, env, loaded) {
-            Ok(u) => undo.push(u),
+            Ok(a) => done.push(a),
             Err(e) => {
-                result = Err(e);
-                break;
+                for a in done {
+                    a.undo(ebpf);
+                }
+                return Err(e);
             }
         }
     }
-    if result.is_err() {
-        for u in undo {
-            u(ebpf);
-        }
+    Ok(done)
+}
+
+/// `BPF_CGROUP_GETSOCKOPT`, `BPF_CGROUP_SETSOCKOPT` (`enum bpf_attach_type`).
+const BPF_CGROUP_GETSOCKOPT: u32 = 21;
+const BPF_CGROUP_SETSOCKOPT: u32 = 22;
+
+/// Attaches a `cgroup/{set,get}sockopt` program at `cgroup`: through aya, or (to be pinned)
+/// with a link made here.
+fn attach_sockopt(
+    ebpf: &mut Ebpf,
+    prog: &'static str,
+    cgroup: &std::fs::File,
+    pin: bool,
+    loaded: &mut HashSet<&'static str>,
+    (kind, what): (u32, &str),
+) -> anyhow::Result<Attached> {
+    let p: &mut CgroupSockopt = program(ebpf, prog)?;
+    if loaded.insert(prog) {
+        p.load().with_context(|| format!("loading {what} {prog}"))?;
     }
-    result
+    if pin {
+        let fd = pins::cgroup_link(
+            std::os::fd::AsFd::as_fd(p.fd()?),
+            std::os::fd::AsFd::as_fd(cgroup),
+            kind,
+        )
+        .with_context(|| format!("attaching {what}"))?;
+        return Ok(Attached::Raw(fd));
+    }
+    let id = p
+        .attach(cgroup, cgroup_mode())
+        .with_context(|| format!("attaching {what}"))?;
+    Ok(finish!(CgroupSockopt, prog, id, not_pinnable))
 }
 
 fn attach_one(
@@ -568,7 +799,7 @@ fn attach_one(
     hook: &Hook,
     env: &AttachEnv<'_>,
     loaded: &mut HashSet<&'static str>,
-) -> anyhow::Result<Undo> {
+) -> anyhow::Result<Attached> {
     Ok(match *hook {
         Hook::Tracepoint {
             prog,
@@ -582,11 +813,7 @@ fn attach_one(
             let id = p
                 .attach(category, name)
                 .with_context(|| format!("attaching to tracepoint {category}/{name}"))?;
-            Box::new(move |ebpf| {
-                if let Ok(p) = program::<TracePoint>(ebpf, prog) {
-                    let _ = p.detach(id);
-                }
-            })
+            finish!(TracePoint, prog, id, fd_link)
         }
         Hook::BtfTracepoint { prog, name } | Hook::BtfTracepointWhere { prog, name, .. } => {
             let p: &mut BtfTracePoint = program(ebpf, prog)?;
@@ -597,11 +824,7 @@ fn attach_one(
             let id = p
                 .attach()
                 .with_context(|| format!("attaching tp_btf/{name}"))?;
-            Box::new(move |ebpf| {
-                if let Ok(p) = program::<BtfTracePoint>(ebpf, prog) {
-                    let _ = p.detach(id);
-                }
-            })
+            finish!(BtfTracePoint, prog, id, |l| anyhow::Ok(FdLink::from(l)))
         }
         Hook::Fentry { prog, func } => {
             let p: &mut FEntry = program(ebpf, prog)?;
@@ -612,11 +835,7 @@ fn attach_one(
             let id = p
                 .attach()
                 .with_context(|| format!("attaching fentry/{func}"))?;
-            Box::new(move |ebpf| {
-                if let Ok(p) = program::<FEntry>(ebpf, prog) {
-                    let _ = p.detach(id);
-                }
-            })
+            finish!(FEntry, prog, id, |l| anyhow::Ok(FdLink::from(l)))
         }
         Hook::Fexit { prog, func } => {
             let p: &mut FExit = program(ebpf, prog)?;
@@ -627,44 +846,30 @@ fn attach_one(
             let id = p
                 .attach()
                 .with_context(|| format!("attaching fexit/{func}"))?;
-            Box::new(move |ebpf| {
-                if let Ok(p) = program::<FExit>(ebpf, prog) {
-                    let _ = p.detach(id);
-                }
-            })
+            finish!(FExit, prog, id, |l| anyhow::Ok(FdLink::from(l)))
         }
-        Hook::CgroupSetsockopt { prog } => {
-            let cgroup = env.cgroup()?;
-            let p: &mut CgroupSockopt = program(ebpf, prog)?;
-            if loaded.insert(prog) {
-                p.load()
-                    .with_context(|| format!("loading cgroup/setsockopt {prog}"))?;
-            }
-            let id = p
-                .attach(cgroup, cgroup_mode())
-                .context("attaching cgroup/setsockopt at the cgroup2 root")?;
-            Box::new(move |ebpf| {
-                if let Ok(p) = program::<CgroupSockopt>(ebpf, prog) {
-                    let _ = p.detach(id);
-                }
-            })
-        }
-        Hook::CgroupGetsockopt { prog } => {
-            let cgroup = env.guard_cgroup()?;
-            let p: &mut CgroupSockopt = program(ebpf, prog)?;
-            if loaded.insert(prog) {
-                p.load()
-                    .with_context(|| format!("loading cgroup/getsockopt {prog}"))?;
-            }
-            let id = p
-                .attach(cgroup, cgroup_mode())
-                .context("attaching cgroup/getsockopt at the guard's cgroup")?;
-            Box::new(move |ebpf| {
-                if let Ok(p) = program::<CgroupSockopt>(ebpf, prog) {
-                    let _ = p.detach(id);
-                }
-            })
-        }
+        Hook::CgroupSetsockopt { prog } => attach_sockopt(
+            ebpf,
+            prog,
+            env.cgroup()?,
+            env.pin,
+            loaded,
+            (
+                BPF_CGROUP_SETSOCKOPT,
+                "cgroup/setsockopt at the cgroup2 root",
+            ),
+        )?,
+        Hook::CgroupGetsockopt { prog } => attach_sockopt(
+            ebpf,
+            prog,
+            env.guard_cgroup()?,
+            env.pin,
+            loaded,
+            (
+                BPF_CGROUP_GETSOCKOPT,
+                "cgroup/getsockopt at the guard's cgroup",
+            ),
+        )?,
         Hook::CgroupSockAddr { prog, attach } => {
             let cgroup = env.guard_cgroup()?;
             let p: &mut CgroupSockAddr = program(ebpf, prog)?;
@@ -675,11 +880,7 @@ fn attach_one(
             let id = p
                 .attach(cgroup, cgroup_mode())
                 .with_context(|| format!("attaching cgroup/{attach} at the guard's cgroup"))?;
-            Box::new(move |ebpf| {
-                if let Ok(p) = program::<CgroupSockAddr>(ebpf, prog) {
-                    let _ = p.detach(id);
-                }
-            })
+            finish!(CgroupSockAddr, prog, id, fd_link)
         }
         Hook::CgroupSockCreate { prog } => {
             let cgroup = env.cgroup()?;
@@ -691,11 +892,7 @@ fn attach_one(
             let id = p
                 .attach(cgroup, cgroup_mode())
                 .context("attaching cgroup/sock_create at the cgroup2 root")?;
-            Box::new(move |ebpf| {
-                if let Ok(p) = program::<CgroupSock>(ebpf, prog) {
-                    let _ = p.detach(id);
-                }
-            })
+            finish!(CgroupSock, prog, id, fd_link)
         }
     })
 }

@@ -315,6 +315,7 @@ pub fn setup(
             config,
             comms,
             cgroup: cgroup.map(|(p, _, _)| p),
+            persist: a.persist,
         },
         Some(Settings {
             enforce,

@@ -1,0 +1,298 @@
+//! `--bpf.pin-path`: counting outlives the daemon. A receiver is flooded before, while and
+//! after bufscope is down (stopped by SIGTERM, and separately by kill -9); its total stays equal
+//! to the kernel's drops column across each restart; another map layout is replaced, never
+//! read; `bufscope cleanup` leaves nothing of bufscope's in the kernel (bpftool).
+#![allow(clippy::unwrap_used)]
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use bufscope_integration::{Exporter, Workload, bufscope_bin, eventually, output, proc_udp_drops};
+
+const DROPS: &str = "bufscope_socket_drops_total";
+
+/// A pin directory of its own under /sys/fs/bpf, removed (with `bufscope cleanup`) at the end.
+struct PinDir(PathBuf);
+
+impl PinDir {
+    fn new(tag: &str) -> Self {
+        let p = PathBuf::from(format!(
+            "/sys/fs/bpf/bufscope-test-{tag}-{}",
+            std::process::id()
+        ));
+        cleanup(&p);
+        Self(p)
+    }
+
+    fn flag(&self) -> String {
+        format!("--bpf.pin-path={}", self.0.display())
+    }
+}
+
+impl Drop for PinDir {
+    fn drop(&mut self) {
+        let _ = Command::new(bufscope_bin())
+            .args(["cleanup", "--bpf.pin-path"])
+            .arg(&self.0)
+            .status();
+    }
+}
+
+fn cleanup(dir: &Path) -> String {
+    let (ok, out, err) = output(
+        Command::new(bufscope_bin())
+            .args(["cleanup", "--bpf.pin-path"])
+            .arg(dir),
+        "",
+    );
+    assert!(ok, "bufscope cleanup failed: {out}{err}");
+    out
+}
+
+/// Program ids held by the pinned links in `dir` (`bufscope check` lists them).
+fn pinned_prog_ids(dir: &Path) -> BTreeSet<u32> {
+    let (_, out, _) = output(
+        Command::new(bufscope_bin())
+            .args(["check", "--no-attach", "--bpf.pin-path"])
+            .arg(dir),
+        "",
+    );
+    out.lines()
+        .filter(|l| l.contains("/links/"))
+        .filter_map(|l| l.rsplit("program ").next()?.trim().parse().ok())
+        .collect()
+}
+
+/// Program ids of every BPF link in the kernel (bpftool).
+fn linked_prog_ids() -> BTreeSet<u32> {
+    let out = Command::new("bpftool")
+        .args(["-j", "link", "list"])
+        .output()
+        .expect("bpftool");
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
+    v.as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|l| l["prog_id"].as_u64())
+        .map(|id| id as u32)
+        .collect()
+}
+
+fn prog_exists(id: u32) -> bool {
+    Command::new("bpftool")
+        .args(["prog", "show", "id", &id.to_string()])
+        .output()
+        .is_ok_and(|o| o.status.success())
+}
+
+/// Floods the receiver's port with `count` datagrams from another process.
+fn flood(port: &str, count: u32) {
+    let c = count.to_string();
+    let sender = Workload::start(&["udp-flood", "--port", port, "--count", c.as_str()]);
+    assert!(sender.wait(), "flooder failed");
+}
+
+/// Waits until bufscope's total for `pid` equals the kernel's drops column; returns it.
+fn equals_kernel(e: &Exporter, pid: u32, inode: u64, what: &str) -> u64 {
+    let kernel = proc_udp_drops(pid, inode).expect("receiver socket in /proc/<pid>/net/udp");
+    let pid_s = pid.to_string();
+    let labels = [("pid", pid_s.as_str()), ("proto", "udp")];
+    let got = eventually(Duration::from_secs(10), what, || {
+        let v = e.scrape().sum(DROPS, &labels);
+        (v == kernel as f64).then_some(v)
+    });
+    eprintln!("{what}: kernel drops column {kernel}, bufscope {got}");
+    kernel
+}
+
+/// Starts bufscope and returns it with the time from exec to the first scrape whose total for
+/// the receiver equals the kernel's drops column (the restart gap).
+fn restart(flags: &[&str], pid: u32, inode: u64) -> (Exporter, Duration) {
+    let t0 = Instant::now();
+    let e = Exporter::start(flags);
+    let kernel = proc_udp_drops(pid, inode).unwrap();
+    let pid_s = pid.to_string();
+    let labels = [("pid", pid_s.as_str()), ("proto", "udp")];
+    eventually(Duration::from_secs(15), "adopted totals", || {
+        (e.scrape().sum(DROPS, &labels) == kernel as f64).then_some(())
+    });
+    (e, t0.elapsed())
+}
+
+#[test]
+#[ignore = "needs root (BPF, bpffs); run by `cargo xtask test`"]
+fn counts_go_on_across_sigterm_and_kill9_restarts() {
+    let dir = PinDir::new("restart");
+    let flag = dir.flag();
+    let flags = [flag.as_str()];
+    let receiver = Workload::start(&["udp-recv", "--rcvbuf", "4096"]);
+    let (pid, inode) = (
+        receiver.pid(),
+        receiver.get("inodes").parse::<u64>().unwrap(),
+    );
+    let port = receiver.get("ports").to_string();
+
+    // Before.
+    let e = Exporter::start(&flags);
+    assert!(e.log().contains("pinning maps and links"), "{}", e.log());
+    flood(&port, 3000);
+    let before = equals_kernel(&e, pid, inode, "before the restart");
+    assert!(
+        before > 500,
+        "the flood should overflow the buffer ({before})"
+    );
+    let pinned = pinned_prog_ids(&dir.0);
+    assert!(pinned.len() >= 4, "links pinned: {pinned:?}");
+
+    // During: stopped by SIGTERM, the pinned programs keep counting.
+    assert!(e.stop().success());
+    let linked = linked_prog_ids();
+    assert!(
+        pinned.is_subset(&linked),
+        "after SIGTERM the pinned links stay attached: pinned {pinned:?}, kernel links {linked:?}"
+    );
+    flood(&port, 3000);
+    let during = proc_udp_drops(pid, inode).unwrap();
+    assert!(
+        during > before + 500,
+        "drops while down: {before} → {during}"
+    );
+
+    // After: adopted, the total includes the drops of the blind window.
+    let (e, gap) = restart(&flags, pid, inode);
+    assert!(e.log().contains("adopting the pinned maps"), "{}", e.log());
+    let m = e.scrape();
+    assert_eq!(
+        m.sum("bufscope_bpf_pins_info", &[("outcome", "adopted")]),
+        1.0,
+        "pins info"
+    );
+    assert_eq!(m.sum("bufscope_probe_pinned", &[("probe", "drops")]), 1.0);
+    assert_eq!(pinned_prog_ids(&dir.0), pinned, "adopted, not reloaded");
+    eprintln!("SIGTERM restart gap (exec → first scrape with the adopted total): {gap:?}");
+    flood(&port, 2000);
+    equals_kernel(&e, pid, inode, "after the SIGTERM restart");
+
+    // kill -9: nothing runs at exit; the pins hold everything.
+    e.kill9();
+    flood(&port, 3000);
+    let (e, gap) = restart(&flags, pid, inode);
+    eprintln!("kill -9 restart gap: {gap:?}");
+    flood(&port, 2000);
+    let last = equals_kernel(&e, pid, inode, "after the kill -9 restart");
+    assert!(last > during, "{during} → {last}");
+    assert!(e.stop().success());
+
+    // cleanup: every program bufscope pinned is gone from the kernel.
+    let out = cleanup(&dir.0);
+    assert!(out.contains("removed"), "{out}");
+    let linked = linked_prog_ids();
+    assert!(
+        pinned.is_disjoint(&linked),
+        "after cleanup no link of bufscope's: pinned {pinned:?}, kernel links {linked:?}"
+    );
+    eventually(Duration::from_secs(5), "programs unloaded", || {
+        pinned.iter().all(|id| !prog_exists(*id)).then_some(())
+    });
+    assert!(!dir.0.exists(), "the pin directory is removed");
+}
+
+#[test]
+#[ignore = "needs root (BPF, bpffs); run by `cargo xtask test`"]
+fn another_layout_is_replaced_never_read() {
+    let dir = PinDir::new("layout");
+    let flag = dir.flag();
+    let receiver = Workload::start(&["udp-recv", "--rcvbuf", "4096"]);
+    let (pid, inode) = (
+        receiver.pid(),
+        receiver.get("inodes").parse::<u64>().unwrap(),
+    );
+    let port = receiver.get("ports").to_string();
+    let e = Exporter::start(&[flag.as_str(), "--bpf.drops-map-entries=4096"]);
+    flood(&port, 3000);
+    let old = equals_kernel(&e, pid, inode, "with 4096 DROPS entries");
+    assert!(e.stop().success());
+
+    // The DROPS map pinned with 4096 entries is not this layout: replaced, counts restart.
+    let e = Exporter::start(&[flag.as_str()]);
+    let log = e.log();
+    assert!(
+        log.contains("replaced pinned maps of another layout")
+            && log.contains("DROPS (entries 4096, now 16384)"),
+        "{log}"
+    );
+    let m = e.scrape();
+    assert_eq!(
+        m.sum(
+            "bufscope_bpf_pins_info",
+            &[("outcome", "replaced"), ("replaced", "DROPS")]
+        ),
+        1.0
+    );
+    flood(&port, 3000);
+    let kernel = proc_udp_drops(pid, inode).unwrap();
+    let pid_s = pid.to_string();
+    let want = (kernel - old) as f64;
+    let got = eventually(Duration::from_secs(10), "the new drops only", || {
+        let v = e.scrape().sum(DROPS, &[("pid", pid_s.as_str())]);
+        (v == want).then_some(v)
+    });
+    eprintln!(
+        "replaced DROPS: kernel {kernel} (of which {old} before the replacement), bufscope {got}"
+    );
+    assert!(e.stop().success());
+}
+
+#[test]
+#[ignore = "needs root (BPF, bpffs); run by `cargo xtask test`"]
+fn the_guard_is_not_kept_unless_persisted() {
+    let dir = PinDir::new("guard");
+    let flag = dir.flag();
+    let e = Exporter::start(&[flag.as_str(), "--guard.mode=observe"]);
+    let m = e.scrape();
+    assert_eq!(m.sum("bufscope_probe_pinned", &[("probe", "guard")]), 0.0);
+    assert_eq!(
+        m.sum("bufscope_probe_pinned", &[("probe", "setsockopt")]),
+        0.0
+    );
+    assert_eq!(m.sum("bufscope_probe_pinned", &[("probe", "drops")]), 1.0);
+    let pinned = pinned_prog_ids(&dir.0);
+    let guard_progs: BTreeSet<u32> = testkit_held(e.pid()).difference(&pinned).copied().collect();
+    assert!(
+        !guard_progs.is_empty(),
+        "the guard's programs are held by bufscope"
+    );
+    assert!(e.stop().success());
+    let linked = linked_prog_ids();
+    assert!(
+        guard_progs.is_disjoint(&linked),
+        "after SIGTERM no guard link stays: guard {guard_progs:?}, kernel links {linked:?}"
+    );
+    assert!(pinned.is_subset(&linked), "the pinned probes stay");
+
+    // With --guard.persist the guard stays attached too.
+    let e = Exporter::start(&[flag.as_str(), "--guard.mode=observe", "--guard.persist"]);
+    assert_eq!(
+        e.scrape()
+            .sum("bufscope_probe_pinned", &[("probe", "guard")]),
+        1.0
+    );
+    let pinned = pinned_prog_ids(&dir.0);
+    assert!(e.stop().success());
+    assert!(
+        pinned.is_subset(&linked_prog_ids()),
+        "persisted guard stays"
+    );
+    let (ok, _, err) = output(
+        Command::new(bufscope_bin()).args(["run", "--guard.mode=observe", "--guard.persist"]),
+        "",
+    );
+    assert!(!ok && err.contains("--bpf.pin-path"), "{err}");
+}
+
+/// Program ids the process holds open (fdinfo `prog_id`).
+fn testkit_held(pid: u32) -> BTreeSet<u32> {
+    bufscope_integration::held_bpf_ids(pid, "prog_id:")
+}
