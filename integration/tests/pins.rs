@@ -160,6 +160,15 @@ fn counts_go_on_across_sigterm_and_kill9_restarts() {
         "drops while down: {before} → {during}"
     );
 
+    // A second receiver drops while bufscope is down, then closes its socket and exits: its
+    // drops are still attributed to it (its owner is in the pinned OWNERS map).
+    let gone = Workload::start(&["udp-recv", "--rcvbuf", "4096", "--comm", "gone-recv"]);
+    let (gpid, ginode) = (gone.pid(), gone.get("inodes").parse::<u64>().unwrap());
+    flood(gone.get("ports"), 3000);
+    let gone_kernel = proc_udp_drops(gpid, ginode).unwrap();
+    assert!(gone_kernel > 500, "{gone_kernel}");
+    drop(gone);
+
     // After: adopted, the total includes the drops of the blind window.
     let (e, gap) = restart(&flags, pid, inode);
     assert!(e.log().contains("adopting the pinned maps"), "{}", e.log());
@@ -172,6 +181,16 @@ fn counts_go_on_across_sigterm_and_kill9_restarts() {
     assert_eq!(m.sum("bufscope_probe_pinned", &[("probe", "drops")]), 1.0);
     assert_eq!(pinned_prog_ids(&dir.0), pinned, "adopted, not reloaded");
     eprintln!("SIGTERM restart gap (exec → first scrape with the adopted total): {gap:?}");
+    let gpid_s = gpid.to_string();
+    let got = eventually(Duration::from_secs(10), "the closed socket's drops", || {
+        let v = e
+            .scrape()
+            .sum(DROPS, &[("pid", gpid_s.as_str()), ("comm", "gone-recv")]);
+        (v == gone_kernel as f64).then_some(v)
+    });
+    eprintln!(
+        "socket closed while bufscope was down: kernel {gone_kernel}, bufscope {got} on its exited owner"
+    );
     flood(&port, 2000);
     equals_kernel(&e, pid, inode, "after the SIGTERM restart");
 
@@ -242,6 +261,38 @@ fn another_layout_is_replaced_never_read() {
     eprintln!(
         "replaced DROPS: kernel {kernel} (of which {old} before the replacement), bufscope {got}"
     );
+    let before = pinned_prog_ids(&dir.0);
+    assert!(e.stop().success());
+
+    // Other settings, same layout: the maps are kept (counts go on), the programs replaced.
+    let e = Exporter::start(&[flag.as_str(), "--log.level=debug"]);
+    assert!(e.log().contains("programs replaced"), "{}", e.log());
+    assert_eq!(
+        e.scrape()
+            .sum("bufscope_bpf_pins_info", &[("outcome", "upgraded")]),
+        1.0
+    );
+    let after = pinned_prog_ids(&dir.0);
+    assert!(
+        before.is_disjoint(&after) && after.len() == before.len(),
+        "new programs: {before:?} → {after:?}"
+    );
+    assert!(
+        before.is_disjoint(&linked_prog_ids()),
+        "the old links are gone"
+    );
+    flood(&port, 2000);
+    let kernel = proc_udp_drops(pid, inode).unwrap();
+    let want = (kernel - old) as f64;
+    let got = eventually(
+        Duration::from_secs(10),
+        "counts kept across the upgrade",
+        || {
+            let v = e.scrape().sum(DROPS, &[("pid", pid_s.as_str())]);
+            (v == want).then_some(v)
+        },
+    );
+    eprintln!("upgraded: kernel {kernel}, bufscope {got} (= kernel - {old})");
     assert!(e.stop().success());
 }
 
