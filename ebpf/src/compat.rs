@@ -16,19 +16,17 @@
 //! So a rise of `rcvq_space.space` across one call is one grow event.
 
 use aya_ebpf::{
-    bindings::BPF_NOEXIST,
     helpers::{bpf_get_current_pid_tgid, bpf_jiffies64, bpf_skc_to_tcp_sock},
     macros::{btf_tracepoint, fentry, fexit, map},
     programs::{BtfTracePointContext, FEntryContext, FExitContext},
 };
 use bufscope_common::{
-    AutotuneVal, CompatConfig, DropKey, DropVal, IPPROTO_UDP, SOCK_RCVBUF_LOCK, SpaceSnap,
-    TCP_CLOSE, drop_site, stat,
+    CompatConfig, DropKey, DropVal, IPPROTO_UDP, SpaceSnap, TCP_CLOSE, drop_site, stat,
 };
 
 use super::{
-    AUTOTUNE, btf_sk_inode, btf_sk_netns, btf_sk_userlocks, count_drop, kread, load, load_field,
-    reason_tracked, skb_segs, stat_inc,
+    btf_sk_inode, btf_sk_netns, count_grow, kread, load, load_field, reason_tracked, record_drop,
+    skb_segs, stat_inc,
 };
 
 /// Offsets and reason numbers only these programs need, patched by userspace before load.
@@ -107,8 +105,7 @@ fn count_on_socket(sk: u64, reason: u32, packets: u64) {
         last_ns: unsafe { bpf_jiffies64() },
         ifname: [0; 16],
     };
-    count_drop(&key, &val);
-    stat_inc(stat::DROPS_SEEN);
+    record_drop(&key, &val);
 }
 
 /// `fexit/__udp_enqueue_schedule_skb(struct sock *sk, struct sk_buff *skb) -> int`: every UDP
@@ -205,16 +202,7 @@ fn kfree_skb_without_rx_sk<const UDP_V6_COVERED: bool>(ctx: &BtfTracePointContex
             site: drop_site::DEVICE,
             _pad: 0,
         };
-        let val = DropVal {
-            packets: skb_segs(skb),
-            skbs: 1,
-            rcvbuf: 0,
-            rmem_alloc: 0,
-            last_ns: unsafe { bpf_jiffies64() },
-            ifname: kread(dev, cfg!(dev_name)),
-        };
-        count_drop(&key, &val);
-        stat_inc(stat::DROPS_SEEN);
+        record_drop(&key, &unowned(skb, kread(dev, cfg!(dev_name))));
         return 0;
     }
     // An skb already charged to a socket (e.g. pruned from a TCP out-of-order queue, or on
@@ -242,72 +230,27 @@ fn kfree_skb_without_rx_sk<const UDP_V6_COVERED: bool>(ctx: &BtfTracePointContex
         site: drop_site::NETNS,
         _pad: 0,
     };
-    let val = DropVal {
+    record_drop(&key, &unowned(skb, [0; 16]));
+    0
+}
+
+/// The value of one dropped `skb` that no socket owns (no buffer state), with the name of its
+/// device for a full TUN/TAP ring.
+#[inline(always)]
+fn unowned(skb: u64, ifname: [u8; 16]) -> DropVal {
+    DropVal {
         packets: skb_segs(skb),
         skbs: 1,
         rcvbuf: 0,
         rmem_alloc: 0,
         last_ns: unsafe { bpf_jiffies64() },
-        ifname: [0; 16],
-    };
-    count_drop(&key, &val);
-    stat_inc(stat::DROPS_SEEN);
-    0
+        ifname,
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
 // Autotuning without the tcp_rcvbuf_grow tracepoint
 // ---------------------------------------------------------------------------------------------
-
-/// One grow event on `sk` (what `tcp_rcvbuf_grow` in main.rs records): `time` is the
-/// measurement interval (µs), `copied` what the reader consumed in it.
-#[inline(always)]
-fn record_grow(sk: u64, tp: u64, time: u64, copied: u64) {
-    let inode = btf_sk_inode(sk);
-    if inode == 0 {
-        return;
-    }
-    let locks = btf_sk_userlocks(sk);
-    let netns = btf_sk_netns(sk);
-    let net: u64 = load(sk, cfg!(sk_net));
-    let moderate = {
-        let f = cfg!(net_tcp_moderate_rcvbuf);
-        if f.present() { load_field(net, f) } else { 1 }
-    };
-    let suppressed = (locks & SOCK_RCVBUF_LOCK as u32) != 0 || moderate == 0;
-    let rtt8: u32 = load(tp, cfg!(tcp_rcv_rtt_us));
-    let rcvbuf: i32 = load(sk, cfg!(sk_rcvbuf));
-    let now = unsafe { bpf_jiffies64() };
-    let update = |v: &mut AutotuneVal| {
-        v.grow_events += 1;
-        if suppressed {
-            v.suppressed += 1;
-        }
-        v.copied = copied;
-        v.interval_us = time;
-        v.last_ns = now;
-        v.rtt_us = rtt8 >> 3;
-        v.rcvbuf = rcvbuf;
-        v.userlocks = locks;
-    };
-    if let Some(p) = AUTOTUNE.get_ptr_mut(&inode) {
-        update(unsafe { &mut *p });
-        stat_inc(stat::AUTOTUNE_SEEN);
-        return;
-    }
-    let mut v = AutotuneVal {
-        netns,
-        ..AutotuneVal::default()
-    };
-    update(&mut v);
-    if AUTOTUNE.insert(&inode, &v, BPF_NOEXIST as u64).is_err() {
-        match AUTOTUNE.get_ptr_mut(&inode) {
-            Some(p) => update(unsafe { &mut *p }),
-            None => stat_inc(stat::AUTOTUNE_MAP_FULL),
-        }
-    }
-    stat_inc(stat::AUTOTUNE_SEEN);
-}
 
 /// The receive-space measurement of a BTF-typed `tcp_sock`.
 #[inline(always)]
@@ -322,9 +265,13 @@ fn snap(tp: u64) -> SpaceSnap {
 /// Records a grow event when `now` shows a higher `rcvq_space.space` than `before`.
 #[inline(always)]
 fn grew(sk: u64, tp: u64, before: &SpaceSnap, now: &SpaceSnap) {
-    if now.space > before.space {
+    if now.space <= before.space {
+        return;
+    }
+    let inode = btf_sk_inode(sk);
+    if inode != 0 {
         let time = now.time.wrapping_sub(before.time);
-        record_grow(sk, tp, time, now.space as u64);
+        count_grow(sk, tp, inode, time, now.space as u64);
     }
 }
 

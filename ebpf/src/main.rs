@@ -575,6 +575,24 @@ pub fn tcp_rcvbuf_grow(ctx: BtfTracePointContext) -> i32 {
     if tp == 0 {
         return 0;
     }
+    let copied_seq: u32 = load(tp, cfg!(tcp_copied_seq));
+    let space_seq: u32 = load(tp, cfg!(tcp_rcvq_space_seq));
+    let interval_us = if time > 0 { time as u64 } else { 0 };
+    count_grow(
+        sk,
+        tp,
+        inode,
+        interval_us,
+        copied_seq.wrapping_sub(space_seq) as u64,
+    );
+    0
+}
+
+/// Counts one grow event on socket `inode` (BTF-typed `sk` and its `tcp_sock` `tp`): the
+/// reader consumed `copied` bytes in the measurement interval `interval_us`. Shared by
+/// [`tcp_rcvbuf_grow`] and the older kernels' hooks in [`compat`].
+#[inline(always)]
+fn count_grow(sk: u64, tp: u64, inode: u64, interval_us: u64, copied: u64) {
     let locks = btf_sk_userlocks(sk);
     let net: u64 = load(sk, cfg!(sk_net));
     let moderate = {
@@ -583,8 +601,6 @@ pub fn tcp_rcvbuf_grow(ctx: BtfTracePointContext) -> i32 {
         if f.present() { load_field(net, f) } else { 1 }
     };
     let suppressed = (locks & SOCK_RCVBUF_LOCK as u32) != 0 || moderate == 0;
-    let copied_seq: u32 = load(tp, cfg!(tcp_copied_seq));
-    let space_seq: u32 = load(tp, cfg!(tcp_rcvq_space_seq));
     let rtt8: u32 = load(tp, cfg!(tcp_rcv_rtt_us));
     let rcvbuf: i32 = load(sk, cfg!(sk_rcvbuf));
     let now = unsafe { bpf_jiffies64() };
@@ -593,8 +609,8 @@ pub fn tcp_rcvbuf_grow(ctx: BtfTracePointContext) -> i32 {
         if suppressed {
             v.suppressed += 1;
         }
-        v.copied = copied_seq.wrapping_sub(space_seq) as u64;
-        v.interval_us = if time > 0 { time as u64 } else { 0 };
+        v.copied = copied;
+        v.interval_us = interval_us;
         v.last_ns = now;
         v.rtt_us = rtt8 >> 3;
         v.rcvbuf = rcvbuf;
@@ -603,7 +619,7 @@ pub fn tcp_rcvbuf_grow(ctx: BtfTracePointContext) -> i32 {
     if let Some(p) = AUTOTUNE.get_ptr_mut(&inode) {
         update(unsafe { &mut *p });
         stat_inc(stat::AUTOTUNE_SEEN);
-        return 0;
+        return;
     }
     let mut v = AutotuneVal {
         netns: btf_sk_netns(sk),
@@ -619,7 +635,6 @@ pub fn tcp_rcvbuf_grow(ctx: BtfTracePointContext) -> i32 {
     }
     // After the update: userspace skips reading AUTOTUNE while this has not moved.
     stat_inc(stat::AUTOTUNE_SEEN);
-    0
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -723,10 +738,16 @@ pub fn kfree_skb(ctx: BtfTracePointContext) -> i32 {
         last_ns: unsafe { bpf_jiffies64() },
         ifname,
     };
-    count_drop(&key, &val);
-    // After the update: userspace skips reading DROPS while this has not moved.
-    stat_inc(stat::DROPS_SEEN);
+    record_drop(&key, &val);
     0
+}
+
+/// [`count_drop`], then the generation: userspace skips reading `DROPS` while
+/// `stat::DROPS_SEEN` has not moved, so it moves after the update.
+#[inline(always)]
+fn record_drop(key: &DropKey, val: &DropVal) {
+    count_drop(key, val);
+    stat_inc(stat::DROPS_SEEN);
 }
 
 /// Adds one dropped skb (`val`: its segments, and the socket's state now) to `DROPS`.

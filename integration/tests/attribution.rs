@@ -82,12 +82,17 @@ elif mode == "scm-rights":
     a.close()
     os._exit(0)
 elif mode == "prefork":
+    # Two workers; the first `reading` of them read the socket, the others only hold it.
+    reading = int(sys.argv[2]) if len(sys.argv) > 2 else 2
     s = bound()
     workers = []
-    for _ in range(2):
+    for i in range(2):
         pid = os.fork()
         if pid == 0:
-            serve(s.fileno(), use_stdin=False)
+            if i < reading:
+                serve(s.fileno(), use_stdin=False)
+            while True:
+                time.sleep(60)
         workers.append(pid)
     say("READY pid=%d workers=%d,%d inode=%d port=%d" % (os.getpid(), workers[0], workers[1], ino(s.fileno()), s.getsockname()[1]))
     wait_stdin("never")
@@ -204,13 +209,49 @@ fn wait_sum(exporter: &Exporter, pids: &[u32], want: u64, what: &str) -> Metrics
     m
 }
 
-/// A launcher creates and binds the socket, forks, and exits; the child holds and reads it.
-#[test]
-#[ignore = "needs root: run via cargo xtask test"]
-fn fork_and_exit_drops_land_on_the_child() {
-    let progs = Programs::new("fork");
+/// The reader hook's self-metrics: (armed, arms, disarms). Panics when the exporter has no
+/// reader hook (a kernel without `tp_btf/sock_recv_length`, before 6.4).
+fn reader_hook(m: &Metrics) -> (f64, f64, f64) {
+    assert!(
+        m.find("bufscope_reader_hook_armed", &[]).next().is_some(),
+        "no reader hook on this kernel (needs tp_btf/sock_recv_length)"
+    );
+    let changes = |a: &str| m.sum("bufscope_reader_hook_changes_total", &[("action", a)]) + 0.0;
+    (
+        m.sum("bufscope_reader_hook_armed", &[]) + 0.0,
+        changes("arm"),
+        changes("disarm"),
+    )
+}
+
+/// BPF links of the reader program (`bpftool link show` joined with `bpftool prog show` on the
+/// program id): the kernel's own word on whether the hook is attached.
+fn reader_links() -> usize {
+    let json = |what: &str| -> Vec<serde_json::Value> {
+        let out = Command::new("bpftool")
+            .args(["-j", what, "show"])
+            .output()
+            .expect("bpftool");
+        serde_json::from_slice(&out.stdout).unwrap_or_default()
+    };
+    let progs: Vec<u64> = json("prog")
+        .iter()
+        .filter(|p| p["name"] == "sock_recv_length")
+        .filter_map(|p| p["id"].as_u64())
+        .collect();
+    json("link")
+        .iter()
+        .filter(|l| l["prog_id"].as_u64().is_some_and(|id| progs.contains(&id)))
+        .count()
+}
+
+/// A launcher hands the socket on (`mode`: by fork, or over SCM_RIGHTS) and exits; the
+/// process that got it (`who`) holds and reads it. Its drops are on that process, none on the
+/// launcher; one holder, so the reader hook never attaches.
+fn drops_follow_the_hand_off(name: &str, mode: &str, who: &str) {
+    let progs = Programs::new(name);
     let exporter = Exporter::start(&[]);
-    let (_child, ready) = progs.start("fork-exit", &[]);
+    let (_child, ready) = progs.start(mode, &[]);
     let pid: u32 = field(&ready, "pid").parse().unwrap();
     let launcher: u32 = field(&ready, "launcher").parse().unwrap();
     let inode: u64 = field(&ready, "inode").parse().unwrap();
@@ -228,87 +269,118 @@ fn fork_and_exit_drops_land_on_the_child() {
         &exporter,
         &[pid],
         kernel,
-        "the child's drops = the kernel's",
+        &format!("the {who}'s drops = the kernel's"),
     );
     assert_eq!(on_pid(&m, launcher), 0.0, "nothing on the exited launcher");
+    assert_eq!(
+        reader_hook(&m),
+        (0.0, 0.0, 0.0),
+        "a socket one process holds never attaches the reader hook"
+    );
     eprintln!(
-        "fork-and-exit: kernel drops column {kernel}, bufscope {} on child {pid}, {} on launcher {launcher}",
+        "{mode}: kernel drops column {kernel}, bufscope {} on {who} {pid}, {} on launcher {launcher}",
         on_pid(&m, pid),
         on_pid(&m, launcher)
     );
+}
+
+/// A launcher creates and binds the socket, forks, and exits; the child holds and reads it.
+#[test]
+#[ignore = "needs root: run via cargo xtask test"]
+fn fork_and_exit_drops_land_on_the_child() {
+    drops_follow_the_hand_off("fork", "fork-exit", "child");
 }
 
 /// A launcher hands the socket to a worker over SCM_RIGHTS, closes its copy and exits.
 #[test]
 #[ignore = "needs root: run via cargo xtask test"]
 fn scm_rights_hand_off_drops_land_on_the_worker() {
-    let progs = Programs::new("scm");
-    let exporter = Exporter::start(&[]);
-    let (_child, ready) = progs.start("scm-rights", &[]);
-    let pid: u32 = field(&ready, "pid").parse().unwrap();
-    let launcher: u32 = field(&ready, "launcher").parse().unwrap();
-    let inode: u64 = field(&ready, "inode").parse().unwrap();
-    eventually(Duration::from_secs(10), "the launcher to exit", || {
-        let fds = std::fs::read_dir(format!("/proc/{launcher}/fd"));
-        fds.map_or(true, |mut d| d.next().is_none()).then_some(())
-    });
-    flood(field(&ready, "port"), 5000);
-    let kernel = kernel_drops(pid, inode);
-    assert!(
-        kernel > 1000,
-        "the flood should overflow the buffer ({kernel})"
-    );
-    let m = wait_sum(
-        &exporter,
-        &[pid],
-        kernel,
-        "the worker's drops = the kernel's",
-    );
-    assert_eq!(on_pid(&m, launcher), 0.0, "nothing on the exited launcher");
-    eprintln!(
-        "SCM_RIGHTS hand-off: kernel drops column {kernel}, bufscope {} on worker {pid}, {} on launcher {launcher}",
-        on_pid(&m, pid),
-        on_pid(&m, launcher)
-    );
+    drops_follow_the_hand_off("scm", "scm-rights", "worker");
 }
 
-/// A prefork master keeps the socket, two workers read it: the drops are on the workers and
-/// sum to the kernel's count; none on the master.
-#[test]
-#[ignore = "needs root: run via cargo xtask test"]
-fn prefork_drops_land_on_the_reading_workers() {
-    let progs = Programs::new("prefork");
+/// A prefork master keeps the socket, two workers hold it and the first `reading` of them
+/// read it (the second is the newest holder). Checks, against the kernel's drops column and
+/// its list of BPF links: the reader hook stays detached while the shared socket does not
+/// drop; a 3-second overflow attaches it; the drops land on the reading workers only (summing
+/// to the kernel's count), none on the master or an idle worker; the hook detaches once the
+/// drops stop. Returns the drops of each worker.
+fn prefork(name: &str, reading: usize) -> Vec<f64> {
+    let progs = Programs::new(name);
     let exporter = Exporter::start(&[]);
-    let (_child, ready) = progs.start("prefork", &[]);
+    let (_child, ready) = progs.start("prefork", &[&reading.to_string()]);
     let master: u32 = field(&ready, "pid").parse().unwrap();
     let workers: Vec<u32> = field(&ready, "workers")
         .split(',')
         .map(|w| w.parse().unwrap())
         .collect();
     let inode: u64 = field(&ready, "inode").parse().unwrap();
-    flood(field(&ready, "port"), 5000);
+    std::thread::sleep(Duration::from_secs(2));
+    assert_eq!(
+        (reader_hook(&exporter.scrape()), reader_links()),
+        ((0.0, 0.0, 0.0), 0),
+        "no shared socket drops yet: the reader hook is not attached"
+    );
+
+    let dest = format!("127.0.0.1:{}", field(&ready, "port"));
+    let blast = Workload::start(&["udp-blast", "--dest", &dest, "--seconds", "3"]);
+    eventually(Duration::from_secs(3), "the reader hook to attach", || {
+        let (armed, arms, _) = reader_hook(&exporter.scrape());
+        (armed == 1.0 && arms >= 1.0 && reader_links() == 1).then_some(())
+    });
+    assert!(blast.wait(), "udp-blast failed");
     let kernel = kernel_drops(master, inode);
     assert!(
         kernel > 1000,
-        "the flood should overflow the buffer ({kernel})"
+        "the blast should overflow the buffer ({kernel})"
     );
+    let readers = &workers[..reading];
     let m = wait_sum(
         &exporter,
-        &workers,
+        readers,
         kernel,
-        "the workers' drops = the kernel's",
+        "the reading workers' drops = the kernel's",
+    );
+    let got: Vec<f64> = workers.iter().map(|w| on_pid(&m, *w)).collect();
+    eprintln!(
+        "prefork, {reading} of 2 workers reading: kernel drops column {kernel}, bufscope {got:?} on workers {workers:?}, {} on master {master}",
+        on_pid(&m, master)
     );
     assert_eq!(
         on_pid(&m, master),
         0.0,
         "nothing on the master, which never reads"
     );
-    eprintln!(
-        "prefork: kernel drops column {kernel}, bufscope {} / {} on workers {workers:?}, {} on master {master}",
-        on_pid(&m, workers[0]),
-        on_pid(&m, workers[1]),
-        on_pid(&m, master)
+    for idle in &workers[reading..] {
+        assert_eq!(
+            on_pid(&m, *idle),
+            0.0,
+            "nothing on worker {idle}, the newest holder, which never reads"
+        );
+    }
+    eventually(Duration::from_secs(15), "the reader hook to detach", || {
+        let (armed, _, disarms) = reader_hook(&exporter.scrape());
+        (armed == 0.0 && disarms >= 1.0 && reader_links() == 0).then_some(())
+    });
+    got
+}
+
+/// Both workers read: the drops are split between them in proportion to their receives.
+#[test]
+#[ignore = "needs root: run via cargo xtask test"]
+fn prefork_drops_land_on_the_reading_workers() {
+    let got = prefork("prefork", 2);
+    assert!(
+        got.iter().all(|n| *n > 0.0),
+        "both workers read, both carry drops: {got:?}"
     );
+}
+
+/// One worker reads, the other (the newest holder) only holds the socket: every drop is on
+/// the reader.
+#[test]
+#[ignore = "needs root: run via cargo xtask test"]
+fn prefork_drops_skip_the_idle_worker() {
+    prefork("prefork-idle", 1);
 }
 
 /// A process execs into another program keeping the socket: the drops before the exec stay on

@@ -8,8 +8,9 @@
 //!   on is noticed at that look);
 //! - otherwise one pass over `/proc/*/fd` for all such sockets lists every process holding
 //!   each, and the newest of them (latest start time, then highest pid) is chosen: after a
-//!   fork the child, after a hand-off the receiver, in a prefork server a worker rather than
-//!   the master that created the socket and keeps it;
+//!   fork the child, after a hand-off the receiver; how many live processes hold it is kept
+//!   ([`Attributor::holder_count`]): the drops of a socket several hold go to the process that
+//!   reads it where the reader hook can say (the drops room's `shared`), this holder otherwise;
 //! - a socket nobody holds any more (closed: its last counts happened while someone held it)
 //!   keeps its last holder, else the recorded owner (`OWNERS`).
 //!
@@ -39,6 +40,9 @@ pub(super) struct Holding {
     pub proc: ProcRef,
     /// When its holders were last listed from `/proc`.
     pub scanned: Instant,
+    /// How many live processes held it then (more than one: a shared socket, whose drops
+    /// go to the process that reads it where the reader hook can say which).
+    pub holders: u32,
 }
 
 impl Attributor {
@@ -80,10 +84,12 @@ impl Attributor {
             let found = self.procfs.all_holders_of(&wanted);
             for ino in &wanted {
                 let mut best: Option<ProcRef> = None;
+                let mut holders = 0;
                 for (pid, _fd) in found.get(ino).into_iter().flatten() {
                     let Some(p) = self.proc_from_pid(*pid) else {
                         continue;
                     };
+                    holders += 1;
                     if best.is_none_or(|b| (p.start_ticks, p.tgid) > (b.start_ticks, b.tgid)) {
                         best = Some(p);
                     }
@@ -95,6 +101,7 @@ impl Attributor {
                             Holding {
                                 proc: p,
                                 scanned: now,
+                                holders,
                             },
                         );
                         self.inode_owner.insert(*ino, p);
@@ -113,6 +120,17 @@ impl Attributor {
         for p in procs {
             self.check_comm(p);
         }
+    }
+
+    /// How many live processes held socket `inode` at its last look (0: not looked at, or
+    /// nobody held it).
+    pub fn holder_count(&self, inode: u64) -> u32 {
+        self.holding.get(&inode).map_or(0, |h| h.holders)
+    }
+
+    /// Whether `p` is still running (the same process: pid and start time).
+    pub fn alive(&self, p: &ProcRef) -> bool {
+        self.procfs.start_ticks(p.tgid) == Some(p.start_ticks)
     }
 
     /// Re-reads `comm` of a live holder: after an `exec` the same process (pid and start

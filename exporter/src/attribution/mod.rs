@@ -13,8 +13,9 @@
 //! holds the TUN device.
 //!
 //! A socket with counts goes to a **live** process that holds it (the newest holder when
-//! several do), not to its creator once that one let go of it (fork, fd passing, exec):
-//! [`Attributor::refresh_holders`], in `holders`.
+//! several do, unless the drops room knows which of them reads it), not to its creator once
+//! that one let go of it (fork, fd passing, exec): [`Attributor::refresh_holders`], in
+//! `holders`.
 //!
 //! The same records say, before anything drops, which processes hold UDP sockets
 //! ([`Attributor::new_udp_holders`]): `OWNERS` gets each socket at creation, and one pass over

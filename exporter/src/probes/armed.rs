@@ -206,7 +206,7 @@ fn family(name: &str, help: &str, kind: MetricType, metrics: Vec<Metric>) -> Met
     mf.set_name(name.into());
     mf.set_help(help.into());
     mf.set_field_type(kind);
-    mf.set_metric(metrics.into());
+    mf.set_metric(metrics);
     mf
 }
 

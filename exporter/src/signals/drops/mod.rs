@@ -13,6 +13,7 @@
 //! ([`Attributor::refresh_holders`]: after a fork, an fd hand-off or an exec, not the creator).
 
 mod seen;
+mod shared;
 
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
@@ -26,12 +27,14 @@ use aya::maps::{IterableMap as _, MapData, PerCpuHashMap};
 use bufscope_common::{DropKey, DropVal, drop_site, stat};
 
 pub use seen::{HISTORY, HISTORY_STEP, Seen};
+pub use shared::{QUIET, READER_WAIT, split};
 
 use super::{AdviceCx, BuildEnv, Cx, GcCx, MapFill, Signal, take_map};
 use crate::advice::{Inputs, SocketDrops};
 use crate::attribution::Attributor;
 use crate::kernel::DropReasons;
 use crate::metrics::per_process;
+use crate::probes::armed::ReaderHook;
 use crate::probes::{BatchReader, BtfNeed, Hook, ProbeSpec};
 use crate::store::{ProcRef, ProcStats, Proto, Store, Who};
 
@@ -195,6 +198,9 @@ pub struct Drops {
     /// Reads the map in batches (None: the kernel or the map does not allow it; then aya's
     /// key-by-key iterator).
     batch: Option<BatchReader>,
+    /// Sockets several processes hold, and the reader hook (None: the kernel has no
+    /// `sock_recv_length`; such a socket's drops go to its newest holder).
+    shared: Option<shared::Shared>,
 }
 
 /// Sums one key's per-CPU values (latest `rcvbuf`/`rmem_alloc` win).
@@ -224,12 +230,14 @@ impl Drops {
         if !env.attached(PROBE.name) {
             return Ok(None);
         }
-        Ok(Some(Self::new(
+        let mut room = Self::new(
             take_map(ebpf, "DROPS")?,
             env.sizes.drops,
             env.reasons.clone(),
             env.attribution_hold,
-        )))
+        );
+        room.shared = ReaderHook::take(ebpf)?.map(shared::Shared::new);
+        Ok(Some(room))
     }
 
     /// Wraps the `DROPS` map.
@@ -255,6 +263,7 @@ impl Drops {
             generation: None,
             names: HashMap::new(),
             batch,
+            shared: None,
         }
     }
 
@@ -354,6 +363,9 @@ impl Drops {
 
     fn attribute(&mut self, attr: &mut Attributor, store: &mut Store, now: Instant) {
         if self.held.is_empty() {
+            if let Some(sh) = &mut self.shared {
+                sh.update(&HashSet::default(), attr, now);
+            }
             return;
         }
         // The live holder of each socket with new drops (fork, fd passing, exec: the counts
@@ -373,8 +385,14 @@ impl Drops {
             .map(|k| k.inode)
             .collect();
         attr.resolve_inodes(&unknown);
+        if let Some(sh) = &mut self.shared {
+            sh.read_readers();
+        }
         let keys: Vec<DropKey> = self.held.keys().copied().collect();
         for k in keys {
+            if self.route_shared(&k, attr, store, now) {
+                continue;
+            }
             let who = self.resolve(&k, attr);
             let expired = self
                 .held
@@ -417,6 +435,51 @@ impl Drops {
                 .or_insert_with(|| reasons.name(k.reason));
             s.drops.add(Proto::from_ip(k.proto), name, h.packets);
         }
+        if let Some(sh) = &mut self.shared {
+            sh.update(&dropping, attr, now);
+        }
+    }
+
+    /// Counts the held delta of `k` when its socket is shared (more than one live holder)
+    /// and the reader hook says, or will say, who reads it ([`shared`]). Returns true when
+    /// the delta was counted or must wait; false for the usual rule.
+    fn route_shared(
+        &mut self,
+        k: &DropKey,
+        attr: &mut Attributor,
+        store: &mut Store,
+        now: Instant,
+    ) -> bool {
+        let Some(sh) = &mut self.shared else {
+            return false;
+        };
+        if k.site != drop_site::SOCKET || attr.holder_count(k.inode) <= 1 {
+            return false;
+        }
+        let Some(h) = self.held.get(k) else {
+            return false;
+        };
+        let parts = match sh.route(k.inode, h.packets, h.since, now, attr) {
+            shared::Route::Holder => return false,
+            shared::Route::Wait => return true,
+            shared::Route::Split(parts) => parts,
+        };
+        self.held.remove(k);
+        if let (Some(seen), Some((p, _))) =
+            (self.last.get_mut(k), parts.iter().max_by_key(|(_, n)| *n))
+        {
+            seen.owner = Some(*p);
+        }
+        let reasons = &self.reasons;
+        let name = self
+            .names
+            .entry(k.reason)
+            .or_insert_with(|| reasons.name(k.reason));
+        for (p, n) in parts {
+            let s = store.proc_mut(Who::Proc(p), || attr.meta(&p));
+            s.drops.add(Proto::from_ip(k.proto), name, n);
+        }
+        true
     }
 }
 
@@ -453,7 +516,12 @@ impl Signal for Drops {
         self.zero_udp_series(cx);
         let generation = cx.stats.and_then(|s| s.total(stat::DROPS_SEEN));
         if generation.is_some() && generation == self.generation && self.held.is_empty() {
-            self.last_poll = Some(Instant::now());
+            let now = Instant::now();
+            self.last_poll = Some(now);
+            if let Some(sh) = &mut self.shared {
+                // Nothing dropped: watched sockets may have gone quiet.
+                sh.update(&HashSet::default(), cx.attr, now);
+            }
             return false;
         }
         self.read(cx.attr, cx.store);
@@ -505,6 +573,9 @@ impl Signal for Drops {
             self.last.remove(k);
             if k.site == drop_site::SOCKET {
                 cx.attr.forget_inode(k.inode);
+                if let Some(sh) = &mut self.shared {
+                    sh.forget(k.inode);
+                }
             }
         }
         doomed.len()
@@ -512,6 +583,9 @@ impl Signal for Drops {
 
     fn referenced(&self, out: &mut HashSet<ProcRef>) {
         out.extend(self.last.values().filter_map(|s| s.owner));
+        if let Some(sh) = &self.shared {
+            sh.referenced(out);
+        }
     }
 
     fn advise(&self, cx: &AdviceCx<'_>, inputs: &mut Inputs) {
@@ -538,6 +612,7 @@ impl Signal for Drops {
 /// kernel can put on a socket.
 pub fn families(procs: &[(String, &ProcStats)], out: &mut Vec<MetricFamily>) {
     netns_family(procs, out);
+    crate::probes::armed::families(out);
     per_process(
         "bufscope_socket_drops_total",
         "Packets dropped because a socket buffer or queue was full, by the owning process and kernel drop reason (GRO skbs weighted by segment count).",
@@ -559,7 +634,8 @@ pub fn families(procs: &[(String, &ProcStats)], out: &mut Vec<MetricFamily>) {
 /// namespace of the receiving device (inode number as in `/proc/<pid>/ns/net`; 0 when the
 /// skb had no device) and reason.
 fn netns_family(procs: &[(String, &ProcStats)], out: &mut Vec<MetricFamily>) {
-    use prometheus::proto::{Counter, LabelPair, Metric, MetricType};
+    use crate::probes::armed::sample;
+    use prometheus::proto::MetricType;
     let mut sum: BTreeMap<(u32, Proto, &str), u64> = BTreeMap::new();
     for (_, s) in procs {
         for ((netns, proto, reason), v) in &s.drops.netns {
@@ -582,22 +658,7 @@ fn netns_family(procs: &[(String, &ProcStats)], out: &mut Vec<MetricFamily>) {
             ("proto", proto.as_str()),
             ("reason", reason),
         ];
-        let mut m = Metric::default();
-        m.set_label(
-            labels
-                .iter()
-                .map(|(k, v)| {
-                    let mut l = LabelPair::default();
-                    l.set_name((*k).into());
-                    l.set_value((*v).into());
-                    l
-                })
-                .collect(),
-        );
-        let mut c = Counter::default();
-        c.set_value(v as f64);
-        m.set_counter(c);
-        mf.mut_metric().push(m);
+        mf.mut_metric().push(sample(&labels, v as f64, true));
     }
     out.push(mf);
 }
