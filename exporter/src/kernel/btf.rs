@@ -287,20 +287,7 @@ mod tests {
         let Some(k) = kernel() else {
             panic!("/sys/kernel/btf/vmlinux is required for this test");
         };
-        let out = std::process::Command::new("bpftool")
-            .args([
-                "btf",
-                "dump",
-                "file",
-                "/sys/kernel/btf/vmlinux",
-                "format",
-                "raw",
-            ])
-            .output();
-        let Ok(out) = out else {
-            panic!("bpftool is required for this test (cargo xtask setup installs it)");
-        };
-        let raw = String::from_utf8_lossy(&out.stdout);
+        let raw = bufscope_testkit::btf_dump("raw").unwrap_or_else(|e| panic!("{e:#}"));
         // Find "STRUCT 'sock' size=…" then its member "'sk_rcvbuf' type_id=… bits_offset=N".
         let bits = |strukt: &str, member: &str| -> Option<u32> {
             let mut lines = raw.lines();
@@ -356,25 +343,11 @@ mod tests {
     fn tracepoint_arguments_and_functions() {
         let k = kernel().unwrap();
         // Ground truth: the same prototypes as bpftool prints them (`format c`).
-        let out = std::process::Command::new("bpftool")
-            .args([
-                "btf",
-                "dump",
-                "file",
-                "/sys/kernel/btf/vmlinux",
-                "format",
-                "c",
-            ])
-            .output()
-            .expect("bpftool (cargo xtask setup installs it)");
-        let c = String::from_utf8_lossy(&out.stdout);
+        let c = bufscope_testkit::btf_dump("c").unwrap_or_else(|e| panic!("{e:#}"));
         for tp in ["kfree_skb", "udp_fail_queue_rcv_skb", "inet_sock_set_state"] {
-            let line = c
-                .lines()
-                .find(|l| l.contains(&format!("(*btf_trace_{tp})(")))
-                .unwrap();
-            let want = line.matches(',').count(); // "void *, a, b" -> 2 arguments after ctx
-            assert_eq!(k.btf_tracepoint_args(tp), Some(want), "{line}");
+            let want = bufscope_testkit::btf_tracepoint_args(&c, tp);
+            assert!(want.is_some(), "bpftool shows no btf_trace_{tp}");
+            assert_eq!(k.btf_tracepoint_args(tp), want, "{tp}");
         }
         assert_eq!(k.btf_tracepoint_args("no_such_tracepoint"), None);
         assert!(k.has_func("tcp_rcv_space_adjust"));
