@@ -482,12 +482,31 @@ mod tests {
             let k = match cli.cmd {
                 Command::Run(a) => a.kernel.clone(),
                 Command::Check(a) => a.kernel,
-                Command::Explain(_) => unreachable!(),
-                Command::Top(_) => unreachable!(),
+                Command::Explain(_) | Command::Top(_) | Command::Cleanup(_) => unreachable!(),
             };
             let e = format!("{:#}", k.validate().unwrap_err());
             assert!(e.contains("\"nope\"") && e.contains("owners"), "{e}");
         }
+    }
+
+    #[test]
+    fn pin_flags_are_checked() {
+        let run = |args: &[&str]| {
+            let mut v = vec!["bufscope", "run"];
+            v.extend(args);
+            let Command::Run(a) = Cli::try_parse_from(v).unwrap().cmd else {
+                unreachable!()
+            };
+            format!("{:#}", a.validate().unwrap_err())
+        };
+        let e = run(&["--guard.mode", "observe", "--guard.persist"]);
+        assert!(e.contains("--bpf.pin-path"), "{e}");
+        let e = run(&["--bpf.pin-path", "bufscope"]);
+        assert!(e.contains("not an absolute path"), "{e}");
+        let e = run(&["--guard.persist"]);
+        assert!(e.contains("--guard.mode is off"), "{e}");
+        let e = Cli::try_parse_from(["bufscope", "cleanup"]).unwrap_err();
+        assert_eq!(e.kind(), clap::error::ErrorKind::MissingRequiredArgument);
     }
 
     #[test]

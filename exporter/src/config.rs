@@ -28,6 +28,7 @@
 //!   owners_map_entries: 65536
 //!   autotune_map_entries: 16384
 //!   events_ring_bytes: 1048576
+//!   pin_path: /sys/fs/bpf/bufscope   # keep counting across restarts (README)
 //! log:
 //!   level: info
 //!   format: logfmt   # or json
@@ -37,6 +38,7 @@
 //!   comm: [openvpn, wireguard-go]   # or exclude_comm: [...]
 //!   udp_floor: 7340032
 //!   raise_sysctl: false
+//!   persist: false           # with bpf.pin_path: keep the guard attached while bufscope is down
 //! ```
 
 use std::path::{Path, PathBuf};
@@ -128,6 +130,7 @@ struct Bpf {
     owners_map_entries: Option<u32>,
     autotune_map_entries: Option<u32>,
     events_ring_bytes: Option<u32>,
+    pin_path: Option<PathBuf>,
 }
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -138,6 +141,7 @@ struct Guard {
     exclude_comm: Option<Vec<String>>,
     udp_floor: Option<u64>,
     raise_sysctl: Option<bool>,
+    persist: Option<bool>,
 }
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -232,6 +236,12 @@ pub fn apply(file: FileConfig, args: &mut RunArgs, m: &ArgMatches) -> anyhow::Re
         args.guard.raise_sysctl,
         file.guard.raise_sysctl
     );
+    set!("persist", args.guard.persist, file.guard.persist);
+    if let Some(v) = file.bpf.pin_path
+        && !from_cli("pin_path")
+    {
+        args.pins.pin_path = Some(v);
+    }
     if let Some(v) = file.guard.cgroup
         && !from_cli("cgroup")
     {
@@ -346,5 +356,27 @@ mod tests {
         assert!(format!("{e:#}").contains("max_procs"), "{e:#}");
         let e = parse(&["bufscope", "run"], "cardinality:\n  retention: soon\n").unwrap_err();
         assert!(format!("{e:#}").contains("retention"), "{e:#}");
+    }
+
+    #[test]
+    fn pin_path_and_guard_persist_from_the_file() {
+        let y =
+            "bpf:\n  pin_path: /sys/fs/bpf/bufscope\nguard:\n  mode: observe\n  persist: true\n";
+        let a = parse(&["bufscope", "run"], y).unwrap();
+        assert_eq!(
+            a.pins.pin_path.as_deref(),
+            Some(std::path::Path::new("/sys/fs/bpf/bufscope"))
+        );
+        assert!(a.guard.persist);
+        let a = parse(
+            &["bufscope", "run", "--bpf.pin-path", "/sys/fs/bpf/other"],
+            y,
+        )
+        .unwrap();
+        assert_eq!(
+            a.pins.pin_path.as_deref(),
+            Some(std::path::Path::new("/sys/fs/bpf/other")),
+            "the flag wins"
+        );
     }
 }

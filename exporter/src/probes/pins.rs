@@ -704,6 +704,7 @@ pub fn pin_fd(fd: BorrowedFd<'_>, path: &Path) -> anyhow::Result<()> {
 
 #[cfg(test)]
 mod tests {
+    #![allow(clippy::unwrap_used)]
     use super::*;
 
     #[test]
