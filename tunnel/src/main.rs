@@ -4,6 +4,7 @@
 
 mod buffers;
 mod config;
+mod framing;
 mod net;
 mod offload;
 mod quic;

@@ -22,7 +22,7 @@ use socket2::{Domain, Protocol, Socket, Type};
 
 use crate::buffers;
 use crate::config::{BufferPolicy, Settings};
-use crate::net::packet_dst;
+use crate::framing;
 use crate::offload::Coalescer;
 use crate::sys::{EventFd, Shutdown, Wake, wait_readable, would_block};
 use crate::tun::{Tun, TunReader};
@@ -35,8 +35,6 @@ const BATCH: usize = 64;
 const READ_BUF: usize = 1 << 20;
 /// Size of the writer's buffer (many frames per `send`).
 const WRITE_BUF: usize = 1 << 20;
-/// Largest frame: the 2-byte length field.
-const MAX_FRAME: usize = u16::MAX as usize;
 /// Connections accepted but not yet authenticated, at most.
 const MAX_PENDING: usize = 4;
 /// An accepted connection that does not authenticate within this time is closed.
@@ -395,73 +393,26 @@ fn writer(ctx: &Ctx) -> Result<()> {
     let mut wbuf = vec![0u8; WRITE_BUF];
     let mut control: Vec<Vec<u8>> = Vec::with_capacity(MAX_CONTROL);
     let peer = &ctx.peer;
-    // Room one encrypted segment needs in wbuf (length prefix, MTU + 32, or a handshake).
-    let frame_room = 2 + (usize::from(ctx.mtu) + 32).max(148);
+    let frame_room = framing::frame_room(ctx.mtu);
     loop {
         ctx.link.control_ready.drain();
         {
             let mut q = ctx.link.control.lock().unwrap_or_else(|e| e.into_inner());
             control.extend(q.drain(..));
         }
-        let mut pos = 0;
-        let mut frames = 0u64;
-        for p in control.drain(..) {
-            if p.len() <= MAX_FRAME && pos + 2 + p.len() <= wbuf.len() {
-                wbuf[pos..pos + 2].copy_from_slice(&(p.len() as u16).to_be_bytes());
-                wbuf[pos + 2..pos + 2 + p.len()].copy_from_slice(&p);
-                pos += 2 + p.len();
-                frames += 1;
-            }
-        }
-        let mut read_any = false;
-        while reader
-            .recv(&ctx.tun)
-            .context("reading from the TUN device")?
-        {
-            let segs = reader.segments(&ctx.tun);
-            if pos + segs * frame_room > wbuf.len() {
-                if pos > 0 {
-                    break; // send what we have; the packet stays pending
-                }
-                reader.emit(&ctx.tun, |_| {}).ok();
-                Stats::add(&peer.stats.send_dropped, segs as u64);
-                continue;
-            }
-            read_any = true;
-            Stats::add(&peer.stats.tun_in, 1);
-            let mut tunn = peer.tunn();
-            let r = reader.emit(&ctx.tun, |packet| {
-                if packet.len() + 32 + 2 > frame_room {
-                    Stats::add(&peer.stats.send_dropped, 1);
-                    return;
-                }
-                if !packet_dst(packet).is_some_and(|d| peer.allowed.contains(d)) {
-                    Stats::add(&peer.stats.not_allowed, 1);
-                    return;
-                }
-                let dst = &mut wbuf[pos + 2..pos + frame_room];
-                let base = dst.as_ptr() as usize;
-                let (off, len) = match tunn.encapsulate(packet, dst) {
-                    TunnResult::WriteToNetwork(p) => (p.as_ptr() as usize - base, p.len()),
-                    TunnResult::Err(e) => {
-                        tracing::debug!("encapsulate: {e:?}");
-                        return;
-                    }
-                    _ => return,
-                };
-                if off != 0 {
-                    wbuf.copy_within(pos + 2 + off..pos + 2 + off + len, pos + 2);
-                }
-                wbuf[pos..pos + 2].copy_from_slice(&(len as u16).to_be_bytes());
-                pos += 2 + len;
-                frames += 1;
-            });
-            drop(tunn);
-            if let Err(e) = r {
-                tracing::debug!("unusable packet from the TUN: {e:?}");
-                Stats::add(&peer.stats.not_allowed, 1);
-            }
-        }
+        let framing::Filled {
+            len: pos,
+            frames,
+            read_any,
+        } = framing::fill(
+            &ctx.tun,
+            &mut reader,
+            peer,
+            &mut control,
+            &mut wbuf,
+            frame_room,
+            usize::MAX,
+        )?;
         if pos == 0 {
             if read_any {
                 continue;
@@ -628,14 +579,7 @@ fn read_loop(ctx: &Ctx, conn: &Conn, promoted: &mut bool) -> Result<()> {
             }
         }
         // Keep room for a whole frame at the end of the buffer.
-        if start == filled {
-            start = 0;
-            filled = 0;
-        } else if rbuf.len() - filled < 2 + MAX_FRAME {
-            rbuf.copy_within(start..filled, 0);
-            filled -= start;
-            start = 0;
-        }
+        framing::compact(&mut rbuf, &mut start, &mut filled);
     }
 }
 

@@ -14,11 +14,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use anyhow::{Context, Result};
 use boringtun::noise::TunnResult;
-use bufscope_policy::Transport;
+use bufscope_policy::{Target, Transport};
 use socket2::{Domain, Protocol, Socket, Type};
 
-use crate::config::Settings;
-use crate::net::packet_dst;
+use crate::config::{BufferPolicy, Settings};
 use crate::offload::Coalescer;
 use crate::sys::{RawAddr, Shutdown, Wake, wait_readable, would_block};
 use crate::tun::{Tun, TunReader};
@@ -54,33 +53,47 @@ pub fn check_reachable(endpoint: SocketAddr) -> Result<()> {
     Ok(())
 }
 
+/// Creates an outer UDP socket (IPv6 with IPv4-mapped addresses if `v6`, else IPv4), applies
+/// the buffer policy before bind, so that `fixed` is the anti-pattern as issue 5 describes it,
+/// and binds it to `port` on every address. The UDP and QUIC transports' socket.
+pub fn bind_outer(
+    port: u16,
+    v6: bool,
+    policy: BufferPolicy,
+    transport: Transport,
+    target: Option<Target>,
+    what: &str,
+) -> Result<UdpSocket> {
+    let domain = if v6 { Domain::IPV6 } else { Domain::IPV4 };
+    let sock = Socket::new(domain, Type::DGRAM.cloexec(), Some(Protocol::UDP))
+        .with_context(|| format!("cannot create the {what}"))?;
+    if v6 {
+        sock.set_only_v6(false).context("IPV6_V6ONLY")?;
+    }
+    crate::buffers::apply(&sock, policy, transport, target, what)?;
+    let addr: SocketAddr = if v6 {
+        ([0u16; 8], port).into()
+    } else {
+        ([0, 0, 0, 0], port).into()
+    };
+    sock.bind(&addr.into())
+        .with_context(|| format!("cannot bind the {what} to {addr}"))?;
+    Ok(sock.into())
+}
+
 /// Creates the outer UDP socket, applies the buffer policy and starts the two data-path
 /// threads and the timer thread.
 pub fn start(s: &Settings, tun: Arc<Tun>, peer: Arc<Peer>, shutdown: &Shutdown) -> Result<Workers> {
     let v6 = s.endpoint.is_some_and(|e| e.is_ipv6());
-    let domain = if v6 { Domain::IPV6 } else { Domain::IPV4 };
-    let sock = Socket::new(domain, Type::DGRAM.cloexec(), Some(Protocol::UDP))
-        .context("cannot create the outer UDP socket")?;
-    if v6 {
-        sock.set_only_v6(false).context("IPV6_V6ONLY")?;
-    }
-    // Before bind, so that `fixed` is the anti-pattern as issue 5 describes it.
-    crate::buffers::apply(
-        &sock,
+    let port = s.listen_port.unwrap_or(0);
+    let sock = bind_outer(
+        port,
+        v6,
         s.buffer_policy,
         Transport::Udp,
         s.target,
         "outer UDP socket",
     )?;
-    let port = s.listen_port.unwrap_or(0);
-    let bind: SocketAddr = if v6 {
-        ([0u16; 8], port).into()
-    } else {
-        ([0, 0, 0, 0], port).into()
-    };
-    sock.bind(&bind.into())
-        .with_context(|| format!("cannot bind the outer UDP socket to {bind}"))?;
-    let sock: UdpSocket = sock.into();
     let gro = s.offload && set_udp_gro(&sock);
     tracing::info!(
         gso = s.offload,
@@ -388,33 +401,19 @@ fn tun_to_udp(
                 continue;
             }
             Stats::add(&peer.stats.tun_in, 1);
-            let mut tunn = peer.tunn();
-            let r = reader.emit(tun, |packet| {
+            wg::encrypt_read(peer, tun, &mut reader, |tunn, packet| {
                 if packet.len() > max_packet {
                     // The device MTU was raised behind our back.
                     Stats::add(&peer.stats.send_dropped, 1);
                     return;
                 }
-                if !packet_dst(packet).is_some_and(|d| peer.allowed.contains(d)) {
-                    Stats::add(&peer.stats.not_allowed, 1);
-                    return;
-                }
                 let slot = out.next_slot();
                 let base = slot.as_ptr() as usize;
-                match tunn.encapsulate(packet, slot) {
-                    TunnResult::WriteToNetwork(p) => {
-                        let (off, len) = (p.as_ptr() as usize - base, p.len());
-                        out.push(off, len);
-                    }
-                    TunnResult::Err(e) => tracing::debug!("encapsulate: {e:?}"),
-                    _ => {}
+                if let Some(p) = wg::encapsulate(peer, tunn, packet, slot) {
+                    let (off, len) = (p.as_ptr() as usize - base, p.len());
+                    out.push(off, len);
                 }
             });
-            drop(tunn);
-            if let Err(e) = r {
-                tracing::debug!("unusable packet from the TUN: {e:?}");
-                Stats::add(&peer.stats.not_allowed, 1);
-            }
             if out.is_full() {
                 break;
             }

@@ -9,8 +9,9 @@ use boringtun::noise::errors::WireGuardError;
 use boringtun::noise::{Tunn, TunnResult};
 
 use crate::config::Settings;
-use crate::net::AllowedIps;
+use crate::net::{AllowedIps, packet_dst};
 use crate::sys::{Shutdown, Wake, wait_readable};
+use crate::tun::{Tun, TunReader};
 
 /// Largest packet handled anywhere (IP packets are at most 65535 bytes; WireGuard adds 32).
 pub const SLOT: usize = 65536 + 64;
@@ -107,6 +108,47 @@ impl Peer {
             tracing::info!("peer endpoint is now {addr}");
             *ep = Some(addr);
         }
+    }
+}
+
+/// Encrypts what the TUN read pending in `reader` holds (one packet, or the segments of a
+/// GSO super-packet) under one lock of `peer`'s noise state: `each` gets the state and every
+/// packet. A read that cannot be split into packets is counted as not allowed.
+pub fn encrypt_read(
+    peer: &Peer,
+    tun: &Tun,
+    reader: &mut TunReader,
+    mut each: impl FnMut(&mut Tunn, &[u8]),
+) {
+    let mut tunn = peer.tunn();
+    let r = reader.emit(tun, |packet| each(&mut tunn, packet));
+    drop(tunn);
+    if let Err(e) = r {
+        tracing::debug!("unusable packet from the TUN: {e:?}");
+        Stats::add(&peer.stats.not_allowed, 1);
+    }
+}
+
+/// Encrypts one packet from the TUN into `dst`: the WireGuard packet, or `None` when its
+/// destination is not in the peer's AllowedIPs (counted) or boringtun sends nothing for it
+/// (it queues packets until a session exists).
+pub fn encapsulate<'a>(
+    peer: &Peer,
+    tunn: &mut Tunn,
+    packet: &[u8],
+    dst: &'a mut [u8],
+) -> Option<&'a mut [u8]> {
+    if !packet_dst(packet).is_some_and(|d| peer.allowed.contains(d)) {
+        Stats::add(&peer.stats.not_allowed, 1);
+        return None;
+    }
+    match tunn.encapsulate(packet, dst) {
+        TunnResult::WriteToNetwork(p) => Some(p),
+        TunnResult::Err(e) => {
+            tracing::debug!("encapsulate: {e:?}");
+            None
+        }
+        _ => None,
     }
 }
 

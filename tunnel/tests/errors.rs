@@ -11,12 +11,7 @@ use common::*;
 
 fn good_config(dir: &TempDir, endpoint: &str, bufscope: &[&str]) -> std::path::PathBuf {
     let (ka, kb) = (genkey(), genkey());
-    let me = Side {
-        keys: &ka,
-        inner: INNER_A,
-        listen_port: None,
-        interface: "bsttun",
-    };
+    let me = Side::a(&ka, None);
     dir.write(
         "a.conf",
         &config(&me, &kb.public, INNER_B, Some(endpoint), bufscope),
@@ -99,15 +94,7 @@ fn unreachable_endpoint_udp_and_tcp() {
     // A namespace with only loopback: no route to 192.0.2.1.
     let ns = Netns::create(unique_name(PREFIX, "e")).unwrap();
     let conf = good_config(&dir, "192.0.2.1:51820", &[]);
-    let mut cmd = ns.command(BIN);
-    cmd.arg("-c").arg(&conf);
-    expect_one_line_error(
-        cmd,
-        &[
-            "endpoint 192.0.2.1:51820 is unreachable",
-            "Network is unreachable",
-        ],
-    );
+    expect_no_route(&ns, &conf, "192.0.2.1:51820");
 
     let conf = good_config(&dir, "192.0.2.1:51820", &["Transport = tcp"]);
     let mut cmd = ns.command(BIN);

@@ -91,12 +91,7 @@ fn setup(bufscope_initiates: bool) -> Setup {
     let dir = TempDir::new();
     let (ka, kb) = (genkey(), genkey());
     let kb_file = dir.write("b.key", &kb.private);
-    let a = Side {
-        keys: &ka,
-        inner: INNER_A,
-        listen_port: Some(51821),
-        interface: "bsttun",
-    };
+    let a = Side::a(&ka, Some(51821));
     let ep_b = format!("{OUTER_B}:51822");
     let ep_a = format!("{OUTER_A}:51821");
     let conf = config(

@@ -31,18 +31,8 @@ fn pair_with(extra_bufscope: &[&str], flags: &[&str], both_endpoints: bool) -> P
     let net = Net::new();
     let dir = TempDir::new();
     let (ka, kb) = (genkey(), genkey());
-    let a = Side {
-        keys: &ka,
-        inner: INNER_A,
-        listen_port: Some(51821),
-        interface: "bsttun",
-    };
-    let b = Side {
-        keys: &kb,
-        inner: INNER_B,
-        listen_port: Some(51822),
-        interface: "bsttun",
-    };
+    let a = Side::a(&ka, Some(51821));
+    let b = Side::b(&kb, Some(51822));
     let ep = format!("{OUTER_B}:51822");
     let ep_a = format!("{OUTER_A}:51821");
     let ca = dir.write(

@@ -13,7 +13,7 @@ use bytes::Bytes;
 use quinn::SendDatagramError;
 
 use super::{Ctx, Current, Link};
-use crate::net::packet_dst;
+use crate::framing;
 use crate::offload::Coalescer;
 use crate::sys::{Wake, wait_readable};
 use crate::tun::{Tun, TunReader};
@@ -28,8 +28,6 @@ const TX_BATCH: usize = 256;
 const CHUNK: usize = 256 << 10;
 /// Stream mode: receive buffer (many frames per read).
 const READ_BUF: usize = 1 << 20;
-/// Largest frame: the 2-byte length field.
-const MAX_FRAME: usize = u16::MAX as usize;
 
 /// Polls `f` once; `None` if it is not ready (its registration is dropped with it).
 fn now_or_never<F: Future>(f: F) -> Option<F::Output> {
@@ -191,14 +189,7 @@ pub(super) async fn stream_to_tun(
             }
         }
         // Keep room for a whole frame at the end of the buffer.
-        if start == filled {
-            start = 0;
-            filled = 0;
-        } else if rbuf.len() - filled < 2 + MAX_FRAME {
-            rbuf.copy_within(start..filled, 0);
-            filled -= start;
-            start = 0;
-        }
+        framing::compact(&mut rbuf, &mut start, &mut filled);
     }
 }
 
@@ -227,12 +218,17 @@ fn send_datagram(ctx: &Ctx, cur: &Current, b: Bytes, warned: &mut bool) -> bool 
     let r = if cur.conn.datagram_send_buffer_space() >= b.len() {
         cur.conn.send_datagram(b)
     } else {
+        let t0 = std::time::Instant::now();
         let waited = ctx.handle.block_on(async {
             tokio::select! {
                 r = cur.conn.send_datagram_wait(b) => Some(r),
                 _ = ctx.stopped() => None,
             }
         });
+        cur.counters.send_waits.fetch_add(1, Ordering::Relaxed);
+        cur.counters
+            .send_wait_us
+            .fetch_add(t0.elapsed().as_micros() as u64, Ordering::Relaxed);
         match waited {
             Some(r) => r,
             None => return false,
@@ -283,23 +279,11 @@ fn tun_to_datagrams(ctx: &Ctx) -> Result<()> {
             }
             read_any = true;
             Stats::add(&peer.stats.tun_in, 1);
-            let mut tunn = peer.tunn();
-            let r = reader.emit(&ctx.tun, |packet| {
-                if !packet_dst(packet).is_some_and(|d| peer.allowed.contains(d)) {
-                    Stats::add(&peer.stats.not_allowed, 1);
-                    return;
-                }
-                match tunn.encapsulate(packet, &mut slot) {
-                    TunnResult::WriteToNetwork(p) => batch.push(Bytes::copy_from_slice(p)),
-                    TunnResult::Err(e) => tracing::debug!("encapsulate: {e:?}"),
-                    _ => {}
+            wg::encrypt_read(peer, &ctx.tun, &mut reader, |tunn, packet| {
+                if let Some(p) = wg::encapsulate(peer, tunn, packet, &mut slot) {
+                    batch.push(Bytes::copy_from_slice(p));
                 }
             });
-            drop(tunn);
-            if let Err(e) = r {
-                tracing::debug!("unusable packet from the TUN: {e:?}");
-                Stats::add(&peer.stats.not_allowed, 1);
-            }
         }
         if batch.is_empty() {
             if read_any {
@@ -333,8 +317,7 @@ fn tun_to_datagrams(ctx: &Ctx) -> Result<()> {
 fn tun_to_stream(ctx: &Ctx) -> Result<()> {
     let peer = &ctx.peer;
     let mut reader = TunReader::new();
-    // Room one encrypted segment needs (length prefix, MTU + 32, or a handshake).
-    let frame_room = 2 + (usize::from(ctx.mtu) + 32).max(148);
+    let frame_room = framing::frame_room(ctx.mtu);
     let mut wbuf = vec![0u8; CHUNK + frame_room];
     let mut control: Vec<Vec<u8>> = Vec::new();
     loop {
@@ -343,66 +326,19 @@ fn tun_to_stream(ctx: &Ctx) -> Result<()> {
             let mut q = ctx.link.control.lock().unwrap_or_else(|e| e.into_inner());
             control.extend(q.drain(..));
         }
-        let mut pos = 0;
-        let mut frames = 0u64;
-        for p in control.drain(..) {
-            if p.len() <= MAX_FRAME && pos + 2 + p.len() <= wbuf.len() {
-                wbuf[pos..pos + 2].copy_from_slice(&(p.len() as u16).to_be_bytes());
-                wbuf[pos + 2..pos + 2 + p.len()].copy_from_slice(&p);
-                pos += 2 + p.len();
-                frames += 1;
-            }
-        }
-        let mut read_any = false;
-        while pos < CHUNK
-            && reader
-                .recv(&ctx.tun)
-                .context("reading from the TUN device")?
-        {
-            let segs = reader.segments(&ctx.tun);
-            if pos + segs * frame_room > wbuf.len() {
-                if pos > 0 {
-                    break; // send what we have; the packet stays pending
-                }
-                reader.emit(&ctx.tun, |_| {}).ok();
-                Stats::add(&peer.stats.send_dropped, segs as u64);
-                continue;
-            }
-            read_any = true;
-            Stats::add(&peer.stats.tun_in, 1);
-            let mut tunn = peer.tunn();
-            let r = reader.emit(&ctx.tun, |packet| {
-                if packet.len() + 32 + 2 > frame_room {
-                    Stats::add(&peer.stats.send_dropped, 1);
-                    return;
-                }
-                if !packet_dst(packet).is_some_and(|d| peer.allowed.contains(d)) {
-                    Stats::add(&peer.stats.not_allowed, 1);
-                    return;
-                }
-                let dst = &mut wbuf[pos + 2..pos + frame_room];
-                let base = dst.as_ptr() as usize;
-                let (off, len) = match tunn.encapsulate(packet, dst) {
-                    TunnResult::WriteToNetwork(p) => (p.as_ptr() as usize - base, p.len()),
-                    TunnResult::Err(e) => {
-                        tracing::debug!("encapsulate: {e:?}");
-                        return;
-                    }
-                    _ => return,
-                };
-                if off != 0 {
-                    wbuf.copy_within(pos + 2 + off..pos + 2 + off + len, pos + 2);
-                }
-                wbuf[pos..pos + 2].copy_from_slice(&(len as u16).to_be_bytes());
-                pos += 2 + len;
-                frames += 1;
-            });
-            drop(tunn);
-            if let Err(e) = r {
-                tracing::debug!("unusable packet from the TUN: {e:?}");
-                Stats::add(&peer.stats.not_allowed, 1);
-            }
-        }
+        let framing::Filled {
+            len: pos,
+            frames,
+            read_any,
+        } = framing::fill(
+            &ctx.tun,
+            &mut reader,
+            peer,
+            &mut control,
+            &mut wbuf,
+            frame_room,
+            CHUNK,
+        )?;
         if pos == 0 {
             if read_any {
                 continue;

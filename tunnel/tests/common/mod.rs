@@ -109,6 +109,28 @@ pub struct Side<'a> {
     pub interface: &'a str,
 }
 
+impl<'a> Side<'a> {
+    /// Side a: inner address [`INNER_A`], interface `bsttun`.
+    pub fn a(keys: &'a Keys, listen_port: Option<u16>) -> Self {
+        Side {
+            keys,
+            inner: INNER_A,
+            listen_port,
+            interface: "bsttun",
+        }
+    }
+
+    /// Side b: inner address [`INNER_B`], interface `bsttun`.
+    pub fn b(keys: &'a Keys, listen_port: Option<u16>) -> Self {
+        Side {
+            keys,
+            inner: INNER_B,
+            listen_port,
+            interface: "bsttun",
+        }
+    }
+}
+
 /// A bufscope-tunnel config file for `me` talking to `peer` (its public key and inner
 /// address), optionally with an endpoint, plus extra `[Bufscope]` lines.
 pub fn config(
@@ -245,6 +267,20 @@ pub fn iperf3(net: &Net, label: &str, reverse: bool, secs: u32) -> measure::Iper
 
 /// Runs `cmd` to completion (at most 20 s) and checks: exit status 1 and exactly one line on
 /// stderr, which contains every `needles` item. Returns that line.
+/// Starts the tunnel with `conf` in `ns`, which has no route to the config's endpoint
+/// `endpoint`, and expects the one-line "unreachable" error; returns that line.
+pub fn expect_no_route(ns: &Netns, conf: &Path, endpoint: &str) -> String {
+    let mut cmd = ns.command(BIN);
+    cmd.arg("-c").arg(conf);
+    expect_one_line_error(
+        cmd,
+        &[
+            &format!("endpoint {endpoint} is unreachable"),
+            "Network is unreachable",
+        ],
+    )
+}
+
 pub fn expect_one_line_error(mut cmd: Command, needles: &[&str]) -> String {
     let child = cmd
         .env("RUST_LOG", "error")

@@ -80,6 +80,20 @@ fn payload_ceiling(t: Transport) -> f64 {
     }
 }
 
+/// A target line "`what`: down/up as % of the link (target ≥ 90%, with the ceiling)".
+fn link_share(s: &mut String, what: &str, m: &Measured, t: Transport, rate_mbit: u64) {
+    let rate = rate_mbit as f64;
+    let (d, u) = (m.down.mbit / rate, m.up.mbit / rate);
+    let _ = writeln!(
+        s,
+        "- {what}: down {:.1}%, up {:.1}% of the {rate_mbit} Mbit/s link (target ≥ 90%; header overhead caps one flow at {:.1}% here) {}",
+        d * 100.0,
+        u * 100.0,
+        payload_ceiling(t) * 100.0,
+        if d >= 0.9 && u >= 0.9 { "✓" } else { "✗" }
+    );
+}
+
 const HEADER: [&str; 15] = [
     "RTT",
     "outer",
@@ -200,10 +214,8 @@ pub(super) fn render_quic_summary(rows: &[Row], a: &Args) -> String {
             .and_then(|r| r.result.as_ref().ok())
     };
     let mark = |ok: bool| if ok { "✓" } else { "✗" };
-    let rate = a.rate_mbit as f64;
     let mut s = String::from("\nTargets (issue 17, QUIC):\n");
     if let Some(r) = get(190, Transport::QuicStream, Policy::Recommended) {
-        let (d, u) = (r.down.mbit / rate, r.up.mbit / rate);
         let vs = get(190, Transport::QuicStream, Policy::OsDefault).map(|o| {
             (
                 r.down.mbit / o.down.mbit.max(1e-9),
@@ -211,14 +223,12 @@ pub(super) fn render_quic_summary(rows: &[Row], a: &Args) -> String {
                 o,
             )
         });
-        let _ = writeln!(
-            s,
-            "- quic stream, policy windows at 190 ms: down {:.1}%, up {:.1}% of the {} Mbit/s link (target ≥ 90%; header overhead caps one flow at {:.1}% here) {}",
-            d * 100.0,
-            u * 100.0,
+        link_share(
+            &mut s,
+            "quic stream, policy windows at 190 ms",
+            r,
+            Transport::QuicStream,
             a.rate_mbit,
-            payload_ceiling(Transport::QuicStream) * 100.0,
-            mark(d >= 0.9 && u >= 0.9)
         );
         if let Some((dr, ur, o)) = vs {
             let _ = writeln!(
@@ -234,15 +244,12 @@ pub(super) fn render_quic_summary(rows: &[Row], a: &Args) -> String {
     }
     for rtt in [50, 190] {
         if let Some(r) = get(rtt, Transport::QuicDatagram, Policy::Recommended) {
-            let (d, u) = (r.down.mbit / rate, r.up.mbit / rate);
-            let _ = writeln!(
-                s,
-                "- quic datagram at {rtt} ms: down {:.1}%, up {:.1}% of the {} Mbit/s link (target ≥ 90%; header overhead caps one flow at {:.1}% here) {}",
-                d * 100.0,
-                u * 100.0,
+            link_share(
+                &mut s,
+                &format!("quic datagram at {rtt} ms"),
+                r,
+                Transport::QuicDatagram,
                 a.rate_mbit,
-                payload_ceiling(Transport::QuicDatagram) * 100.0,
-                mark(d >= 0.9 && u >= 0.9)
             );
         }
     }
@@ -286,18 +293,12 @@ pub(super) fn render_summary(rows: &[Row], a: &Args) -> String {
     let mut s = String::from("Targets (issue 5):\n");
     for t in [Transport::Udp, Transport::Tcp] {
         if let Some(m) = get(50, Variant::Bufscope(t, Policy::Recommended)) {
-            let rate = a.rate_mbit as f64;
-            let (d, u) = (m.down.mbit / rate, m.up.mbit / rate);
-            let _ = writeln!(
-                s,
-                "- {} recommended at 50 ms: down {:.1}%, up {:.1}% of the {} Mbit/s link (target ≥ 90%; \
-                 header overhead caps one flow at {:.1}% here) {}",
-                t.name(),
-                d * 100.0,
-                u * 100.0,
+            link_share(
+                &mut s,
+                &format!("{} recommended at 50 ms", t.name()),
+                m,
+                t,
                 a.rate_mbit,
-                payload_ceiling(t) * 100.0,
-                mark(d >= 0.9 && u >= 0.9)
             );
         }
     }

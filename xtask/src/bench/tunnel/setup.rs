@@ -166,7 +166,10 @@ pub(super) fn start_tunnel(
                 if transport == Transport::Udp || is_client {
                     c.args(["--endpoint", &format!("{peer_outer}:{TUNNEL_PORT}")]);
                 }
-                c.env("RUST_LOG", "info")
+                // BUFSCOPE_TUNNEL_LOG: another filter for investigations (e.g.
+                // `info,bufscope_tunnel=debug` logs quinn's path state every second).
+                let filter = std::env::var("BUFSCOPE_TUNNEL_LOG").unwrap_or_else(|_| "info".into());
+                c.env("RUST_LOG", filter)
                     .stdin(Stdio::null())
                     .stdout(log_file.try_clone()?)
                     .stderr(log_file);
