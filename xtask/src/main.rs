@@ -3,6 +3,7 @@
 
 use clap::{Parser, Subcommand};
 
+mod apt;
 mod bench;
 mod build;
 mod image;

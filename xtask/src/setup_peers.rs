@@ -5,7 +5,9 @@
 //! - upstream wireguard-go, built offline from the snapshot in
 //!   `xtask/src/bench/tunnel/peers/` (its public repository at [`WIREGUARD_GO_COMMIT`], with
 //!   golang.org/x/{crypto,net,sys} vendored at its go.mod versions from their own repositories;
-//!   see the README there) with Debian's `golang-1.23-go` from bookworm-backports;
+//!   see the README there) with Debian's `golang-1.23-go` from bookworm-backports, fetched
+//!   with a private `APT_CONFIG` and unpacked into the cache ([`crate::apt`]; nothing under
+//!   the host's `/etc/apt` changes and nothing is installed);
 //! - boringtun-cli [`BORINGTUN_CLI_VERSION`] with `cargo install --locked`.
 //!
 //! Each step checks first whether it is done. A peer that cannot be built is reported and
@@ -16,7 +18,8 @@ use std::process::Command;
 
 use anyhow::{Context as _, bail};
 
-use crate::util::{is_root, run_cmd, workspace_root};
+use crate::apt::PrivateApt;
+use crate::util::{run_cmd, workspace_root};
 
 /// wireguard-go's version (its `version.go`) at [`WIREGUARD_GO_COMMIT`].
 pub const WIREGUARD_GO_VERSION: &str = "0.0.20250522";
@@ -29,9 +32,13 @@ pub const BORINGTUN_CLI_VERSION: &str = "0.7.1";
 const SNAPSHOT: &str = "xtask/src/bench/tunnel/peers/wireguard-go-0.0.20250522-vendored.tar.gz";
 /// Debian's Go toolchain for it, from bookworm-backports (wireguard-go's go.mod says go 1.23.1).
 const GO_PACKAGE: &str = "golang-1.23-go";
-const GO: &str = "/usr/lib/go-1.23/bin/go";
-/// apt source added for [`GO_PACKAGE`] when bookworm-backports is not configured.
-const BACKPORTS_SOURCE: &str = "/etc/apt/sources.list.d/bufscope-bookworm-backports.sources";
+/// Its standard library's sources.
+const GO_SRC_PACKAGE: &str = "golang-1.23-src";
+const GO_SUITE: &str = "bookworm-backports";
+/// Where the two packages are unpacked, under [`cache_dir`] ...
+const GO_PREFIX: &str = "golang-1.23";
+/// ... and the GOROOT inside.
+const GO_ROOT: &str = "usr/lib/go-1.23";
 
 /// Where the peers are cached.
 pub fn cache_dir() -> PathBuf {
@@ -81,39 +88,38 @@ fn ensure_boringtun_cli() -> anyhow::Result<()> {
     .context("cargo install boringtun-cli")
 }
 
-fn ensure_go() -> anyhow::Result<()> {
-    if Path::new(GO).exists() {
-        return Ok(());
+/// Debian's Go toolchain, unpacked (not installed) into the cache through the private APT
+/// configuration ([`crate::apt`]): the host's `/etc/apt` and its installed packages stay as
+/// they are. Returns the `go` binary.
+fn ensure_go() -> anyhow::Result<PathBuf> {
+    let go = go_root().join("bin/go");
+    if Command::new(&go)
+        .arg("version")
+        .env("GOROOT", go_root())
+        .env("GOTOOLCHAIN", "local")
+        .output()
+        .is_ok_and(|o| o.status.success())
+    {
+        return Ok(go);
     }
-    if !is_root() {
-        bail!("{GO_PACKAGE} is missing: run `cargo xtask setup` as root");
+    let cache = cache_dir();
+    let apt = PrivateApt::open(&cache.join("apt"))?;
+    let prefix = cache.join(GO_PREFIX);
+    let _ = std::fs::remove_dir_all(&prefix);
+    // Both from bookworm-backports (the -src package holds the standard library's sources,
+    // which /usr/lib/go-1.23/src links to).
+    let packages = [GO_PACKAGE, GO_SRC_PACKAGE].map(|p| format!("{p}/{GO_SUITE}"));
+    apt.fetch_unpacked(&packages, &cache.join("go-debs"), &prefix)
+        .with_context(|| format!("fetching {GO_PACKAGE} from {GO_SUITE}"))?;
+    if !go.exists() {
+        bail!("{} is not in the unpacked {GO_PACKAGE}", go.display());
     }
-    let sources = std::fs::read_dir("/etc/apt/sources.list.d")
-        .map(|d| {
-            d.filter_map(Result::ok)
-                .filter_map(|e| std::fs::read_to_string(e.path()).ok())
-                .any(|t| t.contains("bookworm-backports"))
-        })
-        .unwrap_or(false)
-        || std::fs::read_to_string("/etc/apt/sources.list")
-            .is_ok_and(|t| t.contains("bookworm-backports"));
-    if !sources {
-        std::fs::write(
-            BACKPORTS_SOURCE,
-            "# Added by `cargo xtask setup` (xtask/src/setup_peers.rs): golang-1.23-go for the\n\
-             # tunnel bench's upstream wireguard-go build.\n\
-             Types: deb\nURIs: http://deb.debian.org/debian\nSuites: bookworm-backports\n\
-             Components: main\nSigned-By: /usr/share/keyrings/debian-archive-keyring.gpg\n",
-        )
-        .with_context(|| format!("writing {BACKPORTS_SOURCE}"))?;
-    }
-    run_cmd(Command::new("apt-get").args(["update", "-qq"]))?;
-    run_cmd(
-        Command::new("apt-get")
-            .env("DEBIAN_FRONTEND", "noninteractive")
-            .args(["install", "-y", "-qq", "--no-install-recommends"])
-            .args(["-t", "bookworm-backports", GO_PACKAGE]),
-    )
+    Ok(go)
+}
+
+/// The unpacked Go toolchain's GOROOT.
+fn go_root() -> PathBuf {
+    cache_dir().join(GO_PREFIX).join(GO_ROOT)
 }
 
 fn ensure_wireguard_go() -> anyhow::Result<()> {
@@ -125,7 +131,7 @@ fn ensure_wireguard_go() -> anyhow::Result<()> {
     if !snapshot.exists() {
         bail!("the source snapshot {} is missing", snapshot.display());
     }
-    ensure_go()?;
+    let go = ensure_go()?;
     let cache = cache_dir();
     let build = cache.join("build");
     let _ = std::fs::remove_dir_all(&build);
@@ -141,8 +147,9 @@ fn ensure_wireguard_go() -> anyhow::Result<()> {
     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     // Offline: the vendored modules only, no proxy, no toolchain download.
     run_cmd(
-        Command::new(GO)
+        Command::new(go)
             .current_dir(build.join("wireguard-go"))
+            .env("GOROOT", go_root())
             .env("GOTOOLCHAIN", "local")
             .env("GOFLAGS", "-mod=vendor")
             .env("GOPROXY", "off")

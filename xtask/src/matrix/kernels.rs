@@ -1,13 +1,15 @@
 //! The guest kernels: pinned in `kernels.pin`, fetched from Debian's own archive with `apt-get
-//! download` through a private `APT_CONFIG` (the host's `/etc/apt` is never touched: the
-//! backports suite exists only in that private configuration), unpacked with `dpkg-deb -x`
-//! into the cache (no system install), and their BTF extracted from the compressed image.
+//! download` through a private `APT_CONFIG` ([`crate::apt`]: the host's `/etc/apt` is never
+//! touched, the backports suite exists only in that private configuration), unpacked with
+//! `dpkg-deb -x` into the cache (no system install), and their BTF extracted from the
+//! compressed image.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use anyhow::{Context as _, bail};
 
+use crate::apt::PrivateApt;
 use crate::util::run_cmd;
 
 /// The pin file (also what `--bump` rewrites).
@@ -79,74 +81,9 @@ pub fn cache_dir() -> PathBuf {
     base.join("vm")
 }
 
-/// Debian's archive (the same mirror as the host's own sources).
-const MIRROR: &str = "http://deb.debian.org/debian";
-const SECURITY: &str = "http://deb.debian.org/debian-security";
-
-/// Writes the private APT configuration (sources: bookworm, its security and backports
-/// suites) and refreshes its package lists when they are missing or older than a day.
-/// Returns the `APT_CONFIG` file.
-fn apt_config(cache: &Path) -> anyhow::Result<PathBuf> {
-    let apt = cache.join("apt");
-    for d in [
-        "lists/partial",
-        "archives/partial",
-        "etc/sources.list.d",
-        "etc/preferences.d",
-    ] {
-        std::fs::create_dir_all(apt.join(d))
-            .with_context(|| format!("creating {}", apt.join(d).display()))?;
-    }
-    let key = "signed-by=/usr/share/keyrings/debian-archive-keyring.gpg";
-    let sources = format!(
-        "deb [{key}] {MIRROR} bookworm main\n\
-         deb [{key}] {SECURITY} bookworm-security main\n\
-         deb [{key}] {MIRROR} bookworm-backports main\n"
-    );
-    std::fs::write(apt.join("etc/sources.list"), sources)?;
-    let a = apt.display();
-    let conf = format!(
-        "Dir::State \"{a}\";\nDir::State::Lists \"{a}/lists\";\n\
-         Dir::State::status \"/var/lib/dpkg/status\";\nDir::Cache \"{a}\";\n\
-         Dir::Cache::Archives \"{a}/archives\";\nDir::Etc::SourceList \"{a}/etc/sources.list\";\n\
-         Dir::Etc::SourceParts \"{a}/etc/sources.list.d\";\n\
-         Dir::Etc::Preferences \"{a}/etc/preferences\";\n\
-         Dir::Etc::PreferencesParts \"{a}/etc/preferences.d\";\n\
-         APT::Sandbox::User \"root\";\n"
-    );
-    let path = apt.join("apt.conf");
-    std::fs::write(&path, conf)?;
-    let stamp = apt.join("lists/.updated");
-    let fresh = std::fs::metadata(&stamp)
-        .and_then(|m| m.modified())
-        .ok()
-        .and_then(|t| t.elapsed().ok())
-        .is_some_and(|age| age.as_secs() < 86_400);
-    if !fresh {
-        run_cmd(
-            Command::new("apt-get")
-                .env("APT_CONFIG", &path)
-                .args(["update", "-qq"]),
-        )
-        .context("apt-get update with the private APT_CONFIG")?;
-        std::fs::write(&stamp, b"")?;
-    }
-    Ok(path)
-}
-
-fn apt_output(conf: &Path, args: &[&str]) -> anyhow::Result<String> {
-    let out = Command::new("apt-cache")
-        .env("APT_CONFIG", conf)
-        .args(args)
-        .output()
-        .with_context(|| format!("apt-cache {args:?}"))?;
-    if !out.status.success() {
-        bail!(
-            "apt-cache {args:?} failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
-    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+/// The private APT configuration under the cache ([`crate::apt`]).
+fn private_apt(cache: &Path) -> anyhow::Result<PrivateApt> {
+    PrivateApt::open(&cache.join("apt"))
 }
 
 /// Fetches, unpacks and extracts `pin` into the cache unless it is there already.
@@ -171,31 +108,16 @@ pub fn ensure(pin: &Pin) -> anyhow::Result<Kernel> {
             btf,
         });
     }
-    let conf = apt_config(&cache)?;
+    let apt = private_apt(&cache)?;
     std::fs::create_dir_all(&dir)?;
     eprintln!("xtask matrix: fetching {}={}", pin.package, pin.version);
-    run_cmd(
-        Command::new("apt-get")
-            .env("APT_CONFIG", &conf)
-            .current_dir(&dir)
-            .args(["download", "-qq"])
-            .arg(format!("{}={}", pin.package, pin.version)),
-    )
-    .with_context(|| format!("downloading {}={}", pin.package, pin.version))?;
-    let deb = std::fs::read_dir(&dir)?
-        .filter_map(Result::ok)
-        .map(|e| e.path())
-        .find(|p| p.extension().is_some_and(|x| x == "deb"))
-        .context("apt-get download produced no .deb")?;
-    run_cmd(
-        Command::new("dpkg-deb")
-            .arg("-x")
-            .arg(&deb)
-            .arg(dir.join("root")),
-    )?;
     // The modules stay: virtme-ng puts the guest's 9p/virtio/overlay modules into its
     // initramfs from `lib/modules` beside the image.
-    let _ = std::fs::remove_file(&deb);
+    apt.fetch_unpacked(
+        &[format!("{}={}", pin.package, pin.version)],
+        &dir.join("debs"),
+        &dir.join("root"),
+    )?;
     extract_btf(&vmlinuz, &btf)?;
     std::fs::write(&done, b"")?;
     Ok(Kernel {
@@ -274,20 +196,20 @@ fn madison_version(madison: &str, suite: &str) -> Option<String> {
 /// `--bump`: for every pin, the image package its meta package depends on in its suite now,
 /// and that package's version there; rewrites `kernels.pin` in the source tree.
 pub fn bump() -> anyhow::Result<()> {
-    let conf = apt_config(&cache_dir())?;
+    let apt = private_apt(&cache_dir())?;
     let mut text = PINS.to_string();
     for pin in pins()? {
-        let madison = apt_output(&conf, &["madison", &pin.meta])?;
+        let madison = apt.cache_output(&["madison", &pin.meta])?;
         let meta_version = madison_version(&madison, &pin.suite)
             .with_context(|| format!("{} has no version in {}", pin.meta, pin.suite))?;
-        let show = apt_output(&conf, &["show", &format!("{}={meta_version}", pin.meta)])?;
+        let show = apt.cache_output(&["show", &format!("{}={meta_version}", pin.meta)])?;
         let package = show
             .lines()
             .find_map(|l| l.strip_prefix("Depends: "))
             .and_then(|d| d.split([',', ' ']).find(|p| p.starts_with("linux-image-")))
             .with_context(|| format!("{}={meta_version} depends on no image", pin.meta))?
             .to_string();
-        let madison = apt_output(&conf, &["madison", &package])?;
+        let madison = apt.cache_output(&["madison", &package])?;
         let version = madison_version(&madison, &pin.suite)
             .with_context(|| format!("{package} has no version in {}", pin.suite))?;
         if package != pin.package || version != pin.version {
