@@ -428,11 +428,11 @@ pub fn load(
                 btf: &btf,
                 cgroup: cgroup.as_ref(),
                 guard_cgroup: guard_cgroup.as_ref(),
-                pin: pin_here,
+                pin: pin_here && pinnable(hooks, kernel, spec.name),
             };
             match attach(&mut ebpf, hooks, &env, &mut loaded) {
                 Ok(done) => {
-                    attached = Some((i, done));
+                    attached = Some((i, done, env.pin));
                     break;
                 }
                 Err(e) => {
@@ -443,7 +443,7 @@ pub fn load(
         }
         let error = (!errors.is_empty()).then(|| errors.join("; "));
         match attached {
-            Some((i, done)) => {
+            Some((i, done, pin)) => {
                 let hooks = describe(spec.variants[i]);
                 match &error {
                     None => tracing::info!(probe = spec.name, hooks = %hooks, "probe attached"),
@@ -455,7 +455,7 @@ pub fn load(
                 }
                 let mut error = error;
                 let mut ok = true;
-                if let Some(p) = pins.as_mut().filter(|_| pin_here) {
+                if let Some(p) = pins.as_mut().filter(|_| pin) {
                     // Not pinned is not attached: a link aya handed over is gone when its
                     // pin fails, and a half-attached probe would count wrong.
                     if let Err(e) = pin_links(&mut ebpf, p, spec.name, done) {
@@ -502,6 +502,23 @@ pub fn load(
     drop(btf);
     trim_heap();
     Ok(Probes { ebpf, status, pins })
+}
+
+/// Whether the links of `hooks` can be pinned on this kernel: classic tracepoints get a BPF
+/// link (which can be pinned) only where the kernel has perf links (5.15+; `struct
+/// bpf_perf_link` in BTF); before, aya attaches them with perf-event ioctls and the probe runs
+/// unpinned (it counts while bufscope runs).
+fn pinnable(hooks: &[Hook], kernel: &KernelInfo, probe: &str) -> bool {
+    let ok = !hooks.iter().any(|h| matches!(h, Hook::Tracepoint { .. }))
+        || kernel.btf.has_member("bpf_perf_link", "perf_file");
+    if !ok {
+        tracing::warn!(
+            probe,
+            "this kernel attaches tracepoints without BPF links (perf links need 5.15+): the \
+             probe runs unpinned and stops counting while bufscope is not running"
+        );
+    }
+    ok
 }
 
 /// Pins the links of one attached variant at `DIR/links/<probe>_<n>`; on failure detaches
