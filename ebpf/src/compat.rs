@@ -25,8 +25,8 @@ use bufscope_common::{
 };
 
 use super::{
-    btf_sk_inode, btf_sk_netns, count_grow, kread, load, load_field, reason_tracked, record_drop,
-    skb_segs, stat_inc,
+    btf_sk_inode, count_grow, kread, load, reason_tracked, record_drop, skb_segs, socket_key,
+    stat_inc,
 };
 
 /// Offsets and reason numbers only these programs need, patched by userspace before load.
@@ -78,25 +78,7 @@ fn udp_reason(rc: i32) -> u32 {
 /// Counts one dropped skb (`packets` segments) on the BTF-typed socket `sk`.
 #[inline(always)]
 fn count_on_socket(sk: u64, reason: u32, packets: u64) {
-    let inode = btf_sk_inode(sk);
-    let (site, id) = if inode == 0 {
-        stat_inc(stat::DROP_NO_INODE);
-        (
-            drop_site::SOCKET_NO_INODE,
-            load::<u16>(sk, cfg!(sk_num)) as u32,
-        )
-    } else {
-        (drop_site::SOCKET, 0)
-    };
-    let key = DropKey {
-        inode,
-        netns: btf_sk_netns(sk),
-        id,
-        reason: reason as u16,
-        proto: load_field(sk, cfg!(sk_protocol)) as u8,
-        site,
-        _pad: 0,
-    };
+    let key = socket_key(sk, reason);
     let val = DropVal {
         packets,
         skbs: 1,

@@ -691,25 +691,7 @@ pub fn kfree_skb(ctx: BtfTracePointContext) -> i32 {
     let (rcvbuf, rmem_alloc);
     let mut ifname = [0u8; 16];
     if sk != 0 {
-        let inode = btf_sk_inode(sk);
-        let (site, id) = if inode == 0 {
-            stat_inc(stat::DROP_NO_INODE);
-            (
-                drop_site::SOCKET_NO_INODE,
-                load::<u16>(sk, cfg!(sk_num)) as u32,
-            )
-        } else {
-            (drop_site::SOCKET, 0)
-        };
-        key = DropKey {
-            inode,
-            netns: btf_sk_netns(sk),
-            id,
-            reason: reason as u16,
-            proto: load_field(sk, cfg!(sk_protocol)) as u8,
-            site,
-            _pad: 0,
-        };
+        key = socket_key(sk, reason);
         rcvbuf = load::<i32>(sk, cfg!(sk_rcvbuf));
         rmem_alloc = load::<i32>(sk, cfg!(sk_rmem_alloc));
     } else if reason == cfg!(reason_full_ring) {
@@ -748,6 +730,31 @@ pub fn kfree_skb(ctx: BtfTracePointContext) -> i32 {
 fn record_drop(key: &DropKey, val: &DropVal) {
     count_drop(key, val);
     stat_inc(stat::DROPS_SEEN);
+}
+
+/// The `DROPS` key of a drop on the BTF-typed socket `sk`: by its inode, or by its local port
+/// when it has none (a TCP child not accepted yet).
+#[inline(always)]
+fn socket_key(sk: u64, reason: u32) -> DropKey {
+    let inode = btf_sk_inode(sk);
+    let (site, id) = if inode == 0 {
+        stat_inc(stat::DROP_NO_INODE);
+        (
+            drop_site::SOCKET_NO_INODE,
+            load::<u16>(sk, cfg!(sk_num)) as u32,
+        )
+    } else {
+        (drop_site::SOCKET, 0)
+    };
+    DropKey {
+        inode,
+        netns: btf_sk_netns(sk),
+        id,
+        reason: reason as u16,
+        proto: load_field(sk, cfg!(sk_protocol)) as u8,
+        site,
+        _pad: 0,
+    }
 }
 
 /// Adds one dropped skb (`val`: its segments, and the socket's state now) to `DROPS`.
