@@ -100,6 +100,17 @@ impl Collector {
         }
     }
 
+    /// With adopted pins (counting went on since `since`, Unix seconds): the series read from
+    /// the pinned maps get their `_created` from then, not from this start.
+    pub fn pinned_since(&mut self, since: f64) {
+        let families = self
+            .signals
+            .iter()
+            .flat_map(|s| s.map_counters().iter().copied())
+            .collect();
+        self.created.pinned_since(since, families);
+    }
+
     /// Hands the event ring buffer to the collector.
     pub fn set_events(&mut self, rb: RingBuf<MapData>) {
         self.events = Some(rb);

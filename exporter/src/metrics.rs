@@ -413,6 +413,22 @@ pub struct Created {
     /// When the previous OpenMetrics exposition was made.
     last: Option<f64>,
     hasher: foldhash::quality::FixedState,
+    /// With adopted pins: the counters read from pinned maps were 0 when the maps were made,
+    /// not when this bufscope started ([`Created::pinned_since`]).
+    pinned: Option<PinnedSince>,
+}
+
+/// When pinned maps began counting, and which families they feed.
+#[derive(Clone, Debug)]
+struct PinnedSince {
+    /// The maps' creation (Unix seconds).
+    since: f64,
+    /// The system's boot (Unix seconds, `btime` of /proc/stat).
+    boot: f64,
+    /// Clock ticks per second (`/proc/<pid>/stat` start times).
+    hz: f64,
+    /// Counter families read from the maps ([`crate::signals::Signal::map_counters`]).
+    families: Vec<&'static str>,
 }
 
 impl Default for Created {
@@ -421,11 +437,33 @@ impl Default for Created {
             at: foldhash::HashMap::default(),
             last: None,
             hasher: foldhash::quality::FixedState::with_seed(0x6275_6673),
+            pinned: None,
         }
     }
 }
 
 impl Created {
+    /// With pins kept from an earlier bufscope: the series of `families` (read from the
+    /// pinned maps, which count since `since`, Unix seconds) get, as created time, the later of
+    /// `since` and their process's start, so that a restart is no reset (a 0 stored at the
+    /// restart would make the adopted total look like a burst).
+    pub fn pinned_since(&mut self, since: f64, families: Vec<&'static str>) {
+        let boot = std::fs::read_to_string("/proc/stat")
+            .ok()
+            .and_then(|s| {
+                s.lines()
+                    .find_map(|l| l.strip_prefix("btime "))
+                    .and_then(|v| v.trim().parse::<f64>().ok())
+            })
+            .unwrap_or(0.0);
+        self.pinned = Some(PinnedSince {
+            since,
+            boot,
+            hz: crate::attribution::procfs::clk_tck() as f64,
+            families,
+        });
+    }
+
     fn key(&self, name: &str, labels: &[LabelPair]) -> u64 {
         use std::hash::{BuildHasher as _, Hash as _, Hasher as _};
         let mut h = self.hasher.build_hasher();
@@ -447,6 +485,19 @@ impl Created {
         started: f64,
         now: f64,
     ) -> Vec<f64> {
+        self.stamp_with(fams, born, None, started, now)
+    }
+
+    /// [`Created::stamp`], with (for the families read from pinned maps) each process's
+    /// zero time from `pinned_born` and `pinned_started` for the pseudo-processes.
+    fn stamp_with(
+        &mut self,
+        fams: &[MetricFamily],
+        born: &foldhash::HashMap<String, f64>,
+        pinned_born: Option<(&foldhash::HashMap<String, f64>, f64)>,
+        started: f64,
+        now: f64,
+    ) -> Vec<f64> {
         let mut next = foldhash::HashMap::default();
         next.reserve(self.at.len());
         let mut out = Vec::new();
@@ -454,6 +505,16 @@ impl Created {
             if mf.get_field_type() != MetricType::COUNTER {
                 continue;
             }
+            let from_pins = pinned_born.filter(|_| {
+                self.pinned
+                    .as_ref()
+                    .is_some_and(|p| p.families.contains(&mf.name()))
+            });
+            let (born, started, last) = match from_pins {
+                // Counting went on while no bufscope ran: no "absent at the last exposition".
+                Some((b, s)) => (b, s, None),
+                None => (born, started, self.last),
+            };
             for m in mf.get_metric() {
                 let key = self.key(mf.name(), m.get_label());
                 let ct = match self.at.get(&key) {
@@ -466,7 +527,7 @@ impl Created {
                             .map(|l| l.value());
                         let born = pid.and_then(|p| born.get(p)).copied().unwrap_or(started);
                         // Never after now: the zero must come before the first sample.
-                        born.max(self.last.unwrap_or(started)).min(now)
+                        born.max(last.unwrap_or(started)).min(now)
                     }
                 };
                 next.insert(key, ct);
@@ -496,9 +557,20 @@ pub fn created_times(created: &mut Created, store: &Store, fams: &[MetricFamily]
         .iter()
         .map(|(pid, s)| (pid, unix_seconds(s.born)))
         .collect();
-    created.stamp(
+    let pinned: Option<(foldhash::HashMap<String, f64>, f64)> = created.pinned.as_ref().map(|p| {
+        let zero = store
+            .procs()
+            .map(|(r, _)| {
+                let start = p.boot + r.start_ticks as f64 / p.hz.max(1.0);
+                (r.tgid.to_string(), p.since.max(start))
+            })
+            .collect();
+        (zero, p.since)
+    });
+    created.stamp_with(
         fams,
         &born,
+        pinned.as_ref().map(|(z, s)| (z, *s)),
         unix_seconds(store.started()),
         unix_seconds(SystemTime::now()),
     )

@@ -182,6 +182,14 @@ fn load(args: &RunArgs) -> anyhow::Result<(Collector, RingBuf<MapData>, Probes)>
         },
     );
     collector.advice_window = args.advice_window;
+    if let Some(p) = loaded.pins.as_ref().filter(|p| {
+        matches!(
+            p.outcome,
+            probes::pins::Outcome::Adopted | probes::pins::Outcome::Upgraded
+        )
+    }) {
+        collector.pinned_since(p.meta.created_unix as f64);
+    }
     Ok((collector, events, loaded))
 }
 

@@ -170,6 +170,7 @@ fn counts_go_on_across_sigterm_and_kill9_restarts() {
     drop(gone);
 
     // After: adopted, the total includes the drops of the blind window.
+    let restarted_at = unix_now();
     let (e, gap) = restart(&flags, pid, inode);
     assert!(e.log().contains("adopting the pinned maps"), "{}", e.log());
     let m = e.scrape();
@@ -180,6 +181,14 @@ fn counts_go_on_across_sigterm_and_kill9_restarts() {
     );
     assert_eq!(m.sum("bufscope_probe_pinned", &[("probe", "drops")]), 1.0);
     assert_eq!(pinned_prog_ids(&dir.0), pinned, "adopted, not reloaded");
+    // OpenMetrics: the adopted drop series were 0 when the pinned maps were made, not at this
+    // restart (a 0 stored at the restart would turn the adopted total into a burst).
+    let since = m.sum("bufscope_bpf_pins_created_timestamp_seconds", &[]);
+    let created = drops_created(&e, pid);
+    assert!(
+        (created - since).abs() <= 1.0 && created < restarted_at - 1.0,
+        "_created {created} = the pins' creation {since}, before the restart {restarted_at}"
+    );
     eprintln!("SIGTERM restart gap (exec → first scrape with the adopted total): {gap:?}");
     let gpid_s = gpid.to_string();
     let got = eventually(Duration::from_secs(10), "the closed socket's drops", || {
@@ -341,6 +350,29 @@ fn the_guard_is_not_kept_unless_persisted() {
         "",
     );
     assert!(!ok && err.contains("--bpf.pin-path"), "{err}");
+}
+
+fn unix_now() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64()
+}
+
+/// The OpenMetrics `_created` of `pid`'s UDP drop series.
+fn drops_created(e: &Exporter, pid: u32) -> f64 {
+    let (status, _, body) = bufscope_testkit::http_get_with(
+        &e.addr,
+        "/metrics",
+        &[("Accept", "application/openmetrics-text; version=1.0.0")],
+    )
+    .unwrap();
+    assert_eq!(status, 200);
+    let want = format!("pid=\"{pid}\"");
+    body.lines()
+        .find(|l| l.starts_with("bufscope_socket_drops_created{") && l.contains(&want))
+        .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+        .unwrap_or_else(|| panic!("no _created sample for pid {pid}:\n{body}"))
 }
 
 /// Program ids the process holds open (fdinfo `prog_id`).

@@ -19,7 +19,7 @@ impl Default for Procfs {
 }
 
 /// Number of clock ticks per second (`_SC_CLK_TCK`), for `/proc/<pid>/stat` start times.
-fn clk_tck() -> u64 {
+pub fn clk_tck() -> u64 {
     // SAFETY: sysconf has no preconditions.
     let v = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
     if v > 0 { v as u64 } else { 100 }

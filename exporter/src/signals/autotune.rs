@@ -234,6 +234,10 @@ impl Signal for Autotune {
         PROBE.name
     }
 
+    fn map_counters(&self) -> &'static [&'static str] {
+        &["bufscope_tcp_autotune_suppressed_total"]
+    }
+
     /// Reads the map unless the probe's `stat::AUTOTUNE_SEEN` generation shows that no event
     /// was counted since the last full read.
     fn poll(&mut self, cx: &mut Cx<'_>) -> bool {

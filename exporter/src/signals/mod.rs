@@ -145,6 +145,13 @@ pub trait Signal: Send {
 
     /// Adds the room's part of what the advice rules look at.
     fn advise(&self, _cx: &AdviceCx<'_>, _inputs: &mut Inputs) {}
+
+    /// Its counter families whose values are read from BPF maps (so, with `--bpf.pin-path`,
+    /// they go on across restarts: their `_created` is when the pinned maps began counting,
+    /// not when this bufscope started). Families built from events start at the restart.
+    fn map_counters(&self) -> &'static [&'static str] {
+        &[]
+    }
 }
 
 /// What [`build`] needs besides the loaded object.

@@ -508,6 +508,10 @@ impl Signal for Drops {
         PROBE.name
     }
 
+    fn map_counters(&self) -> &'static [&'static str] {
+        &["bufscope_socket_drops_total", "bufscope_netns_drops_total"]
+    }
+
     /// Reads the map unless the probe's `stat::DROPS_SEEN` generation shows that nothing was
     /// counted since the last full read and no delta waits for its owner. Reading the map
     /// costs syscalls per entry, so an idle host with thousands of sockets that once dropped
