@@ -186,11 +186,13 @@ fn daemonset_is_least_privilege_and_consistent_with_the_binary() {
         // NET_ADMIN loads the cgroup socket programs (no syscall tax; the guard): it is in
         // `needed` because `bufscope check` asks for it. SYS_ADMIN never is.
         assert!(!add.contains("SYS_ADMIN"), "{t}");
-        // mounts: exactly the host paths bufscope reads, all read-only
+        // mounts: exactly the host paths bufscope reads, all read-only but the bpffs it pins in
         let mounts = c["volumeMounts"].as_array().unwrap();
         assert!(
-            mounts.iter().all(|m| m["readOnly"] == true),
-            "{t}: read-only mounts"
+            mounts
+                .iter()
+                .all(|m| (m["readOnly"] == true) != (m["mountPath"] == "/sys/fs/bpf")),
+            "{t}: read-only mounts, the bpffs writable"
         );
         let host: BTreeSet<(String, String)> = mounts
             .iter()
@@ -212,6 +214,7 @@ fn daemonset_is_least_privilege_and_consistent_with_the_binary() {
             ("/sys/kernel/btf", "/sys/kernel/btf"),
             ("/sys/kernel/tracing", "/sys/kernel/tracing"),
             ("/sys/fs/cgroup", "/host/sys/fs/cgroup"),
+            ("/sys/fs/bpf", "/sys/fs/bpf"),
         ]
         .iter()
         .map(|(a, b)| (a.to_string(), b.to_string()))
@@ -219,6 +222,10 @@ fn daemonset_is_least_privilege_and_consistent_with_the_binary() {
         assert_eq!(host, want, "{t}: host mounts");
         // args: `run` and only flags the binary has; procfs is the mounted host /proc
         let args = strings(&c["args"]);
+        assert!(
+            args.contains(&"--bpf.pin-path=/sys/fs/bpf/bufscope".to_string()),
+            "{t}: counting across restarts, pinned on the mounted bpffs"
+        );
         assert_eq!(args[0], "run", "{t}");
         for a in &args[1..] {
             let flag = a.split('=').next().unwrap();
@@ -341,7 +348,8 @@ struct PodLike {
 
 impl PodLike {
     /// Runs the rendered DaemonSet's container args in a private mount namespace with a
-    /// read-only root, /sys and tracefs, the host's /proc bind-mounted at `<dir>/host/proc`,
+    /// read-only root, /sys and tracefs, a bpffs of its own at /sys/fs/bpf (the node's, as the
+    /// hostPath gives it; its pins go with the namespace), the host's /proc bind-mounted at `<dir>/host/proc`,
     /// bounding/inheritable capabilities = `caps`, and no_new_privs.
     fn start(args: &[String], caps: &BTreeSet<String>, dir: &Path) -> Self {
         let host_proc = dir.join("host/proc");
@@ -374,6 +382,7 @@ impl PodLike {
         let script = format!(
             "set -e; mount --rbind /proc {hp}; mount -o remount,bind,ro {hp}; \
              mount --rbind /sys/fs/cgroup {hc}; \
+             mount -t bpf bpf /sys/fs/bpf; \
              mount -o remount,bind,ro /; mount -o remount,bind,ro /sys; \
              mount -o remount,bind,ro /sys/kernel/tracing; \
              exec setpriv --bounding-set {c} --inh-caps {c} --no-new-privs -- \"$@\"",

@@ -163,29 +163,64 @@ struct Node {
     dir: TempDir,
     /// RuntimeDefault.
     default_seccomp: PathBuf,
+    /// The node's bpffs (its /sys/fs/bpf): an instance of its own, so the pod's pins go away
+    /// with the test.
+    bpffs: PathBuf,
 }
 
 impl Node {
     fn new(default_seccomp: Option<PathBuf>) -> Self {
         let dir = TempDir::new("image-node");
         let default_seccomp = default_seccomp.unwrap_or_else(|| old_default_profile(dir.path()).0);
+        let bpffs = dir.path().join("sys/fs/bpf");
+        std::fs::create_dir_all(&bpffs).unwrap();
+        let (ok, _, err) = output(
+            Command::new("mount").args(["-t", "bpf", "bpf"]).arg(&bpffs),
+            "",
+        );
+        assert!(ok, "mounting the node's bpffs: {err}");
         Self {
             dir,
             default_seccomp,
+            bpffs,
         }
     }
 
     fn host_path(&self, p: &str) -> PathBuf {
         if p.starts_with("/var/lib/kubelet/") {
             self.dir.path().join(p.trim_start_matches('/'))
+        } else if p == "/sys/fs/bpf" {
+            self.bpffs.clone()
         } else {
             PathBuf::from(p)
         }
     }
 
+    /// What the pod pinned (`--bpf.pin-path` of the DaemonSet, on the node's bpffs).
+    fn pinned(&self) -> Vec<String> {
+        std::fs::read_dir(self.bpffs.join("bufscope/links"))
+            .map(|rd| {
+                rd.filter_map(Result::ok)
+                    .map(|e| e.file_name().to_string_lossy().into_owned())
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
     /// `<kubelet root>/seccomp`, where `localhostProfile` is resolved.
     fn seccomp_root(&self) -> PathBuf {
         self.host_path("/var/lib/kubelet/seccomp")
+    }
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        // Detach what the pod pinned, then let the bpffs instance go.
+        let _ = Command::new(bufscope_bin())
+            .args(["cleanup", "--bpf.pin-path"])
+            .arg(self.bpffs.join("bufscope"))
+            .status();
+        let _ = Command::new("umount").arg(&self.bpffs).status();
     }
 }
 
@@ -661,6 +696,13 @@ fn with_the_shipped_seccomp_profile_the_image_runs_as_the_daemonset_and_counts_h
     );
     let attached: Vec<_> = m.find("bufscope_probe_attached", &[]).collect();
     assert_eq!(attached.len(), 5, "{attached:?}");
+    // Its links are pinned on the node's bpffs (--bpf.pin-path of the DaemonSet).
+    let pinned = node.pinned();
+    assert!(
+        pinned.len() >= 5 && m.sum("bufscope_probe_pinned", &[]) == 5.0,
+        "pinned links {pinned:?}:\n{}",
+        bufscope.logs()
+    );
     for s in &attached {
         assert_eq!(s.value, 1.0, "{s:?} not attached:\n{}", bufscope.logs());
     }

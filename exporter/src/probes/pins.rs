@@ -640,6 +640,25 @@ pub fn describe(dir: &Path) -> anyhow::Result<(Option<PinMeta>, Vec<Listed>)> {
     Ok((meta, out))
 }
 
+/// `bpf(cmd, attr)`: the zero-padded `union bpf_attr` `attr`; the syscall's result or errno.
+fn bpf(cmd: libc::c_long, attr: &[u64]) -> std::io::Result<i64> {
+    // SAFETY: `attr` is a valid, zero-padded bpf_attr of the size passed; what it points to
+    // (a path) outlives the call at every caller.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_bpf,
+            cmd,
+            attr.as_ptr(),
+            std::mem::size_of_val(attr) as libc::c_uint,
+        )
+    };
+    if rc < 0 {
+        Err(std::io::Error::last_os_error())
+    } else {
+        Ok(rc)
+    }
+}
+
 /// `bpf(BPF_LINK_CREATE)` of a cgroup program: aya makes such links for `cgroup/setsockopt`
 /// and `cgroup/getsockopt` too, but cannot hand them over to be pinned; this makes one that
 /// can be.
@@ -649,30 +668,11 @@ pub fn cgroup_link(
     attach_type: u32,
 ) -> anyhow::Result<OwnedFd> {
     const BPF_LINK_CREATE: libc::c_long = 28;
-    // union bpf_attr, link_create: prog_fd, target_fd, attach_type, flags.
+    // union bpf_attr, link_create: prog_fd and target_fd, then attach_type and flags (0).
     let mut attr = [0u64; 16];
-    let words = [
-        prog.as_raw_fd() as u32,
-        cgroup.as_raw_fd() as u32,
-        attach_type,
-        0,
-    ];
-    // SAFETY: `attr` is 128 zeroed bytes; the first 16 are the link_create fields.
-    unsafe {
-        std::ptr::copy_nonoverlapping(words.as_ptr(), attr.as_mut_ptr().cast::<u32>(), 4);
-    }
-    // SAFETY: a valid, zero-padded bpf_attr of the size passed.
-    let fd = unsafe {
-        libc::syscall(
-            libc::SYS_bpf,
-            BPF_LINK_CREATE,
-            attr.as_ptr(),
-            std::mem::size_of_val(&attr) as libc::c_uint,
-        )
-    };
-    if fd < 0 {
-        return Err(std::io::Error::last_os_error()).context("bpf(BPF_LINK_CREATE) on the cgroup");
-    }
+    attr[0] = u64::from(prog.as_raw_fd() as u32) | u64::from(cgroup.as_raw_fd() as u32) << 32;
+    attr[1] = u64::from(attach_type);
+    let fd = bpf(BPF_LINK_CREATE, &attr).context("bpf(BPF_LINK_CREATE) on the cgroup")?;
     // SAFETY: the kernel returned a new fd that nothing else owns.
     Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
 }
@@ -683,22 +683,8 @@ pub fn pin_fd(fd: BorrowedFd<'_>, path: &Path) -> anyhow::Result<()> {
     let c = CString::new(path.as_os_str().as_bytes())
         .with_context(|| format!("pin path {} contains NUL", path.display()))?;
     // union bpf_attr, obj_pin: pathname (u64), bpf_fd, file_flags.
-    let mut attr = [0u64; 4];
-    attr[0] = c.as_ptr() as u64;
-    attr[1] = u64::from(fd.as_raw_fd() as u32);
-    // SAFETY: a valid, zero-padded bpf_attr; `c` outlives the call.
-    let rc = unsafe {
-        libc::syscall(
-            libc::SYS_bpf,
-            BPF_OBJ_PIN,
-            attr.as_ptr(),
-            std::mem::size_of_val(&attr) as libc::c_uint,
-        )
-    };
-    if rc < 0 {
-        return Err(std::io::Error::last_os_error())
-            .with_context(|| format!("pinning at {}", path.display()));
-    }
+    let attr = [c.as_ptr() as u64, u64::from(fd.as_raw_fd() as u32), 0, 0];
+    bpf(BPF_OBJ_PIN, &attr).with_context(|| format!("pinning at {}", path.display()))?;
     Ok(())
 }
 
