@@ -1,10 +1,16 @@
 //! The byte-stream framing the TCP transport and QUIC stream mode share: each WireGuard packet
-//! behind a 2-byte big-endian length.
+//! behind a 2-byte big-endian length, the writer's control queue, and the reader's buffer
+//! management.
+
+use std::collections::VecDeque;
+use std::io;
+use std::sync::Mutex;
 
 use anyhow::{Context as _, Result};
 
-use crate::tun::{Tun, TunReader};
-use crate::wg::{self, Peer, Stats};
+use crate::sys::EventFd;
+use crate::tun::TunReader;
+use crate::wg::{self, Ends, Stats};
 
 /// Largest frame: the 2-byte length field.
 pub const MAX_FRAME: usize = u16::MAX as usize;
@@ -13,6 +19,37 @@ pub const MAX_FRAME: usize = u16::MAX as usize;
 /// handshake (148 bytes).
 pub fn frame_room(mtu: u16) -> usize {
     2 + (usize::from(mtu) + 32).max(148)
+}
+
+/// Handshake/keepalive packets waiting for the stream writer, at most.
+const MAX_CONTROL: usize = 64;
+
+/// The stream writer's control queue: WireGuard handshakes and keepalives from the timers and
+/// the reader, framed ahead of the TUN's packets, and the eventfd that wakes the writer.
+pub struct Control {
+    queue: Mutex<VecDeque<Vec<u8>>>,
+    /// Wakes the writer: a packet was queued, or there is a new connection to write to.
+    pub ready: EventFd,
+}
+
+impl Control {
+    /// An empty queue.
+    pub fn new() -> io::Result<Self> {
+        Ok(Self {
+            queue: Mutex::new(VecDeque::new()),
+            ready: EventFd::new()?,
+        })
+    }
+
+    /// Queues a packet (dropped when [`MAX_CONTROL`] are waiting) and wakes the writer.
+    pub fn push(&self, p: &[u8]) {
+        let mut q = self.queue.lock().unwrap_or_else(|e| e.into_inner());
+        if q.len() < MAX_CONTROL {
+            q.push_back(p.to_vec());
+        }
+        drop(q);
+        self.ready.notify();
+    }
 }
 
 /// What [`fill`] put into the write buffer.
@@ -25,66 +62,92 @@ pub struct Filled {
     pub read_any: bool,
 }
 
-/// Frames the queued `control` packets (handshakes, keepalives; drained), then encrypts and
-/// frames what the TUN has, while fewer than `limit` bytes are framed and the next packet's
-/// segments fit `wbuf` (`frame_room` each). A packet that does not fit stays pending in
-/// `reader` for the next call, unless the buffer is empty: then it is dropped.
-pub fn fill(
-    tun: &Tun,
-    reader: &mut TunReader,
-    peer: &Peer,
-    control: &mut Vec<Vec<u8>>,
-    wbuf: &mut [u8],
+/// A stream writer's framing state: the TUN reader (a packet that did not fit stays pending
+/// there) and the buffer frames are built in.
+pub struct Writer {
+    reader: TunReader,
+    buf: Vec<u8>,
     frame_room: usize,
     limit: usize,
-) -> Result<Filled> {
-    let mut pos = 0;
-    let mut frames = 0u64;
-    for p in control.drain(..) {
-        if p.len() <= MAX_FRAME && pos + 2 + p.len() <= wbuf.len() {
-            wbuf[pos..pos + 2].copy_from_slice(&(p.len() as u16).to_be_bytes());
-            wbuf[pos + 2..pos + 2 + p.len()].copy_from_slice(&p);
-            pos += 2 + p.len();
-            frames += 1;
+}
+
+impl Writer {
+    /// For inner packets up to `mtu`, in a buffer of `buf_len` bytes; a [`Writer::fill`]
+    /// stops taking packets from the TUN once `limit` bytes are framed.
+    pub fn new(mtu: u16, buf_len: usize, limit: usize) -> Self {
+        Self {
+            reader: TunReader::new(),
+            buf: vec![0u8; buf_len],
+            frame_room: frame_room(mtu),
+            limit,
         }
     }
-    let mut read_any = false;
-    while pos < limit && reader.recv(tun).context("reading from the TUN device")? {
-        let segs = reader.segments(tun);
-        if pos + segs * frame_room > wbuf.len() {
-            if pos > 0 {
-                break; // send what we have; the packet stays pending
+
+    /// Clears `control`'s wake-up and frames the packets queued there (all taken, those that
+    /// do not fit dropped), then encrypts and frames what the TUN has, while fewer than the
+    /// limit's bytes are framed and the next packet's segments fit the buffer (a frame room
+    /// each). A packet that does not fit stays pending for the next call, unless the buffer is
+    /// empty: then it is dropped. The frames are [`Writer::framed`].
+    pub fn fill(&mut self, ends: &Ends, control: &Control) -> Result<Filled> {
+        let (tun, peer) = (&*ends.tun, &*ends.peer);
+        let (reader, wbuf, frame_room) = (&mut self.reader, &mut self.buf[..], self.frame_room);
+        let mut pos = 0;
+        let mut frames = 0u64;
+        control.ready.drain();
+        {
+            let mut q = control.queue.lock().unwrap_or_else(|e| e.into_inner());
+            for p in q.drain(..) {
+                if p.len() <= MAX_FRAME && pos + 2 + p.len() <= wbuf.len() {
+                    wbuf[pos..pos + 2].copy_from_slice(&(p.len() as u16).to_be_bytes());
+                    wbuf[pos + 2..pos + 2 + p.len()].copy_from_slice(&p);
+                    pos += 2 + p.len();
+                    frames += 1;
+                }
             }
-            reader.emit(tun, |_| {}).ok();
-            Stats::add(&peer.stats.send_dropped, segs as u64);
-            continue;
         }
-        read_any = true;
-        Stats::add(&peer.stats.tun_in, 1);
-        wg::encrypt_read(peer, tun, reader, |tunn, packet| {
-            if packet.len() + 32 + 2 > frame_room {
-                Stats::add(&peer.stats.send_dropped, 1);
-                return;
+        let mut read_any = false;
+        while pos < self.limit && reader.recv(tun).context("reading from the TUN device")? {
+            let segs = reader.segments(tun);
+            if pos + segs * frame_room > wbuf.len() {
+                if pos > 0 {
+                    break; // send what we have; the packet stays pending
+                }
+                reader.emit(tun, |_| {}).ok();
+                Stats::add(&peer.stats.send_dropped, segs as u64);
+                continue;
             }
-            let dst = &mut wbuf[pos + 2..pos + frame_room];
-            let base = dst.as_ptr() as usize;
-            let Some(p) = wg::encapsulate(peer, tunn, packet, dst) else {
-                return;
-            };
-            let (off, len) = (p.as_ptr() as usize - base, p.len());
-            if off != 0 {
-                wbuf.copy_within(pos + 2 + off..pos + 2 + off + len, pos + 2);
-            }
-            wbuf[pos..pos + 2].copy_from_slice(&(len as u16).to_be_bytes());
-            pos += 2 + len;
-            frames += 1;
-        });
+            read_any = true;
+            Stats::add(&peer.stats.tun_in, 1);
+            wg::encrypt_read(peer, tun, reader, |tunn, packet| {
+                if packet.len() + 32 + 2 > frame_room {
+                    Stats::add(&peer.stats.send_dropped, 1);
+                    return;
+                }
+                let dst = &mut wbuf[pos + 2..pos + frame_room];
+                let base = dst.as_ptr() as usize;
+                let Some(p) = wg::encapsulate(peer, tunn, packet, dst) else {
+                    return;
+                };
+                let (off, len) = (p.as_ptr() as usize - base, p.len());
+                if off != 0 {
+                    wbuf.copy_within(pos + 2 + off..pos + 2 + off + len, pos + 2);
+                }
+                wbuf[pos..pos + 2].copy_from_slice(&(len as u16).to_be_bytes());
+                pos += 2 + len;
+                frames += 1;
+            });
+        }
+        Ok(Filled {
+            len: pos,
+            frames,
+            read_any,
+        })
     }
-    Ok(Filled {
-        len: pos,
-        frames,
-        read_any,
-    })
+
+    /// The frames the last [`Writer::fill`] built.
+    pub fn framed(&self, f: &Filled) -> &[u8] {
+        &self.buf[..f.len]
+    }
 }
 
 /// After parsing frames out of `rbuf[start..filled]`: rewinds when all was consumed, and

@@ -46,6 +46,11 @@ impl Shutdown {
         self.0.flag.load(Ordering::SeqCst)
     }
 
+    /// Sleeps for `d` or until shutdown; `true` if shutdown came first.
+    pub fn sleep(&self, d: Duration) -> io::Result<bool> {
+        Ok(wait_readable(-1, None, self, Some(d))? == Wake::Shutdown)
+    }
+
     fn raw(&self) -> RawFd {
         self.0.fd.as_raw_fd()
     }

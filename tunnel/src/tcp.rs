@@ -7,7 +7,6 @@
 //! On the listening side a new connection only replaces the current one once a packet on it
 //! has authenticated as the peer, so a stranger connecting cannot cut the tunnel.
 
-use std::collections::VecDeque;
 use std::io::{self, Write};
 use std::net::{Shutdown as SockShutdown, SocketAddr, TcpStream};
 use std::os::fd::AsRawFd;
@@ -24,9 +23,9 @@ use crate::buffers;
 use crate::config::{BufferPolicy, Settings};
 use crate::framing;
 use crate::offload::Coalescer;
-use crate::sys::{EventFd, Shutdown, Wake, wait_readable, would_block};
-use crate::tun::{Tun, TunReader};
-use crate::wg::{self, Peer, SLOT, Stats};
+use crate::sys::{Shutdown, Wake, wait_readable, would_block};
+use crate::tun::Tun;
+use crate::wg::{self, Ends, Peer, SLOT, Stats};
 use crate::{Workers, spawn};
 
 /// Packets encrypted or decrypted per lock of the noise state.
@@ -39,8 +38,6 @@ const WRITE_BUF: usize = 1 << 20;
 const MAX_PENDING: usize = 4;
 /// An accepted connection that does not authenticate within this time is closed.
 const PENDING_TIMEOUT: Duration = Duration::from_secs(10);
-/// Handshake/keepalive packets waiting for the writer, at most.
-const MAX_CONTROL: usize = 64;
 
 #[derive(Clone)]
 struct Conn {
@@ -55,8 +52,7 @@ struct Link {
     changed: Condvar,
     next_id: AtomicU64,
     pending: AtomicUsize,
-    control: Mutex<VecDeque<Vec<u8>>>,
-    control_ready: EventFd,
+    control: framing::Control,
 }
 
 impl Link {
@@ -66,8 +62,7 @@ impl Link {
             changed: Condvar::new(),
             next_id: AtomicU64::new(1),
             pending: AtomicUsize::new(0),
-            control: Mutex::new(VecDeque::new()),
-            control_ready: EventFd::new()?,
+            control: framing::Control::new()?,
         })
     }
 
@@ -113,12 +108,7 @@ impl Link {
 
     /// Queues a handshake/keepalive packet for the writer.
     fn push_control(&self, p: &[u8]) {
-        let mut q = self.control.lock().unwrap_or_else(|e| e.into_inner());
-        if q.len() < MAX_CONTROL {
-            q.push_back(p.to_vec());
-        }
-        drop(q);
-        self.control_ready.notify();
+        self.control.push(p);
     }
 }
 
@@ -127,10 +117,12 @@ pub fn start(s: &Settings, tun: Arc<Tun>, peer: Arc<Peer>, shutdown: &Shutdown) 
     let link = Arc::new(Link::new().context("cannot create an eventfd")?);
     let mut threads = Vec::new();
     let ctx = Ctx {
-        tun,
-        peer,
+        ends: Ends {
+            tun,
+            peer,
+            shutdown: shutdown.clone(),
+        },
         link,
-        shutdown: shutdown.clone(),
         policy: s.buffer_policy,
         target: s.target,
         mtu: s.mtu,
@@ -158,7 +150,7 @@ pub fn start(s: &Settings, tun: Arc<Tun>, peer: Arc<Peer>, shutdown: &Shutdown) 
     {
         let c = ctx.clone();
         threads.push(spawn("timers", move || {
-            wg::run_timers(&c.peer, &c.shutdown, |p| c.link.push_control(p));
+            wg::run_timers(&c.ends.peer, &c.ends.shutdown, |p| c.link.push_control(p));
             Ok(())
         })?);
     }
@@ -167,10 +159,8 @@ pub fn start(s: &Settings, tun: Arc<Tun>, peer: Arc<Peer>, shutdown: &Shutdown) 
 
 #[derive(Clone)]
 struct Ctx {
-    tun: Arc<Tun>,
-    peer: Arc<Peer>,
+    ends: Ends,
     link: Arc<Link>,
-    shutdown: Shutdown,
     policy: BufferPolicy,
     target: Option<bufscope_policy::Target>,
     mtu: u16,
@@ -196,8 +186,8 @@ impl Ctx {
         })?;
         // A new connection may have lost an earlier handshake message: start one now unless
         // a session exists.
-        if self.peer.tunn().stats().0.is_none() {
-            wg::initiate(&self.peer, true, |p| self.link.push_control(p));
+        if self.ends.peer.tunn().stats().0.is_none() {
+            wg::initiate(&self.ends.peer, true, |p| self.link.push_control(p));
         }
         Ok(())
     }
@@ -263,7 +253,7 @@ fn connect_first(ctx: &Ctx, endpoint: SocketAddr, timeout: Duration) -> Result<C
                     e.raw_os_error(),
                     Some(libc::ENETUNREACH | libc::EHOSTUNREACH | libc::EACCES | libc::EPERM)
                 );
-                if fatal || Instant::now() >= deadline || ctx.shutdown.is_triggered() {
+                if fatal || Instant::now() >= deadline || ctx.ends.shutdown.is_triggered() {
                     return Err(anyhow!(e)).with_context(|| {
                         format!("cannot connect to endpoint {endpoint} over TCP")
                     });
@@ -272,9 +262,7 @@ fn connect_first(ctx: &Ctx, endpoint: SocketAddr, timeout: Duration) -> Result<C
             }
         }
         first = false;
-        if wait_readable(-1, None, &ctx.shutdown, Some(Duration::from_millis(200)))?
-            == Wake::Shutdown
-        {
+        if ctx.ends.shutdown.sleep(Duration::from_millis(200))? {
             bail!("interrupted while connecting to {endpoint}");
         }
     }
@@ -287,7 +275,7 @@ fn client_manager(ctx: &Ctx, endpoint: SocketAddr) -> Result<()> {
         // Wait until there is no connection (or shutdown).
         {
             let mut cur = ctx.link.lock();
-            while cur.is_some() && !ctx.shutdown.is_triggered() {
+            while cur.is_some() && !ctx.ends.shutdown.is_triggered() {
                 cur = ctx
                     .link
                     .changed
@@ -296,7 +284,7 @@ fn client_manager(ctx: &Ctx, endpoint: SocketAddr) -> Result<()> {
                     .unwrap_or_else(|e| e.into_inner().0);
             }
         }
-        if ctx.shutdown.is_triggered() {
+        if ctx.ends.shutdown.is_triggered() {
             return Ok(());
         }
         match connect_once(ctx, endpoint, false) {
@@ -307,7 +295,7 @@ fn client_manager(ctx: &Ctx, endpoint: SocketAddr) -> Result<()> {
             }
             Err(e) => {
                 tracing::warn!("reconnecting to {endpoint}: {e}; next try in {backoff:?}");
-                if wait_readable(-1, None, &ctx.shutdown, Some(backoff))? == Wake::Shutdown {
+                if ctx.ends.shutdown.sleep(backoff)? {
                     return Ok(());
                 }
                 backoff = (backoff * 2).min(Duration::from_secs(5));
@@ -370,16 +358,15 @@ fn server_manager(ctx: &Ctx, listener: &Socket) -> Result<()> {
                 })?;
             }
             Err(e) if would_block(&e) => {
-                if wait_readable(listener.as_raw_fd(), None, &ctx.shutdown, None)? == Wake::Shutdown
+                if wait_readable(listener.as_raw_fd(), None, &ctx.ends.shutdown, None)?
+                    == Wake::Shutdown
                 {
                     return Ok(());
                 }
             }
             Err(e) => {
                 tracing::warn!("accept: {e}");
-                if wait_readable(-1, None, &ctx.shutdown, Some(Duration::from_millis(100)))?
-                    == Wake::Shutdown
-                {
+                if ctx.ends.shutdown.sleep(Duration::from_millis(100))? {
                     return Ok(());
                 }
             }
@@ -389,38 +376,18 @@ fn server_manager(ctx: &Ctx, listener: &Socket) -> Result<()> {
 
 /// TUN → (segment) → encrypt → framed → TCP, and the control queue.
 fn writer(ctx: &Ctx) -> Result<()> {
-    let mut reader = TunReader::new();
-    let mut wbuf = vec![0u8; WRITE_BUF];
-    let mut control: Vec<Vec<u8>> = Vec::with_capacity(MAX_CONTROL);
-    let peer = &ctx.peer;
-    let frame_room = framing::frame_room(ctx.mtu);
+    let mut w = framing::Writer::new(ctx.mtu, WRITE_BUF, usize::MAX);
+    let peer = &ctx.ends.peer;
     loop {
-        ctx.link.control_ready.drain();
-        {
-            let mut q = ctx.link.control.lock().unwrap_or_else(|e| e.into_inner());
-            control.extend(q.drain(..));
-        }
-        let framing::Filled {
-            len: pos,
-            frames,
-            read_any,
-        } = framing::fill(
-            &ctx.tun,
-            &mut reader,
-            peer,
-            &mut control,
-            &mut wbuf,
-            frame_room,
-            usize::MAX,
-        )?;
-        if pos == 0 {
-            if read_any {
+        let f = w.fill(&ctx.ends, &ctx.link.control)?;
+        if f.len == 0 {
+            if f.read_any {
                 continue;
             }
             match wait_readable(
-                ctx.tun.raw_fd(),
-                Some(ctx.link.control_ready.raw()),
-                &ctx.shutdown,
+                ctx.ends.tun.raw_fd(),
+                Some(ctx.link.control.ready.raw()),
+                &ctx.ends.shutdown,
                 None,
             )? {
                 Wake::Shutdown => return Ok(()),
@@ -428,14 +395,14 @@ fn writer(ctx: &Ctx) -> Result<()> {
             }
         }
         let Some(conn) = ctx.link.current() else {
-            Stats::add(&peer.stats.send_dropped, frames);
+            Stats::add(&peer.stats.send_dropped, f.frames);
             continue;
         };
-        match (&*conn.stream).write_all(&wbuf[..pos]) {
-            Ok(()) => Stats::add(&peer.stats.net_out, frames),
+        match (&*conn.stream).write_all(w.framed(&f)) {
+            Ok(()) => Stats::add(&peer.stats.net_out, f.frames),
             Err(e) => {
-                Stats::add(&peer.stats.send_dropped, frames);
-                if !ctx.shutdown.is_triggered() {
+                Stats::add(&peer.stats.send_dropped, f.frames);
+                if !ctx.ends.shutdown.is_triggered() {
                     tracing::warn!("TCP connection to {} lost while sending: {e}", conn.addr);
                 }
                 ctx.link.drop_conn(conn.id);
@@ -453,7 +420,7 @@ fn reader(ctx: &Ctx, conn: &Conn, mut promoted: bool) {
     }
     let current = ctx.link.is_current(conn.id);
     match why {
-        Ok(()) if ctx.shutdown.is_triggered() => {}
+        Ok(()) if ctx.ends.shutdown.is_triggered() => {}
         Ok(()) if current => tracing::warn!("TCP connection with {} closed by the peer", conn.addr),
         Ok(()) => tracing::debug!("TCP connection with {} closed", conn.addr),
         Err(e) => tracing::warn!("TCP connection with {}: {e:#}", conn.addr),
@@ -462,7 +429,7 @@ fn reader(ctx: &Ctx, conn: &Conn, mut promoted: bool) {
 }
 
 fn read_loop(ctx: &Ctx, conn: &Conn, promoted: &mut bool) -> Result<()> {
-    let peer = &ctx.peer;
+    let peer = &ctx.ends.peer;
     let fd = conn.stream.as_raw_fd();
     let mut rbuf = vec![0u8; READ_BUF];
     let mut out = vec![0u8; BATCH * SLOT];
@@ -491,7 +458,7 @@ fn read_loop(ctx: &Ctx, conn: &Conn, promoted: &mut bool) -> Result<()> {
                 return Err(e).context("receiving");
             }
             let timeout = (!*promoted).then_some(Duration::from_secs(1));
-            if wait_readable(fd, None, &ctx.shutdown, timeout)? == Wake::Shutdown {
+            if wait_readable(fd, None, &ctx.ends.shutdown, timeout)? == Wake::Shutdown {
                 return Ok(());
             }
             if !*promoted && since.elapsed() > PENDING_TIMEOUT {
@@ -567,7 +534,7 @@ fn read_loop(ctx: &Ctx, conn: &Conn, promoted: &mut bool) -> Result<()> {
             if authenticated {
                 promote(ctx, conn, promoted);
             }
-            match ctx.tun.write_batch(&mut co, &out, &ready) {
+            match ctx.ends.tun.write_batch(&mut co, &out, &ready) {
                 Ok(st) => {
                     Stats::add(&peer.stats.tun_out, st.packets);
                     Stats::add(&peer.stats.send_dropped, st.dropped);
@@ -589,6 +556,6 @@ fn promote(ctx: &Ctx, conn: &Conn, promoted: &mut bool) {
         *promoted = true;
         ctx.link.pending.fetch_sub(1, Ordering::Relaxed);
         ctx.link.promote(conn);
-        ctx.peer.set_endpoint(conn.addr);
+        ctx.ends.peer.set_endpoint(conn.addr);
     }
 }

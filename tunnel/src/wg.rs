@@ -2,7 +2,7 @@
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use boringtun::noise::errors::WireGuardError;
@@ -109,6 +109,18 @@ impl Peer {
             *ep = Some(addr);
         }
     }
+}
+
+/// What the data-path threads of a connection-oriented transport (TCP, QUIC) share besides
+/// their connection: the TUN device, the WireGuard peer and the shutdown they stop on.
+#[derive(Clone)]
+pub struct Ends {
+    /// The TUN device.
+    pub tun: Arc<Tun>,
+    /// The peer (noise state, endpoint, counters).
+    pub peer: Arc<Peer>,
+    /// Triggered when the tunnel stops.
+    pub shutdown: Shutdown,
 }
 
 /// Encrypts what the TUN read pending in `reader` holds (one packet, or the segments of a

@@ -133,12 +133,12 @@ pub(super) async fn datagrams_to_tun(ctx: &Ctx, cur: &Current) -> Result<()> {
             .datagrams_read
             .fetch_add(batch.len() as u64, Ordering::Relaxed);
         {
-            let mut tunn = ctx.peer.tunn();
+            let mut tunn = ctx.ends.peer.tunn();
             for d in batch.drain(..) {
-                inb.decrypt(&mut tunn, &ctx.peer, &ctx.link, &d);
+                inb.decrypt(&mut tunn, &ctx.ends.peer, &ctx.link, &d);
             }
         }
-        inb.flush(&ctx.tun, &ctx.peer)?;
+        inb.flush(&ctx.ends.tun, &ctx.ends.peer)?;
     }
 }
 
@@ -168,7 +168,7 @@ pub(super) async fn stream_to_tun(
             .fetch_add(n as u64, Ordering::Relaxed);
         loop {
             {
-                let mut tunn = ctx.peer.tunn();
+                let mut tunn = ctx.ends.peer.tunn();
                 while !inb.is_full() && filled - start >= 2 {
                     let len = usize::from(u16::from_be_bytes([rbuf[start], rbuf[start + 1]]));
                     if len == 0 {
@@ -179,11 +179,11 @@ pub(super) async fn stream_to_tun(
                     }
                     let frame = &rbuf[start + 2..start + 2 + len];
                     start += 2 + len;
-                    inb.decrypt(&mut tunn, &ctx.peer, &ctx.link, frame);
+                    inb.decrypt(&mut tunn, &ctx.ends.peer, &ctx.link, frame);
                 }
             }
             let full = inb.is_full();
-            inb.flush(&ctx.tun, &ctx.peer)?;
+            inb.flush(&ctx.ends.tun, &ctx.ends.peer)?;
             if !full {
                 break;
             }
@@ -204,9 +204,9 @@ pub(super) fn tun_to_quic(ctx: &Ctx) -> Result<()> {
 /// Waits for the TUN or the control queue; `false` on shutdown.
 fn wait_input(ctx: &Ctx) -> Result<bool> {
     let w = wait_readable(
-        ctx.tun.raw_fd(),
-        Some(ctx.link.control_ready.raw()),
-        &ctx.shutdown,
+        ctx.ends.tun.raw_fd(),
+        Some(ctx.link.control.ready.raw()),
+        &ctx.ends.shutdown,
         None,
     )?;
     Ok(w != Wake::Shutdown)
@@ -234,7 +234,7 @@ fn send_datagram(ctx: &Ctx, cur: &Current, b: Bytes, warned: &mut bool) -> bool 
             None => return false,
         }
     };
-    let peer = &ctx.peer;
+    let peer = &ctx.ends.peer;
     match r {
         Ok(()) => {
             Stats::add(&peer.stats.net_out, 1);
@@ -261,7 +261,7 @@ fn send_datagram(ctx: &Ctx, cur: &Current, b: Bytes, warned: &mut bool) -> bool 
 }
 
 fn tun_to_datagrams(ctx: &Ctx) -> Result<()> {
-    let peer = &ctx.peer;
+    let peer = &ctx.ends.peer;
     let mut reader = TunReader::new();
     let mut slot = vec![0u8; SLOT];
     let mut batch: Vec<Bytes> = Vec::with_capacity(TX_BATCH);
@@ -270,16 +270,16 @@ fn tun_to_datagrams(ctx: &Ctx) -> Result<()> {
         let mut read_any = false;
         while batch.len() < TX_BATCH
             && reader
-                .recv(&ctx.tun)
+                .recv(&ctx.ends.tun)
                 .context("reading from the TUN device")?
         {
-            let segs = reader.segments(&ctx.tun);
+            let segs = reader.segments(&ctx.ends.tun);
             if batch.len() + segs > TX_BATCH && !batch.is_empty() {
                 break; // send first; the packet stays pending
             }
             read_any = true;
             Stats::add(&peer.stats.tun_in, 1);
-            wg::encrypt_read(peer, &ctx.tun, &mut reader, |tunn, packet| {
+            wg::encrypt_read(peer, &ctx.ends.tun, &mut reader, |tunn, packet| {
                 if let Some(p) = wg::encapsulate(peer, tunn, packet, &mut slot) {
                     batch.push(Bytes::copy_from_slice(p));
                 }
@@ -292,7 +292,7 @@ fn tun_to_datagrams(ctx: &Ctx) -> Result<()> {
             if !wait_input(ctx)? {
                 return Ok(());
             }
-            ctx.link.control_ready.drain();
+            ctx.link.control.ready.drain();
             continue;
         }
         let Some(cur) = ctx.link.current() else {
@@ -308,39 +308,19 @@ fn tun_to_datagrams(ctx: &Ctx) -> Result<()> {
                 Stats::add(&peer.stats.send_dropped, 1);
             }
         }
-        if ctx.shutdown.is_triggered() {
+        if ctx.ends.shutdown.is_triggered() {
             return Ok(());
         }
     }
 }
 
 fn tun_to_stream(ctx: &Ctx) -> Result<()> {
-    let peer = &ctx.peer;
-    let mut reader = TunReader::new();
-    let frame_room = framing::frame_room(ctx.mtu);
-    let mut wbuf = vec![0u8; CHUNK + frame_room];
-    let mut control: Vec<Vec<u8>> = Vec::new();
+    let peer = &ctx.ends.peer;
+    let mut w = framing::Writer::new(ctx.mtu, CHUNK + framing::frame_room(ctx.mtu), CHUNK);
     loop {
-        ctx.link.control_ready.drain();
-        {
-            let mut q = ctx.link.control.lock().unwrap_or_else(|e| e.into_inner());
-            control.extend(q.drain(..));
-        }
-        let framing::Filled {
-            len: pos,
-            frames,
-            read_any,
-        } = framing::fill(
-            &ctx.tun,
-            &mut reader,
-            peer,
-            &mut control,
-            &mut wbuf,
-            frame_room,
-            CHUNK,
-        )?;
-        if pos == 0 {
-            if read_any {
+        let f = w.fill(&ctx.ends, &ctx.link.control)?;
+        if f.len == 0 {
+            if f.read_any {
                 continue;
             }
             if !wait_input(ctx)? {
@@ -353,10 +333,10 @@ fn tun_to_stream(ctx: &Ctx) -> Result<()> {
             .current()
             .and_then(|c| c.send.clone().map(|s| (c, s)))
         else {
-            Stats::add(&peer.stats.send_dropped, frames);
+            Stats::add(&peer.stats.send_dropped, f.frames);
             continue;
         };
-        let chunk = Bytes::copy_from_slice(&wbuf[..pos]);
+        let chunk = Bytes::copy_from_slice(w.framed(&f));
         let r = ctx.handle.block_on(async {
             tokio::select! {
                 r = async { send.lock().await.write_chunk(chunk).await } => Some(r),
@@ -365,10 +345,10 @@ fn tun_to_stream(ctx: &Ctx) -> Result<()> {
         });
         match r {
             None => return Ok(()),
-            Some(Ok(())) => Stats::add(&peer.stats.net_out, frames),
+            Some(Ok(())) => Stats::add(&peer.stats.net_out, f.frames),
             Some(Err(e)) => {
-                Stats::add(&peer.stats.send_dropped, frames);
-                if !ctx.shutdown.is_triggered() {
+                Stats::add(&peer.stats.send_dropped, f.frames);
+                if !ctx.ends.shutdown.is_triggered() {
                     tracing::debug!(
                         "QUIC stream to {} lost while sending: {e}",
                         cur.conn.remote_address()

@@ -18,7 +18,6 @@ mod datapath;
 mod socket;
 mod tls;
 
-use std::collections::VecDeque;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -33,9 +32,9 @@ use tokio::sync::watch;
 use crate::config::{
     BufferPolicy, Congestion, QUIC_INITIAL_MTU, QuicMode, Settings, TransportKind,
 };
-use crate::sys::{EventFd, Shutdown, Wake, wait_readable};
+use crate::sys::{Shutdown, Wake, wait_readable};
 use crate::tun::Tun;
-use crate::wg::{self, Peer, Stats};
+use crate::wg::{self, Ends, Peer, Stats};
 use crate::{Workers, spawn};
 use tls::Role;
 
@@ -45,8 +44,6 @@ const CLOSE_SHUTDOWN: u32 = 0;
 const CLOSE_MODE_MISMATCH: u32 = 0x4d;
 /// A newer authenticated connection from the same peer replaced this one.
 const CLOSE_REPLACED: u32 = 0x52;
-/// Handshake/keepalive packets waiting for the stream writer, at most.
-const MAX_CONTROL: usize = 64;
 /// quinn keeps the path alive (and notices a dead peer) with this interval ...
 const KEEP_ALIVE: Duration = Duration::from_secs(5);
 /// ... and gives a silent connection up after this long.
@@ -125,8 +122,7 @@ struct Current {
 struct Link {
     current: Mutex<Option<Current>>,
     next_id: AtomicU64,
-    control: Mutex<VecDeque<Vec<u8>>>,
-    control_ready: EventFd,
+    control: crate::framing::Control,
     mode: QuicMode,
 }
 
@@ -148,7 +144,7 @@ impl Link {
             );
         }
         // The writer may be waiting for a connection.
-        self.control_ready.notify();
+        self.control.ready.notify();
     }
 
     /// Forgets connection `id` if it is the current one.
@@ -170,14 +166,7 @@ impl Link {
                     }
                 }
             }
-            QuicMode::Stream => {
-                let mut q = self.control.lock().unwrap_or_else(|e| e.into_inner());
-                if q.len() < MAX_CONTROL {
-                    q.push_back(p.to_vec());
-                }
-                drop(q);
-                self.control_ready.notify();
-            }
+            QuicMode::Stream => self.control.push(p),
         }
     }
 }
@@ -185,10 +174,8 @@ impl Link {
 /// What the data path and the managers share.
 #[derive(Clone)]
 struct Ctx {
-    tun: Arc<Tun>,
-    peer: Arc<Peer>,
+    ends: Ends,
     link: Arc<Link>,
-    shutdown: Shutdown,
     stop: watch::Receiver<bool>,
     handle: tokio::runtime::Handle,
     mode: QuicMode,
@@ -206,7 +193,7 @@ impl Ctx {
     }
 
     fn is_stopping(&self) -> bool {
-        self.shutdown.is_triggered()
+        self.ends.shutdown.is_triggered()
     }
 }
 
@@ -443,15 +430,16 @@ pub fn start(s: &Settings, tun: Arc<Tun>, peer: Arc<Peer>, shutdown: &Shutdown) 
     let link = Arc::new(Link {
         current: Mutex::new(None),
         next_id: AtomicU64::new(1),
-        control: Mutex::new(VecDeque::new()),
-        control_ready: EventFd::new().context("cannot create an eventfd")?,
+        control: crate::framing::Control::new().context("cannot create an eventfd")?,
         mode: s.quic_mode,
     });
     let ctx = Ctx {
-        tun,
-        peer,
+        ends: Ends {
+            tun,
+            peer,
+            shutdown: shutdown.clone(),
+        },
         link,
-        shutdown: shutdown.clone(),
         stop: stop_rx,
         handle: rt.handle().clone(),
         mode: s.quic_mode,
@@ -477,7 +465,7 @@ pub fn start(s: &Settings, tun: Arc<Tun>, peer: Arc<Peer>, shutdown: &Shutdown) 
         threads.push(spawn("quic", move || {
             let result = rt.block_on(async {
                 // The shutdown eventfd is blocking; watch it from the blocking pool.
-                let sd = c.shutdown.clone();
+                let sd = c.ends.shutdown.clone();
                 let watcher = tokio::task::spawn_blocking(move || {
                     while wait_readable(-1, None, &sd, None).is_ok_and(|w| w != Wake::Shutdown) {}
                     let _ = stop_tx.send(true);
@@ -511,7 +499,9 @@ pub fn start(s: &Settings, tun: Arc<Tun>, peer: Arc<Peer>, shutdown: &Shutdown) 
     {
         let c = ctx.clone();
         threads.push(spawn("timers", move || {
-            wg::run_timers(&c.peer, &c.shutdown, |p| c.link.send_control(p, &c.peer));
+            wg::run_timers(&c.ends.peer, &c.ends.shutdown, |p| {
+                c.link.send_control(p, &c.ends.peer)
+            });
             Ok(())
         })?);
     }
@@ -722,9 +712,11 @@ fn spawn_receiver(ctx: &Ctx, cur: &Current, recv: Option<quinn::RecvStream>) {
 /// Client side: installs a new connection and starts a WireGuard handshake on it (stream mode
 /// needs a first write for the peer to see the stream; any mode may have lost the last one).
 fn install_client(ctx: &Ctx, cur: Current) {
-    ctx.peer.set_endpoint(cur.conn.remote_address());
+    ctx.ends.peer.set_endpoint(cur.conn.remote_address());
     ctx.link.install(cur);
-    wg::initiate(&ctx.peer, false, |p| ctx.link.send_control(p, &ctx.peer));
+    wg::initiate(&ctx.ends.peer, false, |p| {
+        ctx.link.send_control(p, &ctx.ends.peer)
+    });
 }
 
 async fn connect_first(
@@ -853,7 +845,7 @@ async fn serve(ctx: &Ctx, incoming: quinn::Incoming) -> Result<()> {
         tracing::info!("QUIC connection from {from} replaces the current one");
     }
     log_connected(ctx, &cur, "connection from");
-    ctx.peer.set_endpoint(from);
+    ctx.ends.peer.set_endpoint(from);
     ctx.link.install(cur.clone());
     spawn_receiver(ctx, &cur, recv);
     tokio::select! {
