@@ -266,6 +266,10 @@ pub mod drop_site {
     /// 6.11+, for drops no other hook sees): counted per network namespace (`DropKey::netns`,
     /// from the receiving device; 0 when the skb has none) and reason only.
     pub const NETNS: u8 = 3;
+    /// Never written by BPF: with pinned maps, userspace folds the counts of a live process's
+    /// closed sockets here when it removes their entries, so that they survive a restart
+    /// (`DropKey::inode` = the process's start time in clock ticks, `DropKey::id` = its tgid).
+    pub const RETIRED: u8 = 4;
 }
 
 /// Key of the `DROPS` per-CPU hash: one entry per (socket or device, drop reason).

@@ -244,6 +244,20 @@ pub fn run(args: &CheckArgs) -> i32 {
         ),
     }
 
+    if let Some(k) = kinfo.as_ref() {
+        match probes::armed::available(&k.btf) {
+            Ok(()) => line(
+                true,
+                "reader hook",
+                "tp_btf/sock_recv_length available: attached only while a shared socket drops, \
+                 its drops go to the processes that read it",
+            ),
+            Err(why) => warn(
+                "reader hook",
+                &format!("unavailable ({why}): a shared socket's drops go to its newest holder"),
+            ),
+        }
+    }
     println!("probes:");
     let mut attach_results: Vec<probes::ProbeStatus> = Vec::new();
     if !args.no_attach

@@ -146,6 +146,7 @@ fn load(args: &RunArgs) -> anyhow::Result<(Collector, RingBuf<MapData>, Probes)>
         reasons: &kinfo.reasons,
         attribution_hold: args.attribution_hold,
         guard,
+        pins: loaded.pins.as_ref().map(|p| p.outcome.clone()),
     };
     let ebpf = &mut loaded.ebpf;
     let rooms = signals::build(ebpf, &env)?;

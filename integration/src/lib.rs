@@ -113,6 +113,11 @@ impl Workload {
         ok(self.proc.wait_line(prefix, timeout))
     }
 
+    /// Writes `line` to its stdin.
+    pub fn send(&mut self, line: &str) {
+        ok(self.proc.send(line));
+    }
+
     /// Its pid.
     pub fn pid(&self) -> u32 {
         self.proc.pid()

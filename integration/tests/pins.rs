@@ -379,3 +379,84 @@ fn drops_created(e: &Exporter, pid: u32) -> f64 {
 fn testkit_held(pid: u32) -> BTreeSet<u32> {
     bufscope_integration::held_bpf_ids(pid, "prog_id:")
 }
+
+#[test]
+#[ignore = "needs root (BPF, bpffs); run by `cargo xtask test`"]
+fn a_live_process_keeps_the_drops_of_its_closed_sockets_across_a_restart() {
+    let dir = PinDir::new("retired");
+    let flag = dir.flag();
+    // GC every 2 s; entries go 30 s after their last change once their socket is closed.
+    let flags = [flag.as_str(), "--retention=8s"];
+    let mut closer = Workload::start(&["udp-recv", "--rcvbuf", "4096", "--comm", "closer"]);
+    let (pid, inode) = (closer.pid(), closer.get("inodes").parse::<u64>().unwrap());
+    let port = closer.get("ports").to_string();
+    let e = Exporter::start(&flags);
+    flood(&port, 3000);
+    let kernel = equals_kernel(&e, pid, inode, "before closing");
+    // The socket closes (its /proc/net/udp line goes with it); the process lives on.
+    closer.send("close");
+    closer.wait_line("closed", Duration::from_secs(5));
+    let pid_s = pid.to_string();
+    let labels = [("pid", pid_s.as_str()), ("proto", "udp")];
+    // The GC removes its DROPS entry (idle ≥ 30 s, socket gone) and folds its counts into
+    // the process's RETIRED entry: read the pinned map itself (bpftool).
+    let drops_map = dir.0.join("maps/DROPS");
+    eventually(
+        Duration::from_secs(60),
+        "the closed socket's entry folded",
+        || {
+            let keys = drop_keys(&drops_map);
+            let socket_gone = !keys.iter().any(|k| k.0 == inode);
+            let folded = keys.iter().any(|k| k.2 == 4 && k.1 == pid);
+            (socket_gone && folded).then_some(())
+        },
+    );
+    assert_eq!(
+        e.scrape().sum(DROPS, &labels),
+        kernel as f64,
+        "unchanged by the GC"
+    );
+    assert!(e.stop().success());
+    let e = Exporter::start(&flags);
+    let got = eventually(
+        Duration::from_secs(10),
+        "the folded total after the restart",
+        || {
+            let v = e.scrape().sum(DROPS, &labels);
+            (v == kernel as f64).then_some(v)
+        },
+    );
+    eprintln!(
+        "closed and collected before the restart: kernel counted {kernel} on the socket, bufscope {got} on the live process after the restart"
+    );
+    assert!(e.stop().success());
+}
+
+/// (inode, id, site) of every key of the pinned `DROPS` map (`DropKey`: inode u64, netns
+/// u32, id u32, reason u16, proto u8, site u8), as bpftool dumps it.
+fn drop_keys(map: &Path) -> Vec<(u64, u32, u8)> {
+    let out = Command::new("bpftool")
+        .args(["-j", "map", "dump", "pinned"])
+        .arg(map)
+        .output()
+        .expect("bpftool");
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
+    v.as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|e| {
+            let bytes: Vec<u8> = e["key"]
+                .as_array()?
+                .iter()
+                .filter_map(|b| u8::from_str_radix(b.as_str()?.trim_start_matches("0x"), 16).ok())
+                .collect();
+            (bytes.len() >= 20).then(|| {
+                (
+                    u64::from_le_bytes(bytes[0..8].try_into().unwrap()),
+                    u32::from_le_bytes(bytes[12..16].try_into().unwrap()),
+                    bytes[19],
+                )
+            })
+        })
+        .collect()
+}

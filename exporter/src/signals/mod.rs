@@ -166,6 +166,8 @@ pub struct BuildEnv<'a> {
     pub attribution_hold: Duration,
     /// The guard's settings (None: `--guard.mode off`).
     pub guard: Option<guard::Settings>,
+    /// `--bpf.pin-path`: what the start did with the pins (None: nothing pinned).
+    pub pins: Option<crate::probes::pins::Outcome>,
 }
 
 impl BuildEnv<'_> {

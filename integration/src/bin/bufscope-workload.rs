@@ -14,7 +14,7 @@ use anyhow::{Context as _, bail};
 use socket2::{Domain, Protocol, SockAddr, Socket, Type};
 
 const USAGE: &str = "usage: bufscope-workload <command> [--key value …]
-  udp-recv   [--v6] [--rcvbuf N] [--new-netns] [--comm NAME] [--count N]
+  udp-recv   [--v6] [--rcvbuf N] [--new-netns] [--comm NAME] [--count N]   (stdin: close | exit)
              N receiving sockets (never read) on loopback
   udp-flood  --port P [--port P …] [--v6] [--count N] [--size B] [--netns-of PID]
              send N datagrams to each port, then exit
@@ -256,7 +256,18 @@ fn udp_recv(a: &Args) -> anyhow::Result<()> {
         ("ports", ports.join(",")),
         ("inodes", inodes.join(",")),
     ]);
-    hold();
+    // `close` on stdin closes the sockets and keeps the process (a daemon that closed a
+    // socket); `exit` (or EOF) ends it.
+    for line in std::io::stdin().lock().lines() {
+        match line?.trim() {
+            "exit" => break,
+            "close" => {
+                socks.clear();
+                println!("closed");
+            }
+            _ => {}
+        }
+    }
     Ok(())
 }
 

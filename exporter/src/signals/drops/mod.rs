@@ -201,6 +201,12 @@ pub struct Drops {
     /// Sockets several processes hold, and the reader hook (None: the kernel has no
     /// `sock_recv_length`; such a socket's drops go to its newest holder).
     shared: Option<shared::Shared>,
+    /// With pinned maps: the counts of a live process's closed sockets are folded into a
+    /// [`drop_site::RETIRED`] entry when their entries are removed, so they outlive a restart.
+    retire: bool,
+    /// The next read is the first of maps adopted from an earlier bufscope: their counts are
+    /// not news of the last second (no rate is claimed from them).
+    adopted: bool,
 }
 
 /// Sums one key's per-CPU values (latest `rcvbuf`/`rmem_alloc` win).
@@ -237,6 +243,11 @@ impl Drops {
             env.attribution_hold,
         );
         room.shared = ReaderHook::take(ebpf)?.map(shared::Shared::new);
+        room.retire = env.pins.is_some();
+        room.adopted = matches!(
+            env.pins,
+            Some(crate::probes::pins::Outcome::Adopted | crate::probes::pins::Outcome::Upgraded)
+        );
         Ok(Some(room))
     }
 
@@ -264,6 +275,8 @@ impl Drops {
             names: HashMap::new(),
             batch,
             shared: None,
+            retire: false,
+            adopted: false,
         }
     }
 
@@ -293,9 +306,14 @@ impl Drops {
                     seen
                 }
                 None => {
-                    // First sight: the new packets were dropped since the previous poll.
-                    let base = self.last_poll.unwrap_or(now - Duration::from_secs(1));
-                    let history = VecDeque::from([(base, v.packets.saturating_sub(dp))]);
+                    // First sight: the new packets were dropped since the previous poll
+                    // (adopted maps: at some time while no bufscope ran).
+                    let history = if self.adopted {
+                        VecDeque::from([(now, v.packets)])
+                    } else {
+                        let base = self.last_poll.unwrap_or(now - Duration::from_secs(1));
+                        VecDeque::from([(base, v.packets.saturating_sub(dp))])
+                    };
                     self.last.entry(k).or_insert(Seen {
                         packets: v.packets,
                         skbs: v.skbs,
@@ -319,6 +337,7 @@ impl Drops {
         }
         self.attribute(attr, store, now);
         self.last_poll = Some(now);
+        self.adopted = false;
     }
 
     /// Every key with its per-CPU values summed: in batches when possible, else key by key.
@@ -345,10 +364,83 @@ impl Drops {
         current
     }
 
+    /// Before the closed sockets `doomed` leave the map: adds their counts to their live
+    /// owner's [`drop_site::RETIRED`] entry (one per process, proto and reason), written to
+    /// the map as the total it already is in the store (no delta, no double count); a restart
+    /// that adopts the map gives the process those counts again.
+    fn fold(&mut self, doomed: &[DropKey], attr: &Attributor, now: Instant) {
+        let mut folds: BTreeMap<(ProcRef, u16, u8), (u64, u64)> = BTreeMap::new();
+        for k in doomed.iter().filter(|k| k.site == drop_site::SOCKET) {
+            let Some(s) = self.last.get(k) else { continue };
+            let Some(owner) = s.owner.filter(|p| attr.alive(p)) else {
+                continue;
+            };
+            let f = folds.entry((owner, k.reason, k.proto)).or_default();
+            f.0 += s.packets;
+            f.1 += s.skbs;
+        }
+        let cpus = match aya::util::nr_cpus() {
+            Ok(n) => n,
+            Err(e) => {
+                tracing::warn!("folding closed sockets' drops: cannot count CPUs ({e:?})");
+                return;
+            }
+        };
+        for ((owner, reason, proto), (packets, skbs)) in folds {
+            let key = DropKey {
+                inode: owner.start_ticks,
+                netns: 0,
+                id: owner.tgid,
+                reason,
+                proto,
+                site: drop_site::RETIRED,
+                _pad: 0,
+            };
+            let (p0, s0) = self.last.get(&key).map_or((0, 0), |s| (s.packets, s.skbs));
+            let total = DropVal {
+                packets: p0 + packets,
+                skbs: s0 + skbs,
+                ..DropVal::default()
+            };
+            let mut values = vec![DropVal::default(); cpus];
+            values[0] = total;
+            let written = aya::maps::PerCpuValues::try_from(values)
+                .map_err(anyhow::Error::from)
+                .and_then(|v| Ok(self.map.insert(key, v, 0)?));
+            if let Err(e) = written {
+                tracing::warn!(
+                    pid = owner.tgid,
+                    "closed sockets' drops not kept for a restart (DROPS full?): {e:#}"
+                );
+                continue;
+            }
+            let seen = self.last.entry(key).or_insert_with(|| Seen {
+                packets: 0,
+                skbs: 0,
+                changed: now,
+                rcvbuf: 0,
+                rmem_alloc: 0,
+                owner: Some(owner),
+                ifname: String::new(),
+                history: VecDeque::from([(now, total.packets)]),
+            });
+            seen.packets = total.packets;
+            seen.skbs = total.skbs;
+            seen.history = VecDeque::from([(now, total.packets)]);
+        }
+    }
+
     fn resolve(&self, k: &DropKey, attr: &mut Attributor) -> Option<ProcRef> {
         match k.site {
             drop_site::SOCKET => attr.lookup_inode(k.inode),
             drop_site::SOCKET_NO_INODE => attr.listener(k.netns, k.id as u16),
+            drop_site::RETIRED => {
+                let p = ProcRef {
+                    tgid: k.id,
+                    start_ticks: k.inode,
+                };
+                attr.alive(&p).then_some(p)
+            }
             drop_site::DEVICE => {
                 let name = self
                     .last
@@ -398,6 +490,12 @@ impl Drops {
                 .held
                 .get(&k)
                 .is_some_and(|h| now.duration_since(h.since) >= self.hold);
+            if who.is_none() && k.site == drop_site::RETIRED {
+                // Folded counts of a process that exited while no bufscope ran: its series
+                // would have left with it (the entry goes at the next GC).
+                self.held.remove(&k);
+                continue;
+            }
             if who.is_none() && !expired && k.site != drop_site::NETNS {
                 continue;
             }
@@ -560,16 +658,27 @@ impl Signal for Drops {
     fn gc(&mut self, cx: &mut GcCx<'_>) -> usize {
         let (live, idle) = (cx.live, cx.idle);
         let now = Instant::now();
+        let attr = &*cx.attr;
         let doomed: Vec<DropKey> = self
             .last
             .iter()
-            .filter(|(k, s)| {
-                now.duration_since(s.changed) >= idle
-                    && !self.held.contains_key(k)
-                    && (k.site != drop_site::SOCKET || !live.contains(&k.inode))
+            .filter(|(k, s)| match k.site {
+                // Folded counts stay while their process lives.
+                drop_site::RETIRED => !attr.alive(&ProcRef {
+                    tgid: k.id,
+                    start_ticks: k.inode,
+                }),
+                site => {
+                    now.duration_since(s.changed) >= idle
+                        && !self.held.contains_key(k)
+                        && (site != drop_site::SOCKET || !live.contains(&k.inode))
+                }
             })
             .map(|(k, _)| *k)
             .collect();
+        if self.retire {
+            self.fold(&doomed, attr, now);
+        }
         for k in &doomed {
             // The socket is gone (or the key idle): nothing can increment it between our last
             // read and this delete, and a re-created key starts from zero.
