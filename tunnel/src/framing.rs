@@ -150,6 +150,28 @@ impl Writer {
     }
 }
 
+/// The next whole frame in `rbuf[*start..filled]`, advancing `start` past it; `None` until
+/// it has arrived completely. A zero length is a protocol error.
+pub fn next_frame<'a>(
+    rbuf: &'a [u8],
+    start: &mut usize,
+    filled: usize,
+) -> Result<Option<&'a [u8]>> {
+    if filled - *start < 2 {
+        return Ok(None);
+    }
+    let len = usize::from(u16::from_be_bytes([rbuf[*start], rbuf[*start + 1]]));
+    if len == 0 {
+        anyhow::bail!("protocol error: empty frame");
+    }
+    if filled - *start < 2 + len {
+        return Ok(None);
+    }
+    let frame = &rbuf[*start + 2..*start + 2 + len];
+    *start += 2 + len;
+    Ok(Some(frame))
+}
+
 /// After parsing frames out of `rbuf[start..filled]`: rewinds when all was consumed, and
 /// moves the partial frame to the front when a whole frame no longer fits behind it.
 pub fn compact(rbuf: &mut [u8], start: &mut usize, filled: &mut usize) {
@@ -160,5 +182,47 @@ pub fn compact(rbuf: &mut [u8], start: &mut usize, filled: &mut usize) {
         rbuf.copy_within(*start..*filled, 0);
         *filled -= *start;
         *start = 0;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn next_frame_takes_whole_frames_only() {
+        let mut buf = vec![0, 3, b'a', b'b', b'c', 0, 5, b'x'];
+        let filled = buf.len();
+        let mut start = 0;
+        assert_eq!(
+            next_frame(&buf, &mut start, filled).unwrap(),
+            Some(&b"abc"[..])
+        );
+        assert_eq!(start, 5);
+        // 3 of the second frame's 7 bytes: not yet.
+        assert_eq!(next_frame(&buf, &mut start, filled).unwrap(), None);
+        assert_eq!(start, 5);
+        buf[5..7].copy_from_slice(&[0, 0]);
+        assert!(next_frame(&buf, &mut start, filled).is_err());
+    }
+
+    #[test]
+    fn compact_rewinds_or_moves_the_partial_frame() {
+        let mut rbuf = vec![0u8; 2 * (2 + MAX_FRAME)];
+        let (mut start, mut filled) = (10, 10);
+        compact(&mut rbuf, &mut start, &mut filled);
+        assert_eq!((start, filled), (0, 0));
+        // Room behind the partial frame for a whole one: left in place.
+        let (mut start, mut filled) = (10, 12);
+        compact(&mut rbuf, &mut start, &mut filled);
+        assert_eq!((start, filled), (10, 12));
+        // No room: moved to the front.
+        let end = rbuf.len() - 3;
+        rbuf[end - 2..end].copy_from_slice(&[7, 9]);
+        let (mut start, mut filled) = (end - 2, end);
+        compact(&mut rbuf, &mut start, &mut filled);
+        assert_eq!((start, filled), (0, 2));
+        assert_eq!(&rbuf[..2], &[7, 9]);
     }
 }

@@ -117,11 +117,7 @@ pub fn start(s: &Settings, tun: Arc<Tun>, peer: Arc<Peer>, shutdown: &Shutdown) 
     let link = Arc::new(Link::new().context("cannot create an eventfd")?);
     let mut threads = Vec::new();
     let ctx = Ctx {
-        ends: Ends {
-            tun,
-            peer,
-            shutdown: shutdown.clone(),
-        },
+        ends: Ends::new(tun, peer, shutdown),
         link,
         policy: s.buffer_policy,
         target: s.target,
@@ -478,16 +474,10 @@ fn read_loop(ctx: &Ctx, conn: &Conn, promoted: &mut bool) -> Result<()> {
             let mut authenticated = false;
             {
                 let mut tunn = peer.tunn();
-                while ready.len() < BATCH && filled - start >= 2 {
-                    let len = usize::from(u16::from_be_bytes([rbuf[start], rbuf[start + 1]]));
-                    if len == 0 {
-                        bail!("protocol error: empty frame");
-                    }
-                    if filled - start < 2 + len {
+                while ready.len() < BATCH {
+                    let Some(frame) = framing::next_frame(&rbuf, &mut start, filled)? else {
                         break;
-                    }
-                    let frame = &rbuf[start + 2..start + 2 + len];
-                    start += 2 + len;
+                    };
                     Stats::add(&peer.stats.net_in, 1);
                     let i = ready.len();
                     let slot = &mut out[i * SLOT..(i + 1) * SLOT];

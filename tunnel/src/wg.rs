@@ -123,6 +123,17 @@ pub struct Ends {
     pub shutdown: Shutdown,
 }
 
+impl Ends {
+    /// The ends of one transport's data path.
+    pub fn new(tun: Arc<Tun>, peer: Arc<Peer>, shutdown: &Shutdown) -> Self {
+        Self {
+            tun,
+            peer,
+            shutdown: shutdown.clone(),
+        }
+    }
+}
+
 /// Encrypts what the TUN read pending in `reader` holds (one packet, or the segments of a
 /// GSO super-packet) under one lock of `peer`'s noise state: `each` gets the state and every
 /// packet. A read that cannot be split into packets is counted as not allowed.

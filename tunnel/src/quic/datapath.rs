@@ -169,16 +169,10 @@ pub(super) async fn stream_to_tun(
         loop {
             {
                 let mut tunn = ctx.ends.peer.tunn();
-                while !inb.is_full() && filled - start >= 2 {
-                    let len = usize::from(u16::from_be_bytes([rbuf[start], rbuf[start + 1]]));
-                    if len == 0 {
-                        bail!("protocol error: empty frame on the QUIC stream");
-                    }
-                    if filled - start < 2 + len {
+                while !inb.is_full() {
+                    let Some(frame) = framing::next_frame(&rbuf, &mut start, filled)? else {
                         break;
-                    }
-                    let frame = &rbuf[start + 2..start + 2 + len];
-                    start += 2 + len;
+                    };
                     inb.decrypt(&mut tunn, &ctx.ends.peer, &ctx.link, frame);
                 }
             }

@@ -434,11 +434,7 @@ pub fn start(s: &Settings, tun: Arc<Tun>, peer: Arc<Peer>, shutdown: &Shutdown) 
         mode: s.quic_mode,
     });
     let ctx = Ctx {
-        ends: Ends {
-            tun,
-            peer,
-            shutdown: shutdown.clone(),
-        },
+        ends: Ends::new(tun, peer, shutdown),
         link,
         stop: stop_rx,
         handle: rt.handle().clone(),
