@@ -1,0 +1,468 @@
+//! Advice: turns what the probes observed into per-process findings that say what to change.
+//!
+//! The rules live in `bufscope-policy` (the same crate the reference tunnel applies), so the
+//! exporter and the tunnel never disagree about what "right" is. This module is pure: the
+//! collector hands it an [`Inputs`] snapshot, it returns [`Finding`]s. One finding per
+//! (process, kind); the worst socket is named in the evidence.
+//!
+//! The JSON served at `/api/v1/findings` is [`Report`] (schema version [`SCHEMA_VERSION`],
+//! documented in `docs/findings.md`).
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use bufscope_policy::{self as policy, Direction, Platform, Rule};
+use serde::Serialize;
+
+use crate::signals::setsockopt::BufOption;
+use crate::store::{ProcMeta, ProcRef, Proto};
+
+/// Version of the `/api/v1/findings` schema. Bumped only on incompatible changes.
+pub const SCHEMA_VERSION: u32 = 1;
+
+/// How bad a finding is: what it costs now.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Severity {
+    /// Costs throughput now (sustained drops in the last window, a connection running at the
+    /// ceiling its locked buffer sets, connections born crippled).
+    Critical,
+    /// A latent problem, sporadic drops, or one that was not active in the last window.
+    Warning,
+    /// Observed, but costs nothing measurable now (e.g. a locked buffer at an RTT where it
+    /// cannot limit, an idle connection).
+    Info,
+}
+
+impl Severity {
+    /// Label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Critical => "critical",
+            Self::Warning => "warning",
+            Self::Info => "info",
+        }
+    }
+}
+
+/// Drops per second from which drops are *sustained* (critical): the threshold of the shipped
+/// `BufscopeSocketDropsSustained` alert. Fewer are sporadic (a warning).
+pub const SUSTAINED_DROPS_PER_SECOND: f64 = 1.0;
+
+/// RTTs below this are the same host (loopback, veth): no buffer limits a flow there.
+const SAME_HOST_RTT_US: u32 = 100;
+
+/// A WAN round trip to say what a lock would cost on a real path (a VPN across a continent).
+const WAN_RTT: Duration = Duration::from_millis(50);
+
+/// Finding kinds (the `kind` label and JSON field).
+pub mod kind {
+    /// A UDP socket drops datagrams because its receive buffer is full.
+    pub const UDP_RCVBUF_DROPS: &str = "udp_rcvbuf_drops";
+    /// A TCP socket drops segments for buffer reasons (zero window, rmem, backlog, OFO).
+    pub const TCP_BUFFER_DROPS: &str = "tcp_buffer_drops";
+    /// A TUN/TAP device's queue overflows: the tunnel process does not read it fast enough.
+    pub const TUN_RING_FULL: &str = "tun_ring_full";
+    /// A receive-buffer request was clamped to `net.core.rmem_max`.
+    pub const RCVBUF_CLAMPED: &str = "rcvbuf_clamped";
+    /// A send-buffer request was clamped to `net.core.wmem_max`.
+    pub const SNDBUF_CLAMPED: &str = "sndbuf_clamped";
+    /// `SO_RCVBUFFORCE`/`SO_SNDBUFFORCE` refused (no CAP_NET_ADMIN).
+    pub const FORCE_REFUSED: &str = "force_refused";
+    /// TCP sockets with `SOCK_RCVBUF_LOCK`: receive autotuning off.
+    pub const TCP_RCVBUF_LOCK: &str = "tcp_rcvbuf_lock";
+    /// TCP connections born with a shrunken window scale.
+    pub const TCP_WSCALE_SHRUNK: &str = "tcp_wscale_shrunk";
+    /// The kernel wanted to grow a locked TCP receive buffer.
+    pub const AUTOTUNE_SUPPRESSED: &str = "autotune_suppressed";
+}
+
+/// The process a finding is about.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct ProcessRef {
+    /// Process id.
+    pub pid: u32,
+    /// Process name.
+    pub comm: String,
+    /// Container id, empty on the host.
+    pub container: String,
+}
+
+/// The socket a finding names (the worst one of the process for that kind).
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct SocketRef {
+    /// Socket inode (`/proc/<pid>/fd/* -> socket:[inode]`, `ss -e ino:`).
+    pub inode: u64,
+    /// `udp`, `tcp` or `other`.
+    pub proto: &'static str,
+}
+
+/// One finding.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Finding {
+    /// See [`kind`].
+    pub kind: &'static str,
+    /// How bad.
+    pub severity: Severity,
+    /// Who.
+    pub process: ProcessRef,
+    /// Which socket, when one is to blame.
+    pub socket: Option<SocketRef>,
+    /// What is wrong, with the numbers.
+    pub summary: String,
+    /// What to change.
+    pub fix: String,
+    /// The numbers behind it (bytes, packets, per second, microseconds).
+    pub evidence: BTreeMap<&'static str, f64>,
+    /// The measurement the recommendation comes from (bufscope-policy's citation).
+    pub rule: &'static str,
+    /// What the guard (`--guard.mode`) is already doing about it for this process, if anything.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub guard: Option<String>,
+}
+
+/// What `/api/v1/findings` returns.
+#[derive(Clone, Debug, Serialize)]
+pub struct Report {
+    /// [`SCHEMA_VERSION`].
+    pub version: u32,
+    /// Seconds since the Unix epoch when the report was made.
+    pub generated_at: u64,
+    /// Findings, most severe first.
+    pub findings: Vec<Finding>,
+}
+
+/// Drops of one socket (or device).
+#[derive(Clone, Debug)]
+pub struct SocketDrops {
+    /// Owner, when known.
+    pub owner: Option<ProcRef>,
+    /// Socket inode (0 for device drops / sockets without inode).
+    pub inode: u64,
+    /// Transport.
+    pub proto: Proto,
+    /// Kernel drop reason name (shared: thousands of sockets drop for the same few reasons).
+    pub reason: std::sync::Arc<str>,
+    /// Packets dropped so far.
+    pub packets: u64,
+    /// Packets per second over the advice window.
+    pub rate: f64,
+    /// Effective receive buffer at the last drop (bytes, as `getsockopt` reports it).
+    pub rcvbuf: i32,
+    /// Device name for TUN ring drops.
+    pub ifname: String,
+}
+
+/// The last setsockopt of one option on one socket.
+#[derive(Clone, Debug)]
+pub struct SocketOpt {
+    /// Caller.
+    pub owner: ProcRef,
+    /// Socket inode.
+    pub inode: u64,
+    /// Transport.
+    pub proto: Proto,
+    /// Which option.
+    pub option: BufOption,
+    /// Requested value.
+    pub requested: i64,
+    /// Effective size after the call (`sk_rcvbuf`/`sk_sndbuf`).
+    pub effective: i64,
+    /// Syscall return (0 or -errno).
+    pub ret: i32,
+    /// Whether the kernel clamped it.
+    pub clamped: bool,
+}
+
+/// TCP connection shape of one process.
+#[derive(Clone, Debug, Default)]
+pub struct TcpShape {
+    /// Connections established.
+    pub established: u64,
+    /// Born with a shrunken scale.
+    pub shrunk: u64,
+    /// Last shrunk connection's (actual, expected) scale.
+    pub example: Option<(u8, u8)>,
+    /// Sockets that got SOCK_RCVBUF_LOCK (setsockopt or inherited).
+    pub locks: u64,
+}
+
+/// `tcp_rcvbuf_grow` view of one TCP socket.
+#[derive(Clone, Debug)]
+pub struct TuneView {
+    /// Owner.
+    pub owner: Option<ProcRef>,
+    /// Socket inode.
+    pub inode: u64,
+    /// Growth attempts while locked.
+    pub suppressed: u64,
+    /// Receiver RTT (µs).
+    pub rtt_us: u32,
+    /// Current receive buffer (bytes).
+    pub rcvbuf: i32,
+    /// Bytes read in the last RTT-long interval.
+    pub copied: u64,
+    /// That interval (µs).
+    pub interval_us: u64,
+}
+
+/// What the guard did for one process under one rule (from the guard room).
+#[derive(Clone, Debug)]
+pub struct GuardAct {
+    /// The process.
+    pub owner: ProcRef,
+    /// `tcp-autotune` or `udp-floor`.
+    pub rule: &'static str,
+    /// Enforced (false: observe mode, counted only).
+    pub enforced: bool,
+    /// Decisions so far.
+    pub decisions: u64,
+    /// The UDP floor applied (bytes requested, before the kernel doubles it).
+    pub floor: i64,
+    /// The floor was capped at `rmem_max` below what the policy asks.
+    pub floor_capped: bool,
+}
+
+/// `net.ipv4.tcp_rmem[2]`'s kernel default, assumed when the sysctl cannot be read.
+pub const TCP_RMEM_MAX_DEFAULT: i64 = 6_291_456;
+
+/// Everything the rules look at.
+#[derive(Clone, Debug, Default)]
+pub struct Inputs {
+    /// Per-socket drops.
+    pub drops: Vec<SocketDrops>,
+    /// Per-socket setsockopt outcomes.
+    pub opts: Vec<SocketOpt>,
+    /// Per-process TCP shape.
+    pub tcp: Vec<(ProcRef, TcpShape)>,
+    /// Per-socket autotune state.
+    pub tunes: Vec<TuneView>,
+    /// Labels of each process.
+    pub meta: BTreeMap<ProcRef, ProcMeta>,
+    /// `net.core.rmem_max` (None: not readable here).
+    pub rmem_max: Option<i64>,
+    /// `net.core.wmem_max` (None: not readable here).
+    pub wmem_max: Option<i64>,
+    /// Host `net.ipv4.tcp_rmem[2]` (autotuning's ceiling).
+    pub tcp_rmem_max: i64,
+    /// Window over which drop rates are measured.
+    pub window: Duration,
+    /// What the guard did, per process and rule.
+    pub guard: Vec<GuardAct>,
+}
+
+fn kib(b: f64) -> String {
+    if b >= (1 << 20) as f64 {
+        format!("{:.1} MiB", b / (1 << 20) as f64)
+    } else {
+        format!("{:.0} KiB", b / 1024.0)
+    }
+}
+
+/// A sysctl value, or "unknown".
+fn limit(v: Option<i64>) -> String {
+    v.map_or_else(|| "unknown".to_string(), |v| v.to_string())
+}
+
+fn mbit(bps: f64) -> String {
+    if bps >= 1e9 {
+        format!("{:.2} Gbit/s", bps / 1e9)
+    } else if bps >= 1e6 {
+        format!("{:.1} Mbit/s", bps / 1e6)
+    } else {
+        format!("{:.0} kbit/s", bps / 1e3)
+    }
+}
+
+/// An RTT in the unit that shows it (µs below a millisecond).
+fn rtt_text(us: u32) -> String {
+    if us < 1000 {
+        format!("{us} µs")
+    } else {
+        format!("{:.1} ms", us as f64 / 1000.0)
+    }
+}
+
+/// A drop rate as a person reads it: per second when there is about one a second or more,
+/// else how many in the window (a single drop is "1 in the last 60s", never "0/s").
+fn drop_rate_text(rate: f64, window: Duration) -> String {
+    if rate >= 10.0 {
+        format!("{rate:.0}/s")
+    } else if rate >= SUSTAINED_DROPS_PER_SECOND {
+        format!("{rate:.1}/s")
+    } else {
+        let n = (rate * window.as_secs_f64()).round().max(1.0);
+        format!("{n:.0} in the last {}s", window.as_secs())
+    }
+}
+
+/// Critical when sustained, warning when sporadic or past.
+fn drop_severity(rate: f64) -> Severity {
+    if rate >= SUSTAINED_DROPS_PER_SECOND {
+        Severity::Critical
+    } else {
+        Severity::Warning
+    }
+}
+
+struct Builder<'a> {
+    inputs: &'a Inputs,
+    out: Vec<Finding>,
+    /// Clamped receive-buffer requests by socket inode (looked up once per process).
+    clamped_rcv: foldhash::HashMap<u64, &'a SocketOpt>,
+    /// Processes with locked TCP sockets.
+    tcp_locked: foldhash::HashSet<ProcRef>,
+}
+
+impl Builder<'_> {
+    fn process(&self, p: &ProcRef) -> ProcessRef {
+        let m = self.inputs.meta.get(p).cloned().unwrap_or_default();
+        ProcessRef {
+            pid: p.tgid,
+            comm: m.comm,
+            container: m.container,
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn push(
+        &mut self,
+        p: &ProcRef,
+        kind: &'static str,
+        severity: Severity,
+        socket: Option<SocketRef>,
+        summary: String,
+        fix: String,
+        evidence: Vec<(&'static str, f64)>,
+        rule: &'static str,
+    ) {
+        let process = self.process(p);
+        self.out.push(Finding {
+            kind,
+            severity,
+            process,
+            socket,
+            summary,
+            fix,
+            evidence: evidence.into_iter().collect(),
+            rule,
+            guard: None,
+        });
+    }
+
+    /// The clamped receive request of `inode`, if any.
+    fn clamped_request(&self, inode: u64) -> Option<&SocketOpt> {
+        self.clamped_rcv.get(&inode).copied()
+    }
+}
+
+/// Group `items` by owner.
+fn by_owner<T>(items: impl Iterator<Item = (ProcRef, T)>) -> BTreeMap<ProcRef, Vec<T>> {
+    let mut m: BTreeMap<ProcRef, Vec<T>> = BTreeMap::new();
+    for (p, t) in items {
+        m.entry(p).or_default().push(t);
+    }
+    m
+}
+
+/// Evaluates every rule.
+pub fn evaluate(inputs: &Inputs) -> Vec<Finding> {
+    let mut b = Builder {
+        inputs,
+        out: Vec::new(),
+        clamped_rcv: inputs
+            .opts
+            .iter()
+            .filter(|o| o.clamped && matches!(o.option, BufOption::Rcvbuf | BufOption::RcvbufForce))
+            .map(|o| (o.inode, o))
+            .collect(),
+        tcp_locked: inputs
+            .tcp
+            .iter()
+            .filter(|(_, s)| s.locks > 0)
+            .map(|(p, _)| *p)
+            .collect(),
+    };
+    udp_drops(&mut b);
+    tcp_drops(&mut b);
+    tun_ring(&mut b);
+    clamps(&mut b);
+    tcp_locks(&mut b);
+    autotune(&mut b);
+    mark_guarded(&mut b.out, &inputs.guard);
+    // Most severe first; within a severity, what costs most now (drop rate) first.
+    let cost = |f: &Finding| f.evidence.get("drops_per_second").copied().unwrap_or(0.0);
+    b.out.sort_by(|x, y| {
+        x.severity
+            .cmp(&y.severity)
+            .then(cost(y).total_cmp(&cost(x)))
+            .then((x.process.pid, x.kind).cmp(&(y.process.pid, y.kind)))
+    });
+    b.out
+}
+
+/// The guard rule that addresses findings of `kind`, if one does.
+fn guard_rule_for(kind: &str) -> Option<&'static str> {
+    match kind {
+        kind::TCP_RCVBUF_LOCK | kind::TCP_WSCALE_SHRUNK | kind::AUTOTUNE_SUPPRESSED => {
+            Some("tcp-autotune")
+        }
+        kind::UDP_RCVBUF_DROPS | kind::RCVBUF_CLAMPED | kind::SNDBUF_CLAMPED => Some("udp-floor"),
+        _ => None,
+    }
+}
+
+/// Says, on each finding the guard addresses for its process, what the guard did.
+fn mark_guarded(out: &mut [Finding], acts: &[GuardAct]) {
+    for f in out.iter_mut() {
+        let Some(rule) = guard_rule_for(f.kind) else {
+            continue;
+        };
+        let mine: Vec<&GuardAct> = acts
+            .iter()
+            .filter(|a| a.owner.tgid == f.process.pid && a.rule == rule)
+            .collect();
+        if mine.is_empty() {
+            continue;
+        }
+        let enforced: u64 = mine
+            .iter()
+            .filter(|a| a.enforced)
+            .map(|a| a.decisions)
+            .sum();
+        let observed: u64 = mine
+            .iter()
+            .filter(|a| !a.enforced)
+            .map(|a| a.decisions)
+            .sum();
+        let what = match rule {
+            "tcp-autotune" => "buffer requests skipped so autotuning stays on".to_string(),
+            _ => {
+                let floor = mine.iter().map(|a| a.floor).max().unwrap_or(0);
+                let capped = mine.iter().any(|a| a.floor_capped);
+                format!(
+                    "UDP buffers raised to {}{}",
+                    kib(floor as f64),
+                    if capped {
+                        " (capped at net.core.rmem_max: raise it for the full floor)"
+                    } else {
+                        ""
+                    }
+                )
+            }
+        };
+        f.guard = Some(if enforced > 0 {
+            format!("the guard is fixing this ({rule}): {enforced} decisions, {what}")
+        } else {
+            format!(
+                "the guard (observe mode) would fix this ({rule}): {observed} decisions, {what}"
+            )
+        });
+    }
+}
+
+mod rules;
+#[cfg(test)]
+mod tests;
+
+use rules::{autotune, clamps, tcp_drops, tcp_locks, tun_ring, udp_drops};

@@ -1,0 +1,458 @@
+//! The rules, one function per finding kind: each reads its part of [`Inputs`] and pushes
+//! findings through the [`Builder`].
+
+use super::*;
+
+pub(super) fn udp_drops(b: &mut Builder<'_>) {
+    let window = b.inputs.window.as_secs();
+    let groups = by_owner(b.inputs.drops.iter().filter_map(|d| {
+        let udp = d.proto == Proto::Udp && d.inode != 0;
+        let full = matches!(&*d.reason, "SOCKET_RCVBUFF" | "PROTO_MEM");
+        (udp && full).then(|| d.owner.map(|o| (o, d))).flatten()
+    }));
+    let (want, rule) = policy::recommended_udp_buffer(None);
+    for (p, socks) in groups {
+        let total: u64 = socks.iter().map(|d| d.packets).sum();
+        let rate: f64 = socks.iter().map(|d| d.rate).sum();
+        let Some(worst) = socks.iter().max_by(|a, c| {
+            (a.rate, a.packets)
+                .partial_cmp(&(c.rate, c.packets))
+                .unwrap_or(std::cmp::Ordering::Equal)
+        }) else {
+            continue;
+        };
+        let severity = drop_severity(rate);
+        let mut evidence = vec![
+            ("drops_total", total as f64),
+            ("drops_per_second", rate),
+            ("rcvbuf_bytes", worst.rcvbuf as f64),
+            ("sockets", socks.len() as f64),
+            ("recommended_bytes", want as f64),
+        ];
+        if let Some(r) = b.inputs.rmem_max {
+            evidence.push(("rmem_max_bytes", r as f64));
+        }
+        let what = if rate >= SUSTAINED_DROPS_PER_SECOND {
+            format!(
+                "dropping {} over the last {window}s",
+                drop_rate_text(rate, b.inputs.window)
+            )
+        } else if rate > 0.0 {
+            format!(
+                "dropped {} (sporadic; {total} in total)",
+                drop_rate_text(rate, b.inputs.window)
+            )
+        } else {
+            format!("dropped {total} datagrams (none in the last {window}s)")
+        };
+        let mut summary = format!(
+            "UDP socket {what} with an effective {} receive buffer",
+            kib(worst.rcvbuf as f64)
+        );
+        if socks.len() > 1 {
+            summary.push_str(&format!(" ({} sockets affected)", socks.len()));
+        }
+        let fix = match b.clamped_request(worst.inode) {
+            Some(o) => {
+                evidence.push(("requested_bytes", o.requested as f64));
+                summary.push_str(&format!(
+                    "; requested {} was clamped by net.core.rmem_max={}",
+                    kib(o.requested as f64),
+                    limit(b.inputs.rmem_max)
+                ));
+                format!(
+                    "raise it: {} — then the {} request takes effect",
+                    policy::clamp_fix(
+                        Platform::Linux,
+                        Direction::Receive,
+                        o.requested.max(want as i64) as usize
+                    ),
+                    kib(o.requested as f64)
+                )
+            }
+            None if (worst.rcvbuf as i64) < 2 * want as i64 => format!(
+                "request a {} receive buffer: SO_RCVBUFFORCE (with CAP_NET_ADMIN), else SO_RCVBUF \
+                 with net.core.rmem_max >= {want} (now {}); UDP has no autotuning",
+                kib(want as f64),
+                limit(b.inputs.rmem_max)
+            ),
+            None => "the buffer is already large: the reader is too slow for the arrival rate \
+                     (read in batches with recvmmsg/GRO, more reader threads or SO_REUSEPORT)"
+                .to_string(),
+        };
+        b.push(
+            &p,
+            kind::UDP_RCVBUF_DROPS,
+            severity,
+            Some(SocketRef {
+                inode: worst.inode,
+                proto: "udp",
+            }),
+            summary,
+            fix,
+            evidence,
+            rule.citation(),
+        );
+    }
+}
+
+pub(super) fn tcp_drops(b: &mut Builder<'_>) {
+    let groups = by_owner(b.inputs.drops.iter().filter_map(|d| {
+        (d.proto == Proto::Tcp)
+            .then(|| d.owner.map(|o| (o, d)))
+            .flatten()
+    }));
+    for (p, drops) in groups {
+        let total: u64 = drops.iter().map(|d| d.packets).sum();
+        let rate: f64 = drops.iter().map(|d| d.rate).sum();
+        let mut reasons: Vec<&str> = drops.iter().map(|d| &*d.reason).collect();
+        reasons.sort_unstable();
+        reasons.dedup();
+        let locked = b.tcp_locked.contains(&p);
+        let fix = if locked {
+            "this process locks its TCP receive buffers (SO_RCVBUF): remove the setsockopt so \
+             autotuning can size them"
+                .to_string()
+        } else {
+            "the application reads too slowly for the arrival rate (zero window / receive queue \
+             full); these are retransmitted, costing throughput and latency"
+                .to_string()
+        };
+        b.push(
+            &p,
+            kind::TCP_BUFFER_DROPS,
+            if rate >= SUSTAINED_DROPS_PER_SECOND && locked {
+                Severity::Critical
+            } else {
+                Severity::Warning
+            },
+            None,
+            format!(
+                "TCP segments dropped for buffer reasons ({}): {total} in total, {}",
+                reasons.join(", "),
+                if rate > 0.0 {
+                    format!("{} now", drop_rate_text(rate, b.inputs.window))
+                } else {
+                    format!("none in the last {}s", b.inputs.window.as_secs())
+                }
+            ),
+            fix,
+            vec![("drops_total", total as f64), ("drops_per_second", rate)],
+            Rule::TcpAutotune.citation(),
+        );
+    }
+}
+
+pub(super) fn tun_ring(b: &mut Builder<'_>) {
+    let groups = by_owner(b.inputs.drops.iter().filter_map(|d| {
+        (&*d.reason == "FULL_RING" && d.inode == 0)
+            .then(|| d.owner.map(|o| (o, d)))
+            .flatten()
+    }));
+    for (p, drops) in groups {
+        let total: u64 = drops.iter().map(|d| d.packets).sum();
+        let rate: f64 = drops.iter().map(|d| d.rate).sum();
+        let mut devs: Vec<&str> = drops.iter().map(|d| d.ifname.as_str()).collect();
+        devs.sort_unstable();
+        devs.dedup();
+        b.push(
+            &p,
+            kind::TUN_RING_FULL,
+            drop_severity(rate),
+            None,
+            format!(
+                "TUN device {} queue overflowed: {total} packets dropped before the tunnel read them ({})",
+                devs.join(", "),
+                if rate > 0.0 {
+                    format!("{} now", drop_rate_text(rate, b.inputs.window))
+                } else {
+                    format!("none in the last {}s", b.inputs.window.as_secs())
+                }
+            ),
+            format!(
+                "read the TUN device faster (batching, offloads, a reader thread per queue with \
+                 IFF_MULTI_QUEUE) or deepen its queue: ip link set dev {} txqueuelen 5000",
+                devs.first().copied().unwrap_or("<tun>")
+            ),
+            vec![("drops_total", total as f64), ("drops_per_second", rate)],
+            "TUN tx queue = txqueuelen packets (drivers/net/tun.c tun_net_xmit, reason FULL_RING)",
+        );
+    }
+}
+
+pub(super) fn clamps(b: &mut Builder<'_>) {
+    let groups = by_owner(b.inputs.opts.iter().map(|o| (o.owner, o)));
+    for (p, opts) in groups {
+        for (k, dir, cap) in [
+            (kind::RCVBUF_CLAMPED, Direction::Receive, b.inputs.rmem_max),
+            (kind::SNDBUF_CLAMPED, Direction::Send, b.inputs.wmem_max),
+        ] {
+            let of_dir = |o: &&&SocketOpt| match dir {
+                Direction::Receive => {
+                    matches!(o.option, BufOption::Rcvbuf | BufOption::RcvbufForce)
+                }
+                Direction::Send => matches!(o.option, BufOption::Sndbuf | BufOption::SndbufForce),
+            };
+            let clamped: Vec<&&SocketOpt> =
+                opts.iter().filter(of_dir).filter(|o| o.clamped).collect();
+            if let Some(o) = clamped.iter().max_by_key(|o| o.requested) {
+                let tcp = o.proto == Proto::Tcp;
+                let fix = if tcp {
+                    "do not set TCP buffers on Linux at all: autotuning grows them up to tcp_rmem[2]/tcp_wmem[2]"
+                        .to_string()
+                } else {
+                    policy::clamp_fix(Platform::Linux, dir, o.requested.max(0) as usize)
+                };
+                let sysctl = match dir {
+                    Direction::Receive => "rmem_max",
+                    Direction::Send => "wmem_max",
+                };
+                b.push(
+                    &p,
+                    k,
+                    Severity::Warning,
+                    Some(SocketRef {
+                        inode: o.inode,
+                        proto: o.proto.as_str(),
+                    }),
+                    format!(
+                        "{} requested {} but the kernel capped it at net.core.{sysctl}={} \
+                         (getsockopt reports {}, twice the cap); {} call(s) clamped",
+                        o.option.as_str(),
+                        kib(o.requested as f64),
+                        limit(cap),
+                        kib(o.effective as f64),
+                        clamped.len()
+                    ),
+                    fix,
+                    vec![
+                        ("requested_bytes", o.requested as f64),
+                        ("effective_bytes", o.effective as f64),
+                        ("limit_bytes", cap.unwrap_or(o.effective / 2) as f64),
+                        ("calls", clamped.len() as f64),
+                    ],
+                    if tcp {
+                        Rule::TcpAutotune.citation()
+                    } else {
+                        Rule::UdpDefault.citation()
+                    },
+                );
+            }
+        }
+        let refused: Vec<&&SocketOpt> = opts
+            .iter()
+            .filter(|o| {
+                o.ret == -libc::EPERM
+                    && matches!(o.option, BufOption::RcvbufForce | BufOption::SndbufForce)
+            })
+            .collect();
+        if let Some(o) = refused.first() {
+            b.push(
+                &p,
+                kind::FORCE_REFUSED,
+                Severity::Warning,
+                Some(SocketRef {
+                    inode: o.inode,
+                    proto: o.proto.as_str(),
+                }),
+                format!(
+                    "{} refused (EPERM) {} time(s): the process lacks CAP_NET_ADMIN in the initial user namespace",
+                    o.option.as_str(),
+                    refused.len()
+                ),
+                format!(
+                    "grant CAP_NET_ADMIN (e.g. AmbientCapabilities=CAP_NET_ADMIN, or the container's \
+                     capabilities.add), or raise net.core.rmem_max/wmem_max to {} so the plain option suffices",
+                    o.requested
+                ),
+                vec![("requested_bytes", o.requested as f64), ("calls", refused.len() as f64)],
+                Rule::UdpDefault.citation(),
+            );
+        }
+    }
+}
+
+pub(super) fn tcp_locks(b: &mut Builder<'_>) {
+    for (p, s) in &b.inputs.tcp.clone() {
+        if s.shrunk > 0 {
+            let (actual, expected) = s.example.unwrap_or((0, 0));
+            let ratio = (1u64 << expected.min(14)) as f64 / (1u64 << actual.min(14)) as f64;
+            b.push(
+                p,
+                kind::TCP_WSCALE_SHRUNK,
+                Severity::Critical,
+                None,
+                format!(
+                    "{} of {} TCP connections born with window scale {actual} instead of {expected}: \
+                     the receive buffer was set before connect()/listen(); their window is capped at {} \
+                     for life ({ratio:.0}x smaller)",
+                    s.shrunk,
+                    s.established,
+                    kib((65535u64 << actual.min(14)) as f64)
+                ),
+                "remove setsockopt(SO_RCVBUF) before connect()/listen() on Linux (setting it later \
+                 cannot raise the scale); let autotuning size the buffer"
+                    .to_string(),
+                vec![
+                    ("connections_shrunk", s.shrunk as f64),
+                    ("connections", s.established as f64),
+                    ("wscale", actual as f64),
+                    ("wscale_expected", expected as f64),
+                    ("max_window_bytes", (65535u64 << actual.min(14)) as f64),
+                ],
+                Rule::TcpAutotune.citation(),
+            );
+        }
+        if s.locks > 0 {
+            b.push(
+                p,
+                kind::TCP_RCVBUF_LOCK,
+                Severity::Warning,
+                None,
+                format!(
+                    "{} TCP socket(s) with SOCK_RCVBUF_LOCK: receive autotuning is off for them",
+                    s.locks
+                ),
+                "remove setsockopt(SO_RCVBUF) on Linux TCP sockets (autotuning grows the buffer up \
+                 to net.ipv4.tcp_rmem[2]); if a library sets it, SO_BUF_LOCK=0 clears the lock"
+                    .to_string(),
+                vec![("sockets_locked", s.locks as f64), ("tcp_rmem_max_bytes", b.inputs.tcp_rmem_max as f64)],
+                Rule::TcpAutotune.citation(),
+            );
+        }
+    }
+}
+
+/// How much a locked TCP receive buffer costs now, from what `tcp_rcvbuf_grow` measured.
+struct LockCost {
+    /// The ceiling the locked window sets at the measured RTT (≈ rcvbuf/2 per RTT), bit/s.
+    cap_bps: f64,
+    /// What the reader consumed over the last measured interval, bit/s (0: idle).
+    observed_bps: f64,
+    /// The window the observed rate needs at this RTT (bytes).
+    bdp_bytes: u64,
+    severity: Severity,
+}
+
+fn lock_cost(t: &TuneView) -> LockCost {
+    let rtt = Duration::from_micros(t.rtt_us.max(1) as u64);
+    // About half of sk_rcvbuf is advertised as window (tcp_adv_win_scale/scaling_ratio).
+    let window = t.rcvbuf.max(0) as f64 / 2.0;
+    let cap_bps = window * 8.0 / rtt.as_secs_f64();
+    let observed_bps = if t.interval_us > 0 {
+        t.copied as f64 * 8.0 / (t.interval_us as f64 / 1e6)
+    } else {
+        0.0
+    };
+    let ratio = if cap_bps > 0.0 {
+        observed_bps / cap_bps
+    } else {
+        0.0
+    };
+    let severity = if observed_bps <= 0.0 || t.rtt_us < SAME_HOST_RTT_US {
+        // Idle, or the same host: nothing is limited by the buffer now.
+        Severity::Info
+    } else if (0.8..=1.25).contains(&ratio) {
+        // Running at the ceiling the lock sets: it costs throughput now. (Far above it the
+        // window/RTT model does not bind: the buffer is not what limits.)
+        Severity::Critical
+    } else {
+        Severity::Warning
+    };
+    LockCost {
+        cap_bps,
+        observed_bps,
+        bdp_bytes: policy::bdp_bytes(observed_bps as u64, rtt),
+        severity,
+    }
+}
+
+pub(super) fn autotune(b: &mut Builder<'_>) {
+    let groups = by_owner(
+        b.inputs
+            .tunes
+            .iter()
+            .filter(|t| t.suppressed > 0)
+            .filter_map(|t| t.owner.map(|o| (o, t))),
+    );
+    for (p, socks) in groups {
+        let total: u64 = socks.iter().map(|t| t.suppressed).sum();
+        // The socket whose lock costs most now (then the most suppressed).
+        let Some((t, c)) = socks
+            .iter()
+            .map(|t| (*t, lock_cost(t)))
+            .min_by(|(a, x), (b, y)| {
+                x.severity
+                    .cmp(&y.severity)
+                    .then(y.observed_bps.total_cmp(&x.observed_bps))
+                    .then(b.suppressed.cmp(&a.suppressed))
+            })
+        else {
+            continue;
+        };
+        let buf = kib(t.rcvbuf as f64);
+        let grow = if b.inputs.tcp_rmem_max > t.rcvbuf as i64 && t.rcvbuf > 0 {
+            format!(
+                "autotuning could grow it to {} ({:.0}x)",
+                kib(b.inputs.tcp_rmem_max as f64),
+                b.inputs.tcp_rmem_max as f64 / t.rcvbuf as f64
+            )
+        } else {
+            format!(
+                "autotuning could grow it up to {}",
+                kib(b.inputs.tcp_rmem_max as f64)
+            )
+        };
+        let wan_cap = t.rcvbuf.max(0) as f64 / 2.0 * 8.0 / WAN_RTT.as_secs_f64();
+        let summary = match c.severity {
+            Severity::Critical => format!(
+                "costs throughput now: the connection runs at the ~{} its locked {buf} receive                  buffer allows at the measured RTT of {} (observed {}); the kernel wanted to                  grow the buffer {total} time(s); {grow}",
+                mbit(c.cap_bps),
+                rtt_text(t.rtt_us),
+                mbit(c.observed_bps),
+            ),
+            Severity::Warning => format!(
+                "not at its ceiling now: a locked {buf} TCP receive buffer allows ~{} at the                  measured RTT of {} (observed {}); it limits the connection once traffic grows;                  the kernel wanted to grow it {total} time(s); {grow}",
+                mbit(c.cap_bps),
+                rtt_text(t.rtt_us),
+                mbit(c.observed_bps),
+            ),
+            Severity::Info if c.observed_bps <= 0.0 => format!(
+                "costs nothing now (idle): a locked {buf} TCP receive buffer, which the kernel                  wanted to grow {total} time(s); on a {} ms path it would cap a connection at                  ~{}",
+                WAN_RTT.as_millis(),
+                mbit(wan_cap)
+            ),
+            Severity::Info => format!(
+                "costs nothing at this RTT ({}, the same host): a locked {buf} TCP receive                  buffer is not what limits this connection (observed {}); on a {} ms path it                  would cap it at ~{}; the kernel wanted to grow it {total} time(s)",
+                rtt_text(t.rtt_us),
+                mbit(c.observed_bps),
+                WAN_RTT.as_millis(),
+                mbit(wan_cap)
+            ),
+        };
+        b.push(
+            &p,
+            kind::AUTOTUNE_SUPPRESSED,
+            c.severity,
+            Some(SocketRef {
+                inode: t.inode,
+                proto: "tcp",
+            }),
+            summary,
+            format!(
+                "remove setsockopt(SO_RCVBUF) so autotuning can follow the bandwidth-delay product \
+                 (the observed rate needs a {} window at this RTT; autotuning sizes it)",
+                kib(c.bdp_bytes as f64)
+            ),
+            vec![
+                ("suppressed_total", total as f64),
+                ("rtt_us", t.rtt_us as f64),
+                ("rcvbuf_bytes", t.rcvbuf as f64),
+                ("throughput_cap_bps", c.cap_bps),
+                ("observed_bps", c.observed_bps),
+                ("bdp_bytes", c.bdp_bytes as f64),
+            ],
+            Rule::TcpAutotune.citation(),
+        );
+    }
+}
