@@ -169,7 +169,10 @@ fn counts_go_on_across_sigterm_and_kill9_restarts() {
     assert!(gone_kernel > 500, "{gone_kernel}");
     drop(gone);
 
-    // After: adopted, the total includes the drops of the blind window.
+    // After: adopted, the total includes the drops of the blind window. (Down for 2 s at
+    // least, so that a `_created` of this restart would differ from the pins' creation, which
+    // has whole seconds.)
+    std::thread::sleep(Duration::from_secs(2));
     let restarted_at = unix_now();
     let (e, gap) = restart(&flags, pid, inode);
     assert!(e.log().contains("adopting the pinned maps"), "{}", e.log());
