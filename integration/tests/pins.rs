@@ -65,14 +65,20 @@ fn pinned_prog_ids(dir: &Path) -> BTreeSet<u32> {
         .collect()
 }
 
-/// Program ids of every BPF link in the kernel (bpftool).
-fn linked_prog_ids() -> BTreeSet<u32> {
+/// `bpftool -j <args>`'s answer (null when it printed nothing parsable).
+fn bpftool_json(args: &[&str]) -> serde_json::Value {
     let out = Command::new("bpftool")
-        .args(["-j", "link", "list"])
+        .arg("-j")
+        .args(args)
         .output()
         .expect("bpftool");
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
-    v.as_array()
+    serde_json::from_slice(&out.stdout).unwrap_or_default()
+}
+
+/// Program ids of every BPF link in the kernel (bpftool).
+fn linked_prog_ids() -> BTreeSet<u32> {
+    bpftool_json(&["link", "list"])
+        .as_array()
         .into_iter()
         .flatten()
         .filter_map(|l| l["prog_id"].as_u64())
@@ -438,13 +444,8 @@ fn a_live_process_keeps_the_drops_of_its_closed_sockets_across_a_restart() {
 /// (inode, id, site) of every key of the pinned `DROPS` map (`DropKey`: inode u64, netns
 /// u32, id u32, reason u16, proto u8, site u8), as bpftool dumps it.
 fn drop_keys(map: &Path) -> Vec<(u64, u32, u8)> {
-    let out = Command::new("bpftool")
-        .args(["-j", "map", "dump", "pinned"])
-        .arg(map)
-        .output()
-        .expect("bpftool");
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
-    v.as_array()
+    bpftool_json(&["map", "dump", "pinned", map.to_str().unwrap()])
+        .as_array()
         .into_iter()
         .flatten()
         .filter_map(|e| {

@@ -313,10 +313,13 @@ pub fn load(
         ("AUTOTUNE", sizes.autotune),
         ("EVENTS", sizes.events_bytes),
     ];
+    let maps = match pin_path {
+        Some(_) => pins::persistent_maps(OBJECT, &overrides)?,
+        None => Vec::new(),
+    };
     let mut pins = match pin_path {
         None => None,
         Some(dir) => {
-            let maps = pins::persistent_maps(OBJECT, &overrides)?;
             let mut fp = pins::Fingerprint::default();
             let mut off: Vec<&String> = disabled.iter().collect();
             off.sort();
@@ -335,13 +338,10 @@ pub fn load(
             Some(pins::prepare(dir, &maps, fp.value(), guard.persist)?)
         }
     };
-    let map_paths: Vec<(String, std::path::PathBuf)> = match &pins {
-        Some(p) => pins::persistent_maps(OBJECT, &overrides)?
-            .into_iter()
-            .map(|m| {
-                let path = p.map_path(&m.name);
-                (m.name, path)
-            })
+    let map_paths: Vec<(&str, std::path::PathBuf)> = match &pins {
+        Some(p) => maps
+            .iter()
+            .map(|m| (m.name.as_str(), p.map_path(&m.name)))
             .collect(),
         None => Vec::new(),
     };
@@ -356,7 +356,7 @@ pub fn load(
         loader.map_max_entries(name, size);
     }
     for (name, path) in &map_paths {
-        loader.map_pin_path(name.as_str(), path.as_path());
+        loader.map_pin_path(name, path.as_path());
     }
     let mut ebpf = loader
         .load(OBJECT)
