@@ -2,12 +2,12 @@
 //! --bpf.pin-path DIR` pinned (links first: a link whose pin was its last reference detaches;
 //! then the maps, META and the directory).
 
+use crate::bpf::pins::dir;
 use crate::cli::CleanupArgs;
-use crate::probes::pins;
 
 /// Runs the command; returns the exit code.
 pub fn run(args: &CleanupArgs) -> i32 {
-    match pins::cleanup(&args.pin_path) {
+    match dir::cleanup(&args.pin_path) {
         Ok(r) if r.links == 0 && r.maps == 0 => {
             println!("nothing pinned in {}", args.pin_path.display());
             0

@@ -177,45 +177,17 @@ pub struct RunArgs {
     /// How often the probes' maps are read (scrapes also read them).
     #[arg(long = "poll-interval", default_value = "1s", value_parser = parse_duration, value_name = "DURATION")]
     pub poll_interval: Duration,
-    /// How long drops of a socket whose owner is not found yet are held before they are
-    /// counted under `comm="_unknown"`.
-    #[arg(long = "attribution.hold", default_value = "10s", value_parser = parse_duration, value_name = "DURATION")]
-    pub attribution_hold: Duration,
     /// `/proc` mount to read (set to the host's `/proc` when running in a container).
     #[arg(long = "path.procfs", default_value = "/proc", value_name = "DIR")]
     pub procfs: PathBuf,
-    /// Entries of the per-socket drop map.
-    #[arg(
-        long = "bpf.drops-map-entries",
-        default_value_t = 16384,
-        value_name = "N",
-        value_parser = at_least_one::<u32>
-    )]
-    pub drops_entries: u32,
-    /// Entries of the socket-owner map (LRU).
-    #[arg(
-        long = "bpf.owners-map-entries",
-        default_value_t = 65536,
-        value_name = "N",
-        value_parser = at_least_one::<u32>
-    )]
-    pub owners_entries: u32,
     /// Size of the event ring buffer in bytes (a power of two, at least 4096): bursts of
     /// setsockopt calls or connections beyond what it holds between drains are counted in
     /// `bufscope_bpf_events_lost_total{cause="ringbuf_full"}`.
     #[arg(long = "bpf.events-ring-bytes", default_value_t = 1 << 20, value_parser = parse_ring_bytes, value_name = "BYTES")]
     pub events_ring_bytes: u32,
-    /// Entries of the per-socket autotune map.
-    #[arg(
-        long = "bpf.autotune-map-entries",
-        default_value_t = 16384,
-        value_name = "N",
-        value_parser = at_least_one::<u32>
-    )]
-    pub autotune_entries: u32,
-    /// Guard flags.
+    /// Every signal's own flags (`--guard.*`, map sizes, attribution).
     #[command(flatten)]
-    pub guard: GuardArgs,
+    pub signals: crate::signals::Flags,
     /// `--bpf.pin-path`.
     #[command(flatten)]
     pub pins: PinArgs,
@@ -243,8 +215,8 @@ pub struct CheckArgs {
     pub kernel: KernelArgs,
 }
 
-/// A count that must be at least 1.
-fn at_least_one<T: std::str::FromStr + PartialEq + From<u8>>(s: &str) -> Result<T, String> {
+/// A count that must be at least 1 (a clap value parser).
+pub fn at_least_one<T: std::str::FromStr + PartialEq + From<u8>>(s: &str) -> Result<T, String> {
     let v: T = s.parse().map_err(|_| format!("invalid number {s:?}"))?;
     if v == T::from(0u8) {
         return Err("must be at least 1".into());
@@ -261,92 +233,6 @@ fn parse_ring_bytes(s: &str) -> Result<u32, String> {
         return Err(format!("{v} is not a power of two of at least 4096"));
     }
     Ok(v)
-}
-
-/// `--guard.mode`.
-#[derive(Clone, Copy, Debug, ValueEnum, PartialEq, Eq, Default, serde::Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum GuardMode {
-    /// No guard.
-    #[default]
-    Off,
-    /// Count what the guard would do; change nothing.
-    Observe,
-    /// Apply the buffer policy in the kernel.
-    Enforce,
-}
-
-/// The guard: the buffer policy applied in the kernel, without touching the applications.
-#[derive(clap::Args, Debug, Clone, Default)]
-pub struct GuardArgs {
-    /// off | observe (count what it would do) | enforce (TCP SO_RCVBUF/SO_SNDBUF skipped so
-    /// autotuning stays on; UDP buffers raised to the floor).
-    #[arg(long = "guard.mode", value_enum, default_value_t = GuardMode::Off)]
-    pub mode: GuardMode,
-    /// The cgroup (v2 directory) whose processes the guard acts for (default: the cgroup2
-    /// root, i.e. every process).
-    #[arg(long = "guard.cgroup", value_name = "PATH")]
-    pub cgroup: Option<PathBuf>,
-    /// Act only for processes with these names (comm).
-    #[arg(long = "guard.comm", value_delimiter = ',', value_name = "NAME")]
-    pub comm: Vec<String>,
-    /// Never act for processes with these names (comm).
-    #[arg(
-        long = "guard.exclude-comm",
-        value_delimiter = ',',
-        value_name = "NAME"
-    )]
-    pub exclude_comm: Vec<String>,
-    /// UDP buffer floor in bytes (the SO_RCVBUF/SO_SNDBUF value; the kernel doubles it).
-    /// Default: the policy's (7 MiB).
-    #[arg(long = "guard.udp-floor", value_name = "BYTES", value_parser = at_least_one::<u64>)]
-    pub udp_floor: Option<u64>,
-    /// Raise net.core.rmem_max/wmem_max to the floor at start (host-wide; never lowered).
-    #[arg(long = "guard.raise-sysctl")]
-    pub raise_sysctl: bool,
-    /// With --bpf.pin-path: keep the guard (and the setsockopt program it shares) attached
-    /// while bufscope is not running. Without it the guard stops with bufscope.
-    #[arg(long = "guard.persist")]
-    pub persist: bool,
-}
-
-impl GuardArgs {
-    /// Checks the guard flags that clap cannot.
-    pub fn validate(&self) -> anyhow::Result<()> {
-        if !self.comm.is_empty() && !self.exclude_comm.is_empty() {
-            anyhow::bail!("--guard.comm and --guard.exclude-comm cannot be combined: use one list");
-        }
-        for c in self.comm.iter().chain(&self.exclude_comm) {
-            if c.is_empty() || c.len() > 15 {
-                anyhow::bail!(
-                    "invalid comm {c:?} in --guard.comm/--guard.exclude-comm: a process name \
-                     is 1 to 15 bytes (the kernel's comm)"
-                );
-            }
-        }
-        if let Some(p) = &self.cgroup
-            && !p.is_dir()
-        {
-            anyhow::bail!(
-                "--guard.cgroup {}: not a directory (give a cgroup v2 directory, e.g. under \
-                 the cgroup2 mount)",
-                p.display()
-            );
-        }
-        if self.mode == GuardMode::Off
-            && (self.cgroup.is_some()
-                || !self.comm.is_empty()
-                || !self.exclude_comm.is_empty()
-                || self.udp_floor.is_some()
-                || self.raise_sysctl
-                || self.persist)
-        {
-            anyhow::bail!(
-                "guard flags given but --guard.mode is off: add --guard.mode observe or enforce"
-            );
-        }
-        Ok(())
-    }
 }
 
 impl KernelArgs {
@@ -381,8 +267,8 @@ impl RunArgs {
             );
         }
         self.kernel.validate()?;
-        self.guard.validate()?;
-        if self.guard.persist && self.pins.pin_path.is_none() {
+        self.signals.validate()?;
+        if self.signals.guard.persist && self.pins.pin_path.is_none() {
             anyhow::bail!(
                 "--guard.persist keeps the guard attached through pins: add --bpf.pin-path DIR \
                  (e.g. /sys/fs/bpf/bufscope)"

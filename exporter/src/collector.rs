@@ -13,11 +13,11 @@ use aya::maps::{MapData, RingBuf};
 
 use crate::advice::{self, Finding, Inputs, Report};
 use crate::attribution::{Attributor, Procfs};
+use crate::bpf::Stats;
+use crate::exposition::{self, Created, Format, Health, selfmetrics};
 use crate::kernel::BufferLimits;
-use crate::metrics::{self, Created, Format, Health};
-use crate::probes::Stats;
-use crate::signals::{AdviceCx, Cx, GcCx, Signal};
-use crate::store::{ProcMeta, ProcRef, Store};
+use crate::signals::{self, AdviceCx, Cx, GcCx, ProcStats, Signal, Store};
+use crate::store::{ProcMeta, ProcRef};
 
 /// How long a pass over `/proc/*/fd` stays good for GC (see `Collector::gc_plan`).
 const LIVE_TTL: Duration = Duration::from_secs(60);
@@ -344,15 +344,24 @@ impl Collector {
             .map(|m| (m.map, m.entries, m.max_entries))
             .collect();
         let findings = self.findings(FINDINGS_MIN_AGE_SCRAPE);
-        let fams = metrics::families(&self.store, &self.health, findings.as_slice());
+        let procs: Vec<(String, &ProcStats)> = self.store.iter().collect();
+        let mut fams = signals::families(&self.signals, &procs);
+        drop(procs);
+        selfmetrics::families(
+            &self.store,
+            &self.health,
+            findings.as_slice(),
+            signals::attributed(),
+            &mut fams,
+        );
         match format {
-            Format::Text => metrics::encode(&fams).unwrap_or_else(|e| {
+            Format::Text => exposition::encode(&fams).unwrap_or_else(|e| {
                 tracing::error!("encoding metrics: {e}");
                 String::new()
             }),
             Format::OpenMetrics { .. } => {
-                let created = metrics::created_times(&mut self.created, &self.store, &fams);
-                metrics::encode_openmetrics(&fams, &created)
+                let created = exposition::created_times(&mut self.created, &self.store, &fams);
+                exposition::encode_openmetrics(&fams, &created)
             }
         }
     }

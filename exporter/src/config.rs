@@ -135,7 +135,7 @@ struct Bpf {
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct Guard {
-    mode: Option<crate::cli::GuardMode>,
+    mode: Option<crate::signals::guard::GuardMode>,
     cgroup: Option<PathBuf>,
     comm: Option<Vec<String>>,
     exclude_comm: Option<Vec<String>>,
@@ -207,7 +207,7 @@ pub fn apply(file: FileConfig, args: &mut RunArgs, m: &ArgMatches) -> anyhow::Re
     if let Some(v) = file.attribution.hold {
         set!(
             "attribution_hold",
-            args.attribution_hold,
+            args.signals.drops.hold,
             Some(dur(&v, "attribution.hold")?)
         );
     }
@@ -224,19 +224,19 @@ pub fn apply(file: FileConfig, args: &mut RunArgs, m: &ArgMatches) -> anyhow::Re
     {
         args.kernel.cgroup2 = Some(v);
     }
-    set!("mode", args.guard.mode, file.guard.mode);
-    set!("comm", args.guard.comm, file.guard.comm);
+    set!("mode", args.signals.guard.mode, file.guard.mode);
+    set!("comm", args.signals.guard.comm, file.guard.comm);
     set!(
         "exclude_comm",
-        args.guard.exclude_comm,
+        args.signals.guard.exclude_comm,
         file.guard.exclude_comm
     );
     set!(
         "raise_sysctl",
-        args.guard.raise_sysctl,
+        args.signals.guard.raise_sysctl,
         file.guard.raise_sysctl
     );
-    set!("persist", args.guard.persist, file.guard.persist);
+    set!("persist", args.signals.guard.persist, file.guard.persist);
     if let Some(v) = file.bpf.pin_path
         && !from_cli("pin_path")
     {
@@ -245,7 +245,7 @@ pub fn apply(file: FileConfig, args: &mut RunArgs, m: &ArgMatches) -> anyhow::Re
     if let Some(v) = file.guard.cgroup
         && !from_cli("cgroup")
     {
-        args.guard.cgroup = Some(v);
+        args.signals.guard.cgroup = Some(v);
     }
     if let Some(v) = file.guard.udp_floor
         && !from_cli("udp_floor")
@@ -253,22 +253,22 @@ pub fn apply(file: FileConfig, args: &mut RunArgs, m: &ArgMatches) -> anyhow::Re
         if v == 0 {
             anyhow::bail!("--config.file: guard.udp_floor must be at least 1");
         }
-        args.guard.udp_floor = Some(v);
+        args.signals.guard.udp_floor = Some(v);
     }
     set!("btf_path", args.kernel.btf_path, file.kernel.btf_path);
     set!(
         "drops_entries",
-        args.drops_entries,
+        args.signals.drops.entries,
         file.bpf.drops_map_entries
     );
     set!(
         "owners_entries",
-        args.owners_entries,
+        args.signals.owners.entries,
         file.bpf.owners_map_entries
     );
     set!(
         "autotune_entries",
-        args.autotune_entries,
+        args.signals.autotune.entries,
         file.bpf.autotune_map_entries
     );
     if let Some(v) = file.bpf.events_ring_bytes {
@@ -280,9 +280,9 @@ pub fn apply(file: FileConfig, args: &mut RunArgs, m: &ArgMatches) -> anyhow::Re
         set!("events_ring_bytes", args.events_ring_bytes, Some(v));
     }
     for (key, v) in [
-        ("bpf.drops_map_entries", args.drops_entries),
-        ("bpf.owners_map_entries", args.owners_entries),
-        ("bpf.autotune_map_entries", args.autotune_entries),
+        ("bpf.drops_map_entries", args.signals.drops.entries),
+        ("bpf.owners_map_entries", args.signals.owners.entries),
+        ("bpf.autotune_map_entries", args.signals.autotune.entries),
     ] {
         if v == 0 {
             anyhow::bail!("--config.file: {key} must be at least 1");
@@ -367,7 +367,7 @@ mod tests {
             a.pins.pin_path.as_deref(),
             Some(std::path::Path::new("/sys/fs/bpf/bufscope"))
         );
-        assert!(a.guard.persist);
+        assert!(a.signals.guard.persist);
         let a = parse(
             &["bufscope", "run", "--bpf.pin-path", "/sys/fs/bpf/other"],
             y,

@@ -1,24 +1,26 @@
 //! bufscope: per-process socket-buffer telemetry for tunnels and VPN gateways.
 //!
-//! Probes (`bufscope-ebpf`, loaded by [`probes`]) → maps and events → one room per signal in
-//! [`signals`] (decode, per-socket state, per-process counters, metric families, advice
-//! inputs) with the shared [`attribution`] (socket → process → container) → [`store`]
-//! (bounded per-process counters) → [`metrics`] (Prometheus text) and [`advice`] (findings),
-//! driven by the [`collector`] loop and served by [`http`]. Subcommands: [`run`], [`check`],
-//! [`explain`]. See docs/architecture.md.
+//! Probes (`bufscope-ebpf`, loaded by [`bpf`]) → maps and events → one room per signal in
+//! [`signals`] (its probe, flags, decoding, per-socket state, per-process counters, metric
+//! families, advice inputs; registered once in the list there) with the shared
+//! [`attribution`] (socket → process → container) → [`store`] (bounded per-process counters)
+//! → [`exposition`] (Prometheus and OpenMetrics text) and [`advice`] (findings), driven by the
+//! [`collector`] loop and served by [`http`]. Subcommands: [`run`], [`check`], [`cleanup`],
+//! [`explain`], [`top`]. See docs/architecture.md.
 
 pub mod advice;
 pub mod attribution;
+pub mod bpf;
 pub mod check;
 pub mod cleanup;
 pub mod cli;
 pub mod collector;
 pub mod config;
 pub mod explain;
+pub mod exposition;
 pub mod http;
 pub mod kernel;
-pub mod metrics;
-pub mod probes;
+pub mod labels;
 pub mod run;
 pub mod signals;
 pub mod store;

@@ -1,7 +1,6 @@
 //! `bufscope run`: check, bind, load and attach, build the signal rooms, start the background
 //! tasks, serve until SIGINT/SIGTERM, detach.
 
-use std::collections::HashSet;
 use std::os::fd::AsFd as _;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -11,14 +10,13 @@ use aya::maps::{MapData, PerCpuArray, RingBuf};
 use tokio::io::unix::AsyncFd;
 
 use crate::attribution::{Attributor, Procfs};
+use crate::bpf::{self, LoadPlan, Probes, Purpose, Stats, take_map};
 use crate::cli::RunArgs;
 use crate::collector::{Collector, Timing};
+use crate::exposition::Health;
 use crate::http::{self, App, auth::Auth, tls::TlsListener, web_config::WebConfig};
 use crate::kernel::{self, KernelInfo, caps};
-use crate::metrics::Health;
-use crate::probes::{self, MapSizes, Probes, Stats};
-use crate::signals::{self, BuildEnv, take_map};
-use crate::store::Store;
+use crate::signals::{self, BuildEnv, Store};
 
 /// How often the event task drains the ring buffer when the kernel has not woken it.
 const EVENTS_DRAIN_EVERY: Duration = Duration::from_secs(1);
@@ -73,7 +71,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
 
     let (collector, events, mut loaded) = load(&args)?;
     forward_bpf_log(&mut loaded)?;
-    let any_attached = loaded.status.iter().any(|s| s.attached);
+    let any_attached = loaded.any_attached();
     let collector = Arc::new(Mutex::new(collector));
     let events_task = spawn_event_task(collector.clone(), events)?;
     let poll_task = spawn_poll_task(collector.clone(), args.poll_interval);
@@ -117,62 +115,49 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
 /// attached while it lives).
 fn load(args: &RunArgs) -> anyhow::Result<(Collector, RingBuf<MapData>, Probes)> {
     let kinfo = KernelInfo::load(&args.kernel.btf_path, &args.kernel.reasons)?;
-    let sizes = MapSizes {
-        drops: args.drops_entries,
-        owners: args.owners_entries,
-        autotune: args.autotune_entries,
-        events_bytes: args.events_ring_bytes,
-    };
-    let disabled: HashSet<String> = args.kernel.disable.iter().cloned().collect();
-    let (guard_setup, guard) = signals::guard::setup(&args.guard)?;
-    let mut loaded = probes::load(
+    let mut plan = LoadPlan::new(Purpose::Run, &args.kernel.disable, args.kernel.log_level);
+    plan.map_entries("EVENTS", args.events_ring_bytes);
+    let mut setups = signals::prepare(&args.signals, &mut plan)?;
+    let mut loaded = bpf::load(
         &kinfo,
         &args.kernel.btf_path,
-        &disabled,
-        sizes,
-        args.kernel.log_level,
-        &guard_setup,
+        signals::PROBES,
+        &plan,
+        &mut setups,
         args.pins.pin_path.as_deref(),
     )?;
-    if !loaded.status.iter().any(|s| s.attached) {
+    if !loaded.any_attached() {
         bail!("no probe could attach (see the warnings above; `bufscope check` explains each)");
-    }
-    if guard.as_ref().is_some_and(|g| g.enforce) {
-        signals::guard::require_enforce(&loaded.status)?;
     }
     let env = BuildEnv {
         status: &loaded.status,
-        sizes,
         reasons: &kinfo.reasons,
-        attribution_hold: args.attribution_hold,
-        guard,
         pins: loaded.pins.as_ref().map(|p| p.outcome.clone()),
     };
-    let ebpf = &mut loaded.ebpf;
-    let rooms = signals::build(ebpf, &env)?;
-    let owners = signals::owners::take(ebpf, &env)?;
-    let stats: PerCpuArray<MapData, u64> = take_map(ebpf, "STATS")?;
-    let events: RingBuf<MapData> = take_map(ebpf, "EVENTS")?;
+    let built = setups.build(&mut loaded.ebpf, &env)?;
+    let stats: PerCpuArray<MapData, u64> = take_map(&mut loaded.ebpf, "STATS")?;
+    let events: RingBuf<MapData> = take_map(&mut loaded.ebpf, "EVENTS")?;
     let health = Health {
         version: env!("CARGO_PKG_VERSION").to_string(),
         kernel: kinfo.release.clone(),
-        // The guard is listed only when it is on (off is a choice, not a detached probe).
+        // A probe its room's settings leave off (the guard without --guard.mode) is not
+        // listed: off is a choice, not a detached probe.
         probes: loaded
             .status
             .iter()
-            .filter(|s| s.spec.name != signals::guard::PROBE.name || env.guard.is_some())
-            .map(|s| (s.spec.name.to_string(), s.hooks(), s.attached))
+            .filter(|s| s.configured)
+            .map(|s| (s.spec.name.to_string(), s.hooks(), s.attached, s.pinned))
             .collect(),
-        pins: loaded.pins.as_ref().map(|p| p.health()),
+        pins: loaded.pins.as_ref().map(|p| p.report(signals::PROBES)),
         ..Health::default()
     };
     // The parsed kernel BTF (tens of MiB) is only needed to load: give it back.
     drop(kinfo);
-    probes::trim_heap();
+    bpf::trim_heap();
     let mut collector = Collector::new(
         Store::new(args.max_processes, args.retention),
-        Attributor::new(Procfs::new(&args.procfs), owners),
-        rooms,
+        Attributor::new(Procfs::new(&args.procfs), built.services.owners),
+        built.rooms,
         Some(Stats::new(stats)),
         health,
         Timing {
@@ -183,12 +168,7 @@ fn load(args: &RunArgs) -> anyhow::Result<(Collector, RingBuf<MapData>, Probes)>
         },
     );
     collector.advice_window = args.advice_window;
-    if let Some(p) = loaded.pins.as_ref().filter(|p| {
-        matches!(
-            p.outcome,
-            probes::pins::Outcome::Adopted | probes::pins::Outcome::Upgraded
-        )
-    }) {
+    if let Some(p) = loaded.pins.as_ref().filter(|p| p.outcome.kept_maps()) {
         collector.pinned_since(p.meta.created_unix as f64);
     }
     Ok((collector, events, loaded))
@@ -297,7 +277,7 @@ fn spawn_poll_task(
                 }
                 // What churn freed (exited processes, closed sockets) goes back to the kernel
                 // instead of staying in the allocator's arenas.
-                probes::trim_heap();
+                bpf::trim_heap();
             })
             .await;
         }

@@ -22,8 +22,6 @@ use std::collections::BTreeMap;
 use foldhash::{HashMap, HashMapExt as _};
 use std::time::{Duration, Instant, SystemTime};
 
-use crate::signals;
-
 /// Identity of a process: pid plus start time, so a reused pid is a different process.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct ProcRef {
@@ -42,41 +40,20 @@ pub struct ProcMeta {
     pub container: String,
 }
 
-/// Transport of a socket, as the `proto` label says it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum Proto {
-    /// UDP (and UDP-Lite).
-    Udp,
-    /// TCP (and MPTCP subflows).
-    Tcp,
-    /// Anything else (raw, ICMP, unix, …) or unknown.
-    Other,
+/// The per-signal parts of a process's counters (the signal rooms define them; the store
+/// only folds, expires and relabels them).
+pub trait Parts: Clone + std::fmt::Debug + Default + Send {
+    /// Adds every counter of `o` to `self`.
+    fn absorb(&mut self, o: &Self);
+    /// Whether anything was counted.
+    fn has_counts(&self) -> bool;
+    /// What the process starts with under new labels after an `exec` (series kept at 0).
+    fn after_exec(&self) -> Self;
 }
 
-impl Proto {
-    /// From an `IPPROTO_*` number.
-    pub fn from_ip(p: u8) -> Self {
-        match p {
-            6 => Self::Tcp,
-            17 | 136 => Self::Udp,
-            _ => Self::Other,
-        }
-    }
-
-    /// Label value.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Udp => "udp",
-            Self::Tcp => "tcp",
-            Self::Other => "other",
-        }
-    }
-}
-
-/// Counters of one process: common facts, then one part per signal, each defined (with how
-/// it folds, renders and shows on the status page) in its room under [`crate::signals`].
+/// Counters of one process: common facts, then one part per signal ([`Parts`]).
 #[derive(Clone, Debug)]
-pub struct ProcStats {
+pub struct ProcStats<P> {
     /// Labels.
     pub meta: ProcMeta,
     /// Last time any counter moved.
@@ -89,19 +66,11 @@ pub struct ProcStats {
     /// Nothing counted yet: the entry exists only so that its series start at 0 (see
     /// [`Store::placeholder`]).
     pub placeholder: bool,
-    /// [`signals::drops`].
-    pub drops: signals::drops::ProcDrops,
-    /// [`signals::setsockopt`] (and locks inherited by accepted TCP children).
-    pub sockopt: signals::setsockopt::ProcSockopt,
-    /// [`signals::tcp_state`].
-    pub tcp: signals::tcp_state::ProcTcp,
-    /// [`signals::autotune`].
-    pub autotune: signals::autotune::ProcAutotune,
-    /// [`signals::guard`].
-    pub guard: signals::guard::ProcGuard,
+    /// One part per signal.
+    pub parts: P,
 }
 
-impl ProcStats {
+impl<P: Parts> ProcStats<P> {
     fn new(meta: ProcMeta, now: Instant) -> Self {
         Self {
             meta,
@@ -109,30 +78,19 @@ impl ProcStats {
             exited: None,
             born: SystemTime::now(),
             placeholder: false,
-            drops: Default::default(),
-            sockopt: Default::default(),
-            tcp: Default::default(),
-            autotune: Default::default(),
-            guard: Default::default(),
+            parts: P::default(),
         }
     }
 
     /// Adds every counter of `o` to `self`.
-    fn absorb(&mut self, o: &ProcStats) {
-        self.drops.absorb(&o.drops);
-        self.sockopt.absorb(&o.sockopt);
-        self.tcp.absorb(&o.tcp);
-        self.autotune.absorb(&o.autotune);
-        self.guard.absorb(&o.guard);
+    fn absorb(&mut self, o: &Self) {
+        self.parts.absorb(&o.parts);
         self.last_active = self.last_active.max(o.last_active);
     }
 
-    fn has_counts(&self) -> bool {
-        self.drops.has_counts()
-            || self.sockopt.has_counts()
-            || self.tcp.has_counts()
-            || self.autotune.has_counts()
-            || self.guard.has_counts()
+    /// Whether anything was counted.
+    pub fn has_counts(&self) -> bool {
+        self.parts.has_counts()
     }
 }
 
@@ -146,10 +104,10 @@ pub enum Who {
 }
 
 /// The per-process counters and their bounds.
-pub struct Store {
-    procs: HashMap<ProcRef, ProcStats>,
-    other: ProcStats,
-    unknown: ProcStats,
+pub struct Store<P> {
+    procs: HashMap<ProcRef, ProcStats<P>>,
+    other: ProcStats<P>,
+    unknown: ProcStats<P>,
     max_processes: usize,
     retention: Duration,
     /// Events that could not be attributed, by probe.
@@ -160,7 +118,7 @@ pub struct Store {
     started: SystemTime,
     /// The counts of processes under earlier labels (before an `exec`: [`Store::relabel`]),
     /// kept like exited processes for the retention window.
-    retired: Vec<(ProcRef, ProcStats)>,
+    retired: Vec<(ProcRef, ProcStats<P>)>,
 }
 
 /// The `comm` of the pseudo-process that absorbs folded processes.
@@ -168,7 +126,7 @@ pub const OTHER_COMM: &str = "_other";
 /// The `comm` of the pseudo-process for unattributable counts.
 pub const UNKNOWN_COMM: &str = "_unknown";
 
-impl Store {
+impl<P: Parts> Store<P> {
     /// A store that tracks at most `max_processes` and forgets exited ones after `retention`.
     pub fn new(max_processes: usize, retention: Duration) -> Self {
         let now = Instant::now();
@@ -211,7 +169,7 @@ impl Store {
 
     /// The counters of `who`, creating them (and folding the least active process into
     /// `_other` if the bound is reached). `meta` is called only for a new process.
-    pub fn proc_mut(&mut self, who: Who, meta: impl FnOnce() -> ProcMeta) -> &mut ProcStats {
+    pub fn proc_mut(&mut self, who: Who, meta: impl FnOnce() -> ProcMeta) -> &mut ProcStats<P> {
         let now = Instant::now();
         let p = match who {
             Who::Unknown => return &mut self.unknown,
@@ -267,7 +225,7 @@ impl Store {
         &mut self,
         p: ProcRef,
         meta: impl FnOnce() -> ProcMeta,
-    ) -> Option<&mut ProcStats> {
+    ) -> Option<&mut ProcStats<P>> {
         if !self.procs.contains_key(&p) {
             // A reused pid's earlier process (exited, kept for retention) has the same labels.
             if self.procs.len() >= self.max_processes || self.procs.keys().any(|q| q.tgid == p.tgid)
@@ -311,9 +269,7 @@ impl Store {
             }
             None => {
                 let mut f = ProcStats::new(meta, now);
-                for k in s.drops.packets.keys() {
-                    f.drops.packets.insert(k.clone(), 0);
-                }
+                f.parts = s.parts.after_exec();
                 f
             }
         };
@@ -382,8 +338,8 @@ impl Store {
 
     /// Every tracked process plus the pseudo-processes that have counts, with the label
     /// value for `pid` (empty for pseudo-processes).
-    pub fn iter(&self) -> impl Iterator<Item = (String, &ProcStats)> {
-        let mut procs: Vec<(&ProcRef, &ProcStats)> = self
+    pub fn iter(&self) -> impl Iterator<Item = (String, &ProcStats<P>)> {
+        let mut procs: Vec<(&ProcRef, &ProcStats<P>)> = self
             .procs
             .iter()
             .chain(self.retired.iter().map(|(p, s)| (p, s)))
@@ -401,12 +357,12 @@ impl Store {
     }
 
     /// Counters of one process, if tracked.
-    pub fn get(&self, p: &ProcRef) -> Option<&ProcStats> {
+    pub fn get(&self, p: &ProcRef) -> Option<&ProcStats<P>> {
         self.procs.get(p)
     }
 
     /// All tracked processes.
-    pub fn procs(&self) -> impl Iterator<Item = (&ProcRef, &ProcStats)> {
+    pub fn procs(&self) -> impl Iterator<Item = (&ProcRef, &ProcStats<P>)> {
         self.procs.iter()
     }
 }
@@ -415,6 +371,45 @@ impl Store {
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
+
+    /// A part with one counter and series by key (kept at 0 across an exec).
+    #[derive(Clone, Debug, Default)]
+    struct T {
+        n: u64,
+        by: BTreeMap<&'static str, u64>,
+    }
+
+    impl T {
+        fn add(&mut self, k: &'static str, v: u64) {
+            *self.by.entry(k).or_default() += v;
+        }
+
+        fn sum(&self) -> u64 {
+            self.n + self.by.values().sum::<u64>()
+        }
+    }
+
+    impl Parts for T {
+        fn absorb(&mut self, o: &Self) {
+            self.n += o.n;
+            for (k, v) in &o.by {
+                *self.by.entry(k).or_default() += v;
+            }
+        }
+
+        fn has_counts(&self) -> bool {
+            self.n > 0 || !self.by.is_empty()
+        }
+
+        fn after_exec(&self) -> Self {
+            Self {
+                n: 0,
+                by: self.by.keys().map(|k| (*k, 0)).collect(),
+            }
+        }
+    }
+
+    type Store = super::Store<T>;
 
     fn p(t: u32) -> Who {
         Who::Proc(ProcRef {
@@ -433,15 +428,15 @@ mod tests {
     #[test]
     fn folds_least_active_into_other_keeping_sums() {
         let mut s = Store::new(2, Duration::from_secs(60));
-        s.proc_mut(p(1), meta("a")).tcp.established += 5;
+        s.proc_mut(p(1), meta("a")).parts.n += 5;
         std::thread::sleep(Duration::from_millis(2));
-        s.proc_mut(p(2), meta("b")).tcp.established += 7;
+        s.proc_mut(p(2), meta("b")).parts.n += 7;
         std::thread::sleep(Duration::from_millis(2));
-        s.proc_mut(p(3), meta("c")).tcp.established += 1;
+        s.proc_mut(p(3), meta("c")).parts.n += 1;
         assert_eq!(s.len(), 2);
         let all: Vec<_> = s
             .iter()
-            .map(|(pid, st)| (pid, st.meta.comm.clone(), st.tcp.established))
+            .map(|(pid, st)| (pid, st.meta.comm.clone(), st.parts.n))
             .collect();
         assert!(
             all.contains(&(String::new(), OTHER_COMM.into(), 5)),
@@ -454,7 +449,7 @@ mod tests {
     #[test]
     fn exited_processes_leave_after_retention() {
         let mut s = Store::new(10, Duration::from_millis(20));
-        s.proc_mut(p(1), meta("a")).tcp.established += 1;
+        s.proc_mut(p(1), meta("a")).parts.n += 1;
         s.expire(|_| false);
         assert_eq!(s.len(), 1, "kept during retention");
         std::thread::sleep(Duration::from_millis(30));
@@ -465,16 +460,16 @@ mod tests {
     #[test]
     fn a_reused_pid_never_duplicates_series() {
         let mut s = Store::new(10, Duration::from_secs(600));
-        s.proc_mut(p(7), meta("a")).tcp.established += 2;
+        s.proc_mut(p(7), meta("a")).parts.n += 2;
         s.expire(|_| false); // exited, kept for retention
         let reused = Who::Proc(ProcRef {
             tgid: 7,
             start_ticks: 99,
         });
-        s.proc_mut(reused, meta("a")).tcp.established += 1;
+        s.proc_mut(reused, meta("a")).parts.n += 1;
         let pids: Vec<String> = s.iter().map(|(pid, _)| pid).collect();
         assert_eq!(pids.iter().filter(|x| *x == "7").count(), 1, "{pids:?}");
-        let total: u64 = s.iter().map(|(_, st)| st.tcp.established).sum();
+        let total: u64 = s.iter().map(|(_, st)| st.parts.n).sum();
         assert_eq!(total, 3, "the old process's counts moved to _other");
     }
 
@@ -488,11 +483,11 @@ mod tests {
     #[test]
     fn placeholders_use_only_free_room_and_go_first() {
         let mut s = Store::new(3, Duration::from_secs(600));
-        s.proc_mut(p(1), meta("counted")).tcp.established += 1;
+        s.proc_mut(p(1), meta("counted")).parts.n += 1;
         s.placeholder(proc_ref(2), meta("udp-a"))
             .unwrap()
-            .drops
-            .add(Proto::Udp, "SOCKET_RCVBUFF", 0);
+            .parts
+            .add("udp", 0);
         s.placeholder(proc_ref(3), meta("udp-b")).unwrap();
         assert_eq!(s.len(), 3);
         assert_eq!(s.placeholders(), 2);
@@ -502,14 +497,14 @@ mod tests {
         // An existing entry is handed back as it is (a counted one stays counted).
         assert!(!s.placeholder(proc_ref(1), meta("x")).unwrap().placeholder);
         // A process with counts takes a placeholder's room; nothing is folded into _other.
-        s.proc_mut(p(5), meta("new")).tcp.established += 2;
+        s.proc_mut(p(5), meta("new")).parts.n += 2;
         assert_eq!((s.len(), s.folded, s.placeholders()), (3, 0, 1));
         assert!(s.iter().all(|(_, st)| st.meta.comm != OTHER_COMM));
         // A placeholder that counts becomes a process like any other.
-        s.proc_mut(p(3), meta("udp-b")).tcp.established += 1;
+        s.proc_mut(p(3), meta("udp-b")).parts.n += 1;
         assert_eq!(s.placeholders(), 0);
         // Then the least active counted process is folded as before.
-        s.proc_mut(p(6), meta("newer")).tcp.established += 1;
+        s.proc_mut(p(6), meta("newer")).parts.n += 1;
         assert_eq!(s.folded, 1);
     }
 
@@ -517,7 +512,7 @@ mod tests {
     fn exited_placeholders_leave_at_once() {
         let mut s = Store::new(10, Duration::from_secs(600));
         s.placeholder(proc_ref(1), meta("udp")).unwrap();
-        s.proc_mut(p(2), meta("counted")).tcp.established += 1;
+        s.proc_mut(p(2), meta("counted")).parts.n += 1;
         s.expire(|_| false);
         let left: Vec<String> = s.iter().map(|(_, st)| st.meta.comm.clone()).collect();
         assert_eq!(
@@ -531,17 +526,13 @@ mod tests {
     fn an_exec_starts_new_series_and_keeps_the_old_ones() {
         let mut s = Store::new(10, Duration::from_millis(20));
         let r = proc_ref(4);
-        s.proc_mut(p(4), meta("launcher"))
-            .drops
-            .add(Proto::Udp, "SOCKET_RCVBUFF", 5);
+        s.proc_mut(p(4), meta("launcher")).parts.add("udp", 5);
         s.relabel(r, meta("worker")());
-        s.proc_mut(p(4), meta("unused"))
-            .drops
-            .add(Proto::Udp, "SOCKET_RCVBUFF", 2);
+        s.proc_mut(p(4), meta("unused")).parts.add("udp", 2);
         let by_comm = |s: &Store| -> Vec<(String, String, u64)> {
             let mut v: Vec<_> = s
                 .iter()
-                .map(|(pid, st)| (pid, st.meta.comm.clone(), st.drops.packets.values().sum()))
+                .map(|(pid, st)| (pid, st.meta.comm.clone(), st.parts.sum()))
                 .collect();
             v.sort();
             v
@@ -555,9 +546,7 @@ mod tests {
         );
         // Back to an earlier name: that series continues (no duplicate labels).
         s.relabel(r, meta("launcher")());
-        s.proc_mut(p(4), meta("unused"))
-            .drops
-            .add(Proto::Udp, "SOCKET_RCVBUFF", 1);
+        s.proc_mut(p(4), meta("unused")).parts.add("udp", 1);
         assert_eq!(
             by_comm(&s),
             vec![
@@ -574,9 +563,7 @@ mod tests {
     #[test]
     fn unknown_is_separate() {
         let mut s = Store::new(1, Duration::from_secs(1));
-        s.proc_mut(Who::Unknown, meta("x"))
-            .drops
-            .add(Proto::Udp, "SOCKET_RCVBUFF", 3);
+        s.proc_mut(Who::Unknown, meta("x")).parts.add("udp", 3);
         let unknown: Vec<_> = s
             .iter()
             .filter(|(_, st)| st.meta.comm == UNKNOWN_COMM)

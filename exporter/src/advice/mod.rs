@@ -14,8 +14,8 @@ use std::time::Duration;
 use bufscope_policy::{self as policy, Direction, Platform, Rule};
 use serde::Serialize;
 
-use crate::signals::setsockopt::BufOption;
-use crate::store::{ProcMeta, ProcRef, Proto};
+use crate::labels::{BufOption, Proto};
+use crate::store::{ProcMeta, ProcRef};
 
 /// Version of the `/api/v1/findings` schema. Bumped only on incompatible changes.
 pub const SCHEMA_VERSION: u32 = 1;

@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 use foldhash::{HashMap, HashMapExt as _, HashSet, HashSetExt as _};
 
 use super::Attributor;
-use crate::store::{ProcRef, Store};
+use crate::store::{Parts, ProcRef, Store};
 
 /// How often the holders of a socket that keeps counting are listed again (a fork after its
 /// first count, a worker started later).
@@ -151,7 +151,7 @@ impl Attributor {
     /// Gives the processes whose `comm` changed (an `exec`) their new labels in `store`:
     /// counts from now on go to series with the new `comm`, the earlier ones stay on the old
     /// series ([`Store::relabel`]).
-    pub fn apply_renames(&mut self, store: &mut Store) {
+    pub fn apply_renames<P: Parts>(&mut self, store: &mut Store<P>) {
         for p in std::mem::take(&mut self.renamed) {
             let m = self.meta(&p);
             store.relabel(p, m);

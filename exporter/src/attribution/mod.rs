@@ -31,7 +31,7 @@ use std::time::{Duration, Instant};
 use aya::maps::{HashMap as BpfHashMap, IterableMap as _, MapData};
 use bufscope_common::Owner;
 
-use crate::probes::BatchReader;
+use crate::bpf::BatchReader;
 
 pub use holders::RESCAN_EVERY;
 pub use procfs::Procfs;
@@ -106,7 +106,7 @@ impl Attributor {
     pub fn new(procfs: Procfs, owners: Option<BpfHashMap<MapData, u64, Owner>>) -> Self {
         let reader = owners.as_ref().and_then(|m| {
             BatchReader::shared(
-                m.map().fd(),
+                m.map(),
                 std::mem::size_of::<u64>(),
                 std::mem::size_of::<Owner>(),
             )

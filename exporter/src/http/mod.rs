@@ -25,9 +25,9 @@ use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{Html, IntoResponse, Response};
 use axum::routing::get;
 
+use crate::bpf::ProbeStatus;
 use crate::collector::Collector;
-use crate::metrics::Format;
-use crate::probes::ProbeStatus;
+use crate::exposition::Format;
 
 /// Shared between the HTTP handlers and the background tasks.
 #[derive(Clone)]

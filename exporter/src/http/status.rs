@@ -7,8 +7,8 @@ use std::time::SystemTime;
 
 use serde_json::json;
 
+use crate::bpf::ProbeStatus;
 use crate::collector::Collector;
-use crate::probes::ProbeStatus;
 
 /// The page.
 pub const PAGE: &str = include_str!("status.html");
@@ -23,7 +23,7 @@ pub fn document(c: &Collector, probes: &[ProbeStatus]) -> serde_json::Value {
             row.insert("pid".into(), pid.into());
             row.insert("comm".into(), s.meta.comm.clone().into());
             row.insert("container".into(), s.meta.container.clone().into());
-            crate::signals::status_row(s, &mut row);
+            s.parts.status(&mut row);
             row.into()
         })
         .collect();

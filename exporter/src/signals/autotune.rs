@@ -9,16 +9,17 @@ use foldhash::{HashMap, HashMapExt as _, HashSet};
 use prometheus::proto::MetricFamily;
 use std::time::{Duration, Instant};
 
-use aya::Ebpf;
 use aya::maps::{MapData, PerCpuHashMap};
 use bufscope_common::{AutotuneVal, stat};
 
-use super::{AdviceCx, BuildEnv, Cx, GcCx, MapFill, Signal, take_map};
+use super::{
+    AdviceCx, BuildEnv, Cx, GcCx, MapFill, Part, ProcStats, Room, Services, Signal, Store, take_map,
+};
 use crate::advice::{Inputs, TuneView};
 use crate::attribution::Attributor;
-use crate::metrics::per_process_count;
-use crate::probes::{Hook, ProbeSpec};
-use crate::store::{ProcRef, ProcStats, Store, Who};
+use crate::bpf::{Hook, LoadPlan, ProbeSpec};
+use crate::exposition::Spec;
+use crate::store::{ProcRef, Who};
 
 /// The probe: the best variant this kernel allows.
 ///
@@ -57,7 +58,29 @@ pub const PROBE: ProbeSpec = ProbeSpec {
         ],
     ],
     is_drop_probe: false,
+    attributed: true,
 };
+
+/// The autotune room's own flags.
+#[derive(clap::Args, Clone, Debug)]
+#[group(skip)]
+pub struct Flags {
+    /// Entries of the per-socket autotune map.
+    #[arg(
+        id = "autotune_entries",
+        long = "bpf.autotune-map-entries",
+        default_value_t = 16384,
+        value_name = "N",
+        value_parser = crate::cli::at_least_one::<u32>
+    )]
+    pub entries: u32,
+}
+
+const SUPPRESSED: Spec = Spec::counter(
+    "bufscope_tcp_autotune_suppressed_total",
+    "tcp_rcvbuf_grow events (the kernel wanted a bigger receive buffer) on sockets whose autotuning is off.",
+    &[],
+);
 
 /// What this signal adds to a process.
 #[derive(Clone, Copy, Debug, Default)]
@@ -66,19 +89,16 @@ pub struct ProcAutotune {
     pub suppressed: u64,
 }
 
-impl ProcAutotune {
-    /// Adds `o` (a folded process) to `self`.
-    pub fn absorb(&mut self, o: &Self) {
+impl Part for ProcAutotune {
+    fn absorb(&mut self, o: &Self) {
         self.suppressed += o.suppressed;
     }
 
-    /// Whether anything was counted.
-    pub fn has_counts(&self) -> bool {
+    fn has_counts(&self) -> bool {
         self.suppressed > 0
     }
 
-    /// Status-page columns.
-    pub fn status(&self, row: &mut serde_json::Map<String, serde_json::Value>) {
+    fn status(&self, row: &mut serde_json::Map<String, serde_json::Value>) {
         row.insert("tcp_autotune_suppressed".into(), self.suppressed.into());
     }
 }
@@ -133,18 +153,34 @@ fn sum(values: &[AutotuneVal]) -> AutotuneVal {
     t
 }
 
-impl Autotune {
-    /// Takes the `AUTOTUNE` map when the probe attached.
-    pub fn take(ebpf: &mut Ebpf, env: &BuildEnv<'_>) -> anyhow::Result<Option<Self>> {
+impl Room for Autotune {
+    const PROBE: ProbeSpec = PROBE;
+    type Part = ProcAutotune;
+    type Flags = Flags;
+    type Setup = u32;
+
+    fn prepare(flags: &Flags, plan: &mut LoadPlan) -> anyhow::Result<u32> {
+        plan.map_entries("AUTOTUNE", flags.entries);
+        Ok(flags.entries)
+    }
+
+    fn take(
+        entries: u32,
+        ebpf: &mut aya::Ebpf,
+        env: &BuildEnv<'_>,
+        _services: &mut Services,
+    ) -> anyhow::Result<Option<Box<dyn Signal>>> {
         if !env.attached(PROBE.name) {
             return Ok(None);
         }
-        Ok(Some(Self::new(
+        Ok(Some(Box::new(Self::new(
             take_map(ebpf, "AUTOTUNE")?,
-            env.sizes.autotune,
-        )))
+            entries,
+        ))))
     }
+}
 
+impl Autotune {
     /// Wraps the `AUTOTUNE` map.
     pub fn new(map: PerCpuHashMap<MapData, u64, AutotuneVal>, max_entries: u32) -> Self {
         Self {
@@ -204,6 +240,7 @@ impl Autotune {
                 }
                 store
                     .proc_mut(who, || owner.map(|p| attr.meta(&p)).unwrap_or_default())
+                    .parts
                     .autotune
                     .suppressed += d;
             }
@@ -234,8 +271,14 @@ impl Signal for Autotune {
         PROBE.name
     }
 
+    fn families(&self, procs: &[(String, &ProcStats)], out: &mut Vec<MetricFamily>) {
+        SUPPRESSED.per_process_value(procs, out, |s| {
+            Some(s.parts.autotune.suppressed).filter(|n| *n > 0)
+        });
+    }
+
     fn map_counters(&self) -> &'static [&'static str] {
-        &["bufscope_tcp_autotune_suppressed_total"]
+        &[SUPPRESSED.name]
     }
 
     /// Reads the map unless the probe's `stat::AUTOTUNE_SEEN` generation shows that no event
@@ -296,16 +339,4 @@ impl Signal for Autotune {
                 interval_us: t.interval_us,
             }));
     }
-}
-
-/// The autotune family.
-pub fn families(procs: &[(String, &ProcStats)], out: &mut Vec<MetricFamily>) {
-    per_process_count(
-        "bufscope_tcp_autotune_suppressed_total",
-        "tcp_rcvbuf_grow events (the kernel wanted a bigger receive buffer) on sockets whose autotuning is off.",
-        procs,
-        out,
-        |s| s.autotune.suppressed > 0,
-        |s| s.autotune.suppressed,
-    );
 }

@@ -14,16 +14,23 @@
 //! [`policy::UDP_DEFAULT_BUFFER`] unless `--guard.udp-floor` says otherwise.
 
 use std::collections::BTreeMap;
+use std::path::PathBuf;
 
+use anyhow::Context as _;
+use aya::Ebpf;
 use bufscope_common::{GuardConfig, GuardEvent, event_kind, guard as g};
 use bufscope_policy as policy;
+use clap::ValueEnum;
 use prometheus::proto::MetricFamily;
 
-use super::{AdviceCx, BuildEnv, Cx, Signal, decode};
+use super::{
+    AdviceCx, Attached, BuildEnv, Cx, Part, ProcStats, Room, Services, Signal, decode, setsockopt,
+};
 use crate::advice::{GuardAct, Inputs};
-use crate::metrics::per_process;
-use crate::probes::{Hook, ProbeSpec};
-use crate::store::{ProcStats, Proto, Who};
+use crate::bpf::{Hook, LoadPlan, ProbeSpec, Purpose};
+use crate::exposition::Spec;
+use crate::labels::Proto;
+use crate::store::Who;
 
 /// The probe (only the bind/connect/sendmsg part: the setsockopt decisions ride on the
 /// setsockopt room's `cgroup/setsockopt`).
@@ -60,7 +67,95 @@ pub const PROBE: ProbeSpec = ProbeSpec {
         },
     ]],
     is_drop_probe: false,
+    attributed: false,
 };
+
+/// `--guard.mode`.
+#[derive(Clone, Copy, Debug, ValueEnum, PartialEq, Eq, Default, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum GuardMode {
+    /// No guard.
+    #[default]
+    Off,
+    /// Count what the guard would do; change nothing.
+    Observe,
+    /// Apply the buffer policy in the kernel.
+    Enforce,
+}
+
+/// The guard: the buffer policy applied in the kernel, without touching the applications.
+#[derive(clap::Args, Debug, Clone, Default)]
+#[group(skip)]
+pub struct Flags {
+    /// off | observe (count what it would do) | enforce (TCP SO_RCVBUF/SO_SNDBUF skipped so
+    /// autotuning stays on; UDP buffers raised to the floor).
+    #[arg(long = "guard.mode", value_enum, default_value_t = GuardMode::Off)]
+    pub mode: GuardMode,
+    /// The cgroup (v2 directory) whose processes the guard acts for (default: the cgroup2
+    /// root, i.e. every process).
+    #[arg(long = "guard.cgroup", value_name = "PATH")]
+    pub cgroup: Option<PathBuf>,
+    /// Act only for processes with these names (comm).
+    #[arg(long = "guard.comm", value_delimiter = ',', value_name = "NAME")]
+    pub comm: Vec<String>,
+    /// Never act for processes with these names (comm).
+    #[arg(
+        long = "guard.exclude-comm",
+        value_delimiter = ',',
+        value_name = "NAME"
+    )]
+    pub exclude_comm: Vec<String>,
+    /// UDP buffer floor in bytes (the SO_RCVBUF/SO_SNDBUF value; the kernel doubles it).
+    /// Default: the policy's (7 MiB).
+    #[arg(long = "guard.udp-floor", value_name = "BYTES", value_parser = crate::cli::at_least_one::<u64>)]
+    pub udp_floor: Option<u64>,
+    /// Raise net.core.rmem_max/wmem_max to the floor at start (host-wide; never lowered).
+    #[arg(long = "guard.raise-sysctl")]
+    pub raise_sysctl: bool,
+    /// With --bpf.pin-path: keep the guard (and the setsockopt program it shares) attached
+    /// while bufscope is not running. Without it the guard stops with bufscope.
+    #[arg(long = "guard.persist")]
+    pub persist: bool,
+}
+
+impl Flags {
+    /// Checks the guard flags that clap cannot.
+    pub fn validate(&self) -> anyhow::Result<()> {
+        if !self.comm.is_empty() && !self.exclude_comm.is_empty() {
+            anyhow::bail!("--guard.comm and --guard.exclude-comm cannot be combined: use one list");
+        }
+        for c in self.comm.iter().chain(&self.exclude_comm) {
+            if c.is_empty() || c.len() > 15 {
+                anyhow::bail!(
+                    "invalid comm {c:?} in --guard.comm/--guard.exclude-comm: a process name \
+                     is 1 to 15 bytes (the kernel's comm)"
+                );
+            }
+        }
+        if let Some(p) = &self.cgroup
+            && !p.is_dir()
+        {
+            anyhow::bail!(
+                "--guard.cgroup {}: not a directory (give a cgroup v2 directory, e.g. under \
+                 the cgroup2 mount)",
+                p.display()
+            );
+        }
+        if self.mode == GuardMode::Off
+            && (self.cgroup.is_some()
+                || !self.comm.is_empty()
+                || !self.exclude_comm.is_empty()
+                || self.udp_floor.is_some()
+                || self.raise_sysctl
+                || self.persist)
+        {
+            anyhow::bail!(
+                "guard flags given but --guard.mode is off: add --guard.mode observe or enforce"
+            );
+        }
+        Ok(())
+    }
+}
 
 /// A guard rule, as the `rule` label says it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -127,21 +222,18 @@ pub struct ProcGuard {
     pub decisions: BTreeMap<(Rule, Action), u64>,
 }
 
-impl ProcGuard {
-    /// Adds `o` (a folded process) to `self`.
-    pub fn absorb(&mut self, o: &Self) {
+impl Part for ProcGuard {
+    fn absorb(&mut self, o: &Self) {
         for (k, v) in &o.decisions {
             *self.decisions.entry(*k).or_default() += v;
         }
     }
 
-    /// Whether anything was counted.
-    pub fn has_counts(&self) -> bool {
+    fn has_counts(&self) -> bool {
         !self.decisions.is_empty()
     }
 
-    /// Status-page columns.
-    pub fn status(&self, row: &mut serde_json::Map<String, serde_json::Value>) {
+    fn status(&self, row: &mut serde_json::Map<String, serde_json::Value>) {
         let mut by = serde_json::Map::new();
         for ((rule, action), v) in &self.decisions {
             by.insert(
@@ -223,15 +315,24 @@ pub fn bpf_config(
     }
 }
 
-/// Resolves `--guard.*` into what the loader patches and attaches (mode off: nothing) and the
+/// What the guard resolved from its flags (None: `--guard.mode off`).
+pub struct Setup(Option<On>);
+
+/// The guard, on.
+struct On {
+    /// `GUARD` for the BPF side.
+    config: GuardConfig,
+    /// The `comm`s of `--guard.comm` / `--guard.exclude-comm`, as the kernel stores them.
+    comms: Vec<[u8; 16]>,
+    /// The room's settings.
+    settings: Settings,
+}
+
+/// Resolves `--guard.*` (mode off: nothing) into `GUARD`, the comms, the cgroup and the
 /// room's settings. Raises `rmem_max`/`wmem_max` first with `--guard.raise-sysctl`.
-pub fn setup(
-    a: &crate::cli::GuardArgs,
-) -> anyhow::Result<(crate::probes::GuardSetup, Option<Settings>)> {
-    use crate::cli::GuardMode;
-    use anyhow::Context as _;
+fn resolve(a: &Flags) -> anyhow::Result<Option<(On, Option<PathBuf>)>> {
     if a.mode == GuardMode::Off {
-        return Ok((crate::probes::GuardSetup::default(), None));
+        return Ok(None);
     }
     let root = crate::kernel::cgroup2_root().context(
         "the guard needs a cgroup2 hierarchy and none is mounted (see /proc/self/mountinfo)",
@@ -310,24 +411,20 @@ pub fn setup(
         comm = ?names,
         "guard on"
     );
-    Ok((
-        crate::probes::GuardSetup {
-            config,
-            comms,
-            cgroup: cgroup.map(|(p, _, _)| p),
-            persist: a.persist,
-        },
-        Some(Settings {
+    let on = On {
+        config,
+        comms,
+        settings: Settings {
             enforce,
             udp_floor: floor,
             applied_floor: applied,
-        }),
-    ))
+        },
+    };
+    Ok(Some((on, cgroup.map(|(p, _, _)| p))))
 }
 
 /// Raises sysctl `name` to `to` (never lowers it); logs what it did.
 fn raise_sysctl(name: &str, to: i64) -> anyhow::Result<()> {
-    use anyhow::Context as _;
     let now = crate::kernel::sysctl_i64(name).unwrap_or(0);
     if now >= to {
         return Ok(());
@@ -349,7 +446,7 @@ fn raise_sysctl(name: &str, to: i64) -> anyhow::Result<()> {
 }
 
 /// Refuses `enforce` when the guard cannot act (fails open otherwise would be silent).
-pub fn require_enforce(status: &[crate::probes::ProbeStatus]) -> anyhow::Result<()> {
+fn require_enforce(status: &[crate::bpf::ProbeStatus]) -> anyhow::Result<()> {
     let find = |n: &str| status.iter().find(|s| s.spec.name == n);
     let cap = if crate::kernel::caps::has(crate::kernel::caps::CAP_NET_ADMIN) {
         ""
@@ -364,7 +461,7 @@ pub fn require_enforce(status: &[crate::probes::ProbeStatus]) -> anyhow::Result<
                 .unwrap_or_else(|| "not attached".into())
         ),
     }
-    match find(super::setsockopt::PROBE.name) {
+    match find(setsockopt::PROBE.name) {
         Some(s) if s.uses("cgroup/setsockopt") => Ok(()),
         s => anyhow::bail!(
             "--guard.mode enforce needs the setsockopt probe on cgroup/setsockopt{cap}: {}",
@@ -379,17 +476,104 @@ pub struct Guard {
     settings: Settings,
 }
 
-impl Guard {
+impl Room for Guard {
+    const PROBE: ProbeSpec = PROBE;
+    type Part = ProcGuard;
+    type Flags = Flags;
+    type Setup = Setup;
+
+    fn validate(flags: &Flags) -> anyhow::Result<()> {
+        flags.validate()
+    }
+
+    fn prepare(flags: &Flags, plan: &mut LoadPlan) -> anyhow::Result<Setup> {
+        if plan.purpose == Purpose::Check {
+            // Every hook attaches, in observe mode with no rule on: they change nothing.
+            let config = GuardConfig {
+                mode: g::MODE_OBSERVE,
+                ..Default::default()
+            };
+            plan.global("GUARD", &config);
+            return Ok(Setup(None));
+        }
+        let Some((on, cgroup)) = resolve(flags)? else {
+            plan.global("GUARD", &GuardConfig::default());
+            plan.leave_off(PROBE.name, "off (--guard.mode off)");
+            return Ok(Setup(None));
+        };
+        plan.global("GUARD", &on.config);
+        if let Some(c) = cgroup {
+            plan.cgroup(PROBE.name, c);
+        }
+        // The guard decides in the setsockopt probe's program: neither outlives bufscope
+        // unless --guard.persist.
+        if !flags.persist {
+            plan.unpinned(PROBE.name);
+            plan.unpinned(setsockopt::PROBE.name);
+        }
+        // The comms are part of what the programs do (pinned programs are adopted only when
+        // the same).
+        plan.note(PROBE.name, format!("{:?}", on.comms));
+        Ok(Setup(Some(on)))
+    }
+
+    /// Writes the scope's comms into `GUARD_COMMS` (exactly them: entries an earlier run
+    /// pinned there are removed) before any guard program runs.
+    fn before_attach(setup: &mut Setup, ebpf: &mut Ebpf) -> anyhow::Result<()> {
+        let comms = setup.0.as_ref().map_or(&[][..], |on| on.comms.as_slice());
+        let mut map: aya::maps::HashMap<_, [u8; 16], u8> = aya::maps::HashMap::try_from(
+            ebpf.map_mut("GUARD_COMMS")
+                .context("map GUARD_COMMS missing from the BPF object")?,
+        )?;
+        let stale: Vec<[u8; 16]> = map
+            .keys()
+            .filter_map(Result::ok)
+            .filter(|k| !comms.contains(k))
+            .collect();
+        for k in &stale {
+            map.remove(k).context("clearing GUARD_COMMS")?;
+        }
+        for c in comms {
+            map.insert(c, 1, 0).context("filling GUARD_COMMS")?;
+        }
+        Ok(())
+    }
+
+    /// Refuses `enforce` when the guard cannot act.
+    fn after_attach(setup: &mut Setup, _ebpf: &mut Ebpf, cx: &Attached<'_>) -> anyhow::Result<()> {
+        match &setup.0 {
+            Some(on) if on.settings.enforce => require_enforce(cx.status),
+            _ => Ok(()),
+        }
+    }
+
     /// The room, when the guard is on and its probe attached.
-    pub fn take(env: &BuildEnv<'_>) -> Option<Self> {
-        let settings = env.guard.clone()?;
-        env.attached(PROBE.name).then_some(Self { settings })
+    fn take(
+        setup: Setup,
+        _ebpf: &mut Ebpf,
+        env: &BuildEnv<'_>,
+        _services: &mut Services,
+    ) -> anyhow::Result<Option<Box<dyn Signal>>> {
+        Ok(match setup.0 {
+            Some(on) if env.attached(PROBE.name) => Some(Box::new(Self {
+                settings: on.settings,
+            })),
+            _ => None,
+        })
     }
 }
 
 impl Signal for Guard {
     fn name(&self) -> &'static str {
         PROBE.name
+    }
+
+    fn families(&self, procs: &[(String, &ProcStats)], out: &mut Vec<MetricFamily>) {
+        DECISIONS.per_process(procs, out, |s, emit| {
+            for ((rule, action), v) in &s.parts.guard.decisions {
+                emit(&[rule.as_str(), action.as_str()], *v as f64);
+            }
+        });
     }
 
     fn event_kinds(&self) -> &'static [u32] {
@@ -425,12 +609,12 @@ impl Signal for Guard {
             Who::Proc(p) => attr.meta(&p),
             Who::Unknown => Default::default(),
         });
-        *s.guard.decisions.entry((rule, action)).or_default() += 1;
+        *s.parts.guard.decisions.entry((rule, action)).or_default() += 1;
     }
 
     fn advise(&self, cx: &AdviceCx<'_>, inputs: &mut Inputs) {
         for (p, s) in cx.store.procs() {
-            for ((rule, action), n) in &s.guard.decisions {
+            for ((rule, action), n) in &s.parts.guard.decisions {
                 inputs.guard.push(GuardAct {
                     owner: *p,
                     rule: rule.as_str(),
@@ -444,23 +628,11 @@ impl Signal for Guard {
     }
 }
 
-/// The guard family.
-pub fn families(procs: &[(String, &ProcStats)], out: &mut Vec<MetricFamily>) {
-    per_process(
-        "bufscope_guard_decisions_total",
-        "Decisions of the guard (--guard.mode): TCP buffer requests skipped so autotuning stays on (rule tcp-autotune), UDP buffers raised to the floor (udp-floor); action observed = what enforce would have done.",
-        procs,
-        out,
-        |s, emit| {
-            for ((rule, action), v) in &s.guard.decisions {
-                emit(
-                    &[("rule", rule.as_str()), ("action", action.as_str())],
-                    *v as f64,
-                );
-            }
-        },
-    );
-}
+const DECISIONS: Spec = Spec::counter(
+    "bufscope_guard_decisions_total",
+    "Decisions of the guard (--guard.mode): TCP buffer requests skipped so autotuning stays on (rule tcp-autotune), UDP buffers raised to the floor (udp-floor); action observed = what enforce would have done.",
+    &["rule", "action"],
+);
 
 #[cfg(test)]
 mod tests {

@@ -1,17 +1,16 @@
 //! Socket owners: which process created or accepted each socket.
 //!
-//! Probe: `sys_exit_socket`, `sys_exit_accept` and `sys_exit_accept4` record, in process
-//! context, socket inode → (pid, start time) in `OWNERS` (LRU). The setsockopt and tcp_state
-//! programs add the owners they see too. This room has no counters of its own: it hands the
-//! map to the shared [`Attributor`](crate::attribution::Attributor), which every other room
-//! asks "whose socket is this".
+//! Probe: `cgroup/sock_create` (fallback: `sys_exit_socket`, `sys_exit_accept` and
+//! `sys_exit_accept4`) records, in process context, socket inode → (pid, start time) in
+//! `OWNERS` (LRU). The setsockopt and tcp_state programs add the owners they see too. This room
+//! has no counters of its own: it hands the map to the shared
+//! [`Attributor`](crate::attribution::Attributor), which every other room asks "whose socket is
+//! this".
 
 use aya::Ebpf;
-use aya::maps::{HashMap as BpfHashMap, MapData};
-use bufscope_common::Owner;
 
-use super::{BuildEnv, setsockopt, take_map, tcp_state};
-use crate::probes::{Hook, ProbeSpec};
+use super::{BuildEnv, Room, Services, Signal, setsockopt, take_map, tcp_state};
+use crate::bpf::{Hook, LoadPlan, ProbeSpec};
 
 /// The probe.
 pub const PROBE: ProbeSpec = ProbeSpec {
@@ -44,18 +43,51 @@ pub const PROBE: ProbeSpec = ProbeSpec {
         ],
     ],
     is_drop_probe: false,
+    attributed: false,
 };
 
-/// The `OWNERS` map, when any program that fills it attached.
-pub fn take(
-    ebpf: &mut Ebpf,
-    env: &BuildEnv<'_>,
-) -> anyhow::Result<Option<BpfHashMap<MapData, u64, Owner>>> {
-    let filled = [PROBE.name, setsockopt::PROBE.name, tcp_state::PROBE.name]
-        .iter()
-        .any(|p| env.attached(p));
-    if !filled {
-        return Ok(None);
+/// The owners room's own flags.
+#[derive(clap::Args, Clone, Debug)]
+#[group(skip)]
+pub struct Flags {
+    /// Entries of the socket-owner map (LRU).
+    #[arg(
+        id = "owners_entries",
+        long = "bpf.owners-map-entries",
+        default_value_t = 65536,
+        value_name = "N",
+        value_parser = crate::cli::at_least_one::<u32>
+    )]
+    pub entries: u32,
+}
+
+/// The owners room: it runs nothing; it provides `OWNERS` to the attribution service.
+pub struct Owners;
+
+impl Room for Owners {
+    const PROBE: ProbeSpec = PROBE;
+    type Part = ();
+    type Flags = Flags;
+    type Setup = ();
+
+    fn prepare(flags: &Flags, plan: &mut LoadPlan) -> anyhow::Result<()> {
+        plan.map_entries("OWNERS", flags.entries);
+        Ok(())
     }
-    take_map(ebpf, "OWNERS").map(Some)
+
+    /// Provides `OWNERS` when any program that fills it attached.
+    fn take(
+        _setup: (),
+        ebpf: &mut Ebpf,
+        env: &BuildEnv<'_>,
+        services: &mut Services,
+    ) -> anyhow::Result<Option<Box<dyn Signal>>> {
+        let filled = [PROBE.name, setsockopt::PROBE.name, tcp_state::PROBE.name]
+            .iter()
+            .any(|p| env.attached(p));
+        if filled {
+            services.owners = Some(take_map(ebpf, "OWNERS")?);
+        }
+        Ok(None)
+    }
 }

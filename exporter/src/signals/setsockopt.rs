@@ -22,12 +22,15 @@ use bufscope_common::{
     SOCK_RCVBUF_LOCK, SOCK_SNDBUF_LOCK, SockoptEvent, event_kind, sockopt_flags,
 };
 
-use super::{AdviceCx, BuildEnv, Cx, GcCx, Signal, decode};
+use super::{
+    AdviceCx, BuildEnv, Cx, GcCx, NoFlags, Part, ProcStats, Room, Services, Signal, decode,
+};
 use crate::advice::{Inputs, SocketOpt};
+use crate::bpf::{Hook, LoadPlan, ProbeSpec};
+use crate::exposition::Spec;
 use crate::kernel::BufferLimits;
-use crate::metrics::per_process;
-use crate::probes::{Hook, ProbeSpec};
-use crate::store::{ProcRef, ProcStats, Proto, Who};
+use crate::labels::{BufOption, Proto};
+use crate::store::{ProcRef, Who};
 
 /// The probe.
 pub const PROBE: ProbeSpec = ProbeSpec {
@@ -54,56 +57,11 @@ pub const PROBE: ProbeSpec = ProbeSpec {
         ],
     ],
     is_drop_probe: false,
+    attributed: true,
 };
 
 /// Most per-socket notes kept for advice (an arbitrary old one goes first).
 const MAX_NOTES: usize = 20_000;
-
-/// A buffer-size socket option, as the `option` label says it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum BufOption {
-    /// `SO_RCVBUF`.
-    Rcvbuf,
-    /// `SO_SNDBUF`.
-    Sndbuf,
-    /// `SO_RCVBUFFORCE`.
-    RcvbufForce,
-    /// `SO_SNDBUFFORCE`.
-    SndbufForce,
-    /// `SO_BUF_LOCK`.
-    BufLock,
-}
-
-impl BufOption {
-    /// From the `optname` number.
-    pub fn from_optname(o: i32) -> Option<Self> {
-        use bufscope_common as c;
-        Some(match o {
-            c::SO_RCVBUF => Self::Rcvbuf,
-            c::SO_SNDBUF => Self::Sndbuf,
-            c::SO_RCVBUFFORCE => Self::RcvbufForce,
-            c::SO_SNDBUFFORCE => Self::SndbufForce,
-            c::SO_BUF_LOCK => Self::BufLock,
-            _ => return None,
-        })
-    }
-
-    /// Label value.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Rcvbuf => "SO_RCVBUF",
-            Self::Sndbuf => "SO_SNDBUF",
-            Self::RcvbufForce => "SO_RCVBUFFORCE",
-            Self::SndbufForce => "SO_SNDBUFFORCE",
-            Self::BufLock => "SO_BUF_LOCK",
-        }
-    }
-
-    /// True for the options that size the send buffer.
-    pub fn is_send(self) -> bool {
-        matches!(self, Self::Sndbuf | Self::SndbufForce)
-    }
-}
 
 /// Counts of one (proto, option) pair.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -126,9 +84,8 @@ pub struct ProcSockopt {
     pub rcvbuf_locks: BTreeMap<Proto, u64>,
 }
 
-impl ProcSockopt {
-    /// Adds `o` (a folded process) to `self`.
-    pub fn absorb(&mut self, o: &Self) {
+impl Part for ProcSockopt {
+    fn absorb(&mut self, o: &Self) {
         for (k, v) in &o.calls {
             let c = self.calls.entry(*k).or_default();
             c.calls += v.calls;
@@ -140,13 +97,11 @@ impl ProcSockopt {
         }
     }
 
-    /// Whether anything was counted.
-    pub fn has_counts(&self) -> bool {
+    fn has_counts(&self) -> bool {
         !self.calls.is_empty() || !self.rcvbuf_locks.is_empty()
     }
 
-    /// Status-page columns.
-    pub fn status(&self, row: &mut serde_json::Map<String, serde_json::Value>) {
+    fn status(&self, row: &mut serde_json::Map<String, serde_json::Value>) {
         let (mut calls, mut clamped, mut failed) = (0u64, 0u64, 0u64);
         for c in self.calls.values() {
             calls += c.calls;
@@ -317,16 +272,34 @@ pub struct Setsockopt {
     warned_underived: bool,
 }
 
-impl Setsockopt {
-    /// The room, when its probe attached (it reads only the ring buffer).
-    pub fn take(env: &BuildEnv<'_>) -> Option<Self> {
-        env.attached(PROBE.name).then(|| Self {
-            notes: HashMap::new(),
-            floors: Floors::measure(),
-            warned_underived: false,
-        })
+impl Room for Setsockopt {
+    const PROBE: ProbeSpec = PROBE;
+    type Part = ProcSockopt;
+    type Flags = NoFlags;
+    type Setup = ();
+
+    fn prepare(_flags: &NoFlags, _plan: &mut LoadPlan) -> anyhow::Result<()> {
+        Ok(())
     }
 
+    /// The room, when its probe attached (it reads only the ring buffer).
+    fn take(
+        _setup: (),
+        _ebpf: &mut aya::Ebpf,
+        env: &BuildEnv<'_>,
+        _services: &mut Services,
+    ) -> anyhow::Result<Option<Box<dyn Signal>>> {
+        Ok(env.attached(PROBE.name).then(|| {
+            Box::new(Self {
+                notes: HashMap::new(),
+                floors: Floors::measure(),
+                warned_underived: false,
+            }) as Box<dyn Signal>
+        }))
+    }
+}
+
+impl Setsockopt {
     /// Counts one call and returns whom it was attributed to.
     fn count(ev: &SockoptEvent, option: BufOption, clamped: bool, cx: &mut Cx<'_>) -> Who {
         let proto = Proto::from_ip(ev.proto);
@@ -341,7 +314,7 @@ impl Setsockopt {
             Who::Proc(p) => attr.meta(&p),
             Who::Unknown => Default::default(),
         });
-        let c = s.sockopt.calls.entry((proto, option)).or_default();
+        let c = s.parts.setsockopt.calls.entry((proto, option)).or_default();
         c.calls += 1;
         if ev.ret != 0 {
             c.failed += 1;
@@ -350,7 +323,7 @@ impl Setsockopt {
             c.clamped += 1;
         }
         if set_rcvbuf_lock(ev) {
-            *s.sockopt.rcvbuf_locks.entry(proto).or_default() += 1;
+            *s.parts.setsockopt.rcvbuf_locks.entry(proto).or_default() += 1;
         }
         who
     }
@@ -387,6 +360,10 @@ impl Setsockopt {
 impl Signal for Setsockopt {
     fn name(&self) -> &'static str {
         PROBE.name
+    }
+
+    fn families(&self, procs: &[(String, &ProcStats)], out: &mut Vec<MetricFamily>) {
+        families(procs, out);
     }
 
     fn event_kinds(&self) -> &'static [u32] {
@@ -436,47 +413,47 @@ impl Signal for Setsockopt {
     }
 }
 
+const CALLS: Spec = Spec::counter(
+    "bufscope_setsockopt_total",
+    "Buffer-size setsockopt(SOL_SOCKET) calls (SO_RCVBUF, SO_SNDBUF, SO_RCVBUFFORCE, SO_SNDBUFFORCE, SO_BUF_LOCK).",
+    &["proto", "option"],
+);
+const CLAMPED: Spec = Spec::counter(
+    "bufscope_setsockopt_clamped_total",
+    "Buffer-size setsockopt calls whose value the kernel clamped to net.core.rmem_max/wmem_max.",
+    &["proto", "option"],
+);
+const FAILED: Spec = Spec::counter(
+    "bufscope_setsockopt_failed_total",
+    "Buffer-size setsockopt calls that failed (e.g. SO_RCVBUFFORCE without CAP_NET_ADMIN).",
+    &["proto", "option"],
+);
+const LOCKS: Spec = Spec::counter(
+    "bufscope_rcvbuf_locks_total",
+    "Sockets that got SOCK_RCVBUF_LOCK (receive autotuning off), by setsockopt or inherited from a locked listener.",
+    &["proto"],
+);
+
 /// The setsockopt families.
-pub fn families(procs: &[(String, &ProcStats)], out: &mut Vec<MetricFamily>) {
+fn families(procs: &[(String, &ProcStats)], out: &mut Vec<MetricFamily>) {
     type Pick = fn(&SockoptCounts) -> u64;
-    let counts: [(&str, &str, Pick); 3] = [
-        (
-            "bufscope_setsockopt_total",
-            "Buffer-size setsockopt(SOL_SOCKET) calls (SO_RCVBUF, SO_SNDBUF, SO_RCVBUFFORCE, SO_SNDBUFFORCE, SO_BUF_LOCK).",
-            |c| c.calls,
-        ),
-        (
-            "bufscope_setsockopt_clamped_total",
-            "Buffer-size setsockopt calls whose value the kernel clamped to net.core.rmem_max/wmem_max.",
-            |c| c.clamped,
-        ),
-        (
-            "bufscope_setsockopt_failed_total",
-            "Buffer-size setsockopt calls that failed (e.g. SO_RCVBUFFORCE without CAP_NET_ADMIN).",
-            |c| c.failed,
-        ),
+    let counts: [(&Spec, Pick); 3] = [
+        (&CALLS, |c| c.calls),
+        (&CLAMPED, |c| c.clamped),
+        (&FAILED, |c| c.failed),
     ];
-    for (name, help, pick) in counts {
-        per_process(name, help, procs, out, |s, emit| {
-            for ((proto, opt), c) in &s.sockopt.calls {
-                emit(
-                    &[("proto", proto.as_str()), ("option", opt.as_str())],
-                    pick(c) as f64,
-                );
+    for (spec, pick) in counts {
+        spec.per_process(procs, out, |s, emit| {
+            for ((proto, opt), c) in &s.parts.setsockopt.calls {
+                emit(&[proto.as_str(), opt.as_str()], pick(c) as f64);
             }
         });
     }
-    per_process(
-        "bufscope_rcvbuf_locks_total",
-        "Sockets that got SOCK_RCVBUF_LOCK (receive autotuning off), by setsockopt or inherited from a locked listener.",
-        procs,
-        out,
-        |s, emit| {
-            for (proto, v) in &s.sockopt.rcvbuf_locks {
-                emit(&[("proto", proto.as_str())], *v as f64);
-            }
-        },
-    );
+    LOCKS.per_process(procs, out, |s, emit| {
+        for (proto, v) in &s.parts.setsockopt.rcvbuf_locks {
+            emit(&[proto.as_str()], *v as f64);
+        }
+    });
 }
 
 #[cfg(test)]

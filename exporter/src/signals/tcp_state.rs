@@ -11,12 +11,15 @@ use prometheus::proto::MetricFamily;
 
 use bufscope_common::{EstablishedEvent, SOCK_RCVBUF_LOCK, estab_flags, event_kind};
 
-use super::{AdviceCx, BuildEnv, Cx, GcCx, Signal, decode};
+use super::{
+    AdviceCx, BuildEnv, Cx, GcCx, NoFlags, Part, ProcStats, Room, Services, Signal, decode,
+};
 use crate::advice::{Inputs, TcpShape};
 use crate::attribution::Attributor;
-use crate::metrics::per_process_count;
-use crate::probes::{Hook, ProbeSpec};
-use crate::store::{ProcRef, ProcStats, Proto, Who};
+use crate::bpf::{Hook, LoadPlan, ProbeSpec};
+use crate::exposition::Spec;
+use crate::labels::Proto;
+use crate::store::{ProcRef, Who};
 
 /// The probe.
 pub const PROBE: ProbeSpec = ProbeSpec {
@@ -27,6 +30,7 @@ pub const PROBE: ProbeSpec = ProbeSpec {
         name: "inet_sock_set_state",
     }]],
     is_drop_probe: false,
+    attributed: true,
 };
 
 /// `TCP_MAX_WSCALE`.
@@ -41,20 +45,17 @@ pub struct ProcTcp {
     pub wscale_shrunk: u64,
 }
 
-impl ProcTcp {
-    /// Adds `o` (a folded process) to `self`.
-    pub fn absorb(&mut self, o: &Self) {
+impl Part for ProcTcp {
+    fn absorb(&mut self, o: &Self) {
         self.established += o.established;
         self.wscale_shrunk += o.wscale_shrunk;
     }
 
-    /// Whether anything was counted.
-    pub fn has_counts(&self) -> bool {
+    fn has_counts(&self) -> bool {
         self.established > 0
     }
 
-    /// Status-page columns.
-    pub fn status(&self, row: &mut serde_json::Map<String, serde_json::Value>) {
+    fn status(&self, row: &mut serde_json::Map<String, serde_json::Value>) {
         row.insert("tcp_established".into(), self.established.into());
         row.insert("tcp_wscale_shrunk".into(), self.wscale_shrunk.into());
     }
@@ -103,18 +104,40 @@ pub struct TcpState {
     examples: HashMap<ProcRef, (u8, u8)>,
 }
 
-impl TcpState {
+impl Room for TcpState {
+    const PROBE: ProbeSpec = PROBE;
+    type Part = ProcTcp;
+    type Flags = NoFlags;
+    type Setup = ();
+
+    fn prepare(_flags: &NoFlags, _plan: &mut LoadPlan) -> anyhow::Result<()> {
+        Ok(())
+    }
+
     /// The room, when its probe attached (it reads only the ring buffer).
-    pub fn take(env: &BuildEnv<'_>) -> Option<Self> {
-        env.attached(PROBE.name).then(|| Self {
-            examples: HashMap::new(),
-        })
+    fn take(
+        _setup: (),
+        _ebpf: &mut aya::Ebpf,
+        env: &BuildEnv<'_>,
+        _services: &mut Services,
+    ) -> anyhow::Result<Option<Box<dyn Signal>>> {
+        Ok(env.attached(PROBE.name).then(|| {
+            Box::new(Self {
+                examples: HashMap::new(),
+            }) as Box<dyn Signal>
+        }))
     }
 }
 
 impl Signal for TcpState {
     fn name(&self) -> &'static str {
         PROBE.name
+    }
+
+    fn families(&self, procs: &[(String, &ProcStats)], out: &mut Vec<MetricFamily>) {
+        let tcp = |s: &ProcStats| Some(s.parts.tcp_state).filter(|t| t.established > 0);
+        ESTABLISHED.per_process_value(procs, out, |s| tcp(s).map(|t| t.established));
+        SHRUNK.per_process_value(procs, out, |s| tcp(s).map(|t| t.wscale_shrunk));
     }
 
     fn event_kinds(&self) -> &'static [u32] {
@@ -139,14 +162,18 @@ impl Signal for TcpState {
             Who::Proc(p) => attr.meta(&p),
             Who::Unknown => Default::default(),
         });
-        s.tcp.established += 1;
+        s.parts.tcp_state.established += 1;
         if shrunk_to.is_some() {
-            s.tcp.wscale_shrunk += 1;
+            s.parts.tcp_state.wscale_shrunk += 1;
         }
         // A child accepted from a locked listener inherits SOCK_RCVBUF_LOCK (sk_clone_lock): it
         // got the lock without calling setsockopt itself.
         if ev.flags & estab_flags::PASSIVE != 0 && ev.userlocks & SOCK_RCVBUF_LOCK != 0 {
-            *s.sockopt.rcvbuf_locks.entry(Proto::Tcp).or_default() += 1;
+            *s.parts
+                .setsockopt
+                .rcvbuf_locks
+                .entry(Proto::Tcp)
+                .or_default() += 1;
         }
         if let (Who::Proc(p), Some(expected)) = (who, shrunk_to) {
             self.examples.insert(p, (ev.rcv_wscale, expected));
@@ -162,17 +189,19 @@ impl Signal for TcpState {
     fn advise(&self, cx: &AdviceCx<'_>, inputs: &mut Inputs) {
         for (p, s) in cx.store.procs() {
             let locks = s
-                .sockopt
+                .parts
+                .setsockopt
                 .rcvbuf_locks
                 .get(&Proto::Tcp)
                 .copied()
                 .unwrap_or(0);
-            if s.tcp.established > 0 || locks > 0 {
+            let tcp = &s.parts.tcp_state;
+            if tcp.established > 0 || locks > 0 {
                 inputs.tcp.push((
                     *p,
                     TcpShape {
-                        established: s.tcp.established,
-                        shrunk: s.tcp.wscale_shrunk,
+                        established: tcp.established,
+                        shrunk: tcp.wscale_shrunk,
                         example: self.examples.get(p).copied(),
                         locks,
                     },
@@ -182,26 +211,16 @@ impl Signal for TcpState {
     }
 }
 
-/// The tcp_state families.
-pub fn families(procs: &[(String, &ProcStats)], out: &mut Vec<MetricFamily>) {
-    let has = |s: &ProcStats| s.tcp.established > 0;
-    per_process_count(
-        "bufscope_tcp_established_total",
-        "TCP connections that reached ESTABLISHED (active and passive).",
-        procs,
-        out,
-        has,
-        |s| s.tcp.established,
-    );
-    per_process_count(
-        "bufscope_tcp_wscale_shrunk_total",
-        "TCP connections born with a smaller receive window scale than the kernel would choose without a locked buffer (fixed for the connection's life).",
-        procs,
-        out,
-        has,
-        |s| s.tcp.wscale_shrunk,
-    );
-}
+const ESTABLISHED: Spec = Spec::counter(
+    "bufscope_tcp_established_total",
+    "TCP connections that reached ESTABLISHED (active and passive).",
+    &[],
+);
+const SHRUNK: Spec = Spec::counter(
+    "bufscope_tcp_wscale_shrunk_total",
+    "TCP connections born with a smaller receive window scale than the kernel would choose without a locked buffer (fixed for the connection's life).",
+    &[],
+);
 
 #[cfg(test)]
 mod tests {

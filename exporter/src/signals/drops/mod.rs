@@ -12,6 +12,7 @@
 //! ([`Attributor`]), to the live process holding the socket at the poll
 //! ([`Attributor::refresh_holders`]: after a fork, an fd hand-off or an exec, not the creator).
 
+mod reader;
 mod seen;
 mod shared;
 
@@ -26,17 +27,21 @@ use aya::Ebpf;
 use aya::maps::{IterableMap as _, MapData, PerCpuHashMap};
 use bufscope_common::{DropKey, DropVal, drop_site, stat};
 
+use reader::ReaderHook;
 pub use seen::{HISTORY, HISTORY_STEP, Seen};
 pub use shared::{QUIET, READER_WAIT, split};
 
-use super::{AdviceCx, BuildEnv, Cx, GcCx, MapFill, Signal, take_map};
+use super::{
+    AdviceCx, Attached, BuildEnv, CheckLine, Cx, GcCx, MapFill, Part, ProcStats, Room, Services,
+    Signal, Store, take_map,
+};
 use crate::advice::{Inputs, SocketDrops};
 use crate::attribution::Attributor;
-use crate::kernel::DropReasons;
-use crate::metrics::per_process;
-use crate::probes::armed::ReaderHook;
-use crate::probes::{BatchReader, BtfNeed, Hook, ProbeSpec};
-use crate::store::{ProcRef, ProcStats, Proto, Store, Who};
+use crate::bpf::{BatchReader, BtfNeed, Hook, LoadPlan, ProbeSpec};
+use crate::exposition::Spec;
+use crate::kernel::{DropReasons, KernelBtf};
+use crate::labels::Proto;
+use crate::store::{ProcRef, Who};
 
 /// `kfree_skb` with its 4th argument, `rx_sk` (6.11+): every drop names its socket.
 const RX_SK: &[BtfNeed] = &[BtfNeed::Args(4)];
@@ -119,7 +124,34 @@ pub const PROBE: ProbeSpec = ProbeSpec {
         }],
     ],
     is_drop_probe: true,
+    attributed: true,
 };
+
+/// The drops room's own flags.
+#[derive(clap::Args, Clone, Debug)]
+#[group(skip)]
+pub struct Flags {
+    /// Entries of the per-socket drop map.
+    #[arg(
+        id = "drops_entries",
+        long = "bpf.drops-map-entries",
+        default_value_t = 16384,
+        value_name = "N",
+        value_parser = crate::cli::at_least_one::<u32>
+    )]
+    pub entries: u32,
+    /// How long drops of a socket whose owner is not found yet are held before they are
+    /// counted under `comm="_unknown"`.
+    #[arg(id = "attribution_hold", long = "attribution.hold", default_value = "10s", value_parser = crate::cli::parse_duration, value_name = "DURATION")]
+    pub hold: Duration,
+}
+
+/// What the drops room resolved before loading.
+pub struct Setup {
+    flags: Flags,
+    /// The reader hook's program is loaded.
+    reader: bool,
+}
 
 /// What this signal adds to a process.
 #[derive(Clone, Debug, Default)]
@@ -131,9 +163,8 @@ pub struct ProcDrops {
     pub netns: BTreeMap<(u32, Proto, String), u64>,
 }
 
-impl ProcDrops {
-    /// Adds `o` (a folded process) to `self`.
-    pub fn absorb(&mut self, o: &Self) {
+impl Part for ProcDrops {
+    fn absorb(&mut self, o: &Self) {
         for (k, v) in &o.packets {
             *self.packets.entry(k.clone()).or_default() += v;
         }
@@ -142,11 +173,32 @@ impl ProcDrops {
         }
     }
 
-    /// Whether anything was counted.
-    pub fn has_counts(&self) -> bool {
+    fn has_counts(&self) -> bool {
         !self.packets.is_empty() || !self.netns.is_empty()
     }
 
+    fn status(&self, row: &mut serde_json::Map<String, serde_json::Value>) {
+        let mut by = serde_json::Map::new();
+        for ((proto, reason), v) in &self.packets {
+            by.insert(format!("{}/{reason}", proto.as_str()), (*v).into());
+        }
+        row.insert("drops".into(), by.into());
+        row.insert(
+            "drops_total".into(),
+            self.packets.values().sum::<u64>().into(),
+        );
+    }
+
+    /// After an exec the process's drop series go on at 0 under its new labels.
+    fn after_exec(&self) -> Self {
+        Self {
+            packets: self.packets.keys().map(|k| (k.clone(), 0)).collect(),
+            netns: BTreeMap::new(),
+        }
+    }
+}
+
+impl ProcDrops {
     /// Adds `n` drops of (`proto`, `reason`) without allocating the name when it is known:
     /// with thousands of dropping sockets this runs for each of them on every poll.
     pub fn add(&mut self, proto: Proto, reason: &str, n: u64) {
@@ -160,19 +212,6 @@ impl ProcDrops {
                 self.packets.insert((proto, reason.to_string()), n);
             }
         }
-    }
-
-    /// Status-page columns.
-    pub fn status(&self, row: &mut serde_json::Map<String, serde_json::Value>) {
-        let mut by = serde_json::Map::new();
-        for ((proto, reason), v) in &self.packets {
-            by.insert(format!("{}/{reason}", proto.as_str()), (*v).into());
-        }
-        row.insert("drops".into(), by.into());
-        row.insert(
-            "drops_total".into(),
-            self.packets.values().sum::<u64>().into(),
-        );
     }
 }
 
@@ -230,27 +269,74 @@ fn ifname(raw: &[u8; 16]) -> String {
     String::from_utf8_lossy(&raw[..end]).into_owned()
 }
 
-impl Drops {
-    /// Takes the `DROPS` map when the probe attached.
-    pub fn take(ebpf: &mut Ebpf, env: &BuildEnv<'_>) -> anyhow::Result<Option<Self>> {
+impl Room for Drops {
+    const PROBE: ProbeSpec = PROBE;
+    type Part = ProcDrops;
+    type Flags = Flags;
+    type Setup = Setup;
+
+    fn prepare(flags: &Flags, plan: &mut LoadPlan) -> anyhow::Result<Setup> {
+        plan.map_entries("DROPS", flags.entries);
+        Ok(Setup {
+            flags: flags.clone(),
+            reader: false,
+        })
+    }
+
+    /// Loads the reader hook when the drops probe attached (it is attached later, only while
+    /// a shared socket drops).
+    fn after_attach(setup: &mut Setup, ebpf: &mut Ebpf, cx: &Attached<'_>) -> anyhow::Result<()> {
+        if crate::bpf::hook::attached(cx.status, PROBE.name) {
+            setup.reader = reader::load(ebpf, cx.btf, cx.kernel);
+        }
+        Ok(())
+    }
+
+    fn take(
+        setup: Setup,
+        ebpf: &mut Ebpf,
+        env: &BuildEnv<'_>,
+        _services: &mut Services,
+    ) -> anyhow::Result<Option<Box<dyn Signal>>> {
         if !env.attached(PROBE.name) {
             return Ok(None);
         }
         let mut room = Self::new(
             take_map(ebpf, "DROPS")?,
-            env.sizes.drops,
+            setup.flags.entries,
             env.reasons.clone(),
-            env.attribution_hold,
+            setup.flags.hold,
         );
-        room.shared = ReaderHook::take(ebpf)?.map(shared::Shared::new);
+        if setup.reader {
+            room.shared = Some(shared::Shared::new(ReaderHook::take(ebpf)?));
+        }
         room.retire = env.pins.is_some();
-        room.adopted = matches!(
-            env.pins,
-            Some(crate::probes::pins::Outcome::Adopted | crate::probes::pins::Outcome::Upgraded)
-        );
-        Ok(Some(room))
+        room.adopted = env.pins.as_ref().is_some_and(|o| o.kept_maps());
+        Ok(Some(Box::new(room)))
     }
 
+    fn check(kernel: &KernelBtf) -> Vec<CheckLine> {
+        let (ok, detail) = match reader::available(kernel) {
+            Ok(()) => (
+                true,
+                "tp_btf/sock_recv_length available: attached only while a shared socket drops, \
+                 its drops go to the processes that read it"
+                    .to_string(),
+            ),
+            Err(why) => (
+                false,
+                format!("unavailable ({why}): a shared socket's drops go to its newest holder"),
+            ),
+        };
+        vec![CheckLine {
+            ok,
+            what: "reader hook",
+            detail,
+        }]
+    }
+}
+
+impl Drops {
     /// Wraps the `DROPS` map.
     pub fn new(
         map: PerCpuHashMap<MapData, DropKey, DropVal>,
@@ -259,7 +345,7 @@ impl Drops {
         hold: Duration,
     ) -> Self {
         let batch = BatchReader::new(
-            map.map().fd(),
+            map.map(),
             std::mem::size_of::<DropKey>(),
             std::mem::size_of::<DropVal>(),
         );
@@ -505,7 +591,8 @@ impl Drops {
             if k.site == drop_site::NETNS {
                 let name = self.reasons.name(k.reason);
                 let s = store.proc_mut(Who::Unknown, Default::default);
-                *s.drops
+                *s.parts
+                    .drops
                     .netns
                     .entry((k.netns, Proto::from_ip(k.proto), name))
                     .or_default() += h.packets;
@@ -531,7 +618,7 @@ impl Drops {
                 .names
                 .entry(k.reason)
                 .or_insert_with(|| reasons.name(k.reason));
-            s.drops.add(Proto::from_ip(k.proto), name, h.packets);
+            s.parts.drops.add(Proto::from_ip(k.proto), name, h.packets);
         }
         if let Some(sh) = &mut self.shared {
             sh.update(&dropping, attr, now);
@@ -575,7 +662,7 @@ impl Drops {
             .or_insert_with(|| reasons.name(k.reason));
         for (p, n) in parts {
             let s = store.proc_mut(Who::Proc(p), || attr.meta(&p));
-            s.drops.add(Proto::from_ip(k.proto), name, n);
+            s.parts.drops.add(Proto::from_ip(k.proto), name, n);
         }
         true
     }
@@ -595,7 +682,7 @@ impl Drops {
         for p in cx.attr.new_udp_holders() {
             let attr = &*cx.attr;
             if let Some(s) = cx.store.placeholder(p, || attr.meta(&p)) {
-                s.drops.add(Proto::Udp, UDP_RCVBUF_REASON, 0);
+                s.parts.drops.add(Proto::Udp, UDP_RCVBUF_REASON, 0);
             }
         }
     }
@@ -606,8 +693,22 @@ impl Signal for Drops {
         PROBE.name
     }
 
+    /// Per process, per network namespace for drops no hook of this kernel can put on a
+    /// socket, and the reader hook's state.
+    fn families(&self, procs: &[(String, &ProcStats)], out: &mut Vec<MetricFamily>) {
+        netns_family(procs, out);
+        if let Some(sh) = &self.shared {
+            sh.hook().families(out);
+        }
+        SOCKET_DROPS.per_process(procs, out, |s, emit| {
+            for ((proto, reason), v) in &s.parts.drops.packets {
+                emit(&[proto.as_str(), reason.as_str()], *v as f64);
+            }
+        });
+    }
+
     fn map_counters(&self) -> &'static [&'static str] {
-        &["bufscope_socket_drops_total", "bufscope_netns_drops_total"]
+        &[SOCKET_DROPS.name, NETNS_DROPS.name]
     }
 
     /// Reads the map unless the probe's `stat::DROPS_SEEN` generation shows that nothing was
@@ -721,57 +822,32 @@ impl Signal for Drops {
     }
 }
 
-/// The drops families: per process, and per network namespace for drops no hook of this
-/// kernel can put on a socket.
-pub fn families(procs: &[(String, &ProcStats)], out: &mut Vec<MetricFamily>) {
-    netns_family(procs, out);
-    crate::probes::armed::families(out);
-    per_process(
-        "bufscope_socket_drops_total",
-        "Packets dropped because a socket buffer or queue was full, by the owning process and kernel drop reason (GRO skbs weighted by segment count).",
-        procs,
-        out,
-        |s, emit| {
-            for ((proto, reason), v) in &s.drops.packets {
-                emit(
-                    &[("proto", proto.as_str()), ("reason", reason.as_str())],
-                    *v as f64,
-                );
-            }
-        },
-    );
-}
+const SOCKET_DROPS: Spec = Spec::counter(
+    "bufscope_socket_drops_total",
+    "Packets dropped because a socket buffer or queue was full, by the owning process and kernel drop reason (GRO skbs weighted by segment count).",
+    &["proto", "reason"],
+);
+
+const NETNS_DROPS: Spec = Spec::counter(
+    "bufscope_netns_drops_total",
+    "Buffer-full drops this kernel's hooks cannot put on a socket (no kfree_skb rx_sk, before 6.11), by network namespace and kernel drop reason.",
+    &["netns", "proto", "reason"],
+);
 
 /// `bufscope_netns_drops_total{netns,proto,reason}`: drops this kernel's hooks cannot put on a
 /// socket (no `kfree_skb.rx_sk`, before 6.11: e.g. TCP receive-queue drops), by the network
 /// namespace of the receiving device (inode number as in `/proc/<pid>/ns/net`; 0 when the
 /// skb had no device) and reason.
 fn netns_family(procs: &[(String, &ProcStats)], out: &mut Vec<MetricFamily>) {
-    use crate::probes::armed::sample;
-    use prometheus::proto::MetricType;
     let mut sum: BTreeMap<(u32, Proto, &str), u64> = BTreeMap::new();
     for (_, s) in procs {
-        for ((netns, proto, reason), v) in &s.drops.netns {
+        for ((netns, proto, reason), v) in &s.parts.drops.netns {
             *sum.entry((*netns, *proto, reason.as_str())).or_default() += v;
         }
     }
-    if sum.is_empty() {
-        return;
-    }
-    let mut mf = MetricFamily::default();
-    mf.set_name("bufscope_netns_drops_total".into());
-    mf.set_help(
-        "Buffer-full drops this kernel's hooks cannot put on a socket (no kfree_skb rx_sk, before 6.11), by network namespace and kernel drop reason.".into(),
-    );
-    mf.set_field_type(MetricType::COUNTER);
+    let mut f = NETNS_DROPS.family();
     for ((netns, proto, reason), v) in sum {
-        let netns = netns.to_string();
-        let labels = [
-            ("netns", netns.as_str()),
-            ("proto", proto.as_str()),
-            ("reason", reason),
-        ];
-        mf.mut_metric().push(sample(&labels, v as f64, true));
+        f.push(&[&netns.to_string(), proto.as_str(), reason], v as f64);
     }
-    out.push(mf);
+    f.done(out);
 }

@@ -22,8 +22,8 @@ use std::time::{Duration, Instant};
 use bufscope_common::{ReaderKey, ReaderVal};
 use foldhash::{HashMap, HashMapExt as _, HashSet};
 
+use super::reader::ReaderHook;
 use crate::attribution::Attributor;
-use crate::probes::armed::ReaderHook;
 use crate::store::ProcRef;
 
 /// How long new drops of a shared socket wait for the readers of the next polls before they
@@ -68,6 +68,11 @@ impl Shared {
             last_reader: HashMap::new(),
             arm_failed: false,
         }
+    }
+
+    /// The reader hook.
+    pub fn hook(&self) -> &ReaderHook {
+        &self.hook
     }
 
     /// Reads `READERS` into the receives since the previous call (nothing while the hook was

@@ -1,321 +1,17 @@
-//! Prometheus exposition of the [`Store`] and of bufscope's own health.
+//! The two text formats `/metrics` speaks, chosen by content negotiation ([`Format`]):
+//! Prometheus text 0.0.4 (the `prometheus` crate's encoder) and OpenMetrics 1.0.0, where each
+//! counter sample is followed by its `_created` sample ([`Created`]). Both escape label values
+//! (`comm` is attacker-controlled text).
 //!
-//! Families are built at scrape time from the store (no per-series objects to keep in sync,
-//! so folding and expiry are just map operations) and encoded either in the Prometheus text
-//! format 0.0.4 (the `prometheus` crate's encoder) or, when the client asks for it
-//! ([`Format::negotiate`]), in OpenMetrics text with a `_created` sample per counter
-//! ([`Created`]). Both escape label values (`comm` is attacker-controlled text).
-//!
-//! Every sample is the counter's current value, whoever asks and however often: nothing in
-//! a value depends on earlier scrapes. A short burst still shows as an increase in
-//! Prometheus when the series existed at 0 before it (a process known to hold a UDP socket
-//! gets its drop series at 0, see `store::Store::placeholder`) or when Prometheus ingests
-//! created timestamps.
+//! A short burst still shows as an increase in Prometheus when the series existed at 0 before
+//! it (a process known to hold a UDP socket gets its drop series at 0, see
+//! `store::Store::placeholder`) or when Prometheus ingests created timestamps.
 
 use std::time::SystemTime;
 
-use prometheus::proto::{Counter, Gauge, LabelPair, Metric, MetricFamily, MetricType};
+use prometheus::proto::{LabelPair, MetricFamily, MetricType};
 
-use crate::advice::Finding;
-use crate::store::{ProcStats, Store};
-
-/// A family under construction.
-struct Family {
-    mf: MetricFamily,
-}
-
-impl Family {
-    fn new(name: &str, help: &str, kind: MetricType) -> Self {
-        let mut mf = MetricFamily::default();
-        mf.set_name(name.to_string());
-        mf.set_help(help.to_string());
-        mf.set_field_type(kind);
-        Self { mf }
-    }
-
-    fn push(&mut self, labels: &[(&str, &str)], value: f64) {
-        let pairs = labels
-            .iter()
-            .map(|(k, v)| {
-                let mut l = LabelPair::default();
-                l.set_name(k.to_string());
-                l.set_value(v.to_string());
-                l
-            })
-            .collect();
-        let mut m = Metric::default();
-        m.set_label(pairs);
-        match self.mf.get_field_type() {
-            MetricType::COUNTER => {
-                let mut c = Counter::default();
-                c.set_value(value);
-                m.set_counter(c);
-            }
-            _ => {
-                let mut g = Gauge::default();
-                g.set_value(value);
-                m.set_gauge(g);
-            }
-        }
-        self.mf.mut_metric().push(m);
-    }
-
-    fn done(self, out: &mut Vec<MetricFamily>) {
-        if !self.mf.get_metric().is_empty() {
-            out.push(self.mf);
-        }
-    }
-}
-
-/// Health facts rendered next to the per-process families.
-#[derive(Clone, Debug, Default)]
-pub struct Health {
-    /// bufscope version.
-    pub version: String,
-    /// Kernel release.
-    pub kernel: String,
-    /// (probe, hook description, attached).
-    pub probes: Vec<(String, String, bool)>,
-    /// Probe-side loss counters by reason (`STATS`).
-    pub bpf_lost: Vec<(&'static str, u64)>,
-    /// Map fill level by map name: (entries, max entries).
-    pub map_entries: Vec<(&'static str, u64, u64)>,
-    /// `net.core.rmem_max` now (None: unreadable here).
-    pub rmem_max: Option<i64>,
-    /// `net.core.wmem_max` now (None: unreadable here).
-    pub wmem_max: Option<i64>,
-    /// `--bpf.pin-path`: what the start found and did (None: nothing pinned).
-    pub pins: Option<PinsHealth>,
-}
-
-/// What `--bpf.pin-path` did at start, for the self-metrics.
-#[derive(Clone, Debug, Default)]
-pub struct PinsHealth {
-    /// The pin directory.
-    pub path: String,
-    /// `created`, `adopted`, `upgraded` or `replaced`.
-    pub outcome: &'static str,
-    /// Maps whose pins had another layout and were replaced.
-    pub replaced: Vec<String>,
-    /// Probes whose links are pinned (they keep counting while bufscope is down).
-    pub pinned: Vec<String>,
-    /// When the pinned maps were created (seconds since the epoch).
-    pub since_unix: u64,
-}
-
-/// Receives (extra labels, value) for one sample.
-pub type Emit<'a> = dyn FnMut(&[(&str, &str)], f64) + 'a;
-
-/// Builds one per-process counter family: `f` is called for each process with an `emit` that
-/// adds a sample labelled `comm`, `pid`, `container` plus the extra labels it is given. The
-/// family is left out when no process emitted anything.
-pub fn per_process(
-    name: &str,
-    help: &str,
-    procs: &[(String, &ProcStats)],
-    out: &mut Vec<MetricFamily>,
-    f: impl Fn(&ProcStats, &mut Emit<'_>),
-) {
-    let mut fam = Family::new(name, help, MetricType::COUNTER);
-    for (pid, s) in procs {
-        let base = [
-            ("comm", s.meta.comm.as_str()),
-            ("pid", pid.as_str()),
-            ("container", s.meta.container.as_str()),
-        ];
-        f(s, &mut |extra, v| {
-            let mut labels: Vec<(&str, &str)> = base.to_vec();
-            labels.extend_from_slice(extra);
-            fam.push(&labels, v);
-        });
-    }
-    fam.done(out);
-}
-
-/// [`per_process`] for a counter without further labels: `value` of each process for which
-/// `shown` holds.
-pub fn per_process_count(
-    name: &str,
-    help: &str,
-    procs: &[(String, &ProcStats)],
-    out: &mut Vec<MetricFamily>,
-    shown: fn(&ProcStats) -> bool,
-    value: fn(&ProcStats) -> u64,
-) {
-    per_process(name, help, procs, out, |s, emit| {
-        if shown(s) {
-            emit(&[], value(s) as f64);
-        }
-    });
-}
-
-/// Builds every metric family: each signal's per-process families, the findings, and
-/// bufscope's own health.
-pub fn families(store: &Store, health: &Health, findings: &[Finding]) -> Vec<MetricFamily> {
-    let mut out = Vec::new();
-    let procs: Vec<(String, &ProcStats)> = store.iter().collect();
-    crate::signals::families(&procs, &mut out);
-
-    let mut f = Family::new(
-        "bufscope_finding",
-        "Active findings (1 per process and kind); /api/v1/findings and `bufscope explain` say what to change.",
-        MetricType::GAUGE,
-    );
-    // Findings may be up to a second old (see `Collector::findings`): show only those of
-    // processes tracked now, so the finding series stay within --max-processes too.
-    let tracked: foldhash::HashSet<u32> = store.procs().map(|(p, _)| p.tgid).collect();
-    for x in findings.iter().filter(|x| tracked.contains(&x.process.pid)) {
-        let pid = x.process.pid.to_string();
-        f.push(
-            &[
-                ("comm", x.process.comm.as_str()),
-                ("pid", pid.as_str()),
-                ("container", x.process.container.as_str()),
-                ("kind", x.kind),
-                ("severity", x.severity.as_str()),
-            ],
-            1.0,
-        );
-    }
-    f.done(&mut out);
-
-    let mut f = Family::new(
-        "bufscope_probe_attached",
-        "Whether a probe is attached (1) or not (0); see the log for why.",
-        MetricType::GAUGE,
-    );
-    for (probe, hook, on) in &health.probes {
-        f.push(
-            &[("probe", probe), ("hook", hook)],
-            if *on { 1.0 } else { 0.0 },
-        );
-    }
-    f.done(&mut out);
-
-    let mut f = Family::new(
-        "bufscope_attribution_unknown_total",
-        "Events that could not be attributed to a process (counted under comm=\"_unknown\").",
-        MetricType::COUNTER,
-    );
-    for probe in crate::signals::ATTRIBUTED {
-        let v = store.attribution_unknown.get(probe).copied().unwrap_or(0);
-        f.push(&[("probe", probe)], v as f64);
-    }
-    f.done(&mut out);
-
-    let mut f = Family::new(
-        "bufscope_bpf_events_lost_total",
-        "Events the probes could not record, by cause (a full map or ring buffer).",
-        MetricType::COUNTER,
-    );
-    for (cause, v) in &health.bpf_lost {
-        f.push(&[("cause", cause)], *v as f64);
-    }
-    f.done(&mut out);
-
-    let mut f = Family::new(
-        "bufscope_bpf_map_entries",
-        "Entries in a BPF map.",
-        MetricType::GAUGE,
-    );
-    for (map, n, _) in &health.map_entries {
-        f.push(&[("map", map)], *n as f64);
-    }
-    f.done(&mut out);
-    let mut f = Family::new(
-        "bufscope_bpf_map_max_entries",
-        "Capacity of a BPF map.",
-        MetricType::GAUGE,
-    );
-    for (map, _, max) in &health.map_entries {
-        f.push(&[("map", map)], *max as f64);
-    }
-    f.done(&mut out);
-
-    let mut f = Family::new(
-        "bufscope_tracked_processes",
-        "Processes with their own series (bounded by --max-processes).",
-        MetricType::GAUGE,
-    );
-    f.push(&[], store.len() as f64);
-    f.done(&mut out);
-    let mut f = Family::new(
-        "bufscope_folded_processes_total",
-        "Processes folded into comm=\"_other\" because --max-processes was reached.",
-        MetricType::COUNTER,
-    );
-    f.push(&[], store.folded as f64);
-    f.done(&mut out);
-
-    let mut f = Family::new(
-        "bufscope_net_core_rmem_max_bytes",
-        "net.core.rmem_max: the ceiling SO_RCVBUF requests are clamped to (the kernel doubles it).",
-        MetricType::GAUGE,
-    );
-    if let Some(v) = health.rmem_max {
-        f.push(&[], v as f64);
-    }
-    f.done(&mut out);
-    let mut f = Family::new(
-        "bufscope_net_core_wmem_max_bytes",
-        "net.core.wmem_max: the ceiling SO_SNDBUF requests are clamped to (the kernel doubles it).",
-        MetricType::GAUGE,
-    );
-    if let Some(v) = health.wmem_max {
-        f.push(&[], v as f64);
-    }
-    f.done(&mut out);
-
-    if let Some(p) = &health.pins {
-        let mut f = Family::new(
-            "bufscope_bpf_pins_info",
-            "--bpf.pin-path: what this start did with the pins (created, adopted: counting went on \
-             while bufscope was down, upgraded: maps kept and programs replaced, replaced: maps of \
-             another layout were replaced and their counts restarted).",
-            MetricType::GAUGE,
-        );
-        let layout = crate::probes::pins::LAYOUT_VERSION.to_string();
-        f.push(
-            &[
-                ("path", &p.path),
-                ("outcome", p.outcome),
-                ("layout", &layout),
-                ("replaced", &p.replaced.join(",")),
-            ],
-            1.0,
-        );
-        f.done(&mut out);
-        let mut f = Family::new(
-            "bufscope_bpf_pins_created_timestamp_seconds",
-            "When the pinned maps were created: the counters count from then on.",
-            MetricType::GAUGE,
-        );
-        f.push(&[], p.since_unix as f64);
-        f.done(&mut out);
-        let mut f = Family::new(
-            "bufscope_probe_pinned",
-            "Whether the probe's links are pinned (1: it keeps counting while bufscope is not \
-             running; the guard and the setsockopt program it shares only with --guard.persist).",
-            MetricType::GAUGE,
-        );
-        for (name, _, attached) in &health.probes {
-            let pinned = *attached && p.pinned.iter().any(|n| n == name);
-            f.push(&[("probe", name)], if pinned { 1.0 } else { 0.0 });
-        }
-        f.done(&mut out);
-    }
-    let mut f = Family::new(
-        "bufscope_build_info",
-        "bufscope version and the kernel it runs on.",
-        MetricType::GAUGE,
-    );
-    f.push(
-        &[("version", &health.version), ("kernel", &health.kernel)],
-        1.0,
-    );
-    f.done(&mut out);
-    out
-}
+use crate::store::{Parts, Store};
 
 /// The exposition formats `/metrics` answers in, chosen from the request's `Accept` header.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -552,7 +248,11 @@ impl Created {
 
 /// The created time of every counter sample of `fams` (see [`Created::stamp`]), with each
 /// process's entry time from `store`.
-pub fn created_times(created: &mut Created, store: &Store, fams: &[MetricFamily]) -> Vec<f64> {
+pub fn created_times<P: Parts>(
+    created: &mut Created,
+    store: &Store<P>,
+    fams: &[MetricFamily],
+) -> Vec<f64> {
     let born: foldhash::HashMap<String, f64> = store
         .iter()
         .map(|(pid, s)| (pid, unix_seconds(s.born)))
@@ -704,8 +404,55 @@ pub fn encode(families: &[MetricFamily]) -> Result<String, prometheus::Error> {
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
-    use crate::store::{ProcMeta, ProcRef, Proto, Who};
+    use crate::exposition::{Health, Spec, selfmetrics};
+    use crate::store::{ProcMeta, ProcRef, Who};
+    use std::collections::BTreeMap;
     use std::time::Duration;
+
+    /// Drops by reason, as a signal's part would count them.
+    #[derive(Clone, Debug, Default)]
+    struct T(BTreeMap<&'static str, u64>);
+
+    impl Parts for T {
+        fn absorb(&mut self, o: &Self) {
+            for (k, v) in &o.0 {
+                *self.0.entry(k).or_default() += v;
+            }
+        }
+
+        fn has_counts(&self) -> bool {
+            !self.0.is_empty()
+        }
+
+        fn after_exec(&self) -> Self {
+            Self::default()
+        }
+    }
+
+    type Store = crate::store::Store<T>;
+
+    const DROPS: Spec = Spec::counter(
+        "bufscope_socket_drops_total",
+        "Packets dropped because a socket buffer or queue was full.",
+        &["proto", "reason"],
+    );
+
+    /// What the collector renders: a per-process family, then bufscope's own.
+    fn families(
+        store: &Store,
+        health: &Health,
+        findings: &[crate::advice::Finding],
+    ) -> Vec<MetricFamily> {
+        let procs: Vec<_> = store.iter().collect();
+        let mut out = Vec::new();
+        DROPS.per_process(&procs, &mut out, |s, emit| {
+            for (reason, v) in &s.parts.0 {
+                emit(&["udp", reason], *v as f64);
+            }
+        });
+        selfmetrics::families(store, health, findings, ["drops"].into_iter(), &mut out);
+        out
+    }
 
     #[test]
     fn hostile_comm_is_escaped() {
@@ -718,7 +465,7 @@ mod tests {
             comm: "a\"b\\c\nd".into(),
             container: String::new(),
         });
-        s.drops.add(Proto::Udp, "SOCKET_RCVBUFF", 5);
+        s.parts.0.insert("SOCKET_RCVBUFF", 5);
         let text = encode(&families(&store, &Health::default(), &[])).unwrap();
         assert!(
             text.contains(r#"bufscope_socket_drops_total{comm="a\"b\\c\nd",pid="42",container="",proto="udp",reason="SOCKET_RCVBUFF"} 5"#),
@@ -740,7 +487,7 @@ mod tests {
             comm: comm.into(),
             container: String::new(),
         });
-        s.drops.add(Proto::Udp, "SOCKET_RCVBUFF", drops);
+        s.parts.0.insert("SOCKET_RCVBUFF", drops);
         store
     }
 
@@ -875,8 +622,9 @@ mod tests {
         });
         store
             .proc_mut(who, Default::default)
-            .drops
-            .add(Proto::Udp, "PROTO_MEM", 3);
+            .parts
+            .0
+            .insert("PROTO_MEM", 3);
         let fams = families(&store, &health(), &[]);
         let third = created_times(&mut created, &store, &fams);
         let text = encode_openmetrics(&fams, &third);

@@ -4,49 +4,14 @@
 //! syscalls per poll (and per scrape) and about ten.
 
 use std::io;
-use std::os::fd::{AsFd as _, AsRawFd as _};
+use std::os::fd::AsFd as _;
 
-use aya::maps::MapFd;
+use aya::maps::{MapData, MapFd};
 
-/// `BPF_OBJ_GET_INFO_BY_FD`.
-const BPF_OBJ_GET_INFO_BY_FD: libc::c_long = 15;
-/// `BPF_MAP_LOOKUP_BATCH`.
-const BPF_MAP_LOOKUP_BATCH: libc::c_long = 24;
+use super::sys;
+
 /// Entries asked for per call (grown when a hash bucket holds more: `ENOSPC`).
 const CHUNK: usize = 1024;
-
-/// The `batch` member of `union bpf_attr`.
-#[repr(C)]
-#[derive(Default)]
-struct BatchAttr {
-    in_batch: u64,
-    out_batch: u64,
-    keys: u64,
-    values: u64,
-    count: u32,
-    map_fd: u32,
-    elem_flags: u64,
-    flags: u64,
-}
-
-/// The `info` member of `union bpf_attr`.
-#[repr(C)]
-struct InfoAttr {
-    bpf_fd: u32,
-    info_len: u32,
-    info: u64,
-}
-
-fn bpf(cmd: libc::c_long, attr: *mut libc::c_void, size: usize) -> io::Result<()> {
-    // SAFETY: `attr` points to a live, initialised attribute struct of `size` bytes whose
-    // pointers (if any) reference buffers that outlive the call.
-    let rc = unsafe { libc::syscall(libc::SYS_bpf, cmd, attr, size) };
-    if rc < 0 {
-        Err(io::Error::last_os_error())
-    } else {
-        Ok(())
-    }
-}
 
 /// Number of possible CPUs (the kernel copies one value per possible CPU).
 fn possible_cpus() -> Option<usize> {
@@ -76,46 +41,33 @@ pub struct BatchReader {
 }
 
 impl BatchReader {
-    /// A reader for the map behind `fd`, when the kernel reports exactly these key and value
-    /// sizes for it (None otherwise: then read it key by key).
-    pub fn new(fd: &MapFd, key_size: usize, value_size: usize) -> Option<Self> {
-        Self::with_cpus(fd, key_size, value_size, possible_cpus()?, true)
+    /// A reader for per-CPU hash map `map`, when the kernel reports exactly these key and
+    /// value sizes for it (None otherwise: then read it key by key).
+    pub fn new(map: &MapData, key_size: usize, value_size: usize) -> Option<Self> {
+        Self::with_cpus(map, key_size, value_size, possible_cpus()?, true)
     }
 
     /// A reader for a plain (not per-CPU) hash or LRU hash map: [`BatchReader::read`] then
     /// returns one value per key.
-    pub fn shared(fd: &MapFd, key_size: usize, value_size: usize) -> Option<Self> {
-        Self::with_cpus(fd, key_size, value_size, 1, false)
+    pub fn shared(map: &MapData, key_size: usize, value_size: usize) -> Option<Self> {
+        Self::with_cpus(map, key_size, value_size, 1, false)
     }
 
     fn with_cpus(
-        fd: &MapFd,
+        map: &MapData,
         key_size: usize,
         value_size: usize,
         ncpus: usize,
         per_cpu: bool,
     ) -> Option<Self> {
-        let mut info = [0u8; 128];
-        let mut attr = InfoAttr {
-            bpf_fd: fd.as_fd().as_raw_fd() as u32,
-            info_len: info.len() as u32,
-            info: info.as_mut_ptr() as u64,
-        };
-        bpf(
-            BPF_OBJ_GET_INFO_BY_FD,
-            (&raw mut attr).cast(),
-            std::mem::size_of::<InfoAttr>(),
-        )
-        .ok()?;
-        // struct bpf_map_info: key_size @8, value_size @12.
-        let u32_at =
-            |o: usize| u32::from_ne_bytes([info[o], info[o + 1], info[o + 2], info[o + 3]]);
-        (u32_at(8) as usize == key_size && u32_at(12) as usize == value_size).then_some(Self {
-            key_size,
-            value_size,
-            ncpus,
-            per_cpu,
-        })
+        let info = map.info().ok()?;
+        (info.key_size() as usize == key_size && info.value_size() as usize == value_size)
+            .then_some(Self {
+                key_size,
+                value_size,
+                ncpus,
+                per_cpu,
+            })
     }
 
     /// Every entry of the map behind `fd` (the one this reader was made for) as (key, one value
@@ -133,37 +85,25 @@ impl BatchReader {
         };
         let mut chunk = CHUNK;
         let mut out = Vec::new();
-        // Hash maps use a u32 bucket index as the batch token.
-        let mut token = 0u32;
-        let mut first = true;
+        let mut token = None;
         loop {
             let mut keys = vec![0u8; chunk * self.key_size];
             let mut vals = vec![0u8; chunk * stride * self.ncpus];
-            let mut next = 0u32;
-            let mut attr = BatchAttr {
-                in_batch: if first { 0 } else { (&raw const token) as u64 },
-                out_batch: (&raw mut next) as u64,
-                keys: keys.as_mut_ptr() as u64,
-                values: vals.as_mut_ptr() as u64,
-                count: chunk as u32,
-                map_fd: fd.as_fd().as_raw_fd() as u32,
-                ..BatchAttr::default()
-            };
-            let r = bpf(
-                BPF_MAP_LOOKUP_BATCH,
-                (&raw mut attr).cast(),
-                std::mem::size_of::<BatchAttr>(),
-            );
-            let done = match &r {
-                Ok(()) => false,
-                Err(e) if e.raw_os_error() == Some(libc::ENOENT) => true,
+            let (count, next) = match sys::map_lookup_batch(
+                fd.as_fd(),
+                token,
+                chunk as u32,
+                &mut keys,
+                &mut vals,
+            ) {
+                Ok(r) => r,
                 Err(e) if e.raw_os_error() == Some(libc::ENOSPC) && chunk < 1 << 20 => {
                     chunk *= 4;
                     continue;
                 }
-                Err(e) => return Err(io::Error::new(e.kind(), e.to_string())),
+                Err(e) => return Err(e),
             };
-            for i in 0..(attr.count as usize).min(chunk) {
+            for i in 0..(count as usize).min(chunk) {
                 // SAFETY: the kernel wrote `count` keys of key_size bytes and, per key, one
                 // stride-aligned value per possible CPU; K and V are Pod of exactly those sizes,
                 // so any bytes are valid and read_unaligned handles alignment.
@@ -181,11 +121,10 @@ impl BatchReader {
                     .collect();
                 out.push((k, v));
             }
-            if done {
-                return Ok(out);
+            match next {
+                Some(n) => token = Some(n),
+                None => return Ok(out),
             }
-            token = next;
-            first = false;
         }
     }
 }

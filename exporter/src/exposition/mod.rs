@@ -1,0 +1,199 @@
+//! Prometheus exposition: families declared as data ([`Spec`]) and built by one builder
+//! ([`Family`]), bufscope's own health ([`selfmetrics`]), and the two text formats with the
+//! OpenMetrics `_created` bookkeeping ([`openmetrics`]).
+//!
+//! Families are built at scrape time from the store (no per-series objects to keep in sync,
+//! so folding and expiry are just map operations). Every sample is the counter's current
+//! value, whoever asks and however often: nothing in a value depends on earlier scrapes.
+
+pub mod openmetrics;
+pub mod selfmetrics;
+
+use prometheus::proto::{Counter, Gauge, LabelPair, Metric, MetricFamily, MetricType};
+
+use crate::store::ProcStats;
+
+pub use openmetrics::{Created, Format, created_times, encode, encode_openmetrics, unix_seconds};
+pub use selfmetrics::Health;
+
+/// The labels every per-process family starts with.
+pub const PROCESS_LABELS: &[&str] = &["comm", "pid", "container"];
+
+/// Counter or gauge.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    /// Only goes up (name ends in `_total`).
+    Counter,
+    /// A value now.
+    Gauge,
+}
+
+/// A metric family as data: name, help, type and the labels its samples carry (after the
+/// process labels, for a per-process family).
+#[derive(Clone, Copy, Debug)]
+pub struct Spec {
+    /// Family name.
+    pub name: &'static str,
+    /// `# HELP` text.
+    pub help: &'static str,
+    /// Counter or gauge.
+    pub kind: Kind,
+    /// Label names.
+    pub labels: &'static [&'static str],
+}
+
+impl Spec {
+    /// A counter family.
+    pub const fn counter(
+        name: &'static str,
+        help: &'static str,
+        labels: &'static [&'static str],
+    ) -> Self {
+        Self {
+            name,
+            help,
+            kind: Kind::Counter,
+            labels,
+        }
+    }
+
+    /// A gauge family.
+    pub const fn gauge(
+        name: &'static str,
+        help: &'static str,
+        labels: &'static [&'static str],
+    ) -> Self {
+        Self {
+            name,
+            help,
+            kind: Kind::Gauge,
+            labels,
+        }
+    }
+
+    /// An empty family of this spec, whose samples carry its labels.
+    pub fn family(&self) -> Family {
+        Family::new(self, self.labels.to_vec())
+    }
+
+    /// Builds this family per process: `f` is called for each process with an `emit` that
+    /// adds a sample labelled with the process labels plus the spec's labels, whose values it
+    /// is given in order. The family is left out when no process emitted anything.
+    pub fn per_process<P>(
+        &self,
+        procs: &[(String, &ProcStats<P>)],
+        out: &mut Vec<MetricFamily>,
+        f: impl Fn(&ProcStats<P>, &mut dyn FnMut(&[&str], f64)),
+    ) {
+        let mut names = PROCESS_LABELS.to_vec();
+        names.extend_from_slice(self.labels);
+        let mut fam = Family::new(self, names);
+        for (pid, s) in procs {
+            let base = [
+                s.meta.comm.as_str(),
+                pid.as_str(),
+                s.meta.container.as_str(),
+            ];
+            f(s, &mut |extra, v| {
+                fam.push_values(base.iter().chain(extra).copied(), v);
+            });
+        }
+        fam.done(out);
+    }
+
+    /// [`Spec::per_process`] for a family without further labels: `value` of each process
+    /// for which it is Some.
+    pub fn per_process_value<P>(
+        &self,
+        procs: &[(String, &ProcStats<P>)],
+        out: &mut Vec<MetricFamily>,
+        value: impl Fn(&ProcStats<P>) -> Option<u64>,
+    ) {
+        self.per_process(procs, out, |s, emit| {
+            if let Some(v) = value(s) {
+                emit(&[], v as f64);
+            }
+        });
+    }
+}
+
+/// A family under construction.
+pub struct Family {
+    mf: MetricFamily,
+    labels: Vec<&'static str>,
+}
+
+impl Family {
+    fn new(spec: &Spec, labels: Vec<&'static str>) -> Self {
+        let mut mf = MetricFamily::default();
+        mf.set_name(spec.name.to_string());
+        mf.set_help(spec.help.to_string());
+        mf.set_field_type(match spec.kind {
+            Kind::Counter => MetricType::COUNTER,
+            Kind::Gauge => MetricType::GAUGE,
+        });
+        Self { mf, labels }
+    }
+
+    /// Adds a sample whose label values are `values`, in the order of the labels (extra
+    /// values are ignored, missing ones are empty).
+    pub fn push(&mut self, values: &[&str], value: f64) {
+        self.push_values(values.iter().copied(), value);
+    }
+
+    /// [`Family::push`] with the label values from an iterator.
+    pub fn push_values<'v>(&mut self, values: impl Iterator<Item = &'v str>, value: f64) {
+        let mut values = values.fuse();
+        let pairs = self
+            .labels
+            .iter()
+            .map(|name| {
+                let mut l = LabelPair::default();
+                l.set_name((*name).to_string());
+                l.set_value(values.next().unwrap_or("").to_string());
+                l
+            })
+            .collect();
+        let mut m = Metric::default();
+        m.set_label(pairs);
+        if self.mf.get_field_type() == MetricType::COUNTER {
+            let mut c = Counter::default();
+            c.set_value(value);
+            m.set_counter(c);
+        } else {
+            let mut g = Gauge::default();
+            g.set_value(value);
+            m.set_gauge(g);
+        }
+        self.mf.mut_metric().push(m);
+    }
+
+    /// Adds the family to `out` when it has samples.
+    pub fn done(self, out: &mut Vec<MetricFamily>) {
+        if !self.mf.get_metric().is_empty() {
+            out.push(self.mf);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn labels_follow_the_spec() {
+        const S: Spec = Spec::gauge("x", "help", &["a", "b"]);
+        let mut f = S.family();
+        f.push(&["1", "2"], 3.0);
+        f.push(&["only"], 4.0);
+        let mut out = Vec::new();
+        f.done(&mut out);
+        let text = encode(&out).unwrap();
+        assert!(text.contains("x{a=\"1\",b=\"2\"} 3"), "{text}");
+        assert!(text.contains("x{a=\"only\",b=\"\"} 4"), "{text}");
+        let mut none = Vec::new();
+        S.family().done(&mut none);
+        assert!(none.is_empty(), "a family without samples is left out");
+    }
+}

@@ -1,0 +1,245 @@
+//! What a room is: its registration ([`Room`]: probe, flags, loading hooks, its part of a
+//! process's counters) and its running side ([`Signal`]: what the collector drives).
+
+use std::time::{Duration, Instant};
+
+use aya::maps::{HashMap as BpfHashMap, MapData};
+use aya::{Btf, Ebpf};
+use bufscope_common::Owner;
+use foldhash::HashSet;
+use prometheus::proto::MetricFamily;
+
+use super::{ProcStats, Store};
+use crate::advice::Inputs;
+use crate::attribution::Attributor;
+use crate::bpf::pins::Outcome;
+use crate::bpf::{LoadPlan, ProbeSpec, ProbeStatus, Stats};
+use crate::kernel::{BufferLimits, DropReasons, KernelBtf};
+use crate::store::ProcRef;
+
+/// A room's part of one process's counters ([`super::Parts`] holds one per room).
+pub trait Part: Clone + std::fmt::Debug + Default + Send + Sync + 'static {
+    /// Adds `o` (a folded process) to `self`.
+    fn absorb(&mut self, o: &Self);
+
+    /// Whether anything was counted.
+    fn has_counts(&self) -> bool;
+
+    /// Its columns of the process's row on the status page (`/api/v1/status`).
+    fn status(&self, _row: &mut serde_json::Map<String, serde_json::Value>) {}
+
+    /// What a process that `exec`s starts with under its new labels: series that must go on
+    /// existing (at 0) so the first counts after the exec show as an increase. Default:
+    /// nothing.
+    fn after_exec(&self) -> Self {
+        Self::default()
+    }
+}
+
+/// A room without per-process counters.
+impl Part for () {
+    fn absorb(&mut self, _o: &Self) {}
+
+    fn has_counts(&self) -> bool {
+        false
+    }
+}
+
+/// A room without flags of its own.
+#[derive(clap::Args, Clone, Debug, Default)]
+#[group(skip)]
+pub struct NoFlags {}
+
+/// What a room's loading hooks see after everything attached.
+pub struct Attached<'a> {
+    /// The kernel's BTF as aya parsed it (to load programs attached later).
+    pub btf: &'a Btf,
+    /// The kernel's BTF as bufscope reads it (what hooks this kernel has).
+    pub kernel: &'a KernelBtf,
+    /// Per-probe outcome of attaching.
+    pub status: &'a [ProbeStatus],
+}
+
+/// What the rooms provide to the shared services while they are built.
+#[derive(Default)]
+pub struct Services {
+    /// `OWNERS` (socket inode → the process that created or accepted it), for the
+    /// [`Attributor`].
+    pub owners: Option<BpfHashMap<MapData, u64, Owner>>,
+}
+
+/// What a room sees while it is built from the loaded object.
+pub struct BuildEnv<'a> {
+    /// Per-probe outcome of attaching.
+    pub status: &'a [ProbeStatus],
+    /// The kernel's drop-reason names.
+    pub reasons: &'a DropReasons,
+    /// `--bpf.pin-path`: what the start did with the pins (None: nothing pinned).
+    pub pins: Option<Outcome>,
+}
+
+impl BuildEnv<'_> {
+    /// Whether probe `name` attached.
+    pub fn attached(&self, name: &str) -> bool {
+        crate::bpf::hook::attached(self.status, name)
+    }
+}
+
+/// A line a room adds to `bufscope check` (e.g. whether an optional hook exists here).
+pub struct CheckLine {
+    /// Ok (else a warning: the room works without it).
+    pub ok: bool,
+    /// What.
+    pub what: &'static str,
+    /// The detail.
+    pub detail: String,
+}
+
+/// A signal's registration: everything the list in [`super`] needs to know about a room.
+/// Adding a signal = a type implementing this (and [`Signal`]) + one line in the list.
+pub trait Room: Sized + Send + 'static {
+    /// Its probe.
+    const PROBE: ProbeSpec;
+    /// Its part of each process's counters.
+    type Part: Part;
+    /// Its own flags (`bufscope run`), flattened into the command line and `bufscope.yaml`.
+    type Flags: clap::Args + Clone + std::fmt::Debug + Send + Sync;
+    /// What it resolved from its flags before loading, handed to [`Room::take`].
+    type Setup: Send;
+
+    /// Checks its flags beyond what clap checks (before anything is loaded).
+    fn validate(_flags: &Self::Flags) -> anyhow::Result<()> {
+        Ok(())
+    }
+
+    /// Before the object is loaded: asks the loader for what its programs need (globals, map
+    /// sizes, a cgroup, pinning) and resolves its settings.
+    fn prepare(flags: &Self::Flags, plan: &mut LoadPlan) -> anyhow::Result<Self::Setup>;
+
+    /// The object is loaded, nothing is attached yet: fill the maps its programs read.
+    fn before_attach(_setup: &mut Self::Setup, _ebpf: &mut Ebpf) -> anyhow::Result<()> {
+        Ok(())
+    }
+
+    /// Every probe is attached (or not): load what it attaches later, refuse settings that
+    /// cannot work with what attached.
+    fn after_attach(
+        _setup: &mut Self::Setup,
+        _ebpf: &mut Ebpf,
+        _cx: &Attached<'_>,
+    ) -> anyhow::Result<()> {
+        Ok(())
+    }
+
+    /// Builds the running room from the loaded object (None: its probe did not attach, or it
+    /// has nothing to run); may provide shared services.
+    fn take(
+        setup: Self::Setup,
+        ebpf: &mut Ebpf,
+        env: &BuildEnv<'_>,
+        services: &mut Services,
+    ) -> anyhow::Result<Option<Box<dyn Signal>>>;
+
+    /// Its lines in `bufscope check`.
+    fn check(_kernel: &KernelBtf) -> Vec<CheckLine> {
+        Vec::new()
+    }
+}
+
+/// What a room sees while it reads its maps or decodes an event.
+pub struct Cx<'a> {
+    /// Socket → process.
+    pub attr: &'a mut Attributor,
+    /// Per-process counters.
+    pub store: &'a mut Store,
+    /// `rmem_max`/`wmem_max`/`tcp_rmem` as of this poll.
+    pub limits: BufferLimits,
+    /// The probes' `STATS` slots (generations, losses); None when unreadable.
+    pub stats: Option<&'a Stats>,
+}
+
+/// What a room sees during garbage collection.
+pub struct GcCx<'a> {
+    /// Socket inodes held by any process (from the last pass over `/proc/*/fd`).
+    pub live: &'a HashSet<u64>,
+    /// How long an entry must be idle before it may go.
+    pub idle: Duration,
+    /// Socket → process (a room forgets the inodes it deletes).
+    pub attr: &'a mut Attributor,
+    /// Per-process counters (read-only: which processes are still tracked).
+    pub store: &'a Store,
+}
+
+/// What a room sees when it hands inputs to the advice rules.
+pub struct AdviceCx<'a> {
+    /// Per-process counters.
+    pub store: &'a Store,
+    /// Now (rates are measured up to it).
+    pub now: Instant,
+    /// Window over which rates are measured.
+    pub window: Duration,
+}
+
+/// Fill level of a room's BPF map (`bufscope_bpf_map_entries{map}`).
+#[derive(Clone, Copy, Debug)]
+pub struct MapFill {
+    /// Map name.
+    pub map: &'static str,
+    /// Entries now (as of the last poll).
+    pub entries: u64,
+    /// Capacity.
+    pub max_entries: u64,
+}
+
+/// One signal's running side, as the collector drives it. Every method has a default that
+/// does nothing, so a room implements only what its signal has.
+pub trait Signal: Send {
+    /// Its probe's name (flags, logs, the `probe` label).
+    fn name(&self) -> &'static str;
+
+    /// Ring-buffer record kinds ([`bufscope_common::event_kind`]) this room decodes.
+    fn event_kinds(&self) -> &'static [u32] {
+        &[]
+    }
+
+    /// Decodes and counts one ring-buffer record of one of [`Signal::event_kinds`].
+    fn on_event(&mut self, _kind: u32, _bytes: &[u8], _cx: &mut Cx<'_>) {}
+
+    /// Reads the room's maps into the store. Returns true when something the advice rules
+    /// read may have changed (the collector then re-evaluates them).
+    fn poll(&mut self, _cx: &mut Cx<'_>) -> bool {
+        false
+    }
+
+    /// The room's map fill level, if it has a map of its own.
+    fn map_fill(&self) -> Option<MapFill> {
+        None
+    }
+
+    /// Socket inodes of entries GC would delete if their socket were gone (GC scans `/proc`
+    /// again only when one of them was not live in the last scan).
+    fn gc_candidates(&self, _idle: Duration) -> Vec<u64> {
+        Vec::new()
+    }
+
+    /// Deletes state of closed sockets and exited processes; returns map entries removed.
+    fn gc(&mut self, _cx: &mut GcCx<'_>) -> usize {
+        0
+    }
+
+    /// Processes this room still refers to (attribution keeps their labels cached).
+    fn referenced(&self, _out: &mut HashSet<ProcRef>) {}
+
+    /// Adds the room's part of what the advice rules look at.
+    fn advise(&self, _cx: &AdviceCx<'_>, _inputs: &mut Inputs) {}
+
+    /// Its metric families: per process from `procs`, and its own (e.g. a hook's state).
+    fn families(&self, _procs: &[(String, &ProcStats)], _out: &mut Vec<MetricFamily>) {}
+
+    /// Its counter families whose values are read from BPF maps (so, with `--bpf.pin-path`,
+    /// they go on across restarts: their `_created` is when the pinned maps began counting,
+    /// not when this bufscope started). Families built from events start at the restart.
+    fn map_counters(&self) -> &'static [&'static str] {
+        &[]
+    }
+}
