@@ -1,4 +1,4 @@
-//! Attribution follows the socket (issue 13): drops land on the live process that holds (and
+//! Attribution follows the socket: drops land on the live process that holds (and
 //! reads) a UDP socket, across fork, fd passing, prefork sharing and exec, never on an exited
 //! launcher. Every figure is compared with the kernel's per-socket drops column
 //! (`/proc/<pid>/net/udp`). The patterns are real programs: a Python script (below) started

@@ -1,4 +1,4 @@
-//! Every scrape tells the truth, for every scraper (issue 14): a counter's sample is its
+//! Every scrape tells the truth, for every scraper: a counter's sample is its
 //! current value whoever asks and however often, in both exposition formats, and a short
 //! burst of a new process still reaches Prometheus as an increase — in each of two
 //! Prometheus servers scraping the same exporter. Ground truth: the kernel's drops column

@@ -95,7 +95,7 @@ fn wscale_shrink_locks_and_established_match_ss() {
         .count();
     expected.insert(lb.pid(), (lb_conns.len(), lb_shrunk, lb_locks));
 
-    // The scenario really is the one from KERNEL-FACTS §3.3 (sanity of the ground truth).
+    // The scenario really is the shrunken-window-scale one (sanity of the ground truth).
     assert_eq!(expected[&c2.pid()], (3, 3, 3));
     assert_eq!(expected[&lb.pid()], (2, 2, 3));
     assert_eq!(expected[&c1.pid()], (2, 0, 0));

@@ -1,4 +1,4 @@
-//! bufscope's recommended socket-buffer policy, as code (issue 5).
+//! bufscope's recommended socket-buffer policy, as code.
 //!
 //! One source of truth for how big a tunnel's outer socket buffers should be, used by the
 //! reference tunnel (`bufscope-tunnel`) to set them and by the exporter's advice engine to
@@ -13,7 +13,7 @@
 //!   direction, what was requested, what took effect, whether it was forced, whether the kernel
 //!   clamped it, and the fix when it did.
 //!
-//! Every rule cites the measurement it comes from (the seeds in `../shared/seeds/`).
+//! Every rule cites the measurement it comes from (its `Citation`).
 //!
 //! ```
 //! use bufscope_policy::{plan, Buffers, Platform, Target, Transport};

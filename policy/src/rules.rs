@@ -554,7 +554,7 @@ mod tests {
     fn linux_readback_doubles_and_clamp_detection_uses_it() {
         assert_eq!(expected_readback(Platform::Linux, 65536), 131072);
         assert_eq!(expected_readback(Platform::MacOs, 65536), 65536);
-        // Numbers from LAB-FACTS (rmem_max = 4 MiB): 16 MiB requested reads back 8 MiB.
+        // Measured with rmem_max = 4 MiB: 16 MiB requested reads back 8 MiB (clamped, doubled).
         assert!(is_clamped(Platform::Linux, 16 * MIB, 8 * MIB));
         assert!(!is_clamped(Platform::Linux, 4 * MIB, 8 * MIB));
         // Kernel minimums round small requests up: not a clamp.

@@ -1,4 +1,4 @@
-//! Attribution follows the socket (issue 13): the counts of a socket go to a **live** process
+//! Attribution follows the socket: the counts of a socket go to a **live** process
 //! that holds it, not to whoever created it.
 //!
 //! For the sockets with new counts of a poll ([`Attributor::refresh_holders`]):

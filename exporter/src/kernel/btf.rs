@@ -281,7 +281,7 @@ mod tests {
     }
 
     /// Cross-checks against `bpftool btf dump` on the same kernel (ground truth), so this
-    /// holds on any kernel, not just the one KERNEL-FACTS.md was written on.
+    /// holds on any kernel, not just the one it was first measured on.
     #[test]
     fn offsets_match_bpftool() {
         let Some(k) = kernel() else {

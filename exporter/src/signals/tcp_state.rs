@@ -63,7 +63,7 @@ impl Part for ProcTcp {
 
 /// The receive window scale `tcp_select_initial_window` picks for a socket whose buffer is not
 /// locked: `clamp(ilog2(min(max(tcp_rmem[2], rmem_max), 65535 << 14)) - 15, 0, 14)`
-/// (KERNEL-FACTS §3.2). `tcp_rmem_max` is the socket's own netns value; `rmem_max` is global.
+/// (`tcp_select_initial_window`). `tcp_rmem_max` is the socket's own netns value; `rmem_max` is global.
 pub fn expected_wscale(tcp_rmem_max: i64, rmem_max: i64) -> u8 {
     let space = tcp_rmem_max
         .max(rmem_max)

@@ -3,10 +3,10 @@
 /// Benchmark selection.
 #[derive(clap::Subcommand)]
 pub enum Bench {
-    /// Tunnel throughput/latency table at several RTTs (issue 5).
+    /// Tunnel throughput/latency table at several RTTs.
     Tunnel(tunnel::Args),
     /// What bufscope costs: per-event probe cost vs bpftrace, data path with/without probes,
-    /// exporter latency/RSS/CPU with 1,000 processes (issue 4).
+    /// exporter latency/RSS/CPU with 1,000 processes.
     Overhead(overhead::Args),
 }
 

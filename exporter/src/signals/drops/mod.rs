@@ -12,11 +12,13 @@
 //! ([`Attributor`]), to the live process holding the socket at the poll
 //! ([`Attributor::refresh_holders`]: after a fork, an fd hand-off or an exec, not the creator).
 
+mod attribute;
+mod read;
 mod reader;
 mod seen;
 mod shared;
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use foldhash::{HashMap, HashMapExt as _, HashSet};
@@ -24,7 +26,7 @@ use prometheus::proto::MetricFamily;
 use std::time::{Duration, Instant};
 
 use aya::Ebpf;
-use aya::maps::{IterableMap as _, MapData, PerCpuHashMap};
+use aya::maps::{MapData, PerCpuHashMap};
 use bufscope_common::{DropKey, DropVal, drop_site, stat};
 
 use reader::ReaderHook;
@@ -33,15 +35,14 @@ pub use shared::{QUIET, READER_WAIT, split};
 
 use super::{
     AdviceCx, Attached, BuildEnv, CheckLine, Cx, GcCx, MapFill, Part, ProcStats, Room, Services,
-    Signal, Store, take_map,
+    Signal, take_map,
 };
 use crate::advice::{Inputs, SocketDrops};
-use crate::attribution::Attributor;
 use crate::bpf::{BatchReader, BtfNeed, Hook, LoadPlan, ProbeSpec};
 use crate::exposition::Spec;
 use crate::kernel::{DropReasons, KernelBtf};
 use crate::labels::Proto;
-use crate::store::{ProcRef, Who};
+use crate::store::ProcRef;
 
 /// `kfree_skb` with its 4th argument, `rx_sk` (6.11+): every drop names its socket.
 const RX_SK: &[BtfNeed] = &[BtfNeed::Args(4)];
@@ -248,27 +249,6 @@ pub struct Drops {
     adopted: bool,
 }
 
-/// Sums one key's per-CPU values (latest `rcvbuf`/`rmem_alloc` win).
-fn sum(values: &[DropVal]) -> DropVal {
-    let mut total = DropVal::default();
-    for v in values {
-        total.packets += v.packets;
-        total.skbs += v.skbs;
-        if v.last_ns >= total.last_ns && v.skbs > 0 {
-            total.last_ns = v.last_ns;
-            total.rcvbuf = v.rcvbuf;
-            total.rmem_alloc = v.rmem_alloc;
-            total.ifname = v.ifname;
-        }
-    }
-    total
-}
-
-fn ifname(raw: &[u8; 16]) -> String {
-    let end = raw.iter().position(|b| *b == 0).unwrap_or(raw.len());
-    String::from_utf8_lossy(&raw[..end]).into_owned()
-}
-
 impl Room for Drops {
     const PROBE: ProbeSpec = PROBE;
     type Part = ProcDrops;
@@ -333,358 +313,6 @@ impl Room for Drops {
             what: "reader hook",
             detail,
         }]
-    }
-}
-
-impl Drops {
-    /// Wraps the `DROPS` map.
-    pub fn new(
-        map: PerCpuHashMap<MapData, DropKey, DropVal>,
-        max_entries: u32,
-        reasons: DropReasons,
-        hold: Duration,
-    ) -> Self {
-        let batch = BatchReader::new(
-            map.map(),
-            std::mem::size_of::<DropKey>(),
-            std::mem::size_of::<DropVal>(),
-        );
-        Self {
-            map,
-            max_entries,
-            reasons,
-            last: HashMap::new(),
-            held: HashMap::new(),
-            hold,
-            last_poll: None,
-            generation: None,
-            names: HashMap::new(),
-            batch,
-            shared: None,
-            retire: false,
-            adopted: false,
-        }
-    }
-
-    /// Reads the map and attributes new drops.
-    fn read(&mut self, attr: &mut Attributor, store: &mut Store) {
-        let now = Instant::now();
-        let current = self.read_map();
-        for (k, v) in current {
-            // A key that was deleted and re-created starts from zero again.
-            let (dp, moved) = match self.last.get(&k) {
-                Some(p) if v.packets >= p.packets => (v.packets - p.packets, v.skbs != p.skbs),
-                _ => (v.packets, true),
-            };
-            let seen = match self.last.get_mut(&k) {
-                // Known key: update in place (no per-key allocation on every poll).
-                Some(seen) => {
-                    if moved {
-                        seen.changed = now;
-                    }
-                    seen.packets = v.packets;
-                    seen.skbs = v.skbs;
-                    seen.rcvbuf = v.rcvbuf;
-                    seen.rmem_alloc = v.rmem_alloc;
-                    if k.site == drop_site::DEVICE && moved {
-                        seen.ifname = ifname(&v.ifname);
-                    }
-                    seen
-                }
-                None => {
-                    // First sight: the new packets were dropped since the previous poll
-                    // (adopted maps: at some time while no bufscope ran).
-                    let history = if self.adopted {
-                        VecDeque::from([(now, v.packets)])
-                    } else {
-                        let base = self.last_poll.unwrap_or(now - Duration::from_secs(1));
-                        VecDeque::from([(base, v.packets.saturating_sub(dp))])
-                    };
-                    self.last.entry(k).or_insert(Seen {
-                        packets: v.packets,
-                        skbs: v.skbs,
-                        changed: now,
-                        rcvbuf: v.rcvbuf,
-                        rmem_alloc: v.rmem_alloc,
-                        owner: None,
-                        ifname: ifname(&v.ifname),
-                        history,
-                    })
-                }
-            };
-            seen.record(now, v.packets, moved);
-            if dp > 0 {
-                let h = self.held.entry(k).or_insert(Held {
-                    packets: 0,
-                    since: now,
-                });
-                h.packets += dp;
-            }
-        }
-        self.attribute(attr, store, now);
-        self.last_poll = Some(now);
-        self.adopted = false;
-    }
-
-    /// Every key with its per-CPU values summed: in batches when possible, else key by key.
-    fn read_map(&mut self) -> Vec<(DropKey, DropVal)> {
-        if let Some(b) = &self.batch {
-            match b.read::<DropKey, DropVal>(self.map.map().fd()) {
-                Ok(all) => return all.into_iter().map(|(k, v)| (k, sum(&v))).collect(),
-                Err(e) => {
-                    tracing::debug!("DROPS batch read failed ({e}); reading key by key");
-                    self.batch = None;
-                }
-            }
-        }
-        let mut current = Vec::new();
-        for item in self.map.iter() {
-            match item {
-                Ok((k, v)) => current.push((k, sum(&v))),
-                Err(e) => {
-                    tracing::debug!("DROPS iteration: {e}");
-                    break;
-                }
-            }
-        }
-        current
-    }
-
-    /// Before the closed sockets `doomed` leave the map: adds their counts to their live
-    /// owner's [`drop_site::RETIRED`] entry (one per process, proto and reason), written to
-    /// the map as the total it already is in the store (no delta, no double count); a restart
-    /// that adopts the map gives the process those counts again.
-    fn fold(&mut self, doomed: &[DropKey], attr: &Attributor, now: Instant) {
-        let mut folds: BTreeMap<(ProcRef, u16, u8), (u64, u64)> = BTreeMap::new();
-        for k in doomed.iter().filter(|k| k.site == drop_site::SOCKET) {
-            let Some(s) = self.last.get(k) else { continue };
-            let Some(owner) = s.owner.filter(|p| attr.alive(p)) else {
-                continue;
-            };
-            let f = folds.entry((owner, k.reason, k.proto)).or_default();
-            f.0 += s.packets;
-            f.1 += s.skbs;
-        }
-        let cpus = match aya::util::nr_cpus() {
-            Ok(n) => n,
-            Err(e) => {
-                tracing::warn!("folding closed sockets' drops: cannot count CPUs ({e:?})");
-                return;
-            }
-        };
-        for ((owner, reason, proto), (packets, skbs)) in folds {
-            let key = DropKey {
-                inode: owner.start_ticks,
-                netns: 0,
-                id: owner.tgid,
-                reason,
-                proto,
-                site: drop_site::RETIRED,
-                _pad: 0,
-            };
-            let (p0, s0) = self.last.get(&key).map_or((0, 0), |s| (s.packets, s.skbs));
-            let total = DropVal {
-                packets: p0 + packets,
-                skbs: s0 + skbs,
-                ..DropVal::default()
-            };
-            let mut values = vec![DropVal::default(); cpus];
-            values[0] = total;
-            let written = aya::maps::PerCpuValues::try_from(values)
-                .map_err(anyhow::Error::from)
-                .and_then(|v| Ok(self.map.insert(key, v, 0)?));
-            if let Err(e) = written {
-                tracing::warn!(
-                    pid = owner.tgid,
-                    "closed sockets' drops not kept for a restart (DROPS full?): {e:#}"
-                );
-                continue;
-            }
-            let seen = self.last.entry(key).or_insert_with(|| Seen {
-                packets: 0,
-                skbs: 0,
-                changed: now,
-                rcvbuf: 0,
-                rmem_alloc: 0,
-                owner: Some(owner),
-                ifname: String::new(),
-                history: VecDeque::from([(now, total.packets)]),
-            });
-            seen.packets = total.packets;
-            seen.skbs = total.skbs;
-            seen.history = VecDeque::from([(now, total.packets)]);
-        }
-    }
-
-    fn resolve(&self, k: &DropKey, attr: &mut Attributor) -> Option<ProcRef> {
-        match k.site {
-            drop_site::SOCKET => attr.lookup_inode(k.inode),
-            drop_site::SOCKET_NO_INODE => attr.listener(k.netns, k.id as u16),
-            drop_site::RETIRED => {
-                let p = ProcRef {
-                    tgid: k.id,
-                    start_ticks: k.inode,
-                };
-                attr.alive(&p).then_some(p)
-            }
-            drop_site::DEVICE => {
-                let name = self
-                    .last
-                    .get(k)
-                    .map(|s| s.ifname.clone())
-                    .unwrap_or_default();
-                attr.tun(k.netns, &name)
-            }
-            _ => None,
-        }
-    }
-
-    fn attribute(&mut self, attr: &mut Attributor, store: &mut Store, now: Instant) {
-        if self.held.is_empty() {
-            if let Some(sh) = &mut self.shared {
-                sh.update(&HashSet::default(), attr, now);
-            }
-            return;
-        }
-        // The live holder of each socket with new drops (fork, fd passing, exec: the counts
-        // follow the socket, not its creator).
-        let dropping: HashSet<u64> = self
-            .held
-            .keys()
-            .filter(|k| k.site == drop_site::SOCKET)
-            .map(|k| k.inode)
-            .collect();
-        attr.refresh_holders(&dropping);
-        attr.apply_renames(store);
-        let unknown: HashSet<u64> = self
-            .held
-            .keys()
-            .filter(|k| k.site == drop_site::SOCKET && attr.lookup_inode(k.inode).is_none())
-            .map(|k| k.inode)
-            .collect();
-        attr.resolve_inodes(&unknown);
-        if let Some(sh) = &mut self.shared {
-            sh.read_readers();
-        }
-        let keys: Vec<DropKey> = self.held.keys().copied().collect();
-        for k in keys {
-            if self.route_shared(&k, attr, store, now) {
-                continue;
-            }
-            let who = self.resolve(&k, attr);
-            let expired = self
-                .held
-                .get(&k)
-                .is_some_and(|h| now.duration_since(h.since) >= self.hold);
-            if who.is_none() && k.site == drop_site::RETIRED {
-                // Folded counts of a process that exited while no bufscope ran: its series
-                // would have left with it (the entry goes at the next GC).
-                self.held.remove(&k);
-                continue;
-            }
-            if who.is_none() && !expired && k.site != drop_site::NETNS {
-                continue;
-            }
-            let Some(h) = self.held.remove(&k) else {
-                continue;
-            };
-            if k.site == drop_site::NETNS {
-                let name = self.reasons.name(k.reason);
-                let s = store.proc_mut(Who::Unknown, Default::default);
-                *s.parts
-                    .drops
-                    .netns
-                    .entry((k.netns, Proto::from_ip(k.proto), name))
-                    .or_default() += h.packets;
-                continue;
-            }
-            let who = match who {
-                Some(p) => Who::Proc(p),
-                None => {
-                    store.count_unknown("drops", h.packets);
-                    Who::Unknown
-                }
-            };
-            if let (Some(seen), Who::Proc(p)) = (self.last.get_mut(&k), who) {
-                seen.owner = Some(p);
-            }
-            // Labels are cloned only for a process the store does not know yet.
-            let s = store.proc_mut(who, || match who {
-                Who::Proc(p) => attr.meta(&p),
-                Who::Unknown => Default::default(),
-            });
-            let reasons = &self.reasons;
-            let name = self
-                .names
-                .entry(k.reason)
-                .or_insert_with(|| reasons.name(k.reason));
-            s.parts.drops.add(Proto::from_ip(k.proto), name, h.packets);
-        }
-        if let Some(sh) = &mut self.shared {
-            sh.update(&dropping, attr, now);
-        }
-    }
-
-    /// Counts the held delta of `k` when its socket is shared (more than one live holder)
-    /// and the reader hook says, or will say, who reads it ([`shared`]). Returns true when
-    /// the delta was counted or must wait; false for the usual rule.
-    fn route_shared(
-        &mut self,
-        k: &DropKey,
-        attr: &mut Attributor,
-        store: &mut Store,
-        now: Instant,
-    ) -> bool {
-        let Some(sh) = &mut self.shared else {
-            return false;
-        };
-        if k.site != drop_site::SOCKET || attr.holder_count(k.inode) <= 1 {
-            return false;
-        }
-        let Some(h) = self.held.get(k) else {
-            return false;
-        };
-        let parts = match sh.route(k.inode, h.packets, h.since, now, attr) {
-            shared::Route::Holder => return false,
-            shared::Route::Wait => return true,
-            shared::Route::Split(parts) => parts,
-        };
-        self.held.remove(k);
-        if let (Some(seen), Some((p, _))) =
-            (self.last.get_mut(k), parts.iter().max_by_key(|(_, n)| *n))
-        {
-            seen.owner = Some(*p);
-        }
-        let reasons = &self.reasons;
-        let name = self
-            .names
-            .entry(k.reason)
-            .or_insert_with(|| reasons.name(k.reason));
-        for (p, n) in parts {
-            let s = store.proc_mut(Who::Proc(p), || attr.meta(&p));
-            s.parts.drops.add(Proto::from_ip(k.proto), name, n);
-        }
-        true
-    }
-}
-
-/// The reason a full UDP receive buffer drops with (the series made at 0 in advance).
-const UDP_RCVBUF_REASON: &str = "SOCKET_RCVBUFF";
-
-impl Drops {
-    /// Gives each process newly known to hold a UDP socket its
-    /// `{proto="udp",reason="SOCKET_RCVBUFF"}` series at 0 (room permitting:
-    /// [`Store::placeholder`]), so that Prometheus sees its first drops as an increase.
-    fn zero_udp_series(&self, cx: &mut Cx<'_>) {
-        if self.reasons.value(UDP_RCVBUF_REASON).is_none() {
-            return;
-        }
-        for p in cx.attr.new_udp_holders() {
-            let attr = &*cx.attr;
-            if let Some(s) = cx.store.placeholder(p, || attr.meta(&p)) {
-                s.parts.drops.add(Proto::Udp, UDP_RCVBUF_REASON, 0);
-            }
-        }
     }
 }
 

@@ -1,4 +1,4 @@
-//! Sockets several live processes hold (issue 13): a prefork master keeps the socket its
+//! Sockets several live processes hold: a prefork master keeps the socket its
 //! workers read, a supervisor keeps the socket its service reads. Their drops go to the
 //! process that reads the socket, not to the newest holder.
 //!

@@ -361,7 +361,7 @@ pub(super) fn section(a: &Args, bins: &Bins) -> anyhow::Result<String> {
         ],
         &rows,
     ));
-    out.push_str("\n\nTargets (issue 4):\n");
+    out.push_str("\n\nTargets (data path: no-drop rows within noise of no probes):\n");
     out.push_str(&notes.join("\n"));
     out.push('\n');
     Ok(out)

@@ -22,7 +22,7 @@
 //!
 //! The machine is shared (other agents build and test on the same two cores): alternating A/B
 //! phases cancel slow drift; medians cancel short bursts. Nothing here asserts a time: the
-//! numbers are reported, with the targets of issue 4 next to them.
+//! numbers are reported, with their targets next to them.
 //!
 //! The code: `harness` (the binaries, child processes, the exporter, bpftrace, statistics),
 //! `bpf_stats` (per-program run time and count), `hooks` (what is compared per probe), one

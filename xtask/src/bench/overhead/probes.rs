@@ -216,7 +216,7 @@ pub(super) fn section(a: &Args, bins: &Bins) -> anyhow::Result<String> {
         ],
         &rows,
     ));
-    out.push_str("\n\nTargets (issue 4):\n");
+    out.push_str("\n\nTargets (probe cost per event, syscall tax, data path):\n");
     out.push_str(&notes.join("\n"));
     out.push_str("\n\nbpftrace one-liners (same run, own phases):\n\n");
     for h in &hooks {

@@ -1,74 +1,16 @@
-//! The guard: the buffer policy applied in the kernel (`--guard.mode observe|enforce`).
-//!
-//! Probe: the guard's decisions are taken in two places. Buffer `setsockopt` calls are decided
-//! inside the setsockopt room's `cgroup/setsockopt` program (one program observes and acts):
-//! on TCP, `SO_RCVBUF`/`SO_SNDBUF` (and `*FORCE`, and a locking `SO_BUF_LOCK`) are skipped so
-//! autotuning stays on (`tcp-autotune`); on UDP, requests below the floor are rewritten to it
-//! (`udp-floor`). UDP sockets that never ask are raised by `cgroup/{bind,connect,sendmsg}{4,6}`
-//! (this room's probe) with `bpf_setsockopt`. Every decision is a [`GuardEvent`]; this room
-//! counts them per process as `bufscope_guard_decisions_total{rule,action}` and tells advice
-//! which processes the guard is fixing.
-//!
-//! The rules come from `bufscope-policy` (the same source as the tunnel and the advice):
-//! TCP on Linux is left to autotuning ([`policy::Rule::TcpAutotune`]); UDP gets
-//! [`policy::UDP_DEFAULT_BUFFER`] unless `--guard.udp-floor` says otherwise.
+//! The guard's settings: its flags, what they resolve to (`GUARD` for the BPF side, the scope's
+//! comms and cgroup, the floors capped at what the kernel will give), and the policy they come
+//! from.
 
-use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 use anyhow::Context as _;
-use aya::Ebpf;
-use bufscope_common::{GuardConfig, GuardEvent, event_kind, guard as g};
+use bufscope_common::{GuardConfig, guard as g};
 use bufscope_policy as policy;
 use clap::ValueEnum;
-use prometheus::proto::MetricFamily;
 
-use super::{
-    AdviceCx, Attached, BuildEnv, Cx, Part, ProcStats, Room, Services, Signal, decode, setsockopt,
-};
-use crate::advice::{GuardAct, Inputs};
-use crate::bpf::{Hook, LoadPlan, ProbeSpec, Purpose};
-use crate::exposition::Spec;
-use crate::labels::Proto;
-use crate::store::Who;
-
-/// The probe (only the bind/connect/sendmsg part: the setsockopt decisions ride on the
-/// setsockopt room's `cgroup/setsockopt`).
-pub const PROBE: ProbeSpec = ProbeSpec {
-    name: "guard",
-    what: "applies the buffer policy in the kernel: TCP buffer requests skipped (autotuning stays on), UDP buffers raised to the floor",
-    variants: &[&[
-        Hook::CgroupGetsockopt {
-            prog: "guard_getsockopt",
-        },
-        Hook::CgroupSockAddr {
-            prog: "guard_bind4",
-            attach: "bind4",
-        },
-        Hook::CgroupSockAddr {
-            prog: "guard_bind6",
-            attach: "bind6",
-        },
-        Hook::CgroupSockAddr {
-            prog: "guard_connect4",
-            attach: "connect4",
-        },
-        Hook::CgroupSockAddr {
-            prog: "guard_connect6",
-            attach: "connect6",
-        },
-        Hook::CgroupSockAddr {
-            prog: "guard_sendmsg4",
-            attach: "sendmsg4",
-        },
-        Hook::CgroupSockAddr {
-            prog: "guard_sendmsg6",
-            attach: "sendmsg6",
-        },
-    ]],
-    is_drop_probe: false,
-    attributed: false,
-};
+use super::PROBE;
+use crate::signals::setsockopt;
 
 /// `--guard.mode`.
 #[derive(Clone, Copy, Debug, ValueEnum, PartialEq, Eq, Default, serde::Deserialize)]
@@ -157,94 +99,6 @@ impl Flags {
     }
 }
 
-/// A guard rule, as the `rule` label says it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum Rule {
-    /// TCP buffer requests skipped.
-    TcpAutotune,
-    /// UDP buffers raised to the floor.
-    UdpFloor,
-}
-
-impl Rule {
-    /// Label value.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::TcpAutotune => "tcp-autotune",
-            Self::UdpFloor => "udp-floor",
-        }
-    }
-
-    fn from_bpf(r: u8) -> Option<Self> {
-        match r as u32 {
-            g::RULE_TCP_AUTOTUNE => Some(Self::TcpAutotune),
-            g::RULE_UDP_FLOOR => Some(Self::UdpFloor),
-            _ => None,
-        }
-    }
-}
-
-/// A guard action, as the `action` label says it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum Action {
-    /// The call was skipped.
-    Skipped,
-    /// A buffer was raised.
-    Raised,
-    /// Observe mode: would have acted.
-    Observed,
-}
-
-impl Action {
-    /// Label value.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Skipped => "skipped",
-            Self::Raised => "raised",
-            Self::Observed => "observed",
-        }
-    }
-
-    fn from_bpf(a: u8) -> Option<Self> {
-        match a {
-            g::ACTION_SKIPPED => Some(Self::Skipped),
-            g::ACTION_RAISED => Some(Self::Raised),
-            g::ACTION_OBSERVED => Some(Self::Observed),
-            _ => None,
-        }
-    }
-}
-
-/// What this signal adds to a process.
-#[derive(Clone, Debug, Default)]
-pub struct ProcGuard {
-    /// Decisions by (rule, action).
-    pub decisions: BTreeMap<(Rule, Action), u64>,
-}
-
-impl Part for ProcGuard {
-    fn absorb(&mut self, o: &Self) {
-        for (k, v) in &o.decisions {
-            *self.decisions.entry(*k).or_default() += v;
-        }
-    }
-
-    fn has_counts(&self) -> bool {
-        !self.decisions.is_empty()
-    }
-
-    fn status(&self, row: &mut serde_json::Map<String, serde_json::Value>) {
-        let mut by = serde_json::Map::new();
-        for ((rule, action), v) in &self.decisions {
-            by.insert(
-                format!("{}/{}", rule.as_str(), action.as_str()),
-                (*v).into(),
-            );
-        }
-        row.insert("guard".into(), by.into());
-    }
-}
-
 /// The guard's settings, resolved from flags and the policy.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Settings {
@@ -316,21 +170,21 @@ pub fn bpf_config(
 }
 
 /// What the guard resolved from its flags (None: `--guard.mode off`).
-pub struct Setup(Option<On>);
+pub struct Setup(pub(super) Option<On>);
 
 /// The guard, on.
-struct On {
+pub(super) struct On {
     /// `GUARD` for the BPF side.
-    config: GuardConfig,
+    pub(super) config: GuardConfig,
     /// The `comm`s of `--guard.comm` / `--guard.exclude-comm`, as the kernel stores them.
-    comms: Vec<[u8; 16]>,
+    pub(super) comms: Vec<[u8; 16]>,
     /// The room's settings.
-    settings: Settings,
+    pub(super) settings: Settings,
 }
 
 /// Resolves `--guard.*` (mode off: nothing) into `GUARD`, the comms, the cgroup and the
 /// room's settings. Raises `rmem_max`/`wmem_max` first with `--guard.raise-sysctl`.
-fn resolve(a: &Flags) -> anyhow::Result<Option<(On, Option<PathBuf>)>> {
+pub(super) fn resolve(a: &Flags) -> anyhow::Result<Option<(On, Option<PathBuf>)>> {
     if a.mode == GuardMode::Off {
         return Ok(None);
     }
@@ -446,7 +300,7 @@ fn raise_sysctl(name: &str, to: i64) -> anyhow::Result<()> {
 }
 
 /// Refuses `enforce` when the guard cannot act (fails open otherwise would be silent).
-fn require_enforce(status: &[crate::bpf::ProbeStatus]) -> anyhow::Result<()> {
+pub(super) fn require_enforce(status: &[crate::bpf::ProbeStatus]) -> anyhow::Result<()> {
     let find = |n: &str| status.iter().find(|s| s.spec.name == n);
     let cap = if crate::kernel::caps::has(crate::kernel::caps::CAP_NET_ADMIN) {
         ""
@@ -470,169 +324,6 @@ fn require_enforce(status: &[crate::bpf::ProbeStatus]) -> anyhow::Result<()> {
         ),
     }
 }
-
-/// The guard room.
-pub struct Guard {
-    settings: Settings,
-}
-
-impl Room for Guard {
-    const PROBE: ProbeSpec = PROBE;
-    type Part = ProcGuard;
-    type Flags = Flags;
-    type Setup = Setup;
-
-    fn validate(flags: &Flags) -> anyhow::Result<()> {
-        flags.validate()
-    }
-
-    fn prepare(flags: &Flags, plan: &mut LoadPlan) -> anyhow::Result<Setup> {
-        if plan.purpose == Purpose::Check {
-            // Every hook attaches, in observe mode with no rule on: they change nothing.
-            let config = GuardConfig {
-                mode: g::MODE_OBSERVE,
-                ..Default::default()
-            };
-            plan.global("GUARD", &config);
-            return Ok(Setup(None));
-        }
-        let Some((on, cgroup)) = resolve(flags)? else {
-            plan.global("GUARD", &GuardConfig::default());
-            plan.leave_off(PROBE.name, "off (--guard.mode off)");
-            return Ok(Setup(None));
-        };
-        plan.global("GUARD", &on.config);
-        if let Some(c) = cgroup {
-            plan.cgroup(PROBE.name, c);
-        }
-        // The guard decides in the setsockopt probe's program: neither outlives bufscope
-        // unless --guard.persist.
-        if !flags.persist {
-            plan.unpinned(PROBE.name);
-            plan.unpinned(setsockopt::PROBE.name);
-        }
-        // The comms are part of what the programs do (pinned programs are adopted only when
-        // the same).
-        plan.note(PROBE.name, format!("{:?}", on.comms));
-        Ok(Setup(Some(on)))
-    }
-
-    /// Writes the scope's comms into `GUARD_COMMS` (exactly them: entries an earlier run
-    /// pinned there are removed) before any guard program runs.
-    fn before_attach(setup: &mut Setup, ebpf: &mut Ebpf) -> anyhow::Result<()> {
-        let comms = setup.0.as_ref().map_or(&[][..], |on| on.comms.as_slice());
-        let mut map: aya::maps::HashMap<_, [u8; 16], u8> = aya::maps::HashMap::try_from(
-            ebpf.map_mut("GUARD_COMMS")
-                .context("map GUARD_COMMS missing from the BPF object")?,
-        )?;
-        let stale: Vec<[u8; 16]> = map
-            .keys()
-            .filter_map(Result::ok)
-            .filter(|k| !comms.contains(k))
-            .collect();
-        for k in &stale {
-            map.remove(k).context("clearing GUARD_COMMS")?;
-        }
-        for c in comms {
-            map.insert(c, 1, 0).context("filling GUARD_COMMS")?;
-        }
-        Ok(())
-    }
-
-    /// Refuses `enforce` when the guard cannot act.
-    fn after_attach(setup: &mut Setup, _ebpf: &mut Ebpf, cx: &Attached<'_>) -> anyhow::Result<()> {
-        match &setup.0 {
-            Some(on) if on.settings.enforce => require_enforce(cx.status),
-            _ => Ok(()),
-        }
-    }
-
-    /// The room, when the guard is on and its probe attached.
-    fn take(
-        setup: Setup,
-        _ebpf: &mut Ebpf,
-        env: &BuildEnv<'_>,
-        _services: &mut Services,
-    ) -> anyhow::Result<Option<Box<dyn Signal>>> {
-        Ok(match setup.0 {
-            Some(on) if env.attached(PROBE.name) => Some(Box::new(Self {
-                settings: on.settings,
-            })),
-            _ => None,
-        })
-    }
-}
-
-impl Signal for Guard {
-    fn name(&self) -> &'static str {
-        PROBE.name
-    }
-
-    fn families(&self, procs: &[(String, &ProcStats)], out: &mut Vec<MetricFamily>) {
-        DECISIONS.per_process(procs, out, |s, emit| {
-            for ((rule, action), v) in &s.parts.guard.decisions {
-                emit(&[rule.as_str(), action.as_str()], *v as f64);
-            }
-        });
-    }
-
-    fn event_kinds(&self) -> &'static [u32] {
-        &[event_kind::GUARD]
-    }
-
-    fn on_event(&mut self, _kind: u32, bytes: &[u8], cx: &mut Cx<'_>) {
-        let Some(ev) = decode::<GuardEvent>(bytes) else {
-            return;
-        };
-        let (Some(rule), Some(action)) = (Rule::from_bpf(ev.rule), Action::from_bpf(ev.action))
-        else {
-            return;
-        };
-        let who = if ev.owner.tgid == 0 {
-            Who::Unknown
-        } else {
-            Who::Proc(cx.attr.owner(&ev.owner))
-        };
-        tracing::debug!(
-            pid = ev.owner.tgid,
-            inode = ev.inode,
-            rule = rule.as_str(),
-            action = action.as_str(),
-            requested = ev.requested,
-            applied = ev.applied,
-            proto = Proto::from_ip(ev.proto).as_str(),
-            ret = ev.ret,
-            "guard decision"
-        );
-        let attr = &*cx.attr;
-        let s = cx.store.proc_mut(who, || match who {
-            Who::Proc(p) => attr.meta(&p),
-            Who::Unknown => Default::default(),
-        });
-        *s.parts.guard.decisions.entry((rule, action)).or_default() += 1;
-    }
-
-    fn advise(&self, cx: &AdviceCx<'_>, inputs: &mut Inputs) {
-        for (p, s) in cx.store.procs() {
-            for ((rule, action), n) in &s.parts.guard.decisions {
-                inputs.guard.push(GuardAct {
-                    owner: *p,
-                    rule: rule.as_str(),
-                    enforced: *action != Action::Observed,
-                    decisions: *n,
-                    floor: self.settings.applied_floor.0,
-                    floor_capped: self.settings.applied_floor.0 < self.settings.udp_floor,
-                });
-            }
-        }
-    }
-}
-
-const DECISIONS: Spec = Spec::counter(
-    "bufscope_guard_decisions_total",
-    "Decisions of the guard (--guard.mode): TCP buffer requests skipped so autotuning stays on (rule tcp-autotune), UDP buffers raised to the floor (udp-floor); action observed = what enforce would have done.",
-    &["rule", "action"],
-);
 
 #[cfg(test)]
 mod tests {

@@ -1,0 +1,187 @@
+//! Whose drops: each socket's new drops go to its live holder, to the processes that read a
+//! shared socket ([`super::shared`]), to a TUN device's reader, to a listener's owner, or,
+//! after `--attribution.hold`, to `comm="_unknown"`.
+
+use std::time::Instant;
+
+use bufscope_common::{DropKey, drop_site};
+use foldhash::HashSet;
+
+use super::{Drops, shared};
+use crate::attribution::Attributor;
+use crate::labels::Proto;
+use crate::signals::{Cx, Store};
+use crate::store::{ProcRef, Who};
+
+impl Drops {
+    fn resolve(&self, k: &DropKey, attr: &mut Attributor) -> Option<ProcRef> {
+        match k.site {
+            drop_site::SOCKET => attr.lookup_inode(k.inode),
+            drop_site::SOCKET_NO_INODE => attr.listener(k.netns, k.id as u16),
+            drop_site::RETIRED => {
+                let p = ProcRef {
+                    tgid: k.id,
+                    start_ticks: k.inode,
+                };
+                attr.alive(&p).then_some(p)
+            }
+            drop_site::DEVICE => {
+                let name = self
+                    .last
+                    .get(k)
+                    .map(|s| s.ifname.clone())
+                    .unwrap_or_default();
+                attr.tun(k.netns, &name)
+            }
+            _ => None,
+        }
+    }
+
+    pub(super) fn attribute(&mut self, attr: &mut Attributor, store: &mut Store, now: Instant) {
+        if self.held.is_empty() {
+            if let Some(sh) = &mut self.shared {
+                sh.update(&HashSet::default(), attr, now);
+            }
+            return;
+        }
+        // The live holder of each socket with new drops (fork, fd passing, exec: the counts
+        // follow the socket, not its creator).
+        let dropping: HashSet<u64> = self
+            .held
+            .keys()
+            .filter(|k| k.site == drop_site::SOCKET)
+            .map(|k| k.inode)
+            .collect();
+        attr.refresh_holders(&dropping);
+        attr.apply_renames(store);
+        let unknown: HashSet<u64> = self
+            .held
+            .keys()
+            .filter(|k| k.site == drop_site::SOCKET && attr.lookup_inode(k.inode).is_none())
+            .map(|k| k.inode)
+            .collect();
+        attr.resolve_inodes(&unknown);
+        if let Some(sh) = &mut self.shared {
+            sh.read_readers();
+        }
+        let keys: Vec<DropKey> = self.held.keys().copied().collect();
+        for k in keys {
+            if self.route_shared(&k, attr, store, now) {
+                continue;
+            }
+            let who = self.resolve(&k, attr);
+            let expired = self
+                .held
+                .get(&k)
+                .is_some_and(|h| now.duration_since(h.since) >= self.hold);
+            if who.is_none() && k.site == drop_site::RETIRED {
+                // Folded counts of a process that exited while no bufscope ran: its series
+                // would have left with it (the entry goes at the next GC).
+                self.held.remove(&k);
+                continue;
+            }
+            if who.is_none() && !expired && k.site != drop_site::NETNS {
+                continue;
+            }
+            let Some(h) = self.held.remove(&k) else {
+                continue;
+            };
+            if k.site == drop_site::NETNS {
+                let name = self.reasons.name(k.reason);
+                let s = store.proc_mut(Who::Unknown, Default::default);
+                *s.parts
+                    .drops
+                    .netns
+                    .entry((k.netns, Proto::from_ip(k.proto), name))
+                    .or_default() += h.packets;
+                continue;
+            }
+            let who = match who {
+                Some(p) => Who::Proc(p),
+                None => {
+                    store.count_unknown("drops", h.packets);
+                    Who::Unknown
+                }
+            };
+            if let (Some(seen), Who::Proc(p)) = (self.last.get_mut(&k), who) {
+                seen.owner = Some(p);
+            }
+            // Labels are cloned only for a process the store does not know yet.
+            let s = store.proc_mut(who, || match who {
+                Who::Proc(p) => attr.meta(&p),
+                Who::Unknown => Default::default(),
+            });
+            let reasons = &self.reasons;
+            let name = self
+                .names
+                .entry(k.reason)
+                .or_insert_with(|| reasons.name(k.reason));
+            s.parts.drops.add(Proto::from_ip(k.proto), name, h.packets);
+        }
+        if let Some(sh) = &mut self.shared {
+            sh.update(&dropping, attr, now);
+        }
+    }
+
+    /// Counts the held delta of `k` when its socket is shared (more than one live holder)
+    /// and the reader hook says, or will say, who reads it ([`shared`]). Returns true when
+    /// the delta was counted or must wait; false for the usual rule.
+    fn route_shared(
+        &mut self,
+        k: &DropKey,
+        attr: &mut Attributor,
+        store: &mut Store,
+        now: Instant,
+    ) -> bool {
+        let Some(sh) = &mut self.shared else {
+            return false;
+        };
+        if k.site != drop_site::SOCKET || attr.holder_count(k.inode) <= 1 {
+            return false;
+        }
+        let Some(h) = self.held.get(k) else {
+            return false;
+        };
+        let parts = match sh.route(k.inode, h.packets, h.since, now, attr) {
+            shared::Route::Holder => return false,
+            shared::Route::Wait => return true,
+            shared::Route::Split(parts) => parts,
+        };
+        self.held.remove(k);
+        if let (Some(seen), Some((p, _))) =
+            (self.last.get_mut(k), parts.iter().max_by_key(|(_, n)| *n))
+        {
+            seen.owner = Some(*p);
+        }
+        let reasons = &self.reasons;
+        let name = self
+            .names
+            .entry(k.reason)
+            .or_insert_with(|| reasons.name(k.reason));
+        for (p, n) in parts {
+            let s = store.proc_mut(Who::Proc(p), || attr.meta(&p));
+            s.parts.drops.add(Proto::from_ip(k.proto), name, n);
+        }
+        true
+    }
+}
+
+/// The reason a full UDP receive buffer drops with (the series made at 0 in advance).
+const UDP_RCVBUF_REASON: &str = "SOCKET_RCVBUFF";
+
+impl Drops {
+    /// Gives each process newly known to hold a UDP socket its
+    /// `{proto="udp",reason="SOCKET_RCVBUFF"}` series at 0 (room permitting:
+    /// [`Store::placeholder`]), so that Prometheus sees its first drops as an increase.
+    pub(super) fn zero_udp_series(&self, cx: &mut Cx<'_>) {
+        if self.reasons.value(UDP_RCVBUF_REASON).is_none() {
+            return;
+        }
+        for p in cx.attr.new_udp_holders() {
+            let attr = &*cx.attr;
+            if let Some(s) = cx.store.placeholder(p, || attr.meta(&p)) {
+                s.parts.drops.add(Proto::Udp, UDP_RCVBUF_REASON, 0);
+            }
+        }
+    }
+}

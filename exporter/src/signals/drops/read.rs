@@ -1,0 +1,219 @@
+//! Reading `DROPS`: cumulative per-CPU counts into per-socket deltas (in batches where the
+//! kernel allows), and keeping a live process's counts of closed sockets across a restart
+//! ([`Drops::fold`]).
+
+use std::collections::{BTreeMap, VecDeque};
+use std::time::{Duration, Instant};
+
+use aya::maps::{IterableMap as _, MapData, PerCpuHashMap};
+use bufscope_common::{DropKey, DropVal, drop_site};
+use foldhash::{HashMap, HashMapExt as _};
+
+use super::{Drops, Held, Seen};
+use crate::attribution::Attributor;
+use crate::bpf::BatchReader;
+use crate::kernel::DropReasons;
+use crate::signals::Store;
+use crate::store::ProcRef;
+
+/// Sums one key's per-CPU values (latest `rcvbuf`/`rmem_alloc` win).
+fn sum(values: &[DropVal]) -> DropVal {
+    let mut total = DropVal::default();
+    for v in values {
+        total.packets += v.packets;
+        total.skbs += v.skbs;
+        if v.last_ns >= total.last_ns && v.skbs > 0 {
+            total.last_ns = v.last_ns;
+            total.rcvbuf = v.rcvbuf;
+            total.rmem_alloc = v.rmem_alloc;
+            total.ifname = v.ifname;
+        }
+    }
+    total
+}
+
+fn ifname(raw: &[u8; 16]) -> String {
+    let end = raw.iter().position(|b| *b == 0).unwrap_or(raw.len());
+    String::from_utf8_lossy(&raw[..end]).into_owned()
+}
+
+impl Drops {
+    /// Wraps the `DROPS` map.
+    pub fn new(
+        map: PerCpuHashMap<MapData, DropKey, DropVal>,
+        max_entries: u32,
+        reasons: DropReasons,
+        hold: Duration,
+    ) -> Self {
+        let batch = BatchReader::new(
+            map.map(),
+            std::mem::size_of::<DropKey>(),
+            std::mem::size_of::<DropVal>(),
+        );
+        Self {
+            map,
+            max_entries,
+            reasons,
+            last: HashMap::new(),
+            held: HashMap::new(),
+            hold,
+            last_poll: None,
+            generation: None,
+            names: HashMap::new(),
+            batch,
+            shared: None,
+            retire: false,
+            adopted: false,
+        }
+    }
+
+    /// Reads the map and attributes new drops.
+    pub(super) fn read(&mut self, attr: &mut Attributor, store: &mut Store) {
+        let now = Instant::now();
+        let current = self.read_map();
+        for (k, v) in current {
+            // A key that was deleted and re-created starts from zero again.
+            let (dp, moved) = match self.last.get(&k) {
+                Some(p) if v.packets >= p.packets => (v.packets - p.packets, v.skbs != p.skbs),
+                _ => (v.packets, true),
+            };
+            let seen = match self.last.get_mut(&k) {
+                // Known key: update in place (no per-key allocation on every poll).
+                Some(seen) => {
+                    if moved {
+                        seen.changed = now;
+                    }
+                    seen.packets = v.packets;
+                    seen.skbs = v.skbs;
+                    seen.rcvbuf = v.rcvbuf;
+                    seen.rmem_alloc = v.rmem_alloc;
+                    if k.site == drop_site::DEVICE && moved {
+                        seen.ifname = ifname(&v.ifname);
+                    }
+                    seen
+                }
+                None => {
+                    // First sight: the new packets were dropped since the previous poll
+                    // (adopted maps: at some time while no bufscope ran).
+                    let history = if self.adopted {
+                        VecDeque::from([(now, v.packets)])
+                    } else {
+                        let base = self.last_poll.unwrap_or(now - Duration::from_secs(1));
+                        VecDeque::from([(base, v.packets.saturating_sub(dp))])
+                    };
+                    self.last.entry(k).or_insert(Seen {
+                        packets: v.packets,
+                        skbs: v.skbs,
+                        changed: now,
+                        rcvbuf: v.rcvbuf,
+                        rmem_alloc: v.rmem_alloc,
+                        owner: None,
+                        ifname: ifname(&v.ifname),
+                        history,
+                    })
+                }
+            };
+            seen.record(now, v.packets, moved);
+            if dp > 0 {
+                let h = self.held.entry(k).or_insert(Held {
+                    packets: 0,
+                    since: now,
+                });
+                h.packets += dp;
+            }
+        }
+        self.attribute(attr, store, now);
+        self.last_poll = Some(now);
+        self.adopted = false;
+    }
+
+    /// Every key with its per-CPU values summed: in batches when possible, else key by key.
+    fn read_map(&mut self) -> Vec<(DropKey, DropVal)> {
+        if let Some(b) = &self.batch {
+            match b.read::<DropKey, DropVal>(self.map.map().fd()) {
+                Ok(all) => return all.into_iter().map(|(k, v)| (k, sum(&v))).collect(),
+                Err(e) => {
+                    tracing::debug!("DROPS batch read failed ({e}); reading key by key");
+                    self.batch = None;
+                }
+            }
+        }
+        let mut current = Vec::new();
+        for item in self.map.iter() {
+            match item {
+                Ok((k, v)) => current.push((k, sum(&v))),
+                Err(e) => {
+                    tracing::debug!("DROPS iteration: {e}");
+                    break;
+                }
+            }
+        }
+        current
+    }
+
+    /// Before the closed sockets `doomed` leave the map: adds their counts to their live
+    /// owner's [`drop_site::RETIRED`] entry (one per process, proto and reason), written to
+    /// the map as the total it already is in the store (no delta, no double count); a restart
+    /// that adopts the map gives the process those counts again.
+    pub(super) fn fold(&mut self, doomed: &[DropKey], attr: &Attributor, now: Instant) {
+        let mut folds: BTreeMap<(ProcRef, u16, u8), (u64, u64)> = BTreeMap::new();
+        for k in doomed.iter().filter(|k| k.site == drop_site::SOCKET) {
+            let Some(s) = self.last.get(k) else { continue };
+            let Some(owner) = s.owner.filter(|p| attr.alive(p)) else {
+                continue;
+            };
+            let f = folds.entry((owner, k.reason, k.proto)).or_default();
+            f.0 += s.packets;
+            f.1 += s.skbs;
+        }
+        let cpus = match aya::util::nr_cpus() {
+            Ok(n) => n,
+            Err(e) => {
+                tracing::warn!("folding closed sockets' drops: cannot count CPUs ({e:?})");
+                return;
+            }
+        };
+        for ((owner, reason, proto), (packets, skbs)) in folds {
+            let key = DropKey {
+                inode: owner.start_ticks,
+                netns: 0,
+                id: owner.tgid,
+                reason,
+                proto,
+                site: drop_site::RETIRED,
+                _pad: 0,
+            };
+            let (p0, s0) = self.last.get(&key).map_or((0, 0), |s| (s.packets, s.skbs));
+            let total = DropVal {
+                packets: p0 + packets,
+                skbs: s0 + skbs,
+                ..DropVal::default()
+            };
+            let mut values = vec![DropVal::default(); cpus];
+            values[0] = total;
+            let written = aya::maps::PerCpuValues::try_from(values)
+                .map_err(anyhow::Error::from)
+                .and_then(|v| Ok(self.map.insert(key, v, 0)?));
+            if let Err(e) = written {
+                tracing::warn!(
+                    pid = owner.tgid,
+                    "closed sockets' drops not kept for a restart (DROPS full?): {e:#}"
+                );
+                continue;
+            }
+            let seen = self.last.entry(key).or_insert_with(|| Seen {
+                packets: 0,
+                skbs: 0,
+                changed: now,
+                rcvbuf: 0,
+                rmem_alloc: 0,
+                owner: Some(owner),
+                ifname: String::new(),
+                history: VecDeque::from([(now, total.packets)]),
+            });
+            seen.packets = total.packets;
+            seen.skbs = total.skbs;
+            seen.history = VecDeque::from([(now, total.packets)]);
+        }
+    }
+}
