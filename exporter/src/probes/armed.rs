@@ -1,6 +1,6 @@
 //! The reader hook, attached and detached at run time.
 //!
-//! `tp_btf/sock_recv_length` (6.4+; the BPF side is `ebpf/src/reader.rs`) says which process
+//! `tp_btf/sock_recv_length` (6.4+; the BPF side is `ebpf/src/drops/reader.rs`) says which process
 //! receives from a socket. It would run for every receive on the host, so it is loaded at
 //! start (the verifier's verdict is known then) but attached only while the drops room watches
 //! a socket — one with drops and more than one live holder (a prefork master and its

@@ -11,6 +11,8 @@ pub mod armed;
 mod attach;
 mod batch;
 mod choice;
+#[cfg(test)]
+mod object_test;
 pub mod pins;
 mod stats;
 
