@@ -574,7 +574,7 @@ pub mod stat {
     pub const COUNT: u32 = 9;
 }
 
-/// Layout and behaviour the older-kernel programs (`ebpf/src/compat.rs`) need on top of
+/// Layout and behaviour the older-kernel programs (`ebpf/src/*/compat.rs`) need on top of
 /// [`Config`], patched into `.rodata` (`COMPAT`) before load from the running kernel's BTF.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

@@ -24,8 +24,9 @@ use bufscope_common::{
     SO_SNDBUFFORCE, SOCK_BUF_LOCK_MASK, SOL_SOCKET, event_kind, guard, stat,
 };
 
-use super::cgroup::{addr_of, sk_inode};
-use super::{EVENTS, current_owner, stat_inc, submit_flags};
+use crate::events::{EVENTS, stat_inc, submit_flags};
+use crate::sock::{addr_of, sk_inode};
+use crate::task::current_owner;
 
 /// The guard's settings, patched by userspace before load (see [`GuardConfig`]).
 #[unsafe(no_mangle)]

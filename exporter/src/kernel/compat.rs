@@ -1,4 +1,4 @@
-//! What the older-kernel programs (`ebpf/src/compat.rs`) need from BTF, on top of
+//! What the older-kernel programs (`ebpf/src/*/compat.rs`) need from BTF, on top of
 //! [`super::build_config`]: resolved into [`CompatConfig`] (`COMPAT` in the object).
 
 use bufscope_common::CompatConfig;

@@ -28,6 +28,8 @@
 pub mod autotune;
 pub mod drops;
 pub mod guard;
+#[cfg(test)]
+mod object_test;
 pub mod owners;
 mod room;
 pub mod setsockopt;

@@ -29,6 +29,7 @@ use aya::Ebpf;
 use aya::maps::{MapData, PerCpuHashMap};
 use bufscope_common::{DropKey, DropVal, drop_site, stat};
 
+pub use reader::HOOK as READER_HOOK;
 use reader::ReaderHook;
 pub use seen::{HISTORY, HISTORY_STEP, Seen};
 pub use shared::{QUIET, READER_WAIT, split};

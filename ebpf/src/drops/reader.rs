@@ -21,7 +21,7 @@ use aya_ebpf::{
 };
 use bufscope_common::{ReaderKey, ReaderVal};
 
-use super::btf_sk_inode;
+use crate::sock::btf_sk_inode;
 
 /// Socket inode → 1: the sockets whose receivers are recorded (filled by userspace).
 #[map]

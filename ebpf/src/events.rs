@@ -1,0 +1,44 @@
+//! The maps every signal shares: the `EVENTS` ring buffer (low-rate events with detail:
+//! setsockopt calls, established connections, guard decisions) and the probes' own health
+//! counters in `STATS`.
+
+use aya_ebpf::{
+    bindings::{BPF_RB_AVAIL_DATA, BPF_RB_FORCE_WAKEUP, BPF_RB_NO_WAKEUP},
+    macros::map,
+    maps::{PerCpuArray, RingBuf},
+};
+use bufscope_common::stat;
+
+/// Low-rate events with detail (setsockopt calls, established connections, guard decisions).
+/// The size is a default; userspace may resize it at load (`--bpf.*` flags).
+#[map]
+pub(crate) static EVENTS: RingBuf = RingBuf::with_byte_size(256 * 1024, 0);
+
+/// The probes' own health counters (indexes in [`stat`]).
+#[map]
+static STATS: PerCpuArray<u64> = PerCpuArray::with_max_entries(stat::COUNT, 0);
+
+/// Adds one to `STATS[idx]` on this CPU.
+#[inline(always)]
+pub(crate) fn stat_inc(idx: u32) {
+    if let Some(p) = STATS.get_ptr_mut(idx) {
+        unsafe { *p += 1 };
+    }
+}
+
+/// `bpf_ringbuf_submit` flags. With `CONFIG.ringbuf_wakeup_bytes == 0`, the kernel's default
+/// (wake the reader when it has caught up, i.e. for nearly every event at low rates; each
+/// wake-up is an irq_work self-IPI, about 1 µs in a VM). Otherwise no wake-up until that much
+/// data waits: the reader must then also drain on a timer.
+#[inline(always)]
+pub(crate) fn submit_flags() -> u64 {
+    let bytes = cfg!(ringbuf_wakeup_bytes);
+    if bytes == 0 {
+        return 0;
+    }
+    if EVENTS.query(BPF_RB_AVAIL_DATA as u64) >= bytes as u64 {
+        BPF_RB_FORCE_WAKEUP as u64
+    } else {
+        BPF_RB_NO_WAKEUP as u64
+    }
+}

@@ -1,0 +1,95 @@
+//! Socket owners: which process created or accepted each socket, recorded in process context
+//! (drops happen in softirq, where `current` is whoever was interrupted).
+//!
+//! | program | hook | variant |
+//! |---|---|---|
+//! | [`cgroup_sock_create`] | `cgroup/sock_create` | best: runs only when an inet socket is created |
+//! | [`sys_exit_new_socket`] | `syscalls/sys_exit_{socket,accept,accept4}` | without cgroup2 |
+//!
+//! The other signals' process-context programs (setsockopt, `connect()` in tcp_state) record
+//! the owners they see through [`record_owner`] and [`record_caller_as_owner`].
+
+use aya_ebpf::{
+    helpers::bpf_get_current_pid_tgid,
+    macros::{cgroup_sock, map, tracepoint},
+    maps::LruHashMap,
+    programs::{SockContext, TracePointContext},
+};
+use bufscope_common::{Owner, stat};
+
+use crate::events::stat_inc;
+use crate::kmem::{kread, tp_field};
+use crate::sock::{addr_of, sk_inode};
+use crate::task::{current_owner, fd_file};
+
+/// Socket inode → the process that owns it (recorded in process context). The size is a
+/// default; userspace may resize it at load (`--bpf.*-entries`).
+#[map]
+pub(crate) static OWNERS: LruHashMap<u64, Owner> = LruHashMap::with_max_entries(65536, 0);
+
+/// Records `current` as the owner of the socket behind `file`.
+#[inline(always)]
+fn record_owner_of_file(file: u64) {
+    let inode: u64 = kread(file, cfg!(file_inode));
+    let ino: u64 = kread(inode, cfg!(inode_ino));
+    if ino != 0 {
+        record_owner(ino);
+    }
+}
+
+/// Whether `OWNERS` already names the calling process for `inode` (usually: `socket()` was
+/// seen); a lookup costs much less than the LRU update it saves.
+#[inline(always)]
+pub(crate) fn owned_by_current(inode: u64) -> bool {
+    let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
+    unsafe { OWNERS.get(&inode) }.is_some_and(|o| o.tgid == tgid)
+}
+
+/// Records `owner` (the caller, in process context) for `inode` unless `OWNERS` already names
+/// it: an LRU update costs a lock and an element swap, and most calls come from the recorded
+/// owner.
+#[inline(always)]
+pub(crate) fn record_caller_as_owner(inode: u64, owner: &Owner) {
+    let known = unsafe { OWNERS.get(&inode) }
+        .is_some_and(|o| o.tgid == owner.tgid && o.start_ns == owner.start_ns);
+    if inode != 0 && !known && OWNERS.insert(&inode, owner, 0).is_err() {
+        stat_inc(stat::OWNERS_FULL);
+    }
+}
+
+/// Records the calling process as the owner of `inode`.
+#[inline(always)]
+pub(crate) fn record_owner(inode: u64) {
+    let owner = current_owner();
+    if OWNERS.insert(&inode, &owner, 0).is_err() {
+        stat_inc(stat::OWNERS_FULL);
+    }
+}
+
+/// `syscalls/sys_exit_{socket,accept,accept4}`: `ret` (@16) is the new fd.
+#[tracepoint]
+pub fn sys_exit_new_socket(ctx: TracePointContext) -> u32 {
+    let ret: i64 = tp_field(&ctx, 16);
+    if ret < 0 {
+        return 0;
+    }
+    let file = fd_file(ret as u64);
+    if file == 0 {
+        stat_inc(stat::FD_WALK_FAILED);
+        return 0;
+    }
+    record_owner_of_file(file);
+    0
+}
+
+/// `cgroup/sock_create`: records the creator of every new inet socket (process context).
+/// Always returns 1 (allow): observing never changes a call.
+#[cgroup_sock(sock_create)]
+pub fn cgroup_sock_create(ctx: SockContext) -> i32 {
+    let sk = addr_of(ctx.sock);
+    let inode = sk_inode(sk);
+    if inode != 0 {
+        record_owner(inode);
+    }
+    1
+}

@@ -1,0 +1,98 @@
+//! Every program a probe variant names (and the reader hook's) exists in the embedded BPF
+//! object, with the program type its hook attaches: the loader finds programs by name, so a
+//! renamed or moved BPF function would otherwise show only as a probe that never attaches.
+
+#![allow(clippy::unwrap_used)]
+
+use aya_obj::programs::{CgroupSockAddrAttachType, CgroupSockAttachType, CgroupSockoptAttachType};
+use aya_obj::{Object, ProgramSection};
+
+use super::{PROBES, drops};
+use crate::bpf::{Hook, OBJECT};
+
+/// Whether the object's program section is the kind `h` attaches.
+fn kind_matches(h: &Hook, s: &ProgramSection) -> bool {
+    match (h, s) {
+        (Hook::Tracepoint { .. }, ProgramSection::TracePoint) => true,
+        (
+            Hook::BtfTracepoint { .. } | Hook::BtfTracepointWhere { .. },
+            ProgramSection::BtfTracePoint,
+        ) => true,
+        (Hook::Fentry { .. }, ProgramSection::FEntry { .. }) => true,
+        (Hook::Fexit { .. }, ProgramSection::FExit { .. }) => true,
+        (
+            Hook::CgroupSetsockopt { .. },
+            ProgramSection::CgroupSockopt {
+                attach_type: CgroupSockoptAttachType::Set,
+            },
+        ) => true,
+        (
+            Hook::CgroupGetsockopt { .. },
+            ProgramSection::CgroupSockopt {
+                attach_type: CgroupSockoptAttachType::Get,
+            },
+        ) => true,
+        (
+            Hook::CgroupSockCreate { .. },
+            ProgramSection::CgroupSock {
+                attach_type: CgroupSockAttachType::SockCreate,
+            },
+        ) => true,
+        (Hook::CgroupSockAddr { attach, .. }, ProgramSection::CgroupSockAddr { attach_type }) => {
+            use CgroupSockAddrAttachType as A;
+            matches!(
+                (*attach, attach_type),
+                ("bind4", A::Bind4)
+                    | ("bind6", A::Bind6)
+                    | ("connect4", A::Connect4)
+                    | ("connect6", A::Connect6)
+                    | ("sendmsg4", A::UDPSendMsg4)
+                    | ("sendmsg6", A::UDPSendMsg6)
+                    | ("recvmsg4", A::UDPRecvMsg4)
+                    | ("recvmsg6", A::UDPRecvMsg6)
+            )
+        }
+        _ => false,
+    }
+}
+
+#[test]
+fn every_probe_program_is_in_the_object_with_its_hook_type() {
+    let obj = Object::parse(OBJECT).unwrap();
+    let mut hooks: Vec<(&str, Hook)> = PROBES
+        .iter()
+        .flat_map(|p| {
+            p.variants
+                .iter()
+                .flat_map(move |v| v.iter().map(move |h| (p.name, *h)))
+        })
+        .collect();
+    hooks.push(("drops (reader hook)", drops::READER_HOOK));
+    assert!(hooks.len() > PROBES.len(), "no hooks listed");
+    let mut problems = Vec::new();
+    for (probe, h) in &hooks {
+        let name = h.prog();
+        match obj.programs.get(name) {
+            None => problems.push(format!(
+                "{probe}: {} names program {name}, which the object does not have",
+                h.describe()
+            )),
+            Some(p) if !kind_matches(h, &p.section) => problems.push(format!(
+                "{probe}: {} needs program {name} of its kind, the object's is {:?}",
+                h.describe(),
+                p.section
+            )),
+            Some(_) => {}
+        }
+    }
+    assert!(
+        problems.is_empty(),
+        "probe specs and the BPF object disagree:\n{}\nobject's programs: {:?}",
+        problems.join("\n"),
+        {
+            let mut names: Vec<&String> = obj.programs.keys().collect();
+            names.sort();
+            names
+        }
+    );
+}
