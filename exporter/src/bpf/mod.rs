@@ -40,7 +40,7 @@ pub use batch::BatchReader;
 pub use choice::{BtfNeed, usable};
 pub use hook::{Hook, ProbeSpec, ProbeStatus, Variant, describe};
 pub use maps::{decode, take_map};
-pub use plan::{LoadHooks, LoadPlan, Purpose};
+pub use plan::{Attached, LoadHooks, LoadPlan, Purpose};
 pub use stats::Stats;
 
 /// The compiled BPF object.
@@ -263,7 +263,12 @@ pub fn load(
         p.drop_stale_links(probes)?;
         p.write_meta()?;
     }
-    hooks.after_attach(&mut ebpf, &btf, &kernel.btf, &status)?;
+    let cx = Attached {
+        btf: &btf,
+        kernel: &kernel.btf,
+        status: &status,
+    };
+    hooks.after_attach(&mut ebpf, &cx)?;
     // The parsed BTF (tens of MiB of small allocations) is gone: give the pages back.
     drop(btf);
     trim_heap();

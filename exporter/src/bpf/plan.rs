@@ -153,13 +153,17 @@ pub trait LoadHooks {
 
     /// Every probe is attached (or not): load programs that are attached later, refuse
     /// settings that cannot work with what attached.
-    fn after_attach(
-        &mut self,
-        ebpf: &mut Ebpf,
-        btf: &Btf,
-        kernel: &KernelBtf,
-        status: &[ProbeStatus],
-    ) -> anyhow::Result<()>;
+    fn after_attach(&mut self, ebpf: &mut Ebpf, cx: &Attached<'_>) -> anyhow::Result<()>;
+}
+
+/// What the load hooks see after everything attached.
+pub struct Attached<'a> {
+    /// The kernel's BTF as aya parsed it (to load programs attached later).
+    pub btf: &'a Btf,
+    /// The kernel's BTF as bufscope reads it (what hooks this kernel has).
+    pub kernel: &'a KernelBtf,
+    /// Per-probe outcome of attaching.
+    pub status: &'a [ProbeStatus],
 }
 
 #[cfg(test)]

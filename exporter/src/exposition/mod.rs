@@ -49,12 +49,7 @@ impl Spec {
         help: &'static str,
         labels: &'static [&'static str],
     ) -> Self {
-        Self {
-            name,
-            help,
-            kind: Kind::Counter,
-            labels,
-        }
+        Self::new(Kind::Counter, name, help, labels)
     }
 
     /// A gauge family.
@@ -63,10 +58,19 @@ impl Spec {
         help: &'static str,
         labels: &'static [&'static str],
     ) -> Self {
+        Self::new(Kind::Gauge, name, help, labels)
+    }
+
+    const fn new(
+        kind: Kind,
+        name: &'static str,
+        help: &'static str,
+        labels: &'static [&'static str],
+    ) -> Self {
         Self {
             name,
             help,
-            kind: Kind::Gauge,
+            kind,
             labels,
         }
     }

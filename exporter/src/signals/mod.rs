@@ -35,16 +35,17 @@ mod room;
 pub mod setsockopt;
 pub mod tcp_state;
 
-use aya::{Btf, Ebpf};
+use aya::Ebpf;
 use prometheus::proto::MetricFamily;
 
-use crate::bpf::{LoadHooks, LoadPlan, ProbeSpec, ProbeStatus};
+use crate::bpf::{LoadHooks, LoadPlan, ProbeSpec};
 use crate::kernel::KernelBtf;
 
+pub use crate::bpf::Attached;
 pub use crate::bpf::{decode, take_map};
 pub use room::{
-    AdviceCx, Attached, BuildEnv, CheckLine, Cx, GcCx, MapFill, NoFlags, Part, Room, Services,
-    Signal,
+    AdviceCx, BuildEnv, CheckLine, Cx, GcCx, MapFill, NoFlags, Part, Room, Services, Signal,
+    when_attached,
 };
 
 /// One process's counters, with one part per room.
@@ -125,15 +126,8 @@ macro_rules! signals {
                 Ok(())
             }
 
-            fn after_attach(
-                &mut self,
-                ebpf: &mut Ebpf,
-                btf: &Btf,
-                kernel: &KernelBtf,
-                status: &[ProbeStatus],
-            ) -> anyhow::Result<()> {
-                let cx = Attached { btf, kernel, status };
-                $( <$room as Room>::after_attach(&mut self.$field, ebpf, &cx)?; )*
+            fn after_attach(&mut self, ebpf: &mut Ebpf, cx: &Attached<'_>) -> anyhow::Result<()> {
+                $( <$room as Room>::after_attach(&mut self.$field, ebpf, cx)?; )*
                 Ok(())
             }
         }

@@ -3,8 +3,8 @@
 
 use std::time::{Duration, Instant};
 
+use aya::Ebpf;
 use aya::maps::{HashMap as BpfHashMap, MapData};
-use aya::{Btf, Ebpf};
 use bufscope_common::Owner;
 use foldhash::HashSet;
 use prometheus::proto::MetricFamily;
@@ -13,7 +13,7 @@ use super::{ProcStats, Store};
 use crate::advice::Inputs;
 use crate::attribution::Attributor;
 use crate::bpf::pins::Outcome;
-use crate::bpf::{LoadPlan, ProbeSpec, ProbeStatus, Stats};
+use crate::bpf::{Attached, LoadPlan, ProbeSpec, ProbeStatus, Stats};
 use crate::kernel::{BufferLimits, DropReasons, KernelBtf};
 use crate::store::ProcRef;
 
@@ -50,22 +50,24 @@ impl Part for () {
 #[group(skip)]
 pub struct NoFlags {}
 
-/// What a room's loading hooks see after everything attached.
-pub struct Attached<'a> {
-    /// The kernel's BTF as aya parsed it (to load programs attached later).
-    pub btf: &'a Btf,
-    /// The kernel's BTF as bufscope reads it (what hooks this kernel has).
-    pub kernel: &'a KernelBtf,
-    /// Per-probe outcome of attaching.
-    pub status: &'a [ProbeStatus],
-}
-
 /// What the rooms provide to the shared services while they are built.
 #[derive(Default)]
 pub struct Services {
     /// `OWNERS` (socket inode → the process that created or accepted it), for the
     /// [`Attributor`].
     pub owners: Option<BpfHashMap<MapData, u64, Owner>>,
+}
+
+/// The running room `make()` makes, when probe `probe` attached (the rooms that only read
+/// the ring buffer and have nothing else to take).
+pub fn when_attached<S: Signal + 'static>(
+    env: &BuildEnv<'_>,
+    probe: &str,
+    make: impl FnOnce() -> S,
+) -> anyhow::Result<Option<Box<dyn Signal>>> {
+    Ok(env
+        .attached(probe)
+        .then(|| Box::new(make()) as Box<dyn Signal>))
 }
 
 /// What a room sees while it is built from the loaded object.

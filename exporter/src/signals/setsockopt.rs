@@ -24,6 +24,7 @@ use bufscope_common::{
 
 use super::{
     AdviceCx, BuildEnv, Cx, GcCx, NoFlags, Part, ProcStats, Room, Services, Signal, decode,
+    when_attached,
 };
 use crate::advice::{Inputs, SocketOpt};
 use crate::bpf::{Hook, LoadPlan, ProbeSpec};
@@ -289,13 +290,11 @@ impl Room for Setsockopt {
         env: &BuildEnv<'_>,
         _services: &mut Services,
     ) -> anyhow::Result<Option<Box<dyn Signal>>> {
-        Ok(env.attached(PROBE.name).then(|| {
-            Box::new(Self {
-                notes: HashMap::new(),
-                floors: Floors::measure(),
-                warned_underived: false,
-            }) as Box<dyn Signal>
-        }))
+        when_attached(env, PROBE.name, || Self {
+            notes: HashMap::new(),
+            floors: Floors::measure(),
+            warned_underived: false,
+        })
     }
 }
 

@@ -13,6 +13,7 @@ use bufscope_common::{EstablishedEvent, SOCK_RCVBUF_LOCK, estab_flags, event_kin
 
 use super::{
     AdviceCx, BuildEnv, Cx, GcCx, NoFlags, Part, ProcStats, Room, Services, Signal, decode,
+    when_attached,
 };
 use crate::advice::{Inputs, TcpShape};
 use crate::attribution::Attributor;
@@ -121,11 +122,9 @@ impl Room for TcpState {
         env: &BuildEnv<'_>,
         _services: &mut Services,
     ) -> anyhow::Result<Option<Box<dyn Signal>>> {
-        Ok(env.attached(PROBE.name).then(|| {
-            Box::new(Self {
-                examples: HashMap::new(),
-            }) as Box<dyn Signal>
-        }))
+        when_attached(env, PROBE.name, || Self {
+            examples: HashMap::new(),
+        })
     }
 }
 
