@@ -115,9 +115,13 @@ pub struct KernelArgs {
         value_name = "FILE"
     )]
     pub btf_path: PathBuf,
-    /// Probes to leave off (repeatable or comma-separated): drops, setsockopt, tcp_state,
-    /// autotune, owners.
-    #[arg(long = "probe.disable", value_delimiter = ',', value_name = "PROBE")]
+    /// Probes to leave off (repeatable or comma-separated).
+    #[arg(
+        long = "probe.disable",
+        value_delimiter = ',',
+        value_name = "PROBE",
+        value_parser = probe_names()
+    )]
     pub disable: Vec<String>,
     /// Kernel drop reasons to count (names as in `enum skb_drop_reason`, without the
     /// `SKB_DROP_REASON_` prefix).
@@ -164,8 +168,9 @@ pub struct RunArgs {
     /// Settings file (YAML); flags override it.
     #[arg(long = "config.file", value_name = "FILE")]
     pub config_file: Option<PathBuf>,
-    /// Window over which advice measures drop rates.
-    #[arg(long = "advice.window", default_value = "60s", value_parser = parse_duration, value_name = "DURATION")]
+    /// Window over which advice measures drop rates (1s to 5m, the drop history kept per
+    /// socket).
+    #[arg(long = "advice.window", default_value = "60s", value_parser = duration_within(Duration::from_secs(1), crate::signals::drops::HISTORY), value_name = "DURATION")]
     pub advice_window: Duration,
     /// Most processes with their own series; the least active beyond this are folded into
     /// `comm="_other"`.
@@ -174,8 +179,8 @@ pub struct RunArgs {
     /// How long series of an exited process stay (e.g. `5m`, `30s`).
     #[arg(long = "retention", default_value = "5m", value_parser = parse_duration, value_name = "DURATION")]
     pub retention: Duration,
-    /// How often the probes' maps are read (scrapes also read them).
-    #[arg(long = "poll-interval", default_value = "1s", value_parser = parse_duration, value_name = "DURATION")]
+    /// How often the probes' maps are read (scrapes also read them); at least 50ms.
+    #[arg(long = "poll-interval", default_value = "1s", value_parser = duration_within(MIN_POLL_INTERVAL, MAX_DURATION), value_name = "DURATION")]
     pub poll_interval: Duration,
     /// How long drops of a socket whose owner is not found yet are held before they are
     /// counted under `comm="_unknown"`.
@@ -298,8 +303,8 @@ pub struct GuardArgs {
     )]
     pub exclude_comm: Vec<String>,
     /// UDP buffer floor in bytes (the SO_RCVBUF/SO_SNDBUF value; the kernel doubles it).
-    /// Default: the policy's (7 MiB).
-    #[arg(long = "guard.udp-floor", value_name = "BYTES", value_parser = at_least_one::<u64>)]
+    /// Default: the policy's (7 MiB); at most 2147483647 (`SO_RCVBUF` takes an `int`).
+    #[arg(long = "guard.udp-floor", value_name = "BYTES", value_parser = clap::value_parser!(u64).range(1..=i32::MAX as u64))]
     pub udp_floor: Option<u64>,
     /// Raise net.core.rmem_max/wmem_max to the floor at start (host-wide; never lowered).
     #[arg(long = "guard.raise-sysctl")]
@@ -312,26 +317,38 @@ pub struct GuardArgs {
 
 impl GuardArgs {
     /// Checks the guard flags that clap cannot.
-    pub fn validate(&self) -> anyhow::Result<()> {
+    pub fn validate(&self) -> Result<(), Invalid> {
         if !self.comm.is_empty() && !self.exclude_comm.is_empty() {
-            anyhow::bail!("--guard.comm and --guard.exclude-comm cannot be combined: use one list");
+            return Err(Invalid::new(
+                "guard.exclude-comm",
+                "--guard.comm and --guard.exclude-comm cannot be combined: use one list",
+            ));
         }
-        for c in self.comm.iter().chain(&self.exclude_comm) {
-            if c.is_empty() || c.len() > 15 {
-                anyhow::bail!(
-                    "invalid comm {c:?} in --guard.comm/--guard.exclude-comm: a process name \
-                     is 1 to 15 bytes (the kernel's comm)"
-                );
+        for (flag, list) in [
+            ("guard.comm", &self.comm),
+            ("guard.exclude-comm", &self.exclude_comm),
+        ] {
+            if let Some(c) = list.iter().find(|c| c.is_empty() || c.len() > 15) {
+                return Err(Invalid::new(
+                    flag,
+                    format!(
+                        "invalid comm {c:?} in --{flag}: a process name is 1 to 15 bytes (the \
+                         kernel's comm)"
+                    ),
+                ));
             }
         }
         if let Some(p) = &self.cgroup
             && !p.is_dir()
         {
-            anyhow::bail!(
-                "--guard.cgroup {}: not a directory (give a cgroup v2 directory, e.g. under \
-                 the cgroup2 mount)",
-                p.display()
-            );
+            return Err(Invalid::new(
+                "guard.cgroup",
+                format!(
+                    "--guard.cgroup {}: not a directory (give a cgroup v2 directory, e.g. under \
+                     the cgroup2 mount)",
+                    p.display()
+                ),
+            ));
         }
         if self.mode == GuardMode::Off
             && (self.cgroup.is_some()
@@ -341,75 +358,206 @@ impl GuardArgs {
                 || self.raise_sysctl
                 || self.persist)
         {
-            anyhow::bail!(
-                "guard flags given but --guard.mode is off: add --guard.mode observe or enforce"
-            );
+            return Err(Invalid::new(
+                "guard.mode",
+                "guard flags given but --guard.mode is off: add --guard.mode observe or enforce",
+            ));
         }
         Ok(())
     }
 }
 
 impl KernelArgs {
-    /// Checks what clap cannot (values that name probes, the cgroup2 path), for every
-    /// subcommand.
-    pub fn validate(&self) -> anyhow::Result<()> {
+    /// Checks what clap cannot (the cgroup2 mount), for every subcommand; probe names are
+    /// checked by the parser.
+    pub fn validate(&self) -> Result<(), Invalid> {
         if let Some(p) = &self.cgroup2 {
-            crate::kernel::set_cgroup2_root(p)?;
-        }
-        let names: Vec<&str> = crate::signals::PROBES.iter().map(|s| s.name).collect();
-        for p in &self.disable {
-            if !names.contains(&p.as_str()) {
-                anyhow::bail!(
-                    "unknown probe {p:?} in --probe.disable (probes: {})",
-                    names.join(", ")
-                );
-            }
+            crate::kernel::set_cgroup2_root(p)
+                .map_err(|e| Invalid::new("path.cgroup2", format!("{e:#}")))?;
         }
         Ok(())
     }
 }
 
+/// `statfs` magic of procfs (`PROC_SUPER_MAGIC`).
+const PROC_SUPER_MAGIC: i64 = 0x9fa0;
+/// `statfs` magic of bpffs (`BPF_FS_MAGIC`).
+const BPF_FS_MAGIC: i64 = 0xcafe_4a11;
+/// Where bufscope mounts a bpffs when `--bpf.pin-path` is below it and none is mounted.
+const BPFFS: &str = "/sys/fs/bpf";
+
 impl RunArgs {
-    /// Checks the flags of `bufscope run` that clap cannot, once the config file is applied;
-    /// returns the addresses to listen on.
-    pub fn validate(&self) -> anyhow::Result<Vec<std::net::SocketAddr>> {
-        let addrs = listen_addrs(&self.listen).map_err(anyhow::Error::msg)?;
-        if !self.telemetry_path.starts_with('/') {
-            anyhow::bail!(
-                "invalid --web.telemetry-path {:?}: it must start with '/'",
-                self.telemetry_path
-            );
+    /// Checks the flags of `bufscope run` that clap cannot, once the config file is merged
+    /// and before anything is loaded; returns the addresses to listen on.
+    pub fn validate(&self) -> Result<Vec<std::net::SocketAddr>, Invalid> {
+        let addrs =
+            listen_addrs(&self.listen).map_err(|e| Invalid::new("web.listen-address", e))?;
+        check_telemetry_path(&self.telemetry_path)
+            .map_err(|e| Invalid::new("web.telemetry-path", e))?;
+        if let Some(p) = &self.web_config
+            && !p.is_file()
+        {
+            return Err(Invalid::new(
+                "web.config.file",
+                format!(
+                    "--web.config.file {}: {} (name the TLS/basic-auth YAML file, or leave the \
+                     flag out)",
+                    p.display(),
+                    not_a_file(p)
+                ),
+            ));
         }
         self.kernel.validate()?;
         self.guard.validate()?;
         if self.guard.persist && self.pins.pin_path.is_none() {
-            anyhow::bail!(
+            return Err(Invalid::new(
+                "guard.persist",
                 "--guard.persist keeps the guard attached through pins: add --bpf.pin-path DIR \
-                 (e.g. /sys/fs/bpf/bufscope)"
-            );
+                 (e.g. /sys/fs/bpf/bufscope)",
+            ));
         }
-        if let Some(p) = &self.pins.pin_path
-            && !p.is_absolute()
-        {
-            anyhow::bail!(
-                "--bpf.pin-path {}: not an absolute path (name a directory on a bpffs, e.g. \
-                 /sys/fs/bpf/bufscope)",
-                p.display()
-            );
+        if let Some(p) = &self.pins.pin_path {
+            check_pin_path(p).map_err(|e| Invalid::new("bpf.pin-path", e))?;
         }
-        if !self.kernel.btf_path.exists() {
-            anyhow::bail!(
-                "kernel BTF not found at {}: bufscope needs a kernel built with \
-                 CONFIG_DEBUG_INFO_BTF=y (or a BTF file for this kernel passed with \
-                 --kernel.btf-path)",
-                self.kernel.btf_path.display()
-            );
+        let btf = &self.kernel.btf_path;
+        if !btf.exists() {
+            return Err(Invalid::new(
+                "kernel.btf-path",
+                format!(
+                    "kernel BTF not found at {}: bufscope needs a kernel built with \
+                     CONFIG_DEBUG_INFO_BTF=y (or a BTF file for this kernel passed with \
+                     --kernel.btf-path)",
+                    btf.display()
+                ),
+            ));
+        }
+        if !btf.is_file() {
+            return Err(Invalid::new(
+                "kernel.btf-path",
+                format!(
+                    "--kernel.btf-path {}: {}: name the kernel's BTF file (e.g. \
+                     /sys/kernel/btf/vmlinux)",
+                    btf.display(),
+                    not_a_file(btf)
+                ),
+            ));
+        }
+        if crate::kernel::fs_magic(&self.procfs).ok() != Some(PROC_SUPER_MAGIC) {
+            return Err(Invalid::new(
+                "path.procfs",
+                format!(
+                    "--path.procfs {}: not a procfs mount (name the host's /proc; in a container \
+                     mount it, e.g. a hostPath volume of /proc at /host/proc)",
+                    self.procfs.display()
+                ),
+            ));
         }
         Ok(addrs)
     }
 }
 
-/// Parses `500ms`, `30s`, `5m`, `1h` (and a bare number of seconds).
+impl CleanupArgs {
+    /// Checks `--bpf.pin-path` before anything is removed.
+    pub fn validate(&self) -> Result<(), Invalid> {
+        if !self.pin_path.is_absolute() {
+            return Err(Invalid::new(
+                "bpf.pin-path",
+                format!(
+                    "--bpf.pin-path {:?}: not an absolute path (name the directory `bufscope run \
+                     --bpf.pin-path` pinned in, e.g. /sys/fs/bpf/bufscope)",
+                    self.pin_path
+                ),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Why `p` is not a regular file.
+fn not_a_file(p: &std::path::Path) -> &'static str {
+    match std::fs::metadata(p) {
+        Ok(m) if m.is_dir() => "a directory, not a file",
+        Ok(_) => "not a regular file",
+        Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => "permission denied",
+        Err(_) => "no such file",
+    }
+}
+
+/// `--bpf.pin-path`: an absolute directory on a bpffs, or below /sys/fs/bpf (where bufscope
+/// mounts one). Checked before anything is created there.
+fn check_pin_path(p: &std::path::Path) -> Result<(), String> {
+    let fix = "name a directory on a bpffs, e.g. /sys/fs/bpf/bufscope";
+    if !p.is_absolute() {
+        return Err(format!(
+            "--bpf.pin-path {}: not an absolute path ({fix})",
+            p.display()
+        ));
+    }
+    if p.exists() && !p.is_dir() {
+        return Err(format!(
+            "--bpf.pin-path {}: not a directory ({fix})",
+            p.display()
+        ));
+    }
+    // The nearest existing directory decides where the pin directory would be created.
+    let existing = p.ancestors().find(|a| a.exists()).unwrap_or(p);
+    if crate::kernel::fs_magic(existing).ok() != Some(BPF_FS_MAGIC) && !p.starts_with(BPFFS) {
+        return Err(format!(
+            "--bpf.pin-path {}: not on a bpffs ({fix}, or mount one: `mount -t bpf bpf DIR`)",
+            p.display()
+        ));
+    }
+    Ok(())
+}
+
+/// `--web.telemetry-path`: an absolute URL path of plain segments (letters, digits and
+/// `-._~!$&'()+,;=@`) that is none of the other routes.
+pub fn check_telemetry_path(p: &str) -> Result<(), String> {
+    let bad = |why: &str| {
+        Err(format!(
+            "invalid --web.telemetry-path {p:?}: {why} (e.g. /metrics)"
+        ))
+    };
+    if !p.starts_with('/') {
+        return bad("it must start with '/'");
+    }
+    if let Some(r) = crate::http::ROUTES.iter().find(|r| **r == p) {
+        return Err(format!(
+            "--web.telemetry-path {r} is taken by bufscope's own {} route: pick another path \
+             (e.g. /metrics)",
+            if *r == "/" { "status page" } else { r }
+        ));
+    }
+    if let Some(c) = p
+        .chars()
+        .find(|c| !(c.is_ascii_alphanumeric() || "/-._~!$&'()+,;=@".contains(*c)))
+    {
+        return bad(&format!(
+            "{c:?} is not allowed: use letters, digits, '/' and -._~!$&'()+,;=@"
+        ));
+    }
+    let segments: Vec<&str> = p[1..].split('/').collect();
+    let last = segments.len() - 1;
+    for (i, seg) in segments.iter().enumerate() {
+        if seg.is_empty() && i != last {
+            return bad("empty path segment ('//')");
+        }
+        if *seg == "." || *seg == ".." {
+            return bad("'.' and '..' segments are removed by clients");
+        }
+    }
+    Ok(())
+}
+
+/// The longest duration any flag takes (a year): a longer one is a typo, and close to
+/// `u64::MAX` seconds the clock arithmetic would overflow.
+pub const MAX_DURATION: Duration = Duration::from_secs(365 * 24 * 3600);
+
+/// The shortest `--poll-interval`.
+pub const MIN_POLL_INTERVAL: Duration = Duration::from_millis(50);
+
+/// Parses `500ms`, `30s`, `5m`, `1h` (and a bare number of seconds), at most
+/// [`MAX_DURATION`].
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
     let s = s.trim();
     let split = s
@@ -426,10 +574,35 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
         "h" => n * 3600.0,
         _ => return Err(format!("invalid duration unit in {s:?}: use ms, s, m or h")),
     };
-    if !secs.is_finite() || secs < 0.0 {
-        return Err(format!("invalid duration {s:?}"));
+    match Duration::try_from_secs_f64(secs) {
+        Ok(d) if d <= MAX_DURATION => Ok(d),
+        _ => Err(format!(
+            "duration {s:?} is too long: at most {}h (a year)",
+            MAX_DURATION.as_secs() / 3600
+        )),
     }
-    Ok(Duration::from_secs_f64(secs))
+}
+
+/// A [`parse_duration`] value parser that also requires `min <= d <= max`.
+pub fn duration_within(
+    min: Duration,
+    max: Duration,
+) -> impl Fn(&str) -> Result<Duration, String> + Clone + Send + Sync + 'static {
+    move |s| {
+        let d = parse_duration(s)?;
+        if d < min {
+            return Err(format!("{s:?} is too short: at least {min:?}"));
+        }
+        if d > max {
+            return Err(format!("{s:?} is too long: at most {max:?}"));
+        }
+        Ok(d)
+    }
+}
+
+/// `--probe.disable`'s values: the names in [`crate::signals::PROBES`].
+fn probe_names() -> clap::builder::PossibleValuesParser {
+    clap::builder::PossibleValuesParser::new(crate::signals::PROBES.iter().map(|p| p.name))
 }
 
 /// Turns `:9477` / `0.0.0.0:9477` / `[::1]:9477` / `localhost:9477` into socket addresses.
@@ -452,66 +625,25 @@ pub fn listen_addrs(s: &str) -> Result<Vec<std::net::SocketAddr>, String> {
     Ok(addrs)
 }
 
-#[cfg(test)]
-mod tests {
-    #![allow(clippy::unwrap_used)]
-    use super::*;
+/// A flag whose value parsed but cannot be used.
+#[derive(Debug, thiserror::Error)]
+#[error("{message}")]
+pub struct Invalid {
+    /// The flag's long name without `--` (e.g. `web.telemetry-path`): a value that came from
+    /// `--config.file` is traced back to its key with it.
+    pub flag: &'static str,
+    /// What is wrong and the fix, naming the flag.
+    pub message: String,
+}
 
-    #[test]
-    fn durations() {
-        assert_eq!(parse_duration("500ms").unwrap(), Duration::from_millis(500));
-        assert_eq!(parse_duration("5m").unwrap(), Duration::from_secs(300));
-        assert_eq!(parse_duration("2").unwrap(), Duration::from_secs(2));
-        assert!(parse_duration("5 parsecs").is_err());
-        assert!(parse_duration("").is_err());
-    }
-
-    #[test]
-    fn listen_address_forms() {
-        assert_eq!(listen_addrs(":9477").unwrap()[0].port(), 9477);
-        assert!(listen_addrs("127.0.0.1:1").unwrap()[0].ip().is_loopback());
-        assert!(listen_addrs("nonsense").is_err());
-        assert!(listen_addrs("127.0.0.1:99999").is_err());
-    }
-
-    #[test]
-    fn unknown_probe_is_an_error_for_every_subcommand() {
-        for sub in ["run", "check"] {
-            let cli =
-                Cli::try_parse_from(["bufscope", sub, "--probe.disable", "drops,nope"]).unwrap();
-            let k = match cli.cmd {
-                Command::Run(a) => a.kernel.clone(),
-                Command::Check(a) => a.kernel,
-                Command::Explain(_) | Command::Top(_) | Command::Cleanup(_) => unreachable!(),
-            };
-            let e = format!("{:#}", k.validate().unwrap_err());
-            assert!(e.contains("\"nope\"") && e.contains("owners"), "{e}");
+impl Invalid {
+    fn new(flag: &'static str, message: impl Into<String>) -> Self {
+        Self {
+            flag,
+            message: message.into(),
         }
     }
-
-    #[test]
-    fn pin_flags_are_checked() {
-        let run = |args: &[&str]| {
-            let mut v = vec!["bufscope", "run"];
-            v.extend(args);
-            let Command::Run(a) = Cli::try_parse_from(v).unwrap().cmd else {
-                unreachable!()
-            };
-            format!("{:#}", a.validate().unwrap_err())
-        };
-        let e = run(&["--guard.mode", "observe", "--guard.persist"]);
-        assert!(e.contains("--bpf.pin-path"), "{e}");
-        let e = run(&["--bpf.pin-path", "bufscope"]);
-        assert!(e.contains("not an absolute path"), "{e}");
-        let e = run(&["--guard.persist"]);
-        assert!(e.contains("--guard.mode is off"), "{e}");
-        let e = Cli::try_parse_from(["bufscope", "cleanup"]).unwrap_err();
-        assert_eq!(e.kind(), clap::error::ErrorKind::MissingRequiredArgument);
-    }
-
-    #[test]
-    fn unknown_flag_is_an_error() {
-        let e = Cli::try_parse_from(["bufscope", "run", "--no-such-flag"]).unwrap_err();
-        assert_eq!(e.kind(), clap::error::ErrorKind::UnknownArgument);
-    }
 }
+
+#[cfg(test)]
+mod tests;

@@ -33,26 +33,32 @@ fn init_logging(k: &KernelArgs) {
     }
 }
 
+/// Prints `bufscope: error: {msg}` and exits 1.
+fn fail(msg: &str) -> ! {
+    eprintln!("bufscope: error: {msg}");
+    std::process::exit(1)
+}
+
 fn main() {
-    let matches = Cli::command().get_matches();
+    let argv: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    let cmd = Cli::command();
+    // Usage errors (unknown flag, malformed value) exit 2 with clap's message.
+    let matches = cmd.clone().get_matches_from(&argv);
+    let (matches, origins) = match bufscope::config::apply(&cmd, &argv, matches) {
+        Ok(m) => m,
+        Err(e) => fail(&format!("{e:#}")),
+    };
     let cli = match Cli::from_arg_matches(&matches) {
         Ok(c) => c,
         Err(e) => e.exit(),
     };
     let code = match cli.cmd {
-        Command::Run(mut args) => {
-            if let Some(path) = args.config_file.clone() {
-                let applied = bufscope::config::load(&path).and_then(|file| {
-                    let sub = matches
-                        .subcommand_matches("run")
-                        .ok_or_else(|| anyhow::anyhow!("internal: no run matches"))?;
-                    bufscope::config::apply(file, &mut args, sub)
-                });
-                if let Err(e) = applied {
-                    eprintln!("bufscope: error: {e:#}");
-                    std::process::exit(1);
-                }
-            }
+        Command::Run(args) => {
+            // Every check before anything is loaded, bound or logged.
+            let addrs = match args.validate() {
+                Ok(a) => a,
+                Err(e) => fail(&origins.explain(&e)),
+            };
             init_logging(&args.kernel);
             let rt = match tokio::runtime::Builder::new_multi_thread()
                 .worker_threads(2)
@@ -60,12 +66,9 @@ fn main() {
                 .build()
             {
                 Ok(rt) => rt,
-                Err(e) => {
-                    eprintln!("bufscope: error: cannot start the runtime: {e}");
-                    std::process::exit(1);
-                }
+                Err(e) => fail(&format!("cannot start the runtime: {e}")),
             };
-            match rt.block_on(bufscope::run::run(*args)) {
+            match rt.block_on(bufscope::run::run(*args, addrs)) {
                 Ok(()) => 0,
                 Err(e) => {
                     eprintln!("bufscope: error: {e:#}");
@@ -81,7 +84,10 @@ fn main() {
             init_logging(&args.kernel);
             bufscope::check::run(&args)
         }
-        Command::Cleanup(args) => bufscope::cleanup::run(&args),
+        Command::Cleanup(args) => match args.validate() {
+            Ok(()) => bufscope::cleanup::run(&args),
+            Err(e) => fail(&e.message),
+        },
         Command::Explain(args) => match bufscope::explain::run(&args) {
             Ok(()) => 0,
             Err(e) => {
