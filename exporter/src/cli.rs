@@ -63,7 +63,7 @@ pub struct PinArgs {
     /// counting goes on while bufscope is not running (restarts, upgrades, crashes) and the
     /// next bufscope continues from the kernel's totals. bpffs is mounted at /sys/fs/bpf when
     /// absent. Without it, nothing outlives bufscope.
-    #[arg(long = "bpf.pin-path", value_name = "DIR")]
+    #[arg(long = "bpf.pin-path", value_name = "DIR", value_parser = absolute_path())]
     pub pin_path: Option<PathBuf>,
 }
 
@@ -71,7 +71,12 @@ pub struct PinArgs {
 #[derive(clap::Args, Debug, Clone)]
 pub struct CleanupArgs {
     /// The directory `bufscope run --bpf.pin-path` pinned in.
-    #[arg(long = "bpf.pin-path", value_name = "DIR", required = true)]
+    #[arg(
+        long = "bpf.pin-path",
+        value_name = "DIR",
+        required = true,
+        value_parser = absolute_path()
+    )]
     pub pin_path: PathBuf,
 }
 
@@ -129,6 +134,7 @@ pub struct KernelArgs {
         long = "drops.reasons",
         value_delimiter = ',',
         value_name = "REASON",
+        value_parser = parse_reason,
         default_values_t = crate::kernel::reasons::DEFAULT_TRACKED.iter().map(|s| s.to_string()).collect::<Vec<_>>()
     )]
     pub reasons: Vec<String>,
@@ -257,6 +263,40 @@ fn at_least_one<T: std::str::FromStr + PartialEq + From<u8>>(s: &str) -> Result<
     Ok(v)
 }
 
+/// An absolute path (`--bpf.pin-path`: a relative one would depend on the directory bufscope
+/// was started in); not necessarily UTF-8.
+fn absolute_path() -> impl clap::builder::TypedValueParser<Value = PathBuf> {
+    use clap::builder::TypedValueParser as _;
+    clap::builder::PathBufValueParser::new().try_map(|p| {
+        if p.is_absolute() {
+            Ok(p)
+        } else {
+            Err("not an absolute path: name a directory on a bpffs, e.g. /sys/fs/bpf/bufscope")
+        }
+    })
+}
+
+/// A drop reason's name: what follows `SKB_DROP_REASON_` in the kernel's enum (whether this
+/// kernel has it is checked against its BTF when loading).
+fn parse_reason(s: &str) -> Result<String, String> {
+    if let Some(rest) = s.strip_prefix("SKB_DROP_REASON_") {
+        return Err(format!(
+            "{s:?}: leave out the SKB_DROP_REASON_ prefix ({rest})"
+        ));
+    }
+    if s.is_empty()
+        || !s
+            .bytes()
+            .all(|b| b.is_ascii_uppercase() || b.is_ascii_digit() || b == b'_')
+    {
+        return Err(format!(
+            "invalid drop reason {s:?}: a name of the kernel's enum skb_drop_reason without \
+             its SKB_DROP_REASON_ prefix, in capitals (e.g. SOCKET_RCVBUFF)"
+        ));
+    }
+    Ok(s.to_string())
+}
+
 /// A ring-buffer size: a power of two of at least one page.
 fn parse_ring_bytes(s: &str) -> Result<u32, String> {
     let v: u32 = s
@@ -339,28 +379,34 @@ impl GuardArgs {
             }
         }
         if let Some(p) = &self.cgroup
-            && !p.is_dir()
+            && crate::kernel::fs_magic(p).ok() != Some(CGROUP2_SUPER_MAGIC)
         {
             return Err(Invalid::new(
                 "guard.cgroup",
                 format!(
-                    "--guard.cgroup {}: not a directory (give a cgroup v2 directory, e.g. under \
-                     the cgroup2 mount)",
+                    "--guard.cgroup {}: not a cgroup v2 directory (give one under the cgroup2 \
+                     mount, e.g. /sys/fs/cgroup/system.slice)",
                     p.display()
                 ),
             ));
         }
+        let given = [
+            ("guard.cgroup", self.cgroup.is_some()),
+            ("guard.comm", !self.comm.is_empty()),
+            ("guard.exclude-comm", !self.exclude_comm.is_empty()),
+            ("guard.udp-floor", self.udp_floor.is_some()),
+            ("guard.raise-sysctl", self.raise_sysctl),
+            ("guard.persist", self.persist),
+        ];
         if self.mode == GuardMode::Off
-            && (self.cgroup.is_some()
-                || !self.comm.is_empty()
-                || !self.exclude_comm.is_empty()
-                || self.udp_floor.is_some()
-                || self.raise_sysctl
-                || self.persist)
+            && let Some((flag, _)) = given.iter().find(|(_, set)| *set)
         {
             return Err(Invalid::new(
-                "guard.mode",
-                "guard flags given but --guard.mode is off: add --guard.mode observe or enforce",
+                flag,
+                format!(
+                    "--{flag} is a guard flag but --guard.mode is off: add --guard.mode \
+                     observe or enforce"
+                ),
             ));
         }
         Ok(())
@@ -379,6 +425,8 @@ impl KernelArgs {
     }
 }
 
+/// `statfs` magic of cgroup2 (`CGROUP2_SUPER_MAGIC`).
+const CGROUP2_SUPER_MAGIC: i64 = 0x6367_7270;
 /// `statfs` magic of procfs (`PROC_SUPER_MAGIC`).
 const PROC_SUPER_MAGIC: i64 = 0x9fa0;
 /// `statfs` magic of bpffs (`BPF_FS_MAGIC`).
@@ -409,6 +457,27 @@ impl RunArgs {
         }
         self.kernel.validate()?;
         self.guard.validate()?;
+        let disabled = |name: &str| self.kernel.disable.iter().any(|d| d == name);
+        let guard = crate::signals::guard::PROBE.name;
+        if self.guard.mode != GuardMode::Off && disabled(guard) {
+            return Err(Invalid::new(
+                "probe.disable",
+                format!(
+                    "--probe.disable {guard} turns off what --guard.mode asks for: remove {guard} \
+                     from --probe.disable, or leave --guard.mode off"
+                ),
+            ));
+        }
+        let setsockopt = crate::signals::setsockopt::PROBE.name;
+        if self.guard.mode == GuardMode::Enforce && disabled(setsockopt) {
+            return Err(Invalid::new(
+                "probe.disable",
+                format!(
+                    "--guard.mode enforce needs the setsockopt probe on cgroup/setsockopt: \
+                     remove {setsockopt} from --probe.disable"
+                ),
+            ));
+        }
         if self.guard.persist && self.pins.pin_path.is_none() {
             return Err(Invalid::new(
                 "guard.persist",
@@ -456,23 +525,6 @@ impl RunArgs {
     }
 }
 
-impl CleanupArgs {
-    /// Checks `--bpf.pin-path` before anything is removed.
-    pub fn validate(&self) -> Result<(), Invalid> {
-        if !self.pin_path.is_absolute() {
-            return Err(Invalid::new(
-                "bpf.pin-path",
-                format!(
-                    "--bpf.pin-path {:?}: not an absolute path (name the directory `bufscope run \
-                     --bpf.pin-path` pinned in, e.g. /sys/fs/bpf/bufscope)",
-                    self.pin_path
-                ),
-            ));
-        }
-        Ok(())
-    }
-}
-
 /// Why `p` is not a regular file.
 fn not_a_file(p: &std::path::Path) -> &'static str {
     match std::fs::metadata(p) {
@@ -483,16 +535,10 @@ fn not_a_file(p: &std::path::Path) -> &'static str {
     }
 }
 
-/// `--bpf.pin-path`: an absolute directory on a bpffs, or below /sys/fs/bpf (where bufscope
-/// mounts one). Checked before anything is created there.
+/// `--bpf.pin-path` of `run` (absolute, see [`absolute_path`]): a directory on a bpffs, or
+/// below /sys/fs/bpf (where bufscope mounts one). Checked before anything is created there.
 fn check_pin_path(p: &std::path::Path) -> Result<(), String> {
     let fix = "name a directory on a bpffs, e.g. /sys/fs/bpf/bufscope";
-    if !p.is_absolute() {
-        return Err(format!(
-            "--bpf.pin-path {}: not an absolute path ({fix})",
-            p.display()
-        ));
-    }
     if p.exists() && !p.is_dir() {
         return Err(format!(
             "--bpf.pin-path {}: not a directory ({fix})",

@@ -39,6 +39,17 @@ fn fail(msg: &str) -> ! {
     std::process::exit(1)
 }
 
+/// Restores the default SIGPIPE action (Rust ignores it): a one-shot command whose output is
+/// piped into a reader that quits early (`bufscope check | head`) then ends quietly like any
+/// other tool, instead of panicking on the failed write. Never for `run`, whose sockets must
+/// not kill it.
+fn default_sigpipe() {
+    // SAFETY: signal(2) with a valid signal number and SIG_DFL; no handler is involved.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
+}
+
 fn main() {
     let argv: Vec<std::ffi::OsString> = std::env::args_os().collect();
     let cmd = Cli::command();
@@ -77,6 +88,7 @@ fn main() {
             }
         }
         Command::Check(mut args) => {
+            default_sigpipe();
             if args.kernel.log_level == tracing::Level::INFO {
                 // The table is the output; only warnings belong next to it.
                 args.kernel.log_level = tracing::Level::WARN;
@@ -84,10 +96,10 @@ fn main() {
             init_logging(&args.kernel);
             bufscope::check::run(&args)
         }
-        Command::Cleanup(args) => match args.validate() {
-            Ok(()) => bufscope::cleanup::run(&args),
-            Err(e) => fail(&e.message),
-        },
+        Command::Cleanup(args) => {
+            default_sigpipe();
+            bufscope::cleanup::run(&args)
+        }
         Command::Explain(args) => match bufscope::explain::run(&args) {
             Ok(()) => 0,
             Err(e) => {
