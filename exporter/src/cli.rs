@@ -5,6 +5,10 @@ use std::time::Duration;
 
 use clap::{Parser, Subcommand, ValueEnum};
 
+pub use crate::values::{
+    Invalid, MAX_DURATION, MIN_POLL_INTERVAL, at_least_one, duration_within, parse_duration,
+};
+
 /// bufscope: per-process socket-buffer telemetry for tunnels and VPN gateways.
 #[derive(Parser, Debug)]
 #[command(name = "bufscope", version, about, long_about = None)]
@@ -63,7 +67,7 @@ pub struct PinArgs {
     /// counting goes on while bufscope is not running (restarts, upgrades, crashes) and the
     /// next bufscope continues from the kernel's totals. bpffs is mounted at /sys/fs/bpf when
     /// absent. Without it, nothing outlives bufscope.
-    #[arg(long = "bpf.pin-path", value_name = "DIR")]
+    #[arg(long = "bpf.pin-path", value_name = "DIR", value_parser = absolute_path())]
     pub pin_path: Option<PathBuf>,
 }
 
@@ -71,7 +75,12 @@ pub struct PinArgs {
 #[derive(clap::Args, Debug, Clone)]
 pub struct CleanupArgs {
     /// The directory `bufscope run --bpf.pin-path` pinned in.
-    #[arg(long = "bpf.pin-path", value_name = "DIR", required = true)]
+    #[arg(
+        long = "bpf.pin-path",
+        value_name = "DIR",
+        required = true,
+        value_parser = absolute_path()
+    )]
     pub pin_path: PathBuf,
 }
 
@@ -115,9 +124,13 @@ pub struct KernelArgs {
         value_name = "FILE"
     )]
     pub btf_path: PathBuf,
-    /// Probes to leave off (repeatable or comma-separated): drops, setsockopt, tcp_state,
-    /// autotune, owners.
-    #[arg(long = "probe.disable", value_delimiter = ',', value_name = "PROBE")]
+    /// Probes to leave off (repeatable or comma-separated).
+    #[arg(
+        long = "probe.disable",
+        value_delimiter = ',',
+        value_name = "PROBE",
+        value_parser = probe_names()
+    )]
     pub disable: Vec<String>,
     /// Kernel drop reasons to count (names as in `enum skb_drop_reason`, without the
     /// `SKB_DROP_REASON_` prefix).
@@ -125,6 +138,7 @@ pub struct KernelArgs {
         long = "drops.reasons",
         value_delimiter = ',',
         value_name = "REASON",
+        value_parser = parse_reason,
         default_values_t = crate::kernel::reasons::DEFAULT_TRACKED.iter().map(|s| s.to_string()).collect::<Vec<_>>()
     )]
     pub reasons: Vec<String>,
@@ -164,8 +178,9 @@ pub struct RunArgs {
     /// Settings file (YAML); flags override it.
     #[arg(long = "config.file", value_name = "FILE")]
     pub config_file: Option<PathBuf>,
-    /// Window over which advice measures drop rates.
-    #[arg(long = "advice.window", default_value = "60s", value_parser = parse_duration, value_name = "DURATION")]
+    /// Window over which advice measures drop rates (1s to 5m, the drop history kept per
+    /// socket).
+    #[arg(long = "advice.window", default_value = "60s", value_parser = duration_within(Duration::from_secs(1), crate::advice::MAX_WINDOW), value_name = "DURATION")]
     pub advice_window: Duration,
     /// Most processes with their own series; the least active beyond this are folded into
     /// `comm="_other"`.
@@ -174,8 +189,8 @@ pub struct RunArgs {
     /// How long series of an exited process stay (e.g. `5m`, `30s`).
     #[arg(long = "retention", default_value = "5m", value_parser = parse_duration, value_name = "DURATION")]
     pub retention: Duration,
-    /// How often the probes' maps are read (scrapes also read them).
-    #[arg(long = "poll-interval", default_value = "1s", value_parser = parse_duration, value_name = "DURATION")]
+    /// How often the probes' maps are read (scrapes also read them); at least 50ms.
+    #[arg(long = "poll-interval", default_value = "1s", value_parser = duration_within(MIN_POLL_INTERVAL, MAX_DURATION), value_name = "DURATION")]
     pub poll_interval: Duration,
     /// `/proc` mount to read (set to the host's `/proc` when running in a container).
     #[arg(long = "path.procfs", default_value = "/proc", value_name = "DIR")]
@@ -215,13 +230,38 @@ pub struct CheckArgs {
     pub kernel: KernelArgs,
 }
 
-/// A count that must be at least 1 (a clap value parser).
-pub fn at_least_one<T: std::str::FromStr + PartialEq + From<u8>>(s: &str) -> Result<T, String> {
-    let v: T = s.parse().map_err(|_| format!("invalid number {s:?}"))?;
-    if v == T::from(0u8) {
-        return Err("must be at least 1".into());
+/// An absolute path (`--bpf.pin-path`: a relative one would depend on the directory bufscope
+/// was started in); not necessarily UTF-8.
+fn absolute_path() -> impl clap::builder::TypedValueParser<Value = PathBuf> {
+    use clap::builder::TypedValueParser as _;
+    clap::builder::PathBufValueParser::new().try_map(|p| {
+        if p.is_absolute() {
+            Ok(p)
+        } else {
+            Err("not an absolute path: name a directory on a bpffs, e.g. /sys/fs/bpf/bufscope")
+        }
+    })
+}
+
+/// A drop reason's name: what follows `SKB_DROP_REASON_` in the kernel's enum (whether this
+/// kernel has it is checked against its BTF when loading).
+fn parse_reason(s: &str) -> Result<String, String> {
+    if let Some(rest) = s.strip_prefix("SKB_DROP_REASON_") {
+        return Err(format!(
+            "{s:?}: leave out the SKB_DROP_REASON_ prefix ({rest})"
+        ));
     }
-    Ok(v)
+    if s.is_empty()
+        || !s
+            .bytes()
+            .all(|b| b.is_ascii_uppercase() || b.is_ascii_digit() || b == b'_')
+    {
+        return Err(format!(
+            "invalid drop reason {s:?}: a name of the kernel's enum skb_drop_reason without \
+             its SKB_DROP_REASON_ prefix, in capitals (e.g. SOCKET_RCVBUFF)"
+        ));
+    }
+    Ok(s.to_string())
 }
 
 /// A ring-buffer size: a power of two of at least one page.
@@ -236,86 +276,160 @@ fn parse_ring_bytes(s: &str) -> Result<u32, String> {
 }
 
 impl KernelArgs {
-    /// Checks what clap cannot (values that name probes, the cgroup2 path), for every
-    /// subcommand.
-    pub fn validate(&self) -> anyhow::Result<()> {
+    /// Checks what clap cannot (the cgroup2 mount), for every subcommand; probe names are
+    /// checked by the parser.
+    pub fn validate(&self) -> Result<(), Invalid> {
         if let Some(p) = &self.cgroup2 {
-            crate::kernel::set_cgroup2_root(p)?;
-        }
-        let names: Vec<&str> = crate::signals::PROBES.iter().map(|s| s.name).collect();
-        for p in &self.disable {
-            if !names.contains(&p.as_str()) {
-                anyhow::bail!(
-                    "unknown probe {p:?} in --probe.disable (probes: {})",
-                    names.join(", ")
-                );
-            }
+            crate::kernel::set_cgroup2_root(p)
+                .map_err(|e| Invalid::new("path.cgroup2", format!("{e:#}")))?;
         }
         Ok(())
     }
 }
 
+use crate::kernel::{BPF_FS_MAGIC, PROC_SUPER_MAGIC};
+/// Where bufscope mounts a bpffs when `--bpf.pin-path` is below it and none is mounted.
+const BPFFS: &str = crate::bpf::pins::dir::BPFFS;
+
 impl RunArgs {
-    /// Checks the flags of `bufscope run` that clap cannot, once the config file is applied;
-    /// returns the addresses to listen on.
-    pub fn validate(&self) -> anyhow::Result<Vec<std::net::SocketAddr>> {
-        let addrs = listen_addrs(&self.listen).map_err(anyhow::Error::msg)?;
-        if !self.telemetry_path.starts_with('/') {
-            anyhow::bail!(
-                "invalid --web.telemetry-path {:?}: it must start with '/'",
-                self.telemetry_path
-            );
+    /// Checks the flags of `bufscope run` that clap cannot, once the config file is merged
+    /// and before anything is loaded; returns the addresses to listen on.
+    pub fn validate(&self) -> Result<Vec<std::net::SocketAddr>, Invalid> {
+        let addrs =
+            listen_addrs(&self.listen).map_err(|e| Invalid::new("web.listen-address", e))?;
+        check_telemetry_path(&self.telemetry_path)
+            .map_err(|e| Invalid::new("web.telemetry-path", e))?;
+        if let Some(p) = &self.web_config
+            && !p.is_file()
+        {
+            return Err(Invalid::new(
+                "web.config.file",
+                format!(
+                    "--web.config.file {}: {} (name the TLS/basic-auth YAML file, or leave the \
+                     flag out)",
+                    p.display(),
+                    not_a_file(p)
+                ),
+            ));
         }
         self.kernel.validate()?;
-        self.signals.validate()?;
-        if self.signals.guard.persist && self.pins.pin_path.is_none() {
-            anyhow::bail!(
-                "--guard.persist keeps the guard attached through pins: add --bpf.pin-path DIR \
-                 (e.g. /sys/fs/bpf/bufscope)"
-            );
+        self.signals.validate(&crate::signals::Context {
+            disabled: &self.kernel.disable,
+            pinned: self.pins.pin_path.is_some(),
+        })?;
+        if let Some(p) = &self.pins.pin_path {
+            check_pin_path(p).map_err(|e| Invalid::new("bpf.pin-path", e))?;
         }
-        if let Some(p) = &self.pins.pin_path
-            && !p.is_absolute()
-        {
-            anyhow::bail!(
-                "--bpf.pin-path {}: not an absolute path (name a directory on a bpffs, e.g. \
-                 /sys/fs/bpf/bufscope)",
-                p.display()
-            );
+        let btf = &self.kernel.btf_path;
+        if !btf.exists() {
+            return Err(Invalid::new(
+                "kernel.btf-path",
+                format!(
+                    "kernel BTF not found at {}: bufscope needs a kernel built with \
+                     CONFIG_DEBUG_INFO_BTF=y (or a BTF file for this kernel passed with \
+                     --kernel.btf-path)",
+                    btf.display()
+                ),
+            ));
         }
-        if !self.kernel.btf_path.exists() {
-            anyhow::bail!(
-                "kernel BTF not found at {}: bufscope needs a kernel built with \
-                 CONFIG_DEBUG_INFO_BTF=y (or a BTF file for this kernel passed with \
-                 --kernel.btf-path)",
-                self.kernel.btf_path.display()
-            );
+        if !btf.is_file() {
+            return Err(Invalid::new(
+                "kernel.btf-path",
+                format!(
+                    "--kernel.btf-path {}: {}: name the kernel's BTF file (e.g. \
+                     /sys/kernel/btf/vmlinux)",
+                    btf.display(),
+                    not_a_file(btf)
+                ),
+            ));
+        }
+        if crate::kernel::fs_magic(&self.procfs).ok() != Some(PROC_SUPER_MAGIC) {
+            return Err(Invalid::new(
+                "path.procfs",
+                format!(
+                    "--path.procfs {}: not a procfs mount (name the host's /proc; in a container \
+                     mount it, e.g. a hostPath volume of /proc at /host/proc)",
+                    self.procfs.display()
+                ),
+            ));
         }
         Ok(addrs)
     }
 }
 
-/// Parses `500ms`, `30s`, `5m`, `1h` (and a bare number of seconds).
-pub fn parse_duration(s: &str) -> Result<Duration, String> {
-    let s = s.trim();
-    let split = s
-        .find(|c: char| !c.is_ascii_digit() && c != '.')
-        .unwrap_or(s.len());
-    let (num, unit) = s.split_at(split);
-    let n: f64 = num
-        .parse()
-        .map_err(|_| format!("invalid duration {s:?}: expected e.g. 500ms, 30s, 5m, 1h"))?;
-    let secs = match unit {
-        "ms" => n / 1000.0,
-        "" | "s" => n,
-        "m" => n * 60.0,
-        "h" => n * 3600.0,
-        _ => return Err(format!("invalid duration unit in {s:?}: use ms, s, m or h")),
-    };
-    if !secs.is_finite() || secs < 0.0 {
-        return Err(format!("invalid duration {s:?}"));
+/// Why `p` is not a regular file.
+fn not_a_file(p: &std::path::Path) -> &'static str {
+    match std::fs::metadata(p) {
+        Ok(m) if m.is_dir() => "a directory, not a file",
+        Ok(_) => "not a regular file",
+        Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => "permission denied",
+        Err(_) => "no such file",
     }
-    Ok(Duration::from_secs_f64(secs))
+}
+
+/// `--bpf.pin-path` of `run` (absolute, see [`absolute_path`]): a directory on a bpffs, or
+/// below /sys/fs/bpf (where bufscope mounts one). Checked before anything is created there.
+fn check_pin_path(p: &std::path::Path) -> Result<(), String> {
+    let fix = "name a directory on a bpffs, e.g. /sys/fs/bpf/bufscope";
+    if p.exists() && !p.is_dir() {
+        return Err(format!(
+            "--bpf.pin-path {}: not a directory ({fix})",
+            p.display()
+        ));
+    }
+    // The nearest existing directory decides where the pin directory would be created.
+    let existing = p.ancestors().find(|a| a.exists()).unwrap_or(p);
+    if crate::kernel::fs_magic(existing).ok() != Some(BPF_FS_MAGIC) && !p.starts_with(BPFFS) {
+        return Err(format!(
+            "--bpf.pin-path {}: not on a bpffs ({fix}, or mount one: `mount -t bpf bpf DIR`)",
+            p.display()
+        ));
+    }
+    Ok(())
+}
+
+/// `--web.telemetry-path`: an absolute URL path of plain segments (letters, digits and
+/// `-._~!$&'()+,;=@`) that is none of the other routes.
+pub fn check_telemetry_path(p: &str) -> Result<(), String> {
+    let bad = |why: &str| {
+        Err(format!(
+            "invalid --web.telemetry-path {p:?}: {why} (e.g. /metrics)"
+        ))
+    };
+    if !p.starts_with('/') {
+        return bad("it must start with '/'");
+    }
+    if let Some(r) = crate::http::ROUTES.iter().find(|r| **r == p) {
+        return Err(format!(
+            "--web.telemetry-path {r} is taken by bufscope's own {} route: pick another path \
+             (e.g. /metrics)",
+            if *r == "/" { "status page" } else { r }
+        ));
+    }
+    if let Some(c) = p
+        .chars()
+        .find(|c| !(c.is_ascii_alphanumeric() || "/-._~!$&'()+,;=@".contains(*c)))
+    {
+        return bad(&format!(
+            "{c:?} is not allowed: use letters, digits, '/' and -._~!$&'()+,;=@"
+        ));
+    }
+    let segments: Vec<&str> = p[1..].split('/').collect();
+    let last = segments.len() - 1;
+    for (i, seg) in segments.iter().enumerate() {
+        if seg.is_empty() && i != last {
+            return bad("empty path segment ('//')");
+        }
+        if *seg == "." || *seg == ".." {
+            return bad("'.' and '..' segments are removed by clients");
+        }
+    }
+    Ok(())
+}
+
+/// `--probe.disable`'s values: the names in [`crate::signals::PROBES`].
+fn probe_names() -> clap::builder::PossibleValuesParser {
+    clap::builder::PossibleValuesParser::new(crate::signals::PROBES.iter().map(|p| p.name))
 }
 
 /// Turns `:9477` / `0.0.0.0:9477` / `[::1]:9477` / `localhost:9477` into socket addresses.
@@ -339,65 +453,4 @@ pub fn listen_addrs(s: &str) -> Result<Vec<std::net::SocketAddr>, String> {
 }
 
 #[cfg(test)]
-mod tests {
-    #![allow(clippy::unwrap_used)]
-    use super::*;
-
-    #[test]
-    fn durations() {
-        assert_eq!(parse_duration("500ms").unwrap(), Duration::from_millis(500));
-        assert_eq!(parse_duration("5m").unwrap(), Duration::from_secs(300));
-        assert_eq!(parse_duration("2").unwrap(), Duration::from_secs(2));
-        assert!(parse_duration("5 parsecs").is_err());
-        assert!(parse_duration("").is_err());
-    }
-
-    #[test]
-    fn listen_address_forms() {
-        assert_eq!(listen_addrs(":9477").unwrap()[0].port(), 9477);
-        assert!(listen_addrs("127.0.0.1:1").unwrap()[0].ip().is_loopback());
-        assert!(listen_addrs("nonsense").is_err());
-        assert!(listen_addrs("127.0.0.1:99999").is_err());
-    }
-
-    #[test]
-    fn unknown_probe_is_an_error_for_every_subcommand() {
-        for sub in ["run", "check"] {
-            let cli =
-                Cli::try_parse_from(["bufscope", sub, "--probe.disable", "drops,nope"]).unwrap();
-            let k = match cli.cmd {
-                Command::Run(a) => a.kernel.clone(),
-                Command::Check(a) => a.kernel,
-                Command::Explain(_) | Command::Top(_) | Command::Cleanup(_) => unreachable!(),
-            };
-            let e = format!("{:#}", k.validate().unwrap_err());
-            assert!(e.contains("\"nope\"") && e.contains("owners"), "{e}");
-        }
-    }
-
-    #[test]
-    fn pin_flags_are_checked() {
-        let run = |args: &[&str]| {
-            let mut v = vec!["bufscope", "run"];
-            v.extend(args);
-            let Command::Run(a) = Cli::try_parse_from(v).unwrap().cmd else {
-                unreachable!()
-            };
-            format!("{:#}", a.validate().unwrap_err())
-        };
-        let e = run(&["--guard.mode", "observe", "--guard.persist"]);
-        assert!(e.contains("--bpf.pin-path"), "{e}");
-        let e = run(&["--bpf.pin-path", "bufscope"]);
-        assert!(e.contains("not an absolute path"), "{e}");
-        let e = run(&["--guard.persist"]);
-        assert!(e.contains("--guard.mode is off"), "{e}");
-        let e = Cli::try_parse_from(["bufscope", "cleanup"]).unwrap_err();
-        assert_eq!(e.kind(), clap::error::ErrorKind::MissingRequiredArgument);
-    }
-
-    #[test]
-    fn unknown_flag_is_an_error() {
-        let e = Cli::try_parse_from(["bufscope", "run", "--no-such-flag"]).unwrap_err();
-        assert_eq!(e.kind(), clap::error::ErrorKind::UnknownArgument);
-    }
-}
+mod tests;

@@ -1,6 +1,17 @@
-//! `--config.file bufscope.yaml`: probe selection, cardinality knobs and the other `run`
-//! settings in a file. Flags given on the command line override the file; the file overrides
-//! built-in defaults. Unknown keys are errors (a typo must not silently do nothing).
+//! `--config.file bufscope.yaml`: the flags of `bufscope run` in a file.
+//!
+//! The file is not parsed on its own: its keys name flags and its values become arguments of
+//! one parse with the command line, so every value goes through the flag's own parser and
+//! every check runs once, whichever side it came from. A flag given on the command line
+//! replaces the file's value (a list too: it is not appended to); the file replaces the
+//! built-in default.
+//!
+//! A flag `--a.b-c` is the key `c` under `a:` with `-` spelled `_` (`--bpf.drops-map-entries` is
+//! `bpf: {drops_map_entries: …}`; `--poll-interval` is `poll_interval` at the top). Four keys of
+//! earlier releases keep working ([`ALIASES`]). Lists are YAML lists (or one
+//! comma-separated string, as on the command line); a switch is `true` or `false`; an empty
+//! value (`key:`) is as if the key were absent. Unknown keys are errors (a typo must not
+//! silently do nothing), with the nearest valid key when there is one.
 //!
 //! ```yaml
 //! web:
@@ -21,6 +32,7 @@
 //!   window: 60s
 //! path:
 //!   procfs: /host/proc
+//!   cgroup2: /host/sys/fs/cgroup
 //! kernel:
 //!   btf_path: /sys/kernel/btf/vmlinux
 //! bpf:
@@ -41,342 +53,432 @@
 //!   persist: false           # with bpf.pin_path: keep the guard attached while bufscope is down
 //! ```
 
+use std::collections::{BTreeMap, HashMap};
+use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 
-use anyhow::Context as _;
-use clap::ArgMatches;
 use clap::parser::ValueSource;
-use serde::Deserialize;
+use clap::{ArgAction, ArgMatches, Command};
+use serde_yaml::Value;
 
-use crate::cli::{LogFormat, RunArgs, parse_duration};
+/// The flag that names the file; the file cannot set it.
+const CONFIG_FLAG: &str = "config.file";
 
-/// The file's shape (every field optional).
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct FileConfig {
-    #[serde(default)]
-    web: Web,
-    #[serde(default)]
-    probes: Probes,
-    #[serde(default)]
-    drops: Drops,
-    #[serde(default)]
-    cardinality: Cardinality,
-    poll_interval: Option<String>,
-    #[serde(default)]
-    attribution: Attribution,
-    #[serde(default)]
-    advice: Advice,
-    #[serde(default)]
-    path: Paths,
-    #[serde(default)]
-    kernel: Kernel,
-    #[serde(default)]
-    bpf: Bpf,
-    #[serde(default)]
-    log: Log,
-    #[serde(default)]
-    guard: Guard,
+/// Keys of earlier releases that do not follow the rule (`--a.b-c` is `a: {b_c: …}`), and the
+/// flag (long name) each sets. The rule's key for these flags works too.
+pub const ALIASES: &[(&str, &str)] = &[
+    ("web.config_file", "web.config.file"),
+    ("probes.disable", "probe.disable"),
+    ("cardinality.max_processes", "max-processes"),
+    ("cardinality.retention", "retention"),
+];
+
+/// How a flag takes its value.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Takes {
+    /// A switch (`--guard.persist`): `true` or `false`.
+    Switch,
+    /// One value.
+    One,
+    /// A list (repeatable, comma-separated).
+    List,
 }
 
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct Web {
-    listen_address: Option<String>,
-    telemetry_path: Option<String>,
-    config_file: Option<PathBuf>,
-}
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct Probes {
-    disable: Option<Vec<String>>,
-}
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct Drops {
-    reasons: Option<Vec<String>>,
-}
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct Cardinality {
-    max_processes: Option<usize>,
-    retention: Option<String>,
-}
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct Attribution {
-    hold: Option<String>,
-}
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct Advice {
-    window: Option<String>,
-}
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct Paths {
-    procfs: Option<PathBuf>,
-    cgroup2: Option<PathBuf>,
-}
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct Kernel {
-    btf_path: Option<PathBuf>,
-}
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct Bpf {
-    drops_map_entries: Option<u32>,
-    owners_map_entries: Option<u32>,
-    autotune_map_entries: Option<u32>,
-    events_ring_bytes: Option<u32>,
-    pin_path: Option<PathBuf>,
-}
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct Guard {
-    mode: Option<crate::signals::guard::GuardMode>,
-    cgroup: Option<PathBuf>,
-    comm: Option<Vec<String>>,
-    exclude_comm: Option<Vec<String>>,
-    udp_floor: Option<u64>,
-    raise_sysctl: Option<bool>,
-    persist: Option<bool>,
-}
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct Log {
-    level: Option<String>,
-    format: Option<String>,
+/// A flag the file can set.
+#[derive(Clone, Debug)]
+struct Setting {
+    /// clap's id (for [`ArgMatches::value_source`]).
+    id: String,
+    /// Long name without `--`.
+    long: String,
+    takes: Takes,
+    /// Whether the flag has a default value (an empty list in the file cannot clear it).
+    has_default: bool,
 }
 
-/// Reads `path`.
-pub fn load(path: &Path) -> anyhow::Result<FileConfig> {
-    let text = std::fs::read_to_string(path)
-        .with_context(|| format!("reading --config.file {}", path.display()))?;
-    serde_yaml::from_str(&text).with_context(|| format!("invalid --config.file {}", path.display()))
+/// The file's keys, derived from a subcommand's flags (whichever struct declares them).
+#[derive(Debug)]
+pub struct Schema {
+    keys: BTreeMap<String, Setting>,
 }
 
-/// Applies `file` to `args` wherever the command line did not set the value itself.
-pub fn apply(file: FileConfig, args: &mut RunArgs, m: &ArgMatches) -> anyhow::Result<()> {
-    let from_cli = |id: &str| m.value_source(id) == Some(ValueSource::CommandLine);
-    let dur = |v: &str, key: &str| {
-        parse_duration(v).map_err(|e| anyhow::anyhow!("--config.file: {key}: {e}"))
+/// The key for a flag: its long name with `-` spelled `_` (the dots nest).
+pub fn key_of(long: &str) -> String {
+    long.replace('-', "_")
+}
+
+impl Schema {
+    /// The keys for the flags of `cmd` (a subcommand).
+    pub fn of(cmd: &Command) -> Self {
+        let mut keys = BTreeMap::new();
+        for arg in cmd.get_arguments() {
+            let Some(long) = arg.get_long() else {
+                continue;
+            };
+            let takes = match arg.get_action() {
+                ArgAction::SetTrue => Takes::Switch,
+                ArgAction::Set => Takes::One,
+                ArgAction::Append => Takes::List,
+                // Help, version, counters: nothing a file sets.
+                _ => continue,
+            };
+            if long == CONFIG_FLAG {
+                continue;
+            }
+            let setting = Setting {
+                id: arg.get_id().to_string(),
+                long: long.to_string(),
+                takes,
+                has_default: !arg.get_default_values().is_empty(),
+            };
+            for (alias, _) in ALIASES.iter().filter(|(_, flag)| *flag == long) {
+                keys.insert((*alias).to_string(), setting.clone());
+            }
+            keys.insert(key_of(long), setting);
+        }
+        Self { keys }
+    }
+
+    /// Every key, sorted.
+    pub fn keys(&self) -> impl Iterator<Item = &str> {
+        self.keys.keys().map(String::as_str)
+    }
+
+    /// Whether `prefix` is a section (`web`, `bpf`): some key is below it.
+    fn is_section(&self, prefix: &str) -> bool {
+        self.keys
+            .keys()
+            .any(|k| k.strip_prefix(prefix).is_some_and(|r| r.starts_with('.')))
+    }
+
+    /// The valid key nearest to `key`, if it is near enough to be a typo of it.
+    fn nearest(&self, key: &str) -> Option<&str> {
+        let (best, d) = self
+            .keys()
+            .map(|k| (k, edit_distance(key, k)))
+            .min_by_key(|(_, d)| *d)?;
+        (d <= (key.len() / 3).max(2)).then_some(best)
+    }
+}
+
+/// One key of the file, as arguments.
+#[derive(Debug)]
+struct Entry {
+    key: String,
+    setting: Setting,
+    args: Vec<OsString>,
+}
+
+/// Where the flags set by the file came from, to name the key when a later check refuses
+/// one of them.
+#[derive(Debug, Default)]
+pub struct Origins {
+    file: Option<PathBuf>,
+    /// Flag long name → key.
+    keys: HashMap<String, String>,
+}
+
+impl Origins {
+    /// The key that set `flag` (long name without `--`), when the file set it.
+    pub fn key(&self, flag: &str) -> Option<&str> {
+        self.keys.get(flag).map(String::as_str)
+    }
+
+    /// `e`'s message, with the file and key when the value came from the file.
+    pub fn explain(&self, e: &crate::cli::Invalid) -> String {
+        match (&self.file, self.key(e.flag)) {
+            (Some(f), Some(key)) => {
+                format!(
+                    "{} (set by {key} in --config.file {})",
+                    e.message,
+                    f.display()
+                )
+            }
+            _ => e.message.clone(),
+        }
+    }
+}
+
+/// When the subcommand in `matches` names a `--config.file`, parses `argv` again with the
+/// file's settings added for every flag the command line leaves unset, and returns those
+/// matches; otherwise returns `matches` as they are. `cmd` is the whole command `argv` was
+/// parsed with (into `matches`). Every error names the file and the key.
+pub fn apply(
+    cmd: &Command,
+    argv: &[OsString],
+    matches: ArgMatches,
+) -> anyhow::Result<(ArgMatches, Origins)> {
+    let Some(path) = config_path(cmd, &matches) else {
+        return Ok((matches, Origins::default()));
     };
-    macro_rules! set {
-        ($id:literal, $field:expr, $val:expr) => {
-            if let Some(v) = $val {
-                if !from_cli($id) {
-                    $field = v;
+    let text = std::fs::read(&path)
+        .map_err(|e| anyhow::anyhow!("--config.file {}: {e}", path.display()))
+        .and_then(|b| {
+            String::from_utf8(b).map_err(|_| {
+                anyhow::anyhow!(
+                    "--config.file {}: not UTF-8 text (the file must be YAML)",
+                    path.display()
+                )
+            })
+        })?;
+    merge(cmd, argv, &matches, &path, &text)
+        .map_err(|e| anyhow::anyhow!("--config.file {}: {e}", path.display()))
+}
+
+/// The `--config.file` of the subcommand in `matches`, if given.
+fn config_path(cmd: &Command, matches: &ArgMatches) -> Option<PathBuf> {
+    let (name, sub) = matches.subcommand()?;
+    let arg = cmd
+        .find_subcommand(name)?
+        .get_arguments()
+        .find(|a| a.get_long() == Some(CONFIG_FLAG))?;
+    sub.get_one::<PathBuf>(arg.get_id().as_str()).cloned()
+}
+
+/// [`apply`] with the file's `text`; errors without the file's name.
+fn merge(
+    cmd: &Command,
+    argv: &[OsString],
+    matches: &ArgMatches,
+    path: &Path,
+    text: &str,
+) -> Result<(ArgMatches, Origins), String> {
+    let Some((name, sub)) = matches.subcommand() else {
+        return Err("no subcommand".into());
+    };
+    let Some(subcmd) = cmd.find_subcommand(name) else {
+        return Err(format!("no subcommand {name}"));
+    };
+    let entries = entries(&Schema::of(subcmd), text)?;
+    let argv0 = argv.first().cloned().unwrap_or_else(|| "bufscope".into());
+    let mut extra = Vec::new();
+    let mut origins = Origins {
+        file: Some(path.to_path_buf()),
+        keys: HashMap::new(),
+    };
+    for e in entries {
+        // The flag's own parser, alone, so that a refusal names the key (whether or not the
+        // command line overrides the value: a broken file is an error either way).
+        let alone = [argv0.clone(), name.into()]
+            .into_iter()
+            .chain(e.args.clone());
+        cmd.clone()
+            .try_get_matches_from(alone)
+            .map_err(|err| format!("{}: {}", e.key, one_line(&err)))?;
+        let from_cli = matches!(
+            sub.value_source(&e.setting.id),
+            Some(ValueSource::CommandLine | ValueSource::EnvVariable)
+        );
+        if !from_cli {
+            origins.keys.insert(e.setting.long.clone(), e.key);
+            extra.extend(e.args);
+        }
+    }
+    // The file's arguments go right after the subcommand's name, the command line's after them.
+    let at = argv
+        .iter()
+        .skip(1)
+        .position(|a| a.as_os_str() == name)
+        .map_or(argv.len(), |i| i + 2);
+    let merged: Vec<OsString> = argv[..at]
+        .iter()
+        .cloned()
+        .chain(extra)
+        .chain(argv[at..].iter().cloned())
+        .collect();
+    let m = cmd
+        .clone()
+        .try_get_matches_from(merged)
+        .map_err(|err| one_line(&err))?;
+    Ok((m, origins))
+}
+
+/// The file's keys as arguments (`--long=value`), in the file's order.
+fn entries(schema: &Schema, text: &str) -> Result<Vec<Entry>, String> {
+    let doc: Value = serde_yaml::from_str(text).map_err(|e| format!("not valid YAML: {e}"))?;
+    let mut out = Vec::new();
+    match doc {
+        Value::Null => {}
+        Value::Mapping(m) => walk(schema, &m, "", &mut out)?,
+        other => {
+            return Err(format!(
+                "expected a mapping of settings (`key: value` lines), found {}",
+                kind(&other)
+            ));
+        }
+    }
+    let mut seen: HashMap<&str, &str> = HashMap::new();
+    for e in &out {
+        if let Some(first) = seen.insert(&e.setting.long, &e.key) {
+            return Err(format!(
+                "{first} and {} both set --{}: keep one",
+                e.key, e.setting.long
+            ));
+        }
+    }
+    Ok(out)
+}
+
+fn walk(
+    schema: &Schema,
+    map: &serde_yaml::Mapping,
+    prefix: &str,
+    out: &mut Vec<Entry>,
+) -> Result<(), String> {
+    for (k, v) in map {
+        let Value::String(k) = k else {
+            return Err(format!(
+                "{}a key is {}: keys are names",
+                if prefix.is_empty() {
+                    String::new()
+                } else {
+                    format!("{prefix}: ")
+                },
+                kind(k)
+            ));
+        };
+        let key = if prefix.is_empty() {
+            k.clone()
+        } else {
+            format!("{prefix}.{k}")
+        };
+        if let Some(setting) = schema.keys.get(&key) {
+            if let Some(args) = args_of(&key, setting, v)? {
+                out.push(Entry {
+                    key,
+                    setting: setting.clone(),
+                    args,
+                });
+            }
+        } else if schema.is_section(&key) {
+            match v {
+                Value::Mapping(m) => walk(schema, m, &key, out)?,
+                Value::Null => {}
+                other => {
+                    return Err(format!(
+                        "{key}: expected a mapping of {key}.* settings, found {}",
+                        kind(other)
+                    ));
                 }
             }
-        };
-    }
-    set!("listen", args.listen, file.web.listen_address);
-    set!(
-        "telemetry_path",
-        args.telemetry_path,
-        file.web.telemetry_path
-    );
-    if let Some(v) = file.web.config_file
-        && !from_cli("web_config")
-    {
-        args.web_config = Some(v);
-    }
-    set!("disable", args.kernel.disable, file.probes.disable);
-    set!("reasons", args.kernel.reasons, file.drops.reasons);
-    set!(
-        "max_processes",
-        args.max_processes,
-        file.cardinality.max_processes
-    );
-    if let Some(v) = file.cardinality.retention {
-        set!(
-            "retention",
-            args.retention,
-            Some(dur(&v, "cardinality.retention")?)
-        );
-    }
-    if let Some(v) = file.poll_interval {
-        set!(
-            "poll_interval",
-            args.poll_interval,
-            Some(dur(&v, "poll_interval")?)
-        );
-    }
-    if let Some(v) = file.attribution.hold {
-        set!(
-            "attribution_hold",
-            args.signals.drops.hold,
-            Some(dur(&v, "attribution.hold")?)
-        );
-    }
-    if let Some(v) = file.advice.window {
-        set!(
-            "advice_window",
-            args.advice_window,
-            Some(dur(&v, "advice.window")?)
-        );
-    }
-    set!("procfs", args.procfs, file.path.procfs);
-    if let Some(v) = file.path.cgroup2
-        && !from_cli("cgroup2")
-    {
-        args.kernel.cgroup2 = Some(v);
-    }
-    set!("mode", args.signals.guard.mode, file.guard.mode);
-    set!("comm", args.signals.guard.comm, file.guard.comm);
-    set!(
-        "exclude_comm",
-        args.signals.guard.exclude_comm,
-        file.guard.exclude_comm
-    );
-    set!(
-        "raise_sysctl",
-        args.signals.guard.raise_sysctl,
-        file.guard.raise_sysctl
-    );
-    set!("persist", args.signals.guard.persist, file.guard.persist);
-    if let Some(v) = file.bpf.pin_path
-        && !from_cli("pin_path")
-    {
-        args.pins.pin_path = Some(v);
-    }
-    if let Some(v) = file.guard.cgroup
-        && !from_cli("cgroup")
-    {
-        args.signals.guard.cgroup = Some(v);
-    }
-    if let Some(v) = file.guard.udp_floor
-        && !from_cli("udp_floor")
-    {
-        if v == 0 {
-            anyhow::bail!("--config.file: guard.udp_floor must be at least 1");
+        } else {
+            // An unknown section: name its first key in full (`wbe.listen_address`), which
+            // is what is compared with the valid keys.
+            let key = first_leaf(key, v);
+            if key == CONFIG_FLAG {
+                return Err(format!("{key}: a config file cannot name another one"));
+            }
+            return Err(match schema.nearest(&key) {
+                Some(n) => format!("unknown key {key} (did you mean {n}?)"),
+                None => format!(
+                    "unknown key {key} (keys are the flags of `bufscope run --help`: \
+                     --a.b-c is b_c under a)"
+                ),
+            });
         }
-        args.signals.guard.udp_floor = Some(v);
-    }
-    set!("btf_path", args.kernel.btf_path, file.kernel.btf_path);
-    set!(
-        "drops_entries",
-        args.signals.drops.entries,
-        file.bpf.drops_map_entries
-    );
-    set!(
-        "owners_entries",
-        args.signals.owners.entries,
-        file.bpf.owners_map_entries
-    );
-    set!(
-        "autotune_entries",
-        args.signals.autotune.entries,
-        file.bpf.autotune_map_entries
-    );
-    if let Some(v) = file.bpf.events_ring_bytes {
-        if v < 4096 || !v.is_power_of_two() {
-            anyhow::bail!(
-                "--config.file: bpf.events_ring_bytes {v} is not a power of two of at least 4096"
-            );
-        }
-        set!("events_ring_bytes", args.events_ring_bytes, Some(v));
-    }
-    for (key, v) in [
-        ("bpf.drops_map_entries", args.signals.drops.entries),
-        ("bpf.owners_map_entries", args.signals.owners.entries),
-        ("bpf.autotune_map_entries", args.signals.autotune.entries),
-    ] {
-        if v == 0 {
-            anyhow::bail!("--config.file: {key} must be at least 1");
-        }
-    }
-    if args.max_processes == 0 {
-        anyhow::bail!("--config.file: cardinality.max_processes must be at least 1");
-    }
-    if let Some(v) = file.log.level {
-        let lvl = v.parse().map_err(|_| {
-            anyhow::anyhow!("--config.file: log.level {v:?}: use error, warn, info, debug or trace")
-        })?;
-        set!("log_level", args.kernel.log_level, Some(lvl));
-    }
-    if let Some(v) = file.log.format {
-        let f = match v.as_str() {
-            "logfmt" => LogFormat::Logfmt,
-            "json" => LogFormat::Json,
-            o => anyhow::bail!("--config.file: log.format {o:?}: use logfmt or json"),
-        };
-        set!("log_format", args.kernel.log_format, Some(f));
     }
     Ok(())
 }
 
-#[cfg(test)]
-mod tests {
-    #![allow(clippy::unwrap_used)]
-    use super::*;
-    use crate::cli::{Cli, Command};
-    use clap::{CommandFactory as _, FromArgMatches as _};
-
-    fn parse(argv: &[&str], yaml: &str) -> anyhow::Result<RunArgs> {
-        let m = Cli::command().try_get_matches_from(argv).unwrap();
-        let Command::Run(mut args) = Cli::from_arg_matches(&m).unwrap().cmd else {
-            panic!("not run");
-        };
-        let sub = m.subcommand_matches("run").unwrap();
-        let file: FileConfig = serde_yaml::from_str(yaml)?;
-        apply(file, &mut args, sub)?;
-        Ok(*args)
-    }
-
-    #[test]
-    fn file_sets_and_flags_override() {
-        let y = "cardinality:\n  max_processes: 10\n  retention: 30s\nprobes:\n  disable: [autotune]\nweb:\n  listen_address: ':9999'\n";
-        let a = parse(&["bufscope", "run"], y).unwrap();
-        assert_eq!(a.max_processes, 10);
-        assert_eq!(a.retention, std::time::Duration::from_secs(30));
-        assert_eq!(a.kernel.disable, vec!["autotune".to_string()]);
-        assert_eq!(a.listen, ":9999");
-        let a = parse(
-            &[
-                "bufscope",
-                "run",
-                "--max-processes",
-                "5",
-                "--web.listen-address",
-                ":1",
-            ],
-            y,
-        )
-        .unwrap();
-        assert_eq!(a.max_processes, 5, "the flag wins");
-        assert_eq!(a.listen, ":1");
-    }
-
-    #[test]
-    fn unknown_keys_and_bad_values_are_errors() {
-        let e = parse(&["bufscope", "run"], "cardinality:\n  max_procs: 3\n").unwrap_err();
-        assert!(format!("{e:#}").contains("max_procs"), "{e:#}");
-        let e = parse(&["bufscope", "run"], "cardinality:\n  retention: soon\n").unwrap_err();
-        assert!(format!("{e:#}").contains("retention"), "{e:#}");
-    }
-
-    #[test]
-    fn pin_path_and_guard_persist_from_the_file() {
-        let y =
-            "bpf:\n  pin_path: /sys/fs/bpf/bufscope\nguard:\n  mode: observe\n  persist: true\n";
-        let a = parse(&["bufscope", "run"], y).unwrap();
-        assert_eq!(
-            a.pins.pin_path.as_deref(),
-            Some(std::path::Path::new("/sys/fs/bpf/bufscope"))
-        );
-        assert!(a.signals.guard.persist);
-        let a = parse(
-            &["bufscope", "run", "--bpf.pin-path", "/sys/fs/bpf/other"],
-            y,
-        )
-        .unwrap();
-        assert_eq!(
-            a.pins.pin_path.as_deref(),
-            Some(std::path::Path::new("/sys/fs/bpf/other")),
-            "the flag wins"
-        );
+/// `key`, or its first key below when `v` is a mapping.
+fn first_leaf(key: String, v: &Value) -> String {
+    match v {
+        Value::Mapping(m) => match m.iter().next() {
+            Some((Value::String(k), v)) => first_leaf(format!("{key}.{k}"), v),
+            _ => key,
+        },
+        _ => key,
     }
 }
+
+/// The arguments for `key: v`; None for an empty value.
+fn args_of(key: &str, s: &Setting, v: &Value) -> Result<Option<Vec<OsString>>, String> {
+    let arg = |x: &str| OsString::from(format!("--{}={x}", s.long));
+    Ok(Some(match (s.takes, v) {
+        (_, Value::Null) => return Ok(None),
+        (Takes::Switch, Value::Bool(true)) => vec![OsString::from(format!("--{}", s.long))],
+        (Takes::Switch, Value::Bool(false)) => Vec::new(),
+        (Takes::Switch, other) => {
+            return Err(format!(
+                "{key}: expected true or false, found {}",
+                kind(other)
+            ));
+        }
+        (Takes::List, Value::Sequence(items)) => {
+            if items.is_empty() && s.has_default {
+                return Err(format!(
+                    "{key}: an empty list: name at least one value, or leave the key out for \
+                     the default"
+                ));
+            }
+            items
+                .iter()
+                .map(|i| scalar(i).map(|x| arg(&x)))
+                .collect::<Option<Vec<_>>>()
+                .ok_or_else(|| format!("{key}: a list of plain values is expected"))?
+        }
+        (Takes::One, Value::Sequence(_)) => {
+            return Err(format!("{key}: takes one value, found a list"));
+        }
+        (_, other) => {
+            let x = scalar(other)
+                .ok_or_else(|| format!("{key}: expected a value, found {}", kind(other)))?;
+            vec![arg(&x)]
+        }
+    }))
+}
+
+/// A string, number or boolean as the command line would spell it.
+fn scalar(v: &Value) -> Option<String> {
+    match v {
+        Value::String(s) => Some(s.clone()),
+        Value::Number(n) => Some(n.to_string()),
+        Value::Bool(b) => Some(b.to_string()),
+        _ => None,
+    }
+}
+
+fn kind(v: &Value) -> &'static str {
+    match v {
+        Value::Null => "empty",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Sequence(_) => "a list",
+        Value::Mapping(_) => "a mapping",
+        Value::Tagged(_) => "a tagged value",
+    }
+}
+
+/// clap's message on one line, without the `error:` prefix and the `--help` hint.
+fn one_line(e: &clap::Error) -> String {
+    e.render()
+        .to_string()
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with("For more information"))
+        .map(|l| l.strip_prefix("error: ").unwrap_or(l))
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// Levenshtein distance (bytes).
+fn edit_distance(a: &str, b: &str) -> usize {
+    let b = b.as_bytes();
+    let mut row: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.bytes().enumerate() {
+        let mut diag = row[0];
+        row[0] = i + 1;
+        for (j, cb) in b.iter().enumerate() {
+            let next = (diag + usize::from(ca != *cb))
+                .min(row[j] + 1)
+                .min(row[j + 1] + 1);
+            diag = row[j + 1];
+            row[j + 1] = next;
+        }
+    }
+    row[b.len()]
+}
+
+#[cfg(test)]
+mod tests;

@@ -25,3 +25,4 @@ pub mod run;
 pub mod signals;
 pub mod store;
 pub mod top;
+pub mod values;

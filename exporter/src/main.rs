@@ -33,26 +33,43 @@ fn init_logging(k: &KernelArgs) {
     }
 }
 
+/// Prints `bufscope: error: {msg}` and exits 1.
+fn fail(msg: &str) -> ! {
+    eprintln!("bufscope: error: {msg}");
+    std::process::exit(1)
+}
+
+/// Restores the default SIGPIPE action (Rust ignores it): a one-shot command whose output is
+/// piped into a reader that quits early (`bufscope check | head`) then ends quietly like any
+/// other tool, instead of panicking on the failed write. Never for `run`, whose sockets must
+/// not kill it.
+fn default_sigpipe() {
+    // SAFETY: signal(2) with a valid signal number and SIG_DFL; no handler is involved.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
+}
+
 fn main() {
-    let matches = Cli::command().get_matches();
+    let argv: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    let cmd = Cli::command();
+    // Usage errors (unknown flag, malformed value) exit 2 with clap's message.
+    let matches = cmd.clone().get_matches_from(&argv);
+    let (matches, origins) = match bufscope::config::apply(&cmd, &argv, matches) {
+        Ok(m) => m,
+        Err(e) => fail(&format!("{e:#}")),
+    };
     let cli = match Cli::from_arg_matches(&matches) {
         Ok(c) => c,
         Err(e) => e.exit(),
     };
     let code = match cli.cmd {
-        Command::Run(mut args) => {
-            if let Some(path) = args.config_file.clone() {
-                let applied = bufscope::config::load(&path).and_then(|file| {
-                    let sub = matches
-                        .subcommand_matches("run")
-                        .ok_or_else(|| anyhow::anyhow!("internal: no run matches"))?;
-                    bufscope::config::apply(file, &mut args, sub)
-                });
-                if let Err(e) = applied {
-                    eprintln!("bufscope: error: {e:#}");
-                    std::process::exit(1);
-                }
-            }
+        Command::Run(args) => {
+            // Every check before anything is loaded, bound or logged.
+            let addrs = match args.validate() {
+                Ok(a) => a,
+                Err(e) => fail(&origins.explain(&e)),
+            };
             init_logging(&args.kernel);
             let rt = match tokio::runtime::Builder::new_multi_thread()
                 .worker_threads(2)
@@ -60,12 +77,9 @@ fn main() {
                 .build()
             {
                 Ok(rt) => rt,
-                Err(e) => {
-                    eprintln!("bufscope: error: cannot start the runtime: {e}");
-                    std::process::exit(1);
-                }
+                Err(e) => fail(&format!("cannot start the runtime: {e}")),
             };
-            match rt.block_on(bufscope::run::run(*args)) {
+            match rt.block_on(bufscope::run::run(*args, addrs)) {
                 Ok(()) => 0,
                 Err(e) => {
                     eprintln!("bufscope: error: {e:#}");
@@ -74,6 +88,7 @@ fn main() {
             }
         }
         Command::Check(mut args) => {
+            default_sigpipe();
             if args.kernel.log_level == tracing::Level::INFO {
                 // The table is the output; only warnings belong next to it.
                 args.kernel.log_level = tracing::Level::WARN;
@@ -81,7 +96,10 @@ fn main() {
             init_logging(&args.kernel);
             bufscope::check::run(&args)
         }
-        Command::Cleanup(args) => bufscope::cleanup::run(&args),
+        Command::Cleanup(args) => {
+            default_sigpipe();
+            bufscope::cleanup::run(&args)
+        }
         Command::Explain(args) => match bufscope::explain::run(&args) {
             Ok(()) => 0,
             Err(e) => {

@@ -54,9 +54,8 @@ pub fn preflight() -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Runs the exporter until SIGINT/SIGTERM.
-pub async fn run(args: RunArgs) -> anyhow::Result<()> {
-    let addrs = args.validate()?;
+/// Runs the exporter until SIGINT/SIGTERM; `addrs` are [`RunArgs::validate`]'s.
+pub async fn run(args: RunArgs, addrs: Vec<std::net::SocketAddr>) -> anyhow::Result<()> {
     preflight()?;
     http::serve::raise_nofile_limit();
     let web = match args.web_config.as_deref() {

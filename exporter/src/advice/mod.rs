@@ -17,6 +17,10 @@ use serde::Serialize;
 use crate::labels::{BufOption, Proto};
 use crate::store::{ProcMeta, ProcRef};
 
+/// The longest window advice measures drop rates over (`--advice.window`): the drop history a
+/// room keeps per socket.
+pub const MAX_WINDOW: Duration = Duration::from_secs(300);
+
 /// Version of the `/api/v1/findings` schema. Bumped only on incompatible changes.
 pub const SCHEMA_VERSION: u32 = 1;
 

@@ -40,14 +40,23 @@ pub struct App {
     pub probes: Arc<Vec<ProbeStatus>>,
 }
 
-/// Every route, behind the auth/headers middleware.
+const HEALTHZ: &str = "/healthz";
+const FINDINGS: &str = "/api/v1/findings";
+const STATUS: &str = "/api/v1/status";
+const INDEX: &str = "/";
+
+/// The fixed routes: `--web.telemetry-path` must be none of them.
+pub const ROUTES: [&str; 4] = [HEALTHZ, FINDINGS, STATUS, INDEX];
+
+/// Every route, behind the auth/headers middleware. `telemetry_path` must have passed
+/// [`crate::cli::check_telemetry_path`] (an invalid or taken path panics here).
 pub fn router(app: App, telemetry_path: &str, auth: auth::Auth) -> Router {
     Router::new()
         .route(telemetry_path, get(metrics_handler))
-        .route("/healthz", get(healthz))
-        .route("/api/v1/findings", get(findings_handler))
-        .route("/api/v1/status", get(status_handler))
-        .route("/", get(index))
+        .route(HEALTHZ, get(healthz))
+        .route(FINDINGS, get(findings_handler))
+        .route(STATUS, get(status_handler))
+        .route(INDEX, get(index))
         .with_state(app)
         .layer(axum::middleware::from_fn_with_state(auth, auth::middleware))
 }

@@ -210,16 +210,27 @@ static CGROUP2_ROOT: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
 /// `CGROUP2_SUPER_MAGIC`.
 const CGROUP2_SUPER_MAGIC: i64 = 0x6367_7270;
 
-/// Whether `dir` is the root of a cgroup2 mount.
-fn is_cgroup2(dir: &Path) -> std::io::Result<bool> {
-    let c = std::ffi::CString::new(dir.as_os_str().as_encoded_bytes())
+/// Whether `dir` is on a cgroup2 file system.
+pub fn is_cgroup2(dir: &Path) -> std::io::Result<bool> {
+    Ok(fs_magic(dir)? == CGROUP2_SUPER_MAGIC)
+}
+
+/// `BPF_FS_MAGIC`: the `statfs` type of bpffs.
+pub const BPF_FS_MAGIC: i64 = 0xcafe_4a11;
+/// `PROC_SUPER_MAGIC`: the `statfs` type of procfs.
+pub const PROC_SUPER_MAGIC: i64 = 0x9fa0;
+
+/// The `statfs(2)` type (`f_type`, the file system's magic number) of the file system `path`
+/// is on.
+pub fn fs_magic(path: &Path) -> std::io::Result<i64> {
+    let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes())
         .map_err(|_| std::io::Error::from(std::io::ErrorKind::InvalidInput))?;
     // SAFETY: statfs with a NUL-terminated path and a zeroed struct it fills.
     let mut st: libc::statfs = unsafe { std::mem::zeroed() };
     if unsafe { libc::statfs(c.as_ptr(), &mut st) } != 0 {
         return Err(std::io::Error::last_os_error());
     }
-    Ok(st.f_type as i64 == CGROUP2_SUPER_MAGIC)
+    Ok(st.f_type as i64)
 }
 
 /// Uses `dir` as the cgroup2 root (`--path.cgroup2`) after checking that it is one; on hosts

@@ -71,7 +71,7 @@ pub struct Flags {
         long = "bpf.autotune-map-entries",
         default_value_t = 16384,
         value_name = "N",
-        value_parser = crate::cli::at_least_one::<u32>
+        value_parser = crate::values::at_least_one::<u32>
     )]
     pub entries: u32,
 }

@@ -44,8 +44,8 @@ use crate::kernel::KernelBtf;
 pub use crate::bpf::Attached;
 pub use crate::bpf::{decode, take_map};
 pub use room::{
-    AdviceCx, BuildEnv, CheckLine, Cx, GcCx, MapFill, NoFlags, Part, Room, Services, Signal,
-    when_attached,
+    AdviceCx, BuildEnv, CheckLine, Context, Cx, GcCx, MapFill, NoFlags, Part, Room, Services,
+    Signal, when_attached,
 };
 
 /// One process's counters, with one part per room.
@@ -74,8 +74,8 @@ macro_rules! signals {
 
         impl Flags {
             /// Every room checks its flags beyond what clap checks.
-            pub fn validate(&self) -> anyhow::Result<()> {
-                $( <$room as Room>::validate(&self.$field)?; )*
+            pub fn validate(&self, cx: &Context<'_>) -> Result<(), crate::values::Invalid> {
+                $( <$room as Room>::validate(&self.$field, cx)?; )*
                 Ok(())
             }
         }

@@ -56,7 +56,7 @@ pub struct Flags {
         long = "bpf.owners-map-entries",
         default_value_t = 65536,
         value_name = "N",
-        value_parser = crate::cli::at_least_one::<u32>
+        value_parser = crate::values::at_least_one::<u32>
     )]
     pub entries: u32,
 }

@@ -16,6 +16,7 @@ use crate::bpf::pins::Outcome;
 use crate::bpf::{Attached, LoadPlan, ProbeSpec, ProbeStatus, Stats};
 use crate::kernel::{BufferLimits, DropReasons, KernelBtf};
 use crate::store::ProcRef;
+use crate::values::Invalid;
 
 /// A room's part of one process's counters ([`super::Parts`] holds one per room).
 pub trait Part: Clone + std::fmt::Debug + Default + Send + Sync + 'static {
@@ -87,6 +88,14 @@ impl BuildEnv<'_> {
     }
 }
 
+/// What a room's flags are checked with: the rest of the command line.
+pub struct Context<'a> {
+    /// `--probe.disable`.
+    pub disabled: &'a [String],
+    /// `--bpf.pin-path` is given.
+    pub pinned: bool,
+}
+
 /// A line a room adds to `bufscope check` (e.g. whether an optional hook exists here).
 pub struct CheckLine {
     /// Ok (else a warning: the room works without it).
@@ -109,8 +118,9 @@ pub trait Room: Sized + Send + 'static {
     /// What it resolved from its flags before loading, handed to [`Room::take`].
     type Setup: Send;
 
-    /// Checks its flags beyond what clap checks (before anything is loaded).
-    fn validate(_flags: &Self::Flags) -> anyhow::Result<()> {
+    /// Checks its flags beyond what clap checks, with the rest of the command line (before
+    /// anything is loaded).
+    fn validate(_flags: &Self::Flags, _cx: &Context<'_>) -> Result<(), Invalid> {
         Ok(())
     }
 

@@ -1,8 +1,6 @@
 //! The pin directory on its bpffs: making it usable (bpffs mounted when absent, `maps/` and
 //! `links/`), listing it, and removing what bufscope pinned there (`bufscope cleanup`).
 
-use std::ffi::CString;
-use std::os::unix::ffi::OsStrExt as _;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context as _, bail};
@@ -10,8 +8,6 @@ use aya::maps::MapInfo;
 
 use super::meta::{self, PinMeta};
 
-/// `statfs` magic of bpffs.
-const BPF_FS_MAGIC: i64 = 0xcafe_4a11;
 /// Where bpffs is conventionally mounted (and is mounted by bufscope when absent).
 pub const BPFFS: &str = "/sys/fs/bpf";
 
@@ -45,14 +41,7 @@ pub fn ensure(dir: &Path) -> anyhow::Result<()> {
 
 /// Whether `p` is on a bpffs.
 pub fn is_bpffs(p: &Path) -> bool {
-    let Ok(c) = CString::new(p.as_os_str().as_bytes()) else {
-        return false;
-    };
-    // SAFETY: statfs fills the zeroed struct; `c` is a valid NUL-terminated path.
-    unsafe {
-        let mut s: libc::statfs = std::mem::zeroed();
-        libc::statfs(c.as_ptr(), &mut s) == 0 && s.f_type as i64 == BPF_FS_MAGIC
-    }
+    crate::kernel::fs_magic(p).ok() == Some(crate::kernel::BPF_FS_MAGIC)
 }
 
 fn mount_bpffs() -> anyhow::Result<()> {

@@ -139,12 +139,12 @@ pub struct Flags {
         long = "bpf.drops-map-entries",
         default_value_t = 16384,
         value_name = "N",
-        value_parser = crate::cli::at_least_one::<u32>
+        value_parser = crate::values::at_least_one::<u32>
     )]
     pub entries: u32,
     /// How long drops of a socket whose owner is not found yet are held before they are
     /// counted under `comm="_unknown"`.
-    #[arg(id = "attribution_hold", long = "attribution.hold", default_value = "10s", value_parser = crate::cli::parse_duration, value_name = "DURATION")]
+    #[arg(id = "attribution_hold", long = "attribution.hold", default_value = "10s", value_parser = crate::values::parse_duration, value_name = "DURATION")]
     pub hold: Duration,
 }
 

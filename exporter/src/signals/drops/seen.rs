@@ -28,7 +28,7 @@ pub struct Seen {
 }
 
 /// How much per-key history is kept for rates.
-pub const HISTORY: Duration = Duration::from_secs(300);
+pub const HISTORY: Duration = crate::advice::MAX_WINDOW;
 
 /// Spacing of the kept samples (rates are exact over [sample, now], with the window start
 /// rounded down to a sample at most this much earlier).

@@ -26,13 +26,15 @@ pub use settings::{Flags, GuardMode, Settings, bpf_config, policy_tcp_autotune, 
 use settings::{Setup, require_enforce, resolve};
 
 use super::{
-    AdviceCx, Attached, BuildEnv, Cx, Part, ProcStats, Room, Services, Signal, decode, setsockopt,
+    AdviceCx, Attached, BuildEnv, Context, Cx, Part, ProcStats, Room, Services, Signal, decode,
+    setsockopt,
 };
 use crate::advice::{GuardAct, Inputs};
 use crate::bpf::{Hook, LoadPlan, ProbeSpec, Purpose};
 use crate::exposition::Spec;
 use crate::labels::Proto;
 use crate::store::Who;
+use crate::values::Invalid;
 
 /// The probe (only the bind/connect/sendmsg part: the setsockopt decisions ride on the
 /// setsockopt room's `cgroup/setsockopt`).
@@ -171,8 +173,8 @@ impl Room for Guard {
     type Flags = Flags;
     type Setup = Setup;
 
-    fn validate(flags: &Flags) -> anyhow::Result<()> {
-        flags.validate()
+    fn validate(flags: &Flags, cx: &Context<'_>) -> Result<(), Invalid> {
+        flags.validate(cx)
     }
 
     fn prepare(flags: &Flags, plan: &mut LoadPlan) -> anyhow::Result<Setup> {

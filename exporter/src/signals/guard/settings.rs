@@ -10,7 +10,8 @@ use bufscope_policy as policy;
 use clap::ValueEnum;
 
 use super::PROBE;
-use crate::signals::setsockopt;
+use crate::signals::{Context, setsockopt};
+use crate::values::Invalid;
 
 /// `--guard.mode`.
 #[derive(Clone, Copy, Debug, ValueEnum, PartialEq, Eq, Default, serde::Deserialize)]
@@ -48,8 +49,8 @@ pub struct Flags {
     )]
     pub exclude_comm: Vec<String>,
     /// UDP buffer floor in bytes (the SO_RCVBUF/SO_SNDBUF value; the kernel doubles it).
-    /// Default: the policy's (7 MiB).
-    #[arg(long = "guard.udp-floor", value_name = "BYTES", value_parser = crate::cli::at_least_one::<u64>)]
+    /// Default: the policy's (7 MiB); at most 2147483647 (`SO_RCVBUF` takes an `int`).
+    #[arg(long = "guard.udp-floor", value_name = "BYTES", value_parser = clap::value_parser!(u64).range(1..=i32::MAX as u64))]
     pub udp_floor: Option<u64>,
     /// Raise net.core.rmem_max/wmem_max to the floor at start (host-wide; never lowered).
     #[arg(long = "guard.raise-sysctl")]
@@ -61,39 +62,86 @@ pub struct Flags {
 }
 
 impl Flags {
-    /// Checks the guard flags that clap cannot.
-    pub fn validate(&self) -> anyhow::Result<()> {
+    /// Checks the guard flags that clap cannot, with the rest of the command line (`cx`).
+    pub fn validate(&self, cx: &Context<'_>) -> Result<(), Invalid> {
         if !self.comm.is_empty() && !self.exclude_comm.is_empty() {
-            anyhow::bail!("--guard.comm and --guard.exclude-comm cannot be combined: use one list");
+            return Err(Invalid::new(
+                "guard.exclude-comm",
+                "--guard.comm and --guard.exclude-comm cannot be combined: use one list",
+            ));
         }
-        for c in self.comm.iter().chain(&self.exclude_comm) {
-            if c.is_empty() || c.len() > 15 {
-                anyhow::bail!(
-                    "invalid comm {c:?} in --guard.comm/--guard.exclude-comm: a process name \
-                     is 1 to 15 bytes (the kernel's comm)"
-                );
+        for (flag, list) in [
+            ("guard.comm", &self.comm),
+            ("guard.exclude-comm", &self.exclude_comm),
+        ] {
+            if let Some(c) = list.iter().find(|c| c.is_empty() || c.len() > 15) {
+                return Err(Invalid::new(
+                    flag,
+                    format!(
+                        "invalid comm {c:?} in --{flag}: a process name is 1 to 15 bytes (the \
+                         kernel's comm)"
+                    ),
+                ));
             }
         }
         if let Some(p) = &self.cgroup
-            && !p.is_dir()
+            && !crate::kernel::is_cgroup2(p).unwrap_or(false)
         {
-            anyhow::bail!(
-                "--guard.cgroup {}: not a directory (give a cgroup v2 directory, e.g. under \
-                 the cgroup2 mount)",
-                p.display()
-            );
+            return Err(Invalid::new(
+                "guard.cgroup",
+                format!(
+                    "--guard.cgroup {}: not a cgroup v2 directory (give one under the cgroup2 \
+                     mount, e.g. /sys/fs/cgroup/system.slice)",
+                    p.display()
+                ),
+            ));
         }
+        let given = [
+            ("guard.cgroup", self.cgroup.is_some()),
+            ("guard.comm", !self.comm.is_empty()),
+            ("guard.exclude-comm", !self.exclude_comm.is_empty()),
+            ("guard.udp-floor", self.udp_floor.is_some()),
+            ("guard.raise-sysctl", self.raise_sysctl),
+            ("guard.persist", self.persist),
+        ];
         if self.mode == GuardMode::Off
-            && (self.cgroup.is_some()
-                || !self.comm.is_empty()
-                || !self.exclude_comm.is_empty()
-                || self.udp_floor.is_some()
-                || self.raise_sysctl
-                || self.persist)
+            && let Some((flag, _)) = given.iter().find(|(_, set)| *set)
         {
-            anyhow::bail!(
-                "guard flags given but --guard.mode is off: add --guard.mode observe or enforce"
-            );
+            return Err(Invalid::new(
+                flag,
+                format!(
+                    "--{flag} is a guard flag but --guard.mode is off: add --guard.mode \
+                     observe or enforce"
+                ),
+            ));
+        }
+        let disabled = |name: &str| cx.disabled.iter().any(|d| d == name);
+        let guard = PROBE.name;
+        if self.mode != GuardMode::Off && disabled(guard) {
+            return Err(Invalid::new(
+                "probe.disable",
+                format!(
+                    "--probe.disable {guard} turns off what --guard.mode asks for: remove {guard} \
+                     from --probe.disable, or leave --guard.mode off"
+                ),
+            ));
+        }
+        let setsockopt = setsockopt::PROBE.name;
+        if self.mode == GuardMode::Enforce && disabled(setsockopt) {
+            return Err(Invalid::new(
+                "probe.disable",
+                format!(
+                    "--guard.mode enforce needs the setsockopt probe on cgroup/setsockopt: \
+                     remove {setsockopt} from --probe.disable"
+                ),
+            ));
+        }
+        if self.persist && !cx.pinned {
+            return Err(Invalid::new(
+                "guard.persist",
+                "--guard.persist keeps the guard attached through pins: add --bpf.pin-path DIR \
+                 (e.g. /sys/fs/bpf/bufscope)",
+            ));
         }
         Ok(())
     }

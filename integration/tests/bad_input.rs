@@ -1,0 +1,339 @@
+//! Bad operator input against the real binary: flags of every subcommand with values that
+//! must be refused (empty, huge, negative, malformed, non-UTF-8, a directory where a file is
+//! expected, a file that is not YAML, a YAML list, a route bufscope serves itself…), given on
+//! the command line and in `--config.file`. Each must end in a usage error (exit 2, clap's
+//! message) or in one line on stderr (exit 1), naming the flag (and the key for the file),
+//! never in a panic (101), and before bufscope reaches the kernel: bpftrace counts the
+//! `bpf(2)`, `mount(2)`, `mkdir(2)` and `bind(2)` calls of every bufscope process meanwhile
+//! (there must be none) and `bpftool prog show` lists no program that was not there before.
+#![allow(clippy::unwrap_used)]
+
+use std::collections::BTreeSet;
+use std::ffi::OsString;
+use std::os::unix::ffi::OsStringExt as _;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use bufscope_integration::{TempDir, bpftrace, bufscope_bin, require_root};
+
+/// One bad input: the arguments, the exit code and a text the first error line must hold.
+struct Case {
+    args: Vec<OsString>,
+    code: i32,
+    names: String,
+}
+
+fn case(args: &[&str], code: i32, names: &str) -> Case {
+    Case {
+        args: args.iter().map(OsString::from).collect(),
+        code,
+        names: names.to_string(),
+    }
+}
+
+/// `bufscope run <args>` on an ephemeral port (if it wrongly started, it would not take :9477).
+fn run(args: &[&str], code: i32, names: &str) -> Case {
+    let mut c = case(&["run"], code, names);
+    c.args.extend(args.iter().map(OsString::from));
+    if !args.contains(&"--web.listen-address") {
+        c.args
+            .extend(["--web.listen-address", "127.0.0.1:0"].map(OsString::from));
+    }
+    c
+}
+
+fn cases(dir: &Path) -> Vec<Case> {
+    let file = |name: &str, text: &[u8]| {
+        let p = dir.join(name);
+        std::fs::write(&p, text).unwrap();
+        p.display().to_string()
+    };
+    let sub = dir.join("a-directory");
+    std::fs::create_dir_all(&sub).unwrap();
+    let sub = sub.display().to_string();
+    let garbage = file("garbage.bin", b"\x7fELF\x00\x01\x02\xff\xfe");
+    let list = file("list.yaml", b"- web\n- bpf\n");
+    let scalar = file("scalar.yaml", b"just a string\n");
+    let reserved = file("reserved.yaml", b"web:\n  telemetry_path: /healthz\n");
+    let huge = file(
+        "huge.yaml",
+        b"cardinality:\n  retention: 99999999999999999999h\n",
+    );
+    let typo = file("typo.yaml", b"cardinality:\n  max_procs: 3\n");
+    let probe = file("probe.yaml", b"probes:\n  disable: [dorps]\n");
+    let broken = file("broken.yaml", b"web: {listen_address: ':1'\n");
+    let pins = dir.join("pins").display().to_string();
+    let mut v = vec![
+        // The telemetry path: bufscope's own routes and paths no route can have.
+        run(
+            &["--web.telemetry-path", "/healthz"],
+            1,
+            "--web.telemetry-path",
+        ),
+        run(&["--web.telemetry-path", "/"], 1, "--web.telemetry-path"),
+        run(
+            &["--web.telemetry-path", "/api/v1/findings"],
+            1,
+            "--web.telemetry-path",
+        ),
+        run(
+            &["--web.telemetry-path", "/api/v1/status"],
+            1,
+            "--web.telemetry-path",
+        ),
+        run(&["--web.telemetry-path", ""], 1, "--web.telemetry-path"),
+        run(
+            &["--web.telemetry-path", "metrics"],
+            1,
+            "--web.telemetry-path",
+        ),
+        run(&["--web.telemetry-path", "/:x"], 1, "--web.telemetry-path"),
+        run(&["--web.telemetry-path", "/*x"], 1, "--web.telemetry-path"),
+        run(&["--web.telemetry-path", "/{x}"], 1, "--web.telemetry-path"),
+        run(
+            &["--web.telemetry-path", "/a//b"],
+            1,
+            "--web.telemetry-path",
+        ),
+        run(
+            &["--web.telemetry-path", "/m etrics"],
+            1,
+            "--web.telemetry-path",
+        ),
+        // Durations: huge, over a year, negative, empty, below the minimum.
+        run(&["--retention", "99999999999999999999h"], 2, "--retention"),
+        run(&["--retention", "9000h"], 2, "--retention"),
+        run(&["--retention=-5s"], 2, "--retention"),
+        run(&["--retention", ""], 2, "--retention"),
+        run(
+            &["--attribution.hold", "99999999999999999999h"],
+            2,
+            "--attribution.hold",
+        ),
+        run(
+            &["--advice.window", "99999999999999999999h"],
+            2,
+            "--advice.window",
+        ),
+        run(&["--advice.window", "0"], 2, "--advice.window"),
+        run(
+            &["--poll-interval", "99999999999999999999h"],
+            2,
+            "--poll-interval",
+        ),
+        run(&["--poll-interval", "0"], 2, "--poll-interval"),
+        // Counts and sizes.
+        run(&["--max-processes", "0"], 2, "--max-processes"),
+        run(&["--max-processes=-1"], 2, "--max-processes"),
+        run(
+            &["--max-processes", "99999999999999999999999"],
+            2,
+            "--max-processes",
+        ),
+        run(
+            &["--bpf.drops-map-entries", "0"],
+            2,
+            "--bpf.drops-map-entries",
+        ),
+        run(
+            &["--bpf.owners-map-entries", "4294967296"],
+            2,
+            "--bpf.owners-map-entries",
+        ),
+        run(
+            &["--bpf.events-ring-bytes", "4095"],
+            2,
+            "--bpf.events-ring-bytes",
+        ),
+        run(
+            &["--guard.udp-floor", "99999999999"],
+            2,
+            "--guard.udp-floor",
+        ),
+        // Names.
+        run(&["--probe.disable", "dorps"], 2, "--probe.disable"),
+        run(&["--probe.disable", ""], 2, "--probe.disable"),
+        run(&["--drops.reasons", ""], 2, "--drops.reasons"),
+        run(&["--log.level", "loud"], 2, "--log.level"),
+        run(&["--guard.mode", "on"], 2, "--guard.mode"),
+        run(&["--guard.persist"], 1, "--guard.persist"),
+        run(
+            &[
+                "--guard.mode",
+                "observe",
+                "--guard.comm",
+                "a-name-of-16-chr",
+            ],
+            1,
+            "--guard.comm",
+        ),
+        run(
+            &["--guard.mode", "observe", "--guard.cgroup", "/tmp"],
+            1,
+            "--guard.cgroup",
+        ),
+        run(
+            &["--guard.mode", "observe", "--probe.disable", "guard"],
+            1,
+            "--probe.disable",
+        ),
+        run(
+            &["--guard.mode", "enforce", "--probe.disable", "setsockopt"],
+            1,
+            "--probe.disable",
+        ),
+        // Addresses.
+        run(&["--web.listen-address", ""], 1, "--web.listen-address"),
+        run(
+            &["--web.listen-address", ":99999"],
+            1,
+            "--web.listen-address",
+        ),
+        // Files and directories.
+        run(&["--web.config.file", &sub], 1, "--web.config.file"),
+        run(
+            &["--web.config.file", "/nonexistent/web.yml"],
+            1,
+            "--web.config.file",
+        ),
+        run(&["--kernel.btf-path", &sub], 1, "--kernel.btf-path"),
+        run(
+            &["--kernel.btf-path", "/nonexistent/vmlinux"],
+            1,
+            "--kernel.btf-path",
+        ),
+        run(&["--path.procfs", &sub], 1, "--path.procfs"),
+        run(&["--path.cgroup2", &sub], 1, "--path.cgroup2"),
+        run(&["--bpf.pin-path", "relative"], 2, "--bpf.pin-path"),
+        run(&["--bpf.pin-path", &garbage], 1, "--bpf.pin-path"),
+        run(&["--bpf.pin-path", &pins], 1, "--bpf.pin-path"),
+        // The config file: missing, a directory, not text, not a mapping, bad keys and values.
+        run(
+            &["--config.file", "/nonexistent/bufscope.yaml"],
+            1,
+            "--config.file",
+        ),
+        run(&["--config.file", &sub], 1, "--config.file"),
+        run(&["--config.file", &garbage], 1, "--config.file"),
+        run(&["--config.file", &list], 1, "--config.file"),
+        run(&["--config.file", &scalar], 1, "--config.file"),
+        run(&["--config.file", &broken], 1, "--config.file"),
+        run(&["--config.file", &typo], 1, "cardinality.max_processes"),
+        run(&["--config.file", &huge], 1, "cardinality.retention"),
+        run(&["--config.file", &probe], 1, "probes.disable"),
+        run(&["--config.file", &reserved], 1, "web.telemetry_path"),
+        // The other subcommands.
+        case(&["check", "--probe.disable", "dorps"], 2, "--probe.disable"),
+        case(
+            &["check", "--bpf.pin-path", "relative"],
+            2,
+            "--bpf.pin-path",
+        ),
+        case(&["cleanup", "--bpf.pin-path", ""], 2, "--bpf.pin-path"),
+        case(
+            &["cleanup", "--bpf.pin-path", "relative"],
+            2,
+            "--bpf.pin-path",
+        ),
+        case(&["cleanup", "--bpf.pin-path", &sub], 1, "not on a bpffs"),
+        case(&["explain", "--url", "garbage"], 1, "--url"),
+        case(&["explain", "--pid", "99999999999"], 2, "--pid"),
+        case(
+            &["top", "--interval", "99999999999999999999h"],
+            2,
+            "--interval",
+        ),
+    ];
+    // Arguments that are not UTF-8: refused where a text is expected.
+    let non_utf8 = || OsString::from_vec(b"\xff\xfe".to_vec());
+    for flag in ["--web.listen-address", "--retention", "--guard.comm"] {
+        let mut c = case(&["run", flag], 2, "invalid UTF-8");
+        c.args.push(non_utf8());
+        v.push(c);
+    }
+    v
+}
+
+/// Ids of the programs the kernel has loaded (bpftool).
+fn prog_ids() -> BTreeSet<u64> {
+    let out = Command::new("bpftool")
+        .args(["-j", "prog", "show"])
+        .output()
+        .expect("bpftool (cargo xtask setup installs it)");
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
+    v.as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|p| p["id"].as_u64())
+        .collect()
+}
+
+#[test]
+#[ignore = "needs root: run via cargo xtask test"]
+fn bad_input_is_refused_before_anything_is_loaded() {
+    require_root();
+    let d = TempDir::new("bad-input");
+    let cases = cases(d.path());
+    let bin = bufscope_bin();
+    // The comm of bufscope's threads' group leader (the kernel keeps 15 bytes).
+    let comm: String = bin
+        .file_name()
+        .unwrap()
+        .to_string_lossy()
+        .chars()
+        .take(15)
+        .collect();
+    let probes = ["bpf", "mount", "mkdir", "mkdirat", "bind"]
+        .iter()
+        .map(|s| {
+            format!(
+                "tracepoint:syscalls:sys_enter_{s} /curtask->group_leader->comm == \"{comm}\"/ \
+                 {{ @n[\"{s}\"] = count(); }}"
+            )
+        })
+        .collect::<Vec<_>>()
+        .join(" ");
+    let before = prog_ids();
+    let mut failures = Vec::new();
+    let calls = bpftrace::counts(&probes, "", Duration::from_secs(60), || {
+        for c in &cases {
+            let out = Command::new(&bin)
+                .args(&c.args)
+                .env("NO_COLOR", "1")
+                .env("RUST_BACKTRACE", "0")
+                .stdin(Stdio::null())
+                .output()
+                .unwrap();
+            let err = String::from_utf8_lossy(&out.stderr);
+            let first = err.lines().next().unwrap_or("");
+            let what = format!("{:?} → {:?}: {err}", c.args, out.status.code());
+            if out.status.code() != Some(c.code) || err.contains("panicked") {
+                failures.push(format!("exit code, want {}: {what}", c.code));
+            } else if !first.contains(&c.names) {
+                failures.push(format!("first line lacks {:?}: {what}", c.names));
+            } else if c.code == 1
+                && (err.lines().count() != 1 || !first.starts_with("bufscope: error: "))
+            {
+                failures.push(format!("not one `bufscope: error:` line: {what}"));
+            } else if c.code == 2 && !first.starts_with("error: ") {
+                failures.push(format!("not clap's usage error: {what}"));
+            }
+        }
+    });
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+    assert!(
+        calls.is_empty(),
+        "bufscope reached the kernel on bad input (syscall → calls): {calls:?}"
+    );
+    let new: Vec<u64> = prog_ids().difference(&before).copied().collect();
+    assert!(new.is_empty(), "programs loaded meanwhile: {new:?}");
+    assert!(
+        !d.path().join("pins").exists(),
+        "--bpf.pin-path outside a bpffs was created"
+    );
+    eprintln!(
+        "{} bad inputs refused; bufscope made no bpf/mount/mkdir/bind call (bpftrace)",
+        cases.len()
+    );
+}
