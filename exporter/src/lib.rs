@@ -5,7 +5,8 @@
 //! inputs) with the shared [`attribution`] (socket → process → container) → [`store`]
 //! (bounded per-process counters) → [`metrics`] (Prometheus text) and [`advice`] (findings),
 //! driven by the [`collector`] loop and served by [`http`]. Subcommands: [`run`], [`check`],
-//! [`explain`]. See docs/architecture.md.
+//! [`cleanup`]; `explain` and `top` are clients of the HTTP API (`bufscope-client`, reading the
+//! documents of `bufscope-api`). See docs/architecture.md.
 
 pub mod advice;
 pub mod attribution;
@@ -14,7 +15,6 @@ pub mod cleanup;
 pub mod cli;
 pub mod collector;
 pub mod config;
-pub mod explain;
 pub mod http;
 pub mod kernel;
 pub mod metrics;
@@ -22,4 +22,3 @@ pub mod probes;
 pub mod run;
 pub mod signals;
 pub mod store;
-pub mod top;

@@ -78,8 +78,8 @@ impl ProcAutotune {
     }
 
     /// Status-page columns.
-    pub fn status(&self, row: &mut serde_json::Map<String, serde_json::Value>) {
-        row.insert("tcp_autotune_suppressed".into(), self.suppressed.into());
+    pub fn status(&self, row: &mut bufscope_api::ProcessRow) {
+        row.tcp_autotune_suppressed = self.suppressed;
     }
 }
 

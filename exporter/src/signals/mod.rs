@@ -211,7 +211,7 @@ pub fn families(procs: &[(String, &ProcStats)], out: &mut Vec<MetricFamily>) {
 }
 
 /// Every room's columns of one process's row on the status page (`/api/v1/status`).
-pub fn status_row(s: &ProcStats, row: &mut serde_json::Map<String, serde_json::Value>) {
+pub fn status_row(s: &ProcStats, row: &mut bufscope_api::ProcessRow) {
     s.drops.status(row);
     s.sockopt.status(row);
     s.tcp.status(row);
