@@ -66,3 +66,133 @@ pub fn document(c: &Collector, probes: &[ProbeStatus]) -> StatusDocument {
         tracked_processes: c.store.len() as u64,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use std::collections::BTreeSet;
+
+    use serde_json::Value;
+
+    use super::*;
+
+    /// The keys of the object `v` (and, for `process`, of its `process` object).
+    fn keys(v: &Value) -> BTreeSet<String> {
+        v.as_object().unwrap().keys().cloned().collect()
+    }
+
+    /// Every `name.key` in `js` (a whole identifier before the dot, not a method call after).
+    fn reads(js: &str, name: &str) -> BTreeSet<String> {
+        let ident = |c: char| c.is_ascii_alphanumeric() || c == '_' || c == '$';
+        let pat = format!("{name}.");
+        let mut out = BTreeSet::new();
+        for (i, _) in js.match_indices(&pat) {
+            if js[..i]
+                .chars()
+                .next_back()
+                .is_some_and(|c| ident(c) || c == '.')
+            {
+                continue;
+            }
+            let rest = &js[i + pat.len()..];
+            let key: String = rest.chars().take_while(|c| ident(*c)).collect();
+            if !key.is_empty() && !rest[key.len()..].starts_with('(') {
+                out.insert(key);
+            }
+        }
+        out
+    }
+
+    /// The text of JS function `name` (up to the next top-level `function`).
+    fn function<'a>(js: &'a str, name: &str) -> &'a str {
+        let start = js.find(&format!("function {name}(")).unwrap();
+        let end = js[start + 1..]
+            .find("\nfunction ")
+            .map_or(js.len(), |e| start + 1 + e);
+        &js[start..end]
+    }
+
+    #[test]
+    fn the_page_reads_only_keys_the_documents_have() {
+        let status = serde_json::to_value(StatusDocument {
+            processes: vec![ProcessRow::default()],
+            probes: vec![ProbeRow::default()],
+            ..StatusDocument::default()
+        })
+        .unwrap();
+        let findings = serde_json::to_value(bufscope_api::Report {
+            version: 1,
+            generated_at: 0,
+            findings: vec![bufscope_api::Finding {
+                kind: "k".to_string(),
+                severity: bufscope_api::Severity::Info,
+                process: bufscope_api::ProcessRef {
+                    pid: 1,
+                    comm: String::new(),
+                    container: String::new(),
+                },
+                socket: None,
+                summary: String::new(),
+                fix: String::new(),
+                evidence: Default::default(),
+                rule: String::new(),
+                guard: Some(String::new()),
+            }],
+        })
+        .unwrap();
+        let js = &PAGE[PAGE.find("<script>").unwrap()..];
+        let row = keys(&status["processes"][0]);
+        let finding = &findings["findings"][0];
+        let checks = [
+            ("s", reads(js, "s"), keys(&status)),
+            ("r", reads(js, "r"), row.clone()),
+            (
+                "p",
+                reads(function(js, "renderProbes"), "p"),
+                keys(&status["probes"][0]),
+            ),
+            ("doc", reads(js, "doc"), keys(&findings)),
+            (
+                "f",
+                reads(js, "f"),
+                keys(finding)
+                    .into_iter()
+                    .chain(["process".into()])
+                    .collect(),
+            ),
+            (
+                "f.process",
+                reads(js, "f.process"),
+                keys(&finding["process"]),
+            ),
+        ];
+        for (name, read, have) in checks {
+            assert!(!read.is_empty(), "the page reads no {name}. key");
+            let missing: Vec<_> = read.difference(&have).collect();
+            assert!(
+                missing.is_empty(),
+                "status.html reads {name}.{missing:?}, not in {have:?}"
+            );
+        }
+        // The counter columns of the process table, listed by name.
+        let procs = function(js, "renderProcs");
+        let list = procs
+            .split("of [")
+            .nth(1)
+            .unwrap()
+            .split(']')
+            .next()
+            .unwrap();
+        let columns: Vec<&str> = list
+            .split(',')
+            .map(|c| c.trim().trim_matches('"'))
+            .collect();
+        assert!(columns.len() >= 6, "{columns:?}");
+        for c in columns {
+            assert!(
+                row.contains(c),
+                "status.html shows column {c:?}, not in {row:?}"
+            );
+        }
+    }
+}
