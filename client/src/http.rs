@@ -167,18 +167,7 @@ impl Client {
             ),
             s => bail!("GET {}{path} returned HTTP {s}", self.base),
         }
-        serde_json::from_str(&body).map_err(|e| {
-            let what = if e.is_data() {
-                // Valid JSON of another shape: not a bufscope, or an incompatible one.
-                format!(
-                    "the exporter's document is not the one this bufscope reads (bufscope-api {})",
-                    env!("CARGO_PKG_VERSION")
-                )
-            } else {
-                "the exporter returned invalid JSON".to_string()
-            };
-            anyhow::Error::new(e).context(what)
-        })
+        parse(path, &body)
     }
 
     /// Reads `/api/v1/status`.
@@ -201,6 +190,19 @@ impl Client {
     }
 }
 
+/// Parses the body of `path`: syntax first (a truncated or non-JSON body is "invalid JSON"
+/// whatever it starts with), then the shape.
+fn parse<T: DeserializeOwned>(path: &str, body: &str) -> anyhow::Result<T> {
+    let doc: serde_json::Value =
+        serde_json::from_str(body).context("the exporter returned invalid JSON")?;
+    serde_json::from_value(doc).with_context(|| {
+        format!(
+            "the exporter's {path} is not the document this bufscope reads (bufscope-api {})",
+            env!("CARGO_PKG_VERSION")
+        )
+    })
+}
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]
@@ -213,5 +215,29 @@ mod tests {
         let u = parse_url("https://[::1]:1234/x").unwrap();
         assert!(u.tls && u.port == 1234 && u.host == "::1");
         assert!(parse_url("ftp://x").is_err());
+    }
+
+    #[test]
+    fn invalid_json_then_the_wrong_document() {
+        let e = parse::<StatusDocument>("/api/v1/status", r#"{"processes": [1, 2"#).unwrap_err();
+        assert_eq!(e.to_string(), "the exporter returned invalid JSON");
+        assert!(
+            e.root_cause().to_string().starts_with("EOF while parsing"),
+            "{e:#}"
+        );
+        let e = parse::<StatusDocument>("/api/v1/status", r#"{"processes": [1]}"#).unwrap_err();
+        assert!(
+            e.to_string()
+                .starts_with("the exporter's /api/v1/status is not the document"),
+            "{e:#}"
+        );
+        assert!(
+            e.root_cause()
+                .to_string()
+                .contains("expected struct ProcessRow"),
+            "{e:#}"
+        );
+        let s: StatusDocument = parse("/api/v1/status", r#"{"processes": []}"#).unwrap();
+        assert!(s.processes.is_empty());
     }
 }
