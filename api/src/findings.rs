@@ -127,7 +127,8 @@ where
 pub struct Report<S = String> {
     /// [`SCHEMA_VERSION`] of the daemon that made it.
     pub version: u32,
-    /// Seconds since the Unix epoch when the report was made.
+    /// Seconds since the Unix epoch when the report was made (0 when absent).
+    #[serde(default)]
     pub generated_at: u64,
     /// Findings, most severe first; within a severity, the highest drop rate first.
     pub findings: Vec<Finding<S>>,
@@ -212,11 +213,12 @@ mod tests {
 
     #[test]
     fn newer_daemons_are_read_as_the_schema_says() {
-        let doc = r#"{"version": 1, "generated_at": 5, "extra": [1], "findings": [
+        let doc = r#"{"version": 1, "extra": [1], "findings": [
             {"kind": "new_kind", "severity": "notice", "new_field": {"a": 1},
              "process": {"pid": 7, "comm": "x", "container": ""},
              "summary": "s", "fix": "f", "evidence": {"x": null}, "rule": "r"}]}"#;
         let r: Report = serde_json::from_str(doc).unwrap();
+        assert_eq!(r.generated_at, 0, "absent");
         assert_eq!(r.findings[0].severity, Severity::Info, "unknown: mildest");
         assert_eq!(r.findings[0].socket, None, "absent socket");
         assert_eq!(r.findings[0].kind, "new_kind");
