@@ -10,7 +10,12 @@
 #       builds from source: the builder runs the project's own `cargo xtask setup` (nightly
 #       rust-src, bpf-linker linked against nightly's libLLVM), then a release build.
 #   docker build --target prebuilt -t registry.example.com/bufscope:0.1.0 .
-#       packs target/release/bufscope, built on a Debian 12 (glibc 2.36) host, instead.
+#       packs target/release/bufscope, built on a Debian 12 (glibc 2.36) host as `cargo xtask
+#       image` builds it, instead.
+#
+# The image's binary is built with --no-default-features: the daemon without the terminal UI of
+# `bufscope top` (ratatui, crossterm), which is a client to run on a workstation or the host;
+# in the image, `bufscope top` says so. `bufscope explain` and the status page are there.
 #
 # The runtime image holds only the binary on a glibc base (libc6, libgcc-s1, CA certificates):
 # bufscope runs no external program. It runs as uid 0 with the capabilities the DaemonSet
@@ -37,7 +42,7 @@ ENV CARGO_TERM_COLOR=never
 WORKDIR /src
 COPY . .
 RUN cargo xtask setup --no-packages
-RUN cargo build --release -p bufscope \
+RUN cargo build --release -p bufscope --no-default-features \
     && install -D -m 0755 target/release/bufscope /out/bufscope
 
 FROM ${BASE} AS runtime

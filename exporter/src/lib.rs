@@ -5,8 +5,9 @@
 //! families, advice inputs; registered once in the list there) with the shared
 //! [`attribution`] (socket → process → container) → [`store`] (bounded per-process counters)
 //! → [`exposition`] (Prometheus and OpenMetrics text) and [`advice`] (findings), driven by the
-//! [`collector`] loop and served by [`http`]. Subcommands: [`run`], [`check`], [`cleanup`],
-//! [`explain`], [`top`]. See docs/architecture.md.
+//! [`collector`] loop and served by [`http`]. Subcommands: [`run`], [`check`], [`cleanup`];
+//! `explain` and `top` are clients of the HTTP API (`bufscope-client`, reading the documents
+//! of `bufscope-api`). See docs/architecture.md.
 
 pub mod advice;
 pub mod attribution;
@@ -16,7 +17,6 @@ pub mod cleanup;
 pub mod cli;
 pub mod collector;
 pub mod config;
-pub mod explain;
 pub mod exposition;
 pub mod http;
 pub mod kernel;
@@ -24,5 +24,4 @@ pub mod labels;
 pub mod run;
 pub mod signals;
 pub mod store;
-pub mod top;
 pub mod values;

@@ -100,20 +100,37 @@ fn main() {
             default_sigpipe();
             bufscope::cleanup::run(&args)
         }
-        Command::Explain(args) => match bufscope::explain::run(&args) {
-            Ok(()) => 0,
-            Err(e) => {
-                eprintln!("bufscope: error: {e:#}");
-                1
+        Command::Explain(a) => {
+            let selection = bufscope_client::explain::Selection {
+                pid: a.pid,
+                comm: a.comm,
+            };
+            let done =
+                bufscope_client::Client::new(&a.url, a.ca_file.as_deref(), a.user.as_deref())
+                    .and_then(|c| bufscope_client::explain::run(&c, &selection, a.json));
+            match done {
+                Ok(()) => 0,
+                Err(e) => {
+                    eprintln!("bufscope: error: {e:#}");
+                    1
+                }
             }
-        },
-        Command::Top(args) => match bufscope::top::run(&args) {
-            Ok(()) => 0,
-            Err(e) => {
-                eprintln!("bufscope: error: {e:#}");
-                1
+        }
+        Command::Top(a) => {
+            let done = bufscope_client::top::run(
+                &a.url,
+                a.ca_file.as_deref(),
+                a.user.as_deref(),
+                a.interval,
+            );
+            match done {
+                Ok(()) => 0,
+                Err(e) => {
+                    eprintln!("bufscope: error: {e:#}");
+                    1
+                }
             }
-        },
+        }
     };
     std::process::exit(code);
 }

@@ -27,6 +27,19 @@ pub fn build(release: bool) -> anyhow::Result<()> {
 
 /// Builds the binaries of `packages` only (all default members when empty).
 pub fn build_packages(release: bool, packages: &[&str]) -> anyhow::Result<()> {
+    run_cmd(&mut build_command(release, packages))
+}
+
+/// The daemon as the container image ships it: `target/release/bufscope` without the default
+/// features, i.e. without `bufscope top`'s terminal UI (ratatui and crossterm are not
+/// compiled; `bufscope top` there says which build has it).
+pub fn build_image_binary() -> anyhow::Result<()> {
+    let mut c = build_command(true, &["bufscope"]);
+    c.arg("--no-default-features");
+    run_cmd(&mut c)
+}
+
+fn build_command(release: bool, packages: &[&str]) -> std::process::Command {
     let mut c = cargo();
     c.args(["build", "--bins"]);
     for p in packages {
@@ -35,5 +48,5 @@ pub fn build_packages(release: bool, packages: &[&str]) -> anyhow::Result<()> {
     if release {
         c.arg("--release");
     }
-    run_cmd(&mut c)
+    c
 }

@@ -1,6 +1,7 @@
 //! `cargo xtask image`: the container image of the DaemonSet (`Dockerfile`, stage `prebuilt`)
-//! built by podman from a release build on this host, tagged `localhost/bufscope:dev` and
-//! `localhost/bufscope:<version>`.
+//! built by podman from a release build on this host (without the default features: no
+//! terminal UI for `bufscope top`, see [`crate::build::build_image_binary`]), tagged
+//! `localhost/bufscope:dev` and `localhost/bufscope:<version>`.
 //!
 //! [`setup`] (part of `cargo xtask setup`) makes a Debian 12 machine able to build and run it,
 //! rootful: podman 4.3 with runc (crun 1.8 refuses hybrid cgroup hierarchies: "cgroups in
@@ -62,7 +63,7 @@ pub fn run(a: &Args) -> anyhow::Result<()> {
     if !Path::new("/usr/bin/podman").exists() {
         bail!("podman is not installed: run `cargo xtask setup` as root");
     }
-    crate::build::build_packages(true, &["bufscope"])?;
+    crate::build::build_image_binary()?;
     let base = if a.local_base {
         ensure_local_base()?;
         Some(LOCAL_BASE.to_string())

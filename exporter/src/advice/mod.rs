@@ -6,13 +6,13 @@
 //! (process, kind); the worst socket is named in the evidence.
 //!
 //! The JSON served at `/api/v1/findings` is [`Report`] (schema version [`SCHEMA_VERSION`],
-//! documented in `docs/findings.md`).
+//! documented in `docs/findings.md`), a type of `bufscope-api`, the crate the clients read it
+//! with.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
 
 use bufscope_policy::{self as policy, Direction, Platform, Rule};
-use serde::Serialize;
 
 use crate::labels::{BufOption, Proto};
 use crate::store::{ProcMeta, ProcRef};
@@ -21,33 +21,7 @@ use crate::store::{ProcMeta, ProcRef};
 /// room keeps per socket.
 pub const MAX_WINDOW: Duration = Duration::from_secs(300);
 
-/// Version of the `/api/v1/findings` schema. Bumped only on incompatible changes.
-pub const SCHEMA_VERSION: u32 = 1;
-
-/// How bad a finding is: what it costs now.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Severity {
-    /// Costs throughput now (sustained drops in the last window, a connection running at the
-    /// ceiling its locked buffer sets, connections born crippled).
-    Critical,
-    /// A latent problem, sporadic drops, or one that was not active in the last window.
-    Warning,
-    /// Observed, but costs nothing measurable now (e.g. a locked buffer at an RTT where it
-    /// cannot limit, an idle connection).
-    Info,
-}
-
-impl Severity {
-    /// Label value.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Critical => "critical",
-            Self::Warning => "warning",
-            Self::Info => "info",
-        }
-    }
-}
+pub use bufscope_api::{ProcessRef, SCHEMA_VERSION, Severity};
 
 /// Drops per second from which drops are *sustained* (critical): the threshold of the shipped
 /// `BufscopeSocketDropsSustained` alert. Fewer are sporadic (a warning).
@@ -81,60 +55,15 @@ pub mod kind {
     pub const AUTOTUNE_SUPPRESSED: &str = "autotune_suppressed";
 }
 
-/// The process a finding is about.
-#[derive(Clone, Debug, PartialEq, Serialize)]
-pub struct ProcessRef {
-    /// Process id.
-    pub pid: u32,
-    /// Process name.
-    pub comm: String,
-    /// Container id, empty on the host.
-    pub container: String,
-}
+/// The socket a finding names (`bufscope-api`'s, with the protocol from [`Proto::as_str`]).
+pub type SocketRef = bufscope_api::SocketRef<&'static str>;
 
-/// The socket a finding names (the worst one of the process for that kind).
-#[derive(Clone, Debug, PartialEq, Serialize)]
-pub struct SocketRef {
-    /// Socket inode (`/proc/<pid>/fd/* -> socket:[inode]`, `ss -e ino:`).
-    pub inode: u64,
-    /// `udp`, `tcp` or `other`.
-    pub proto: &'static str,
-}
-
-/// One finding.
-#[derive(Clone, Debug, PartialEq, Serialize)]
-pub struct Finding {
-    /// See [`kind`].
-    pub kind: &'static str,
-    /// How bad.
-    pub severity: Severity,
-    /// Who.
-    pub process: ProcessRef,
-    /// Which socket, when one is to blame.
-    pub socket: Option<SocketRef>,
-    /// What is wrong, with the numbers.
-    pub summary: String,
-    /// What to change.
-    pub fix: String,
-    /// The numbers behind it (bytes, packets, per second, microseconds).
-    pub evidence: BTreeMap<&'static str, f64>,
-    /// The measurement the recommendation comes from (bufscope-policy's citation).
-    pub rule: &'static str,
-    /// What the guard (`--guard.mode`) is already doing about it for this process, if anything.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub guard: Option<String>,
-}
+/// One finding (`bufscope-api`'s, with the kind, the rule and the evidence keys from this
+/// module's tables).
+pub type Finding = bufscope_api::Finding<&'static str>;
 
 /// What `/api/v1/findings` returns.
-#[derive(Clone, Debug, Serialize)]
-pub struct Report {
-    /// [`SCHEMA_VERSION`].
-    pub version: u32,
-    /// Seconds since the Unix epoch when the report was made.
-    pub generated_at: u64,
-    /// Findings, most severe first.
-    pub findings: Vec<Finding>,
-}
+pub type Report = bufscope_api::Report<&'static str>;
 
 /// Drops of one socket (or device).
 #[derive(Clone, Debug)]

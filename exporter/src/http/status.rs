@@ -1,11 +1,10 @@
 //! The status page (`/`, self-contained: no external assets) and its data
-//! (`/api/v1/status`): a row per process, each signal's room adding its columns, plus probe
-//! health.
+//! (`/api/v1/status`, a [`StatusDocument`] of `bufscope-api`): a row per process, each
+//! signal's room filling its columns, plus probe health.
 
-use std::collections::BTreeMap;
 use std::time::SystemTime;
 
-use serde_json::json;
+use bufscope_api::{ProbeRow, ProcessRow, StatusDocument};
 
 use crate::bpf::ProbeStatus;
 use crate::collector::Collector;
@@ -14,44 +13,186 @@ use crate::collector::Collector;
 pub const PAGE: &str = include_str!("status.html");
 
 /// The `/api/v1/status` document.
-pub fn document(c: &Collector, probes: &[ProbeStatus]) -> serde_json::Value {
-    let rows: Vec<serde_json::Value> = c
+pub fn document(c: &Collector, probes: &[ProbeStatus]) -> StatusDocument {
+    let processes = c
         .store
         .iter()
         .map(|(pid, s)| {
-            let mut row = serde_json::Map::new();
-            row.insert("pid".into(), pid.into());
-            row.insert("comm".into(), s.meta.comm.clone().into());
-            row.insert("container".into(), s.meta.container.clone().into());
+            let mut row = ProcessRow {
+                pid,
+                comm: s.meta.comm.clone(),
+                container: s.meta.container.clone(),
+                ..ProcessRow::default()
+            };
             s.parts.status(&mut row);
-            row.into()
+            row
         })
         .collect();
-    let probes: Vec<_> = probes
+    let probes = probes
         .iter()
-        .map(|p| {
-            json!({
-                "probe": p.spec.name,
-                "hooks": p.hooks(),
-                "what": p.spec.what,
-                "attached": p.attached,
-                "error": p.error,
-            })
+        .map(|p| ProbeRow {
+            probe: p.spec.name.to_string(),
+            hooks: p.hooks(),
+            what: p.spec.what.to_string(),
+            attached: p.attached,
+            error: p.error.clone(),
         })
         .collect();
-    json!({
-        "version": c.health.version,
-        "kernel": c.health.kernel,
-        "generated_at": SystemTime::now()
-            .duration_since(SystemTime::UNIX_EPOCH)
-            .map(|d| d.as_secs_f64())
-            .unwrap_or(0.0),
-        "net_core_rmem_max": c.limits.rmem_max,
-        "net_core_wmem_max": c.limits.wmem_max,
-        "processes": rows,
-        "probes": probes,
-        "attribution_unknown": c.store.attribution_unknown,
-        "bpf_events_lost": c.health.bpf_lost.iter().map(|(k, v)| (k.to_string(), *v)).collect::<BTreeMap<_, _>>(),
-        "tracked_processes": c.store.len(),
-    })
+    StatusDocument {
+        version: c.health.version.clone(),
+        kernel: c.health.kernel.clone(),
+        generated_at: Some(
+            SystemTime::now()
+                .duration_since(SystemTime::UNIX_EPOCH)
+                .map(|d| d.as_secs_f64())
+                .unwrap_or(0.0),
+        ),
+        net_core_rmem_max: c.limits.rmem_max,
+        net_core_wmem_max: c.limits.wmem_max,
+        processes,
+        probes,
+        attribution_unknown: c
+            .store
+            .attribution_unknown
+            .iter()
+            .map(|(k, v)| (k.to_string(), *v))
+            .collect(),
+        bpf_events_lost: c
+            .health
+            .bpf_lost
+            .iter()
+            .map(|(k, v)| (k.to_string(), *v))
+            .collect(),
+        tracked_processes: c.store.len() as u64,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use std::collections::BTreeSet;
+
+    use serde_json::Value;
+
+    use super::*;
+
+    /// The keys of the object `v` (and, for `process`, of its `process` object).
+    fn keys(v: &Value) -> BTreeSet<String> {
+        v.as_object().unwrap().keys().cloned().collect()
+    }
+
+    /// Every `name.key` in `js` (a whole identifier before the dot, not a method call after).
+    fn reads(js: &str, name: &str) -> BTreeSet<String> {
+        let ident = |c: char| c.is_ascii_alphanumeric() || c == '_' || c == '$';
+        let pat = format!("{name}.");
+        let mut out = BTreeSet::new();
+        for (i, _) in js.match_indices(&pat) {
+            if js[..i]
+                .chars()
+                .next_back()
+                .is_some_and(|c| ident(c) || c == '.')
+            {
+                continue;
+            }
+            let rest = &js[i + pat.len()..];
+            let key: String = rest.chars().take_while(|c| ident(*c)).collect();
+            if !key.is_empty() && !rest[key.len()..].starts_with('(') {
+                out.insert(key);
+            }
+        }
+        out
+    }
+
+    /// The text of JS function `name` (up to the next top-level `function`).
+    fn function<'a>(js: &'a str, name: &str) -> &'a str {
+        let start = js.find(&format!("function {name}(")).unwrap();
+        let end = js[start + 1..]
+            .find("\nfunction ")
+            .map_or(js.len(), |e| start + 1 + e);
+        &js[start..end]
+    }
+
+    #[test]
+    fn the_page_reads_only_keys_the_documents_have() {
+        let status = serde_json::to_value(StatusDocument {
+            processes: vec![ProcessRow::default()],
+            probes: vec![ProbeRow::default()],
+            ..StatusDocument::default()
+        })
+        .unwrap();
+        let findings = serde_json::to_value(bufscope_api::Report {
+            version: 1,
+            generated_at: 0,
+            findings: vec![bufscope_api::Finding {
+                kind: "k".to_string(),
+                severity: bufscope_api::Severity::Info,
+                process: bufscope_api::ProcessRef {
+                    pid: 1,
+                    comm: String::new(),
+                    container: String::new(),
+                },
+                socket: None,
+                summary: String::new(),
+                fix: String::new(),
+                evidence: Default::default(),
+                rule: String::new(),
+                guard: Some(String::new()),
+            }],
+        })
+        .unwrap();
+        let js = &PAGE[PAGE.find("<script>").unwrap()..];
+        let row = keys(&status["processes"][0]);
+        let finding = &findings["findings"][0];
+        let checks = [
+            ("s", reads(js, "s"), keys(&status)),
+            ("r", reads(js, "r"), row.clone()),
+            (
+                "p",
+                reads(function(js, "renderProbes"), "p"),
+                keys(&status["probes"][0]),
+            ),
+            ("doc", reads(js, "doc"), keys(&findings)),
+            (
+                "f",
+                reads(js, "f"),
+                keys(finding)
+                    .into_iter()
+                    .chain(["process".into()])
+                    .collect(),
+            ),
+            (
+                "f.process",
+                reads(js, "f.process"),
+                keys(&finding["process"]),
+            ),
+        ];
+        for (name, read, have) in checks {
+            assert!(!read.is_empty(), "the page reads no {name}. key");
+            let missing: Vec<_> = read.difference(&have).collect();
+            assert!(
+                missing.is_empty(),
+                "status.html reads {name}.{missing:?}, not in {have:?}"
+            );
+        }
+        // The counter columns of the process table, listed by name.
+        let procs = function(js, "renderProcs");
+        let list = procs
+            .split("of [")
+            .nth(1)
+            .unwrap()
+            .split(']')
+            .next()
+            .unwrap();
+        let columns: Vec<&str> = list
+            .split(',')
+            .map(|c| c.trim().trim_matches('"'))
+            .collect();
+        assert!(columns.len() >= 6, "{columns:?}");
+        for c in columns {
+            assert!(
+                row.contains(c),
+                "status.html shows column {c:?}, not in {row:?}"
+            );
+        }
+    }
 }

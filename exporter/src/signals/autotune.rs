@@ -98,8 +98,8 @@ impl Part for ProcAutotune {
         self.suppressed > 0
     }
 
-    fn status(&self, row: &mut serde_json::Map<String, serde_json::Value>) {
-        row.insert("tcp_autotune_suppressed".into(), self.suppressed.into());
+    fn status(&self, row: &mut bufscope_api::ProcessRow) {
+        row.tcp_autotune_suppressed = self.suppressed;
     }
 }
 

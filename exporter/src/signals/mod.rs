@@ -105,7 +105,7 @@ macro_rules! signals {
 
         impl Parts {
             /// Every room's columns of one process's row on the status page.
-            pub fn status(&self, row: &mut serde_json::Map<String, serde_json::Value>) {
+            pub fn status(&self, row: &mut bufscope_api::ProcessRow) {
                 $( Part::status(&self.$field, row); )*
             }
         }

@@ -27,7 +27,7 @@ pub trait Part: Clone + std::fmt::Debug + Default + Send + Sync + 'static {
     fn has_counts(&self) -> bool;
 
     /// Its columns of the process's row on the status page (`/api/v1/status`).
-    fn status(&self, _row: &mut serde_json::Map<String, serde_json::Value>) {}
+    fn status(&self, _row: &mut bufscope_api::ProcessRow) {}
 
     /// What a process that `exec`s starts with under its new labels: series that must go on
     /// existing (at 0) so the first counts after the exec show as an increase. Default:

@@ -102,20 +102,11 @@ impl Part for ProcSockopt {
         !self.calls.is_empty() || !self.rcvbuf_locks.is_empty()
     }
 
-    fn status(&self, row: &mut serde_json::Map<String, serde_json::Value>) {
-        let (mut calls, mut clamped, mut failed) = (0u64, 0u64, 0u64);
-        for c in self.calls.values() {
-            calls += c.calls;
-            clamped += c.clamped;
-            failed += c.failed;
-        }
-        row.insert("setsockopt".into(), calls.into());
-        row.insert("clamped".into(), clamped.into());
-        row.insert("failed".into(), failed.into());
-        row.insert(
-            "rcvbuf_locks".into(),
-            self.rcvbuf_locks.values().sum::<u64>().into(),
-        );
+    fn status(&self, row: &mut bufscope_api::ProcessRow) {
+        row.setsockopt = self.calls.values().map(|c| c.calls).sum();
+        row.clamped = self.calls.values().map(|c| c.clamped).sum();
+        row.failed = self.calls.values().map(|c| c.failed).sum();
+        row.rcvbuf_locks = self.rcvbuf_locks.values().sum();
     }
 }
 

@@ -56,9 +56,9 @@ impl Part for ProcTcp {
         self.established > 0
     }
 
-    fn status(&self, row: &mut serde_json::Map<String, serde_json::Value>) {
-        row.insert("tcp_established".into(), self.established.into());
-        row.insert("tcp_wscale_shrunk".into(), self.wscale_shrunk.into());
+    fn status(&self, row: &mut bufscope_api::ProcessRow) {
+        row.tcp_established = self.established;
+        row.tcp_wscale_shrunk = self.wscale_shrunk;
     }
 }
 

@@ -179,16 +179,13 @@ impl Part for ProcDrops {
         !self.packets.is_empty() || !self.netns.is_empty()
     }
 
-    fn status(&self, row: &mut serde_json::Map<String, serde_json::Value>) {
-        let mut by = serde_json::Map::new();
-        for ((proto, reason), v) in &self.packets {
-            by.insert(format!("{}/{reason}", proto.as_str()), (*v).into());
-        }
-        row.insert("drops".into(), by.into());
-        row.insert(
-            "drops_total".into(),
-            self.packets.values().sum::<u64>().into(),
-        );
+    fn status(&self, row: &mut bufscope_api::ProcessRow) {
+        row.drops = self
+            .packets
+            .iter()
+            .map(|((proto, reason), v)| (format!("{}/{reason}", proto.as_str()), *v))
+            .collect();
+        row.drops_total = self.packets.values().sum();
     }
 
     /// After an exec the process's drop series go on at 0 under its new labels.

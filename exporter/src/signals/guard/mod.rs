@@ -150,15 +150,12 @@ impl Part for ProcGuard {
         !self.decisions.is_empty()
     }
 
-    fn status(&self, row: &mut serde_json::Map<String, serde_json::Value>) {
-        let mut by = serde_json::Map::new();
-        for ((rule, action), v) in &self.decisions {
-            by.insert(
-                format!("{}/{}", rule.as_str(), action.as_str()),
-                (*v).into(),
-            );
-        }
-        row.insert("guard".into(), by.into());
+    fn status(&self, row: &mut bufscope_api::ProcessRow) {
+        row.guard = self
+            .decisions
+            .iter()
+            .map(|((rule, action), v)| (format!("{}/{}", rule.as_str(), action.as_str()), *v))
+            .collect();
     }
 }
 

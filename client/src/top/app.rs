@@ -7,7 +7,9 @@ use std::time::Instant;
 
 use crossterm::event::{KeyCode, KeyEvent, KeyEventKind, KeyModifiers};
 
-use super::data::{Finding, Proc, Snapshot};
+use bufscope_api::{Finding, ProcessRow};
+
+use super::data::Snapshot;
 
 /// Identifies a process across polls (a reused pid with another name is another process).
 pub type Key = (String, String);
@@ -66,18 +68,18 @@ impl Sort {
 /// then the lower pid.
 fn compare(sort: Sort, a: &Row, b: &Row) -> Ordering {
     let rate = |r: &Row| r.rate.unwrap_or(0.0);
-    let pid = |r: &Row| r.proc.pid_num().unwrap_or(u64::MAX);
+    let pid = |r: &Row| r.proc.pid_number().map_or(u64::MAX, u64::from);
     let by_rate = || {
         rate(b)
             .total_cmp(&rate(a))
             .then_with(|| b.proc.drops_total.cmp(&a.proc.drops_total))
     };
-    let desc = |f: fn(&Proc) -> u64| f(&b.proc).cmp(&f(&a.proc)).then_with(by_rate);
+    let desc = |f: fn(&ProcessRow) -> u64| f(&b.proc).cmp(&f(&a.proc)).then_with(by_rate);
     match sort {
         Sort::DropRate => by_rate(),
         Sort::Drops => desc(|p| p.drops_total),
-        Sort::Locked => desc(|p| p.locked),
-        Sort::Shrunk => desc(|p| p.shrunk),
+        Sort::Locked => desc(|p| p.rcvbuf_locks),
+        Sort::Shrunk => desc(|p| p.tcp_wscale_shrunk),
         Sort::Clamped => desc(|p| p.clamped),
         Sort::Comm => a.proc.comm.cmp(&b.proc.comm),
         Sort::Pid => Ordering::Equal,
@@ -89,8 +91,8 @@ fn compare(sort: Sort, a: &Row, b: &Row) -> Ordering {
 /// A process as shown: its counters, its drop rate and its findings.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Row {
-    /// Counters from the status document.
-    pub proc: Proc,
+    /// Its row of the status document.
+    pub proc: ProcessRow,
     /// Drops per second since the previous poll (None on first sight).
     pub rate: Option<f64>,
     /// Its findings (most severe first).
@@ -213,18 +215,16 @@ impl App {
     }
 
     fn set_snapshot(&mut self, mut snap: Snapshot, now: f64) {
-        let t = snap.generated_at.unwrap_or(now);
-        let mut by_pid: HashMap<(u64, String), Vec<Finding>> = HashMap::new();
+        let t = snap.status.generated_at.unwrap_or(now);
+        let mut by_pid: HashMap<(u32, String), Vec<Finding>> = HashMap::new();
         for f in &snap.findings {
-            if let Some(pid) = f.pid {
-                by_pid
-                    .entry((pid, f.comm.clone()))
-                    .or_default()
-                    .push(f.clone());
-            }
+            by_pid
+                .entry((f.process.pid, f.process.comm.clone()))
+                .or_default()
+                .push(f.clone());
         }
-        let mut prev = HashMap::with_capacity(snap.procs.len());
-        let rows: Vec<Row> = std::mem::take(&mut snap.procs)
+        let mut prev = HashMap::with_capacity(snap.status.processes.len());
+        let rows: Vec<Row> = std::mem::take(&mut snap.status.processes)
             .into_iter()
             .map(|p| {
                 let key = (p.pid.clone(), p.comm.clone());
@@ -235,7 +235,7 @@ impl App {
                 });
                 let entry = (p.drops_total, t);
                 let mut findings = p
-                    .pid_num()
+                    .pid_number()
                     .and_then(|pid| by_pid.remove(&(pid, p.comm.clone())))
                     .unwrap_or_default();
                 findings.sort_by_key(|f| f.severity);
@@ -409,20 +409,23 @@ mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
 
-    fn proc(pid: u32, comm: &str, drops: u64) -> Proc {
-        Proc {
+    fn proc(pid: u32, comm: &str, drops: u64) -> ProcessRow {
+        ProcessRow {
             pid: pid.to_string(),
             comm: comm.to_string(),
             drops_total: drops,
-            ..Proc::default()
+            ..ProcessRow::default()
         }
     }
 
-    fn snap(at: f64, procs: Vec<Proc>) -> Update {
+    fn snap(at: f64, processes: Vec<ProcessRow>) -> Update {
         Update::Data(Box::new(Snapshot {
-            generated_at: Some(at),
-            procs,
-            ..Snapshot::default()
+            status: bufscope_api::StatusDocument {
+                generated_at: Some(at),
+                processes,
+                ..Default::default()
+            },
+            findings: Vec::new(),
         }))
     }
 

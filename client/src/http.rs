@@ -1,6 +1,7 @@
-//! `bufscope explain`: fetch `/api/v1/findings` from a running bufscope and print, per
-//! process, what is wrong and what to change. Its [`Client`] (the exporter's API over HTTP or
-//! HTTPS, with basic auth) is also what `bufscope top` reads with.
+//! The HTTP(S) client of a running bufscope's API: one HTTP/1.0 request per call (the daemon
+//! answers small documents; no connection is kept), TLS with the CA file given, basic auth with
+//! the password from `$BUFSCOPE_PASSWORD`. [`Client::status`] and [`Client::findings`] read the
+//! documents as `bufscope-api` types.
 
 use std::io::{Read as _, Write as _};
 use std::net::{TcpStream, ToSocketAddrs as _};
@@ -11,10 +12,9 @@ use std::time::Duration;
 use anyhow::{Context as _, bail};
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as BASE64;
-use serde_json::Value;
-use tokio_rustls::rustls;
-
-use crate::cli::ExplainArgs;
+use bufscope_api::{Report, StatusDocument};
+use rustls::pki_types::pem::PemObject as _;
+use serde::de::DeserializeOwned;
 
 /// A parsed `http(s)://host:port` base URL.
 struct Url {
@@ -69,7 +69,6 @@ impl Client {
             )?;
             let pem = std::fs::read(ca).with_context(|| format!("reading {}", ca.display()))?;
             let mut roots = rustls::RootCertStore::empty();
-            use rustls::pki_types::pem::PemObject as _;
             for c in rustls::pki_types::CertificateDer::pem_slice_iter(&pem) {
                 roots.add(c.context("--tls.ca-file is not valid PEM")?)?;
             }
@@ -156,9 +155,9 @@ impl Client {
         Ok((status, body.to_string()))
     }
 
-    /// GETs `path` and parses the JSON document; a status other than 200 is an error that
-    /// says what to do (basic auth wanted, HTTP code otherwise).
-    pub fn get_json(&self, path: &str) -> anyhow::Result<Value> {
+    /// GETs `path` and parses the JSON document as `T`; a status other than 200 is an error
+    /// that says what to do (basic auth wanted, HTTP code otherwise).
+    pub fn get_json<T: DeserializeOwned>(&self, path: &str) -> anyhow::Result<T> {
         let (status, body) = self.get(path)?;
         match status {
             200 => {}
@@ -168,81 +167,40 @@ impl Client {
             ),
             s => bail!("GET {}{path} returned HTTP {s}", self.base),
         }
-        serde_json::from_str(&body).context("the exporter returned invalid JSON")
+        parse(path, &body)
+    }
+
+    /// Reads `/api/v1/status`.
+    pub fn status(&self) -> anyhow::Result<StatusDocument> {
+        self.get_json(bufscope_api::status::PATH)
+    }
+
+    /// Reads `/api/v1/findings`; a report of another schema version is an error naming both.
+    pub fn findings(&self) -> anyhow::Result<Report> {
+        let r: Report = self.get_json(bufscope_api::findings::PATH)?;
+        if r.version != bufscope_api::SCHEMA_VERSION {
+            bail!(
+                "the exporter serves findings schema version {}, this bufscope reads version {}: \
+                 run the bufscope of the exporter's release",
+                r.version,
+                bufscope_api::SCHEMA_VERSION
+            );
+        }
+        Ok(r)
     }
 }
 
-/// Runs `bufscope explain`.
-pub fn run(a: &ExplainArgs) -> anyhow::Result<()> {
-    let client = Client::new(&a.url, a.ca_file.as_deref(), a.user.as_deref())?;
-    let doc = client.get_json("/api/v1/findings")?;
-    let empty = Vec::new();
-    let findings: Vec<&Value> = doc["findings"]
-        .as_array()
-        .unwrap_or(&empty)
-        .iter()
-        .filter(|f| {
-            a.pid
-                .is_none_or(|p| f["process"]["pid"].as_u64() == Some(p as u64))
-        })
-        .filter(|f| {
-            a.comm
-                .as_deref()
-                .is_none_or(|c| f["process"]["comm"].as_str() == Some(c))
-        })
-        .collect();
-    if a.json {
-        println!("{}", serde_json::to_string_pretty(&findings)?);
-        return Ok(());
-    }
-    print!("{}", render(&findings));
-    Ok(())
-}
-
-/// Text rendering of findings.
-pub fn render(findings: &[&Value]) -> String {
-    let mut out = String::new();
-    if findings.is_empty() {
-        out.push_str("No findings: no buffer problem observed for the selected processes.\n");
-        return out;
-    }
-    for f in findings {
-        let p = &f["process"];
-        let container = p["container"].as_str().unwrap_or("");
-        out.push_str(&format!(
-            "{:<8}  {}  {} (pid {}){}\n",
-            f["severity"].as_str().unwrap_or("").to_uppercase(),
-            f["kind"].as_str().unwrap_or(""),
-            p["comm"].as_str().unwrap_or("").escape_debug(),
-            p["pid"],
-            if container.is_empty() {
-                String::new()
-            } else {
-                format!(" container {}", &container[..container.len().min(12)])
-            }
-        ));
-        out.push_str(&format!(
-            "  what: {}\n",
-            f["summary"].as_str().unwrap_or("")
-        ));
-        out.push_str(&format!("  fix:  {}\n", f["fix"].as_str().unwrap_or("")));
-        if let Some(g) = f["guard"].as_str() {
-            out.push_str(&format!("  guard: {g}\n"));
-        }
-        if let Some(s) = f["socket"].as_object() {
-            out.push_str(&format!(
-                "  socket: inode {} ({})\n",
-                s["inode"],
-                s["proto"].as_str().unwrap_or("")
-            ));
-        }
-        if let Some(ev) = f["evidence"].as_object() {
-            let kv: Vec<String> = ev.iter().map(|(k, v)| format!("{k}={v}")).collect();
-            out.push_str(&format!("  evidence: {}\n", kv.join(" ")));
-        }
-        out.push_str(&format!("  why:  {}\n\n", f["rule"].as_str().unwrap_or("")));
-    }
-    out
+/// Parses the body of `path`: syntax first (a truncated or non-JSON body is "invalid JSON"
+/// whatever it starts with), then the shape.
+fn parse<T: DeserializeOwned>(path: &str, body: &str) -> anyhow::Result<T> {
+    let doc: serde_json::Value =
+        serde_json::from_str(body).context("the exporter returned invalid JSON")?;
+    serde_json::from_value(doc).with_context(|| {
+        format!(
+            "the exporter's {path} is not the document this bufscope reads (bufscope-api {})",
+            env!("CARGO_PKG_VERSION")
+        )
+    })
 }
 
 #[cfg(test)]
@@ -257,5 +215,29 @@ mod tests {
         let u = parse_url("https://[::1]:1234/x").unwrap();
         assert!(u.tls && u.port == 1234 && u.host == "::1");
         assert!(parse_url("ftp://x").is_err());
+    }
+
+    #[test]
+    fn invalid_json_then_the_wrong_document() {
+        let e = parse::<StatusDocument>("/api/v1/status", r#"{"processes": [1, 2"#).unwrap_err();
+        assert_eq!(e.to_string(), "the exporter returned invalid JSON");
+        assert!(
+            e.root_cause().to_string().starts_with("EOF while parsing"),
+            "{e:#}"
+        );
+        let e = parse::<StatusDocument>("/api/v1/status", r#"{"processes": [1]}"#).unwrap_err();
+        assert!(
+            e.to_string()
+                .starts_with("the exporter's /api/v1/status is not the document"),
+            "{e:#}"
+        );
+        assert!(
+            e.root_cause()
+                .to_string()
+                .contains("expected struct ProcessRow"),
+            "{e:#}"
+        );
+        let s: StatusDocument = parse("/api/v1/status", r#"{"processes": []}"#).unwrap();
+        assert!(s.processes.is_empty());
     }
 }

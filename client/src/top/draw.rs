@@ -11,7 +11,9 @@ use ratatui::text::{Line, Span};
 use ratatui::widgets::{Cell, Paragraph, Row as TableRow, Table};
 
 use super::app::{App, Mode, Row};
-use super::data::{Finding, Probe, Severity, Snapshot};
+use bufscope_api::{Finding, ProbeRow, Severity, StatusDocument};
+
+use super::data;
 
 /// A table column.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -167,7 +169,16 @@ fn severity_style(s: Severity) -> Style {
     match s {
         Severity::Critical => Style::new().fg(Color::Red).add_modifier(Modifier::BOLD),
         Severity::Warning => Style::new().fg(Color::Yellow),
-        Severity::Other => Style::new(),
+        Severity::Info => Style::new().fg(Color::Cyan),
+    }
+}
+
+/// Upper-case label (`CRITICAL`, `WARNING`, `INFO`).
+fn severity_label(s: Severity) -> &'static str {
+    match s {
+        Severity::Critical => "CRITICAL",
+        Severity::Warning => "WARNING",
+        Severity::Info => "INFO",
     }
 }
 
@@ -185,8 +196,8 @@ fn cell(col: Col, r: &Row, width: u16) -> Cell<'static> {
         Col::Comm => p.comm.clone(),
         Col::Rate => rate(r.rate),
         Col::Total => count(p.drops_total, w),
-        Col::Locked => count(p.locked, w),
-        Col::Shrunk => count(p.shrunk, w),
+        Col::Locked => count(p.rcvbuf_locks, w),
+        Col::Shrunk => count(p.tcp_wscale_shrunk, w),
         Col::Clamped => count(p.clamped, w),
         Col::Container => {
             if p.container.is_empty() {
@@ -226,17 +237,21 @@ fn header_lines(app: &App, width: u16) -> Vec<Line<'static>> {
     let mut l1 = Vec::new();
     match &app.snap {
         Some(s) => {
-            l0.push(Span::raw(match s.rmem_max {
+            let rmem_max = s
+                .status
+                .net_core_rmem_max
+                .and_then(|v| u64::try_from(v).ok());
+            l0.push(Span::raw(match rmem_max {
                 Some(r) => format!("  rmem_max {r} ({})", bytes(r)),
                 None => "  rmem_max ?".into(),
             }));
             l0.push(Span::raw(format!("  {} procs", app.rows.len())));
-            let version = format!("  v{} kernel {}", s.version, s.kernel);
+            let version = format!("  v{} kernel {}", s.status.version, s.status.kernel);
             let used: usize = l0.iter().map(Span::width).sum();
-            if !s.version.is_empty() && used + version.len() <= width as usize {
+            if !s.status.version.is_empty() && used + version.len() <= width as usize {
                 l0.push(Span::styled(version, dim));
             }
-            l1 = probe_line(s);
+            l1 = probe_line(&s.status);
         }
         None => {
             l0.push(Span::raw("  rmem_max ?"));
@@ -288,32 +303,32 @@ fn header_lines(app: &App, width: u16) -> Vec<Line<'static>> {
 
 /// A probe switched off by configuration (`--probe.disable`, `--guard.mode off`), not a
 /// failure.
-fn switched_off(p: &Probe) -> bool {
+fn switched_off(p: &ProbeRow) -> bool {
     !p.attached
         && p.error
             .as_deref()
             .is_some_and(|e| e == "disabled" || e.starts_with("off "))
 }
 
-fn probe_line(s: &Snapshot) -> Vec<Span<'static>> {
+fn probe_line(s: &StatusDocument) -> Vec<Span<'static>> {
     let up = s.probes.iter().filter(|p| p.attached).count();
     let wanted = s.probes.iter().filter(|p| !switched_off(p)).count();
     let mut spans = vec![Span::raw(format!("probes {up}/{wanted}:"))];
     for p in &s.probes {
         if p.attached {
             spans.push(Span::styled(
-                format!(" {}", p.name),
+                format!(" {}", p.probe),
                 Style::new().fg(Color::Green),
             ));
         } else if switched_off(p) {
             spans.push(Span::styled(
-                format!(" {}:off", p.name),
+                format!(" {}:off", p.probe),
                 Style::new().fg(Color::DarkGray),
             ));
         } else {
             let why = p.error.as_deref().unwrap_or("not attached");
             spans.push(Span::styled(
-                format!(" {} FAILED ({why})", p.name),
+                format!(" {} FAILED ({why})", p.probe),
                 Style::new().fg(Color::Red).add_modifier(Modifier::BOLD),
             ));
         }
@@ -481,7 +496,10 @@ fn detail_lines(r: &Row, width: usize) -> Vec<Line<'static>> {
         Span::styled(p.comm.clone(), bold),
         Span::raw(format!(" (pid {pid})  {container}")),
     ]));
-    let by: Vec<String> = p.drops_by.iter().map(|(k, v)| format!("{k} {v}")).collect();
+    let by: Vec<String> = data::drops_by(p)
+        .into_iter()
+        .map(|(k, v)| format!("{k} {v}"))
+        .collect();
     let drops = if by.is_empty() {
         format!("{} total, {}/s", p.drops_total, rate(r.rate))
     } else {
@@ -497,7 +515,13 @@ fn detail_lines(r: &Row, width: usize) -> Vec<Line<'static>> {
         "sockets: ",
         &format!(
             "{} locked, {} of {} TCP connections shrunk, {} clamped requests, {} setsockopt calls ({} failed), {} autotune grows suppressed",
-            p.locked, p.shrunk, p.established, p.clamped, p.setsockopt, p.failed, p.suppressed
+            p.rcvbuf_locks,
+            p.tcp_wscale_shrunk,
+            p.tcp_established,
+            p.clamped,
+            p.setsockopt,
+            p.failed,
+            p.tcp_autotune_suppressed
         ),
         width,
         Style::new(),
@@ -518,12 +542,15 @@ fn detail_lines(r: &Row, width: usize) -> Vec<Line<'static>> {
 
 fn finding_lines(f: &Finding, width: usize) -> Vec<Line<'static>> {
     let mut head = vec![
-        Span::styled(f.severity.label(), severity_style(f.severity)),
+        Span::styled(severity_label(f.severity), severity_style(f.severity)),
         Span::raw("  "),
         Span::styled(f.kind.clone(), Style::new().add_modifier(Modifier::BOLD)),
     ];
     if let Some(s) = &f.socket {
-        head.push(Span::raw(format!("  socket {s}")));
+        head.push(Span::raw(format!(
+            "  socket inode {} ({})",
+            s.inode, s.proto
+        )));
     }
     let mut out = vec![Line::from(head)];
     out.extend(wrapped("  what:  ", &f.summary, width, Style::new()));
@@ -537,7 +564,12 @@ fn finding_lines(f: &Finding, width: usize) -> Vec<Line<'static>> {
         out.extend(wrapped("  guard: ", g, width, Style::new()));
     }
     if !f.evidence.is_empty() {
-        out.extend(wrapped("  data:  ", &f.evidence, width, Style::new()));
+        out.extend(wrapped(
+            "  data:  ",
+            &data::evidence(f),
+            width,
+            Style::new(),
+        ));
     }
     if !f.rule.is_empty() {
         out.extend(wrapped(
@@ -592,8 +624,10 @@ mod tests {
     use ratatui::Terminal;
     use ratatui::backend::TestBackend;
 
+    use bufscope_api::{ProcessRef, ProcessRow, SocketRef};
+
     use super::super::app::{Sort, Update};
-    use super::super::data::Proc;
+    use super::super::data::Snapshot;
     use super::*;
 
     fn screen(t: &Terminal<TestBackend>) -> Vec<String> {
@@ -609,23 +643,29 @@ mod tests {
 
     fn finding(pid: u32, comm: &str, kind: &str, sev: Severity) -> Finding {
         Finding {
-            pid: Some(pid as u64),
-            comm: comm.into(),
+            process: ProcessRef {
+                pid,
+                comm: comm.into(),
+                container: String::new(),
+            },
             kind: kind.into(),
             severity: sev,
             summary: "UDP socket dropping 862/s over the last 60s with an effective 8 KiB receive buffer".into(),
             fix: "request a 7.0 MiB receive buffer: SO_RCVBUFFORCE (with CAP_NET_ADMIN), else SO_RCVBUF with net.core.rmem_max >= 7340032 (now 212992); UDP has no autotuning".into(),
             guard: None,
-            socket: Some("inode 42 (udp)".into()),
-            evidence: "drops_total=2997".into(),
+            socket: Some(SocketRef {
+                inode: 42,
+                proto: "udp".into(),
+            }),
+            evidence: [("drops_total".to_string(), 2997.0)].into(),
             rule: "UDP 7 MiB rcv+snd".into(),
         }
     }
 
     /// 1,000 processes; process i drops 1000-i in total and i*3 per second.
     fn thousand(at: f64, step: u64) -> Update {
-        let procs = (0..1000u32)
-            .map(|i| Proc {
+        let processes = (0..1000u32)
+            .map(|i| ProcessRow {
                 pid: (10_000 + i).to_string(),
                 comm: format!("proc-{i:04}-with-a-long-name"),
                 container: if i % 2 == 0 {
@@ -634,36 +674,33 @@ mod tests {
                     String::new()
                 },
                 drops_total: 1_000_000 + (1000 - i as u64) + step * i as u64 * 3,
-                locked: i as u64 % 7,
-                shrunk: i as u64 % 5,
+                rcvbuf_locks: i as u64 % 7,
+                tcp_wscale_shrunk: i as u64 % 5,
                 clamped: i as u64 % 3,
-                ..Proc::default()
+                ..ProcessRow::default()
             })
             .collect();
+        let probe = |name: &str, attached: bool, error: Option<&str>| ProbeRow {
+            probe: name.into(),
+            attached,
+            error: error.map(str::to_string),
+            ..ProbeRow::default()
+        };
         Update::Data(Box::new(Snapshot {
-            generated_at: Some(at),
-            version: "0.1.0".into(),
-            kernel: "6.12.0".into(),
-            rmem_max: Some(212992),
-            tracked: Some(1000),
-            procs,
-            probes: vec![
-                Probe {
-                    name: "drops".into(),
-                    attached: true,
-                    error: None,
-                },
-                Probe {
-                    name: "autotune".into(),
-                    attached: false,
-                    error: Some("disabled".into()),
-                },
-                Probe {
-                    name: "tcp_state".into(),
-                    attached: false,
-                    error: Some("EPERM".into()),
-                },
-            ],
+            status: StatusDocument {
+                generated_at: Some(at),
+                version: "0.1.0".into(),
+                kernel: "6.12.0".into(),
+                net_core_rmem_max: Some(212992),
+                tracked_processes: 1000,
+                processes,
+                probes: vec![
+                    probe("drops", true, None),
+                    probe("autotune", false, Some("disabled")),
+                    probe("tcp_state", false, Some("EPERM")),
+                ],
+                ..StatusDocument::default()
+            },
             findings: vec![
                 finding(
                     10_999,
@@ -818,6 +855,24 @@ mod tests {
                 t.draw(|f| draw(f, &mut app)).unwrap();
             }
         }
+    }
+
+    #[test]
+    fn every_severity_has_its_label() {
+        let text = |sev| {
+            finding_lines(&finding(1, "p", "tcp_rcvbuf_lock", sev), 80)[0]
+                .spans
+                .iter()
+                .map(|s| s.content.to_string())
+                .collect::<String>()
+        };
+        assert!(text(Severity::Critical).starts_with("CRITICAL  tcp_rcvbuf_lock"));
+        assert!(text(Severity::Warning).starts_with("WARNING  tcp_rcvbuf_lock"));
+        assert!(
+            text(Severity::Info).starts_with("INFO  tcp_rcvbuf_lock  socket inode 42 (udp)"),
+            "{}",
+            text(Severity::Info)
+        );
     }
 
     #[test]

@@ -1,18 +1,8 @@
-//! `bufscope top`: a terminal view of a running bufscope for the person on the gateway.
-//!
-//! A poller thread reads `/api/v1/status` and `/api/v1/findings` every `--interval` (1 s)
-//! with the same [`Client`] as `bufscope explain` (`--url`, `--tls.ca-file`, `--web.user`) and
-//! hands each result, or a one-line error, to the UI loop, which never waits on the network:
-//! an unreachable or misbehaving exporter is a red line in the header while the last data stays
-//! on screen and the poller keeps trying. Drop rates come from the totals of successive reads
-//! ([`app`]); [`draw`] renders only the rows on screen. The terminal is restored on exit, on
-//! error and on panic.
-
-pub mod app;
-pub mod data;
-pub mod draw;
+//! The terminal of `bufscope top`: raw mode on the alternate screen, the poller thread and
+//! the UI loop.
 
 use std::io::IsTerminal as _;
+use std::path::Path;
 use std::sync::mpsc;
 use std::time::{Duration, Instant, SystemTime};
 
@@ -25,38 +15,9 @@ use crossterm::terminal::{
 use ratatui::Terminal;
 use ratatui::backend::CrosstermBackend;
 
-use crate::cli::TopArgs;
-use crate::explain::Client;
-use app::{App, Update};
-
-/// How long one read may take before it counts as failed.
-const READ_TIMEOUT: Duration = Duration::from_secs(5);
-
-/// Reads both documents once.
-pub fn fetch(client: &Client) -> anyhow::Result<data::Snapshot> {
-    let status = client
-        .get_json("/api/v1/status")
-        .context("/api/v1/status")?;
-    let mut snap = data::parse_status(&status)?;
-    let findings = client
-        .get_json("/api/v1/findings")
-        .context("/api/v1/findings")?;
-    snap.findings = data::parse_findings(&findings)?;
-    Ok(snap)
-}
-
-/// An error as one line for the header, what matters first: the endpoint, the root cause
-/// (`Connection refused`, the JSON error), then the steps in between.
-pub fn one_line(e: &anyhow::Error) -> String {
-    let chain: Vec<String> = e.chain().map(|c| c.to_string()).collect();
-    let text = match chain.as_slice() {
-        [] => String::new(),
-        [only] => only.clone(),
-        [outer, root] => format!("{outer}: {root}"),
-        [outer, middle @ .., root] => format!("{outer}: {root} — {}", middle.join(": ")),
-    };
-    text.split_whitespace().collect::<Vec<_>>().join(" ")
-}
+use super::app::{App, Update};
+use super::{READ_TIMEOUT, draw, fetch, one_line};
+use crate::Client;
 
 fn poll_loop(client: Client, interval: Duration, tx: mpsc::Sender<Update>) {
     loop {
@@ -124,25 +85,31 @@ impl Drop for Screen {
     }
 }
 
-/// Runs `bufscope top`.
-pub fn run(a: &TopArgs) -> anyhow::Result<()> {
-    let client =
-        Client::new(&a.url, a.ca_file.as_deref(), a.user.as_deref())?.with_timeout(READ_TIMEOUT);
+/// Runs `bufscope top` against the exporter at `url` (`--url`; `--tls.ca-file`, `--web.user`
+/// as [`Client::new`] takes them), reading it every `interval` (100 ms at least).
+pub fn run(
+    url: &str,
+    ca_file: Option<&Path>,
+    user: Option<&str>,
+    interval: Duration,
+) -> anyhow::Result<()> {
+    let client = Client::new(url, ca_file, user)?.with_timeout(READ_TIMEOUT);
     if !std::io::stdout().is_terminal() || !std::io::stdin().is_terminal() {
         bail!(
             "bufscope top needs a terminal (stdin and stdout are not both a tty): for scripts \
-             use `bufscope explain --json` or {}/api/v1/status",
-            a.url.trim_end_matches('/')
+             use `bufscope explain --json` or {}{}",
+            url.trim_end_matches('/'),
+            bufscope_api::status::PATH
         );
     }
-    let interval = a.interval.max(Duration::from_millis(100));
+    let interval = interval.max(Duration::from_millis(100));
     let (tx, rx) = mpsc::channel();
     std::thread::Builder::new()
         .name("top-poll".into())
         .spawn(move || poll_loop(client, interval, tx))
         .context("cannot start the poller thread")?;
     let mut screen = Screen::enter()?;
-    let mut app = App::new(&a.url);
+    let mut app = App::new(url);
     let result = event_loop(&mut screen.terminal, &mut app, &rx);
     drop(screen);
     result
@@ -178,24 +145,5 @@ fn event_loop(
                 }
             }
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn errors_put_the_cause_first_on_one_line() {
-        let e = anyhow::anyhow!("Connection refused (os error 111)")
-            .context("connecting to http://127.0.0.1:1\n(is it running?)")
-            .context("/api/v1/status");
-        assert_eq!(
-            one_line(&e),
-            "/api/v1/status: Connection refused (os error 111) — connecting to \
-             http://127.0.0.1:1 (is it running?)"
-        );
-        let e = anyhow::anyhow!("HTTP 500").context("/api/v1/findings");
-        assert_eq!(one_line(&e), "/api/v1/findings: HTTP 500");
     }
 }
