@@ -99,9 +99,10 @@ fn offline(btf_path: &Path, args: &CheckArgs) -> i32 {
         true,
         "kernel BTF",
         &format!(
-            "struct offsets resolved; {} drop reasons; counting {}",
+            "struct offsets resolved; {} drop reasons; counting {}; {}",
             k.reasons.len(),
-            tracked.join(" ")
+            tracked.join(" "),
+            crate::kernel::task_access(&k.config)
         ),
     );
     println!("probes:");
@@ -205,10 +206,11 @@ pub fn run(args: &CheckArgs) -> i32 {
                 true,
                 "kernel BTF",
                 &format!(
-                    "{} ({} drop reasons; counting {})",
+                    "{} ({} drop reasons; counting {}; {})",
                     args.kernel.btf_path.display(),
                     k.reasons.len(),
-                    tracked.join(" ")
+                    tracked.join(" "),
+                    crate::kernel::task_access(&k.config)
                 ),
             );
             Some(k)
