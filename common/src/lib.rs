@@ -231,8 +231,35 @@ pub struct Config {
     /// every event when it keeps up: an irq_work self-IPI per event); N = wake it only once
     /// N bytes wait (the reader must then also drain on a timer).
     pub ringbuf_wakeup_bytes: u32,
-    /// Padding (keeps the size a multiple of 8 without implicit padding).
-    pub _pad2: u32,
+
+    // --- the calling task ---
+    /// Non-zero when the kernel has `bpf_get_current_task_btf` (5.11+; its BTF's
+    /// `enum bpf_func_id` names it): tracing programs then load through a BTF-typed `current`;
+    /// else they read it with `bpf_get_current_task` and probe reads (the verifier prunes the
+    /// branch this kernel does not take, helper call included).
+    pub current_task_btf: u32,
+    /// `task_struct.pid` (the thread id; cgroup programs read it where the kernel gives them no
+    /// `bpf_get_current_pid_tgid`).
+    pub task_pid: u32,
+    /// `task_struct.tgid` (the process id).
+    pub task_tgid: u32,
+    /// `task_struct.comm` (char[16]).
+    pub task_comm: u32,
+    /// `task_struct.cgroups` (a `struct css_set *`).
+    pub task_cgroups: u32,
+    /// `css_set.dfl_cgrp` (the task's cgroup2 cgroup).
+    pub css_set_dfl_cgrp: u32,
+    /// `cgroup.level` (int: 0 for the root).
+    pub cgroup_level: u32,
+    /// `cgroup.ancestors` (6.0+: `struct cgroup *[]`) or `cgroup.ancestor_ids` (before: `u64[]`
+    /// of cgroup ids), indexed by level.
+    pub cgroup_ancestors: u32,
+    /// Non-zero when [`Config::cgroup_ancestors`] holds ids (`ancestor_ids`), not pointers.
+    pub cgroup_ancestor_ids: u32,
+    /// `cgroup.kn` (its `struct kernfs_node *`).
+    pub cgroup_kn: u32,
+    /// `kernfs_node.id` (u64: the cgroup id, the cgroup directory's inode number).
+    pub kn_id: u32,
 }
 
 /// What the owner of a socket is: the process that created, bound, connected, accepted or
@@ -656,7 +683,7 @@ pub struct ReaderVal {
 const _: () = assert!(core::mem::size_of::<CompatConfig>() == 32);
 const _: () = assert!(core::mem::size_of::<SpaceSnap>() == 16);
 const _: () = assert!(core::mem::size_of::<Field>() == 8);
-const _: () = assert!(core::mem::size_of::<Config>() == 256);
+const _: () = assert!(core::mem::size_of::<Config>() == 296);
 const _: () = assert!(core::mem::offset_of!(Config, reason_mask) == 208);
 const _: () = assert!(core::mem::size_of::<Owner>() == 40);
 const _: () = assert!(core::mem::size_of::<DropKey>() == 24);

@@ -13,20 +13,21 @@
 
 use aya_ebpf::{
     helpers::{
-        bpf_get_current_ancestor_cgroup_id, bpf_get_current_comm, bpf_getsockopt, bpf_setsockopt,
+        bpf_get_current_ancestor_cgroup_id, bpf_get_current_comm, bpf_get_current_pid_tgid,
+        bpf_getsockopt, bpf_setsockopt,
     },
     macros::{cgroup_sock_addr, cgroup_sockopt, map},
     maps::{HashMap, LruHashMap},
     programs::{SockAddrContext, SockoptContext},
 };
 use bufscope_common::{
-    GuardConfig, GuardEvent, IPPROTO_TCP, SO_BUF_LOCK, SO_RCVBUF, SO_RCVBUFFORCE, SO_SNDBUF,
+    GuardConfig, GuardEvent, IPPROTO_TCP, Owner, SO_BUF_LOCK, SO_RCVBUF, SO_RCVBUFFORCE, SO_SNDBUF,
     SO_SNDBUFFORCE, SOCK_BUF_LOCK_MASK, SOL_SOCKET, event_kind, guard, stat,
 };
 
 use crate::events::{EVENTS, stat_inc, submit_flags};
 use crate::sock::{addr_of, sk_inode};
-use crate::task::current_owner;
+use crate::task::{ancestor_cgroup_id, cgroup_owner};
 
 /// The guard's settings, patched by userspace before load (see [`GuardConfig`]).
 #[unsafe(no_mangle)]
@@ -104,34 +105,43 @@ fn mode() -> u32 {
     guard_cfg!(mode)
 }
 
-/// Whether the calling process is in the guard's scope (cgroup subtree and comm lists).
+/// Whether the calling process (`tgid`; its `comm` and its cgroup2 ancestor at a level read
+/// only when the scope needs them) is in the guard's scope (cgroup subtree and comm lists).
 #[inline(always)]
-fn in_scope() -> bool {
-    if (aya_ebpf::helpers::bpf_get_current_pid_tgid() >> 32) as u32 == guard_cfg!(self_tgid) {
+fn in_scope(
+    tgid: u32,
+    comm: impl FnOnce() -> [u8; 16],
+    ancestor_cgroup_id: impl FnOnce(u32) -> u64,
+) -> bool {
+    if tgid == guard_cfg!(self_tgid) {
         return false;
     }
     let id = guard_cfg!(cgroup_id);
-    if id != 0 {
-        let level = guard_cfg!(cgroup_level) as i32;
-        if unsafe { bpf_get_current_ancestor_cgroup_id(level) } != id {
-            return false;
-        }
+    if id != 0 && ancestor_cgroup_id(guard_cfg!(cgroup_level)) != id {
+        return false;
     }
     match guard_cfg!(comm_mode) {
         guard::COMM_ALL => true,
         m => {
-            let comm = bpf_get_current_comm().unwrap_or_default();
-            let listed = unsafe { GUARD_COMMS.get(&comm) }.is_some();
+            let listed = unsafe { GUARD_COMMS.get(&comm()) }.is_some();
             (m == guard::COMM_ONLY) == listed
         }
     }
 }
 
-/// The decision for a buffer `setsockopt` of `optname` = `requested` on a socket of `proto`.
+/// The decision for a buffer `setsockopt` of `optname` = `requested` on a socket of `proto`,
+/// called by `owner` (`cgroup/setsockopt`: the scope is read from the task, as the program
+/// type has neither the comm nor the ancestor-cgroup helper before 6.1).
 #[inline(always)]
-pub(crate) fn decide_setsockopt(proto: u32, optname: i32, requested: i32, optlen: i32) -> Decision {
+pub(crate) fn decide_setsockopt(
+    owner: &Owner,
+    proto: u32,
+    optname: i32,
+    requested: i32,
+    optlen: i32,
+) -> Decision {
     let mode = mode();
-    if mode == guard::MODE_OFF || !in_scope() {
+    if mode == guard::MODE_OFF || !in_scope(owner.tgid, || owner.comm, ancestor_cgroup_id) {
         return Decision::NONE;
     }
     let rules = guard_cfg!(rules);
@@ -173,9 +183,11 @@ pub(crate) fn decide_setsockopt(proto: u32, optname: i32, requested: i32, optlen
     Decision::NONE
 }
 
-/// Sends one [`GuardEvent`].
+/// Sends one [`GuardEvent`] of a call by `owner`.
+#[allow(clippy::too_many_arguments)]
 #[inline(always)]
 pub(crate) fn report(
+    owner: &Owner,
     d: Decision,
     hook: u8,
     optname: i32,
@@ -191,7 +203,7 @@ pub(crate) fn report(
     entry.write(GuardEvent {
         kind: event_kind::GUARD,
         optname,
-        owner: current_owner(),
+        owner: *owner,
         inode,
         requested,
         applied: d.applied,
@@ -212,7 +224,10 @@ fn raise_udp(ctx: &SockAddrContext, hook: u8) -> i32 {
         return 1;
     }
     let sa = unsafe { &*ctx.sock_addr };
-    if sa.protocol != IPPROTO_UDP || !in_scope() {
+    let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
+    let comm = || bpf_get_current_comm().unwrap_or_default();
+    let ancestor = |level: u32| unsafe { bpf_get_current_ancestor_cgroup_id(level as i32) };
+    if sa.protocol != IPPROTO_UDP || !in_scope(tgid, comm, ancestor) {
         return 1;
     }
     let mut inode = 0u64;
@@ -260,7 +275,16 @@ fn raise_udp(ctx: &SockAddrContext, hook: u8) -> i32 {
             rule: guard::RULE_UDP_FLOOR as u8,
             applied: floor,
         };
-        report(d, hook, optname, inode, 0, IPPROTO_UDP as u8, ret);
+        report(
+            &cgroup_owner(),
+            d,
+            hook,
+            optname,
+            inode,
+            0,
+            IPPROTO_UDP as u8,
+            ret,
+        );
     }
     1
 }

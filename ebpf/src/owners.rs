@@ -20,20 +20,20 @@ use bufscope_common::{Owner, stat};
 use crate::events::stat_inc;
 use crate::kmem::{kread, tp_field};
 use crate::sock::{addr_of, sk_inode};
-use crate::task::{current_owner, fd_file};
+use crate::task::{cgroup_owner, current_owner, fd_file};
 
 /// Socket inode → the process that owns it (recorded in process context). The size is a
 /// default; userspace may resize it at load (`--bpf.*-entries`).
 #[map]
 pub(crate) static OWNERS: LruHashMap<u64, Owner> = LruHashMap::with_max_entries(65536, 0);
 
-/// Records `current` as the owner of the socket behind `file`.
+/// Records `current` as the owner of the socket behind `file` (tracing programs).
 #[inline(always)]
 fn record_owner_of_file(file: u64) {
     let inode: u64 = kread(file, cfg!(file_inode));
     let ino: u64 = kread(inode, cfg!(inode_ino));
     if ino != 0 {
-        record_owner(ino);
+        record_owner(ino, &current_owner());
     }
 }
 
@@ -57,11 +57,10 @@ pub(crate) fn record_caller_as_owner(inode: u64, owner: &Owner) {
     }
 }
 
-/// Records the calling process as the owner of `inode`.
+/// Records `owner` (the calling process) as the owner of `inode`.
 #[inline(always)]
-pub(crate) fn record_owner(inode: u64) {
-    let owner = current_owner();
-    if OWNERS.insert(&inode, &owner, 0).is_err() {
+pub(crate) fn record_owner(inode: u64, owner: &Owner) {
+    if OWNERS.insert(&inode, owner, 0).is_err() {
         stat_inc(stat::OWNERS_FULL);
     }
 }
@@ -89,7 +88,7 @@ pub fn cgroup_sock_create(ctx: SockContext) -> i32 {
     let sk = addr_of(ctx.sock);
     let inode = sk_inode(sk);
     if inode != 0 {
-        record_owner(inode);
+        record_owner(inode, &cgroup_owner());
     }
     1
 }

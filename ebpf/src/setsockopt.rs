@@ -29,7 +29,7 @@ use crate::guard;
 use crate::kmem::{kread, kread_field, tp_field};
 use crate::owners::record_caller_as_owner;
 use crate::sock::{addr_of, sk_inode, sk_netns, sk_userlocks};
-use crate::task::{current_owner, fd_file};
+use crate::task::{current_owner, fd_file, sockopt_owner};
 
 /// setsockopt calls in flight: `pid_tgid` → what `sys_enter` saw. A plain (preallocated)
 /// hash, not an LRU: an LRU insert took half of `sys_enter`'s cost (240 → 126 ns without it).
@@ -111,7 +111,7 @@ pub fn cgroup_setsockopt(ctx: SockoptContext) -> i32 {
         return 1;
     }
     let inode = sk_inode(sk);
-    let owner = current_owner();
+    let owner = sockopt_owner();
     record_caller_as_owner(inode, &owner);
     let Some(mut entry) = EVENTS.reserve::<SockoptEvent>(0) else {
         stat_inc(stat::RINGBUF_FULL);
@@ -124,7 +124,7 @@ pub fn cgroup_setsockopt(ctx: SockoptContext) -> i32 {
     if matches!(so.optname, SO_RCVBUFFORCE | SO_SNDBUFFORCE) && caller_net_admin() {
         flags |= sockopt_flags::NET_ADMIN;
     }
-    let decision = guard::decide_setsockopt(proto, so.optname, requested, optlen);
+    let decision = guard::decide_setsockopt(&owner, proto, so.optname, requested, optlen);
     let mut applied = requested;
     match decision.action {
         bufscope_common::guard::ACTION_SKIPPED => {
@@ -177,6 +177,7 @@ pub fn cgroup_setsockopt(ctx: SockoptContext) -> i32 {
     );
     if decision.action != 0 {
         guard::report(
+            &owner,
             decision,
             bufscope_common::guard::HOOK_SETSOCKOPT,
             so.optname,

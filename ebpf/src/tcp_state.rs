@@ -67,7 +67,7 @@ pub fn inet_sock_set_state(ctx: BtfTracePointContext) -> i32 {
         TCP_SYN_SENT => {
             let inode = btf_sk_inode(sk);
             if inode != 0 && !owned_by_current(inode) {
-                record_owner(inode);
+                record_owner(inode, &current_owner());
             }
         }
         TCP_CLOSE => {

@@ -99,10 +99,11 @@ fn kernel_btf(cx: &mut Cx<'_>) {
                 true,
                 "kernel BTF",
                 &format!(
-                    "{} ({} drop reasons; counting {})",
+                    "{} ({} drop reasons; counting {}; {})",
                     path.display(),
                     k.reasons.len(),
-                    tracked(&k)
+                    tracked(&k),
+                    kernel::task_access(&k.config)
                 ),
             );
             cx.kinfo = Some(k);
@@ -295,9 +296,10 @@ fn kernel_btf_offline(cx: &mut Cx<'_>) {
                 true,
                 "kernel BTF",
                 &format!(
-                    "struct offsets resolved; {} drop reasons; counting {}",
+                    "struct offsets resolved; {} drop reasons; counting {}; {}",
                     k.reasons.len(),
-                    tracked(&k)
+                    tracked(&k),
+                    kernel::task_access(&k.config)
                 ),
             );
             cx.kinfo = Some(k);

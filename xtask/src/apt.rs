@@ -15,14 +15,15 @@ use crate::util::run_cmd;
 const MIRROR: &str = "http://deb.debian.org/debian";
 const SECURITY: &str = "http://deb.debian.org/debian-security";
 
-/// An APT configuration of our own (sources: bookworm, its security and backports suites).
+/// An APT configuration of our own (sources: bookworm, its security and backports suites;
+/// bullseye and its security suite, for Debian 11's kernel in the matrix).
 pub struct PrivateApt {
     conf: PathBuf,
 }
 
 impl PrivateApt {
     /// Writes the configuration under `dir` and refreshes its package lists when they are
-    /// missing or older than a day.
+    /// missing, older than a day, or from other sources.
     pub fn open(dir: &Path) -> anyhow::Result<Self> {
         for d in [
             "lists/partial",
@@ -37,9 +38,14 @@ impl PrivateApt {
         let sources = format!(
             "deb [{key}] {MIRROR} bookworm main\n\
              deb [{key}] {SECURITY} bookworm-security main\n\
-             deb [{key}] {MIRROR} bookworm-backports main\n"
+             deb [{key}] {MIRROR} bookworm-backports main\n\
+             deb [{key}] {MIRROR} bullseye main\n\
+             deb [{key}] {SECURITY} bullseye-security main\n"
         );
-        std::fs::write(dir.join("etc/sources.list"), sources)?;
+        let list = dir.join("etc/sources.list");
+        // New sources (a suite added here) make the package lists stale whatever their age.
+        let same_sources = std::fs::read_to_string(&list).is_ok_and(|old| old == sources);
+        std::fs::write(&list, sources)?;
         let a = dir.display();
         let conf = format!(
             "Dir::State \"{a}\";\nDir::State::Lists \"{a}/lists\";\n\
@@ -53,11 +59,12 @@ impl PrivateApt {
         let path = dir.join("apt.conf");
         std::fs::write(&path, conf)?;
         let stamp = dir.join("lists/.updated");
-        let fresh = std::fs::metadata(&stamp)
-            .and_then(|m| m.modified())
-            .ok()
-            .and_then(|t| t.elapsed().ok())
-            .is_some_and(|age| age.as_secs() < 86_400);
+        let fresh = same_sources
+            && std::fs::metadata(&stamp)
+                .and_then(|m| m.modified())
+                .ok()
+                .and_then(|t| t.elapsed().ok())
+                .is_some_and(|age| age.as_secs() < 86_400);
         if !fresh {
             run_cmd(
                 Command::new("apt-get")

@@ -137,6 +137,20 @@ pub fn build_config(
     c.cred_user_ns = off("cred", "user_ns")?;
     c.user_ns_level = off("user_namespace", "level")?;
 
+    c.current_task_btf = u32::from(has_helper(btf, "get_current_task_btf"));
+    c.task_pid = off("task_struct", "pid")?;
+    c.task_tgid = off("task_struct", "tgid")?;
+    c.task_comm = off("task_struct", "comm")?;
+    c.task_cgroups = off("task_struct", "cgroups")?;
+    c.css_set_dfl_cgrp = off("css_set", "dfl_cgrp")?;
+    c.cgroup_level = off("cgroup", "level")?;
+    (c.cgroup_ancestors, c.cgroup_ancestor_ids) = match off("cgroup", "ancestors") {
+        Ok(o) => (o, 0),
+        Err(_) => (off("cgroup", "ancestor_ids")?, 1),
+    };
+    c.cgroup_kn = off("cgroup", "kn")?;
+    c.kn_id = off("kernfs_node", "id")?;
+
     c.reason_mask = [0; REASON_WORDS];
     for r in tracked {
         if (*r as usize) < REASON_WORDS * 64 {
@@ -148,6 +162,23 @@ pub fn build_config(
         .map(u32::from)
         .unwrap_or(u32::MAX);
     Ok(c)
+}
+
+/// Whether the kernel has BPF helper `bpf_<name>`: its BTF's `enum bpf_func_id` has
+/// `BPF_FUNC_<name>` (a helper's number exists exactly where the kernel implements it).
+pub fn has_helper(btf: &KernelBtf, name: &str) -> bool {
+    let want = format!("BPF_FUNC_{name}");
+    btf.enum_values("bpf_func_id")
+        .is_ok_and(|v| v.iter().any(|(n, _)| *n == want))
+}
+
+/// How tracing programs read `current` on this kernel, for `bufscope check`.
+pub fn task_access(c: &Config) -> &'static str {
+    if c.current_task_btf != 0 {
+        "current task BTF-typed (bpf_get_current_task_btf)"
+    } else {
+        "current task via bpf_get_current_task + probe reads (no bpf_get_current_task_btf)"
+    }
 }
 
 /// `uname -r`.
@@ -361,5 +392,30 @@ mod tests {
             c.skb_end_is_offset, 1,
             "x86_64 kernels keep skb->end as an offset"
         );
+        assert!(c.task_pid != 0 && c.task_comm != 0 && c.kn_id != 0);
+    }
+
+    #[test]
+    fn helper_presence_agrees_with_bpftool() {
+        let btf = KernelBtf::open(Path::new("/sys/kernel/btf/vmlinux")).unwrap();
+        let c = bufscope_testkit::btf_dump("c").unwrap();
+        for helper in [
+            "get_current_task_btf",
+            "probe_read_kernel",
+            "no_such_helper",
+        ] {
+            let listed = c.contains(&format!("BPF_FUNC_{helper} = "));
+            assert_eq!(has_helper(&btf, helper), listed, "{helper}");
+        }
+        assert!(has_helper(&btf, "probe_read_kernel"));
+        let reasons = DropReasons::from_btf(&btf).unwrap();
+        let cfg = build_config(&btf, &reasons, &[]).unwrap();
+        assert_eq!(
+            cfg.current_task_btf != 0,
+            has_helper(&btf, "get_current_task_btf")
+        );
+        // The cgroup ancestors are pointers since 6.0, ids before; one of them is resolved.
+        let ids = btf.has_member("cgroup", "ancestor_ids");
+        assert_eq!(cfg.cgroup_ancestor_ids != 0, ids);
     }
 }

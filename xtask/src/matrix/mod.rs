@@ -1,6 +1,6 @@
 //! `cargo xtask matrix`: the kernel-matrix stage of `cargo xtask test`. Boots each pinned guest
-//! kernel (`kernels.pin`: Debian 12's 6.1 and bookworm-backports' 6.12) under QEMU (TCG: these
-//! VMs have no usable KVM) with virtme-ng, the host's root filesystem shared read-only, and runs
+//! kernel (`kernels.pin`: Debian 11's 5.10, Debian 12's 6.1 and bookworm-backports' 6.12) under
+//! QEMU (TCG: these VMs have no usable KVM) with virtme-ng, the host's root filesystem shared read-only, and runs
 //! an integration subset inside the guest against the guest kernel's own counters:
 //!
 //! - `bufscope check` in the guest, and `bufscope check --btf <the guest's BTF>` on the host:
