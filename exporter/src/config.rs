@@ -6,12 +6,13 @@
 //! replaces the file's value (a list too: it is not appended to); the file replaces the
 //! built-in default.
 //!
-//! A flag `--a.b-c` is the key `c` under `a:` with `-` spelled `_` (`--bpf.drops-map-entries` is
-//! `bpf: {drops_map_entries: …}`; `--poll-interval` is `poll_interval` at the top). Four keys of
-//! earlier releases keep working ([`ALIASES`]). Lists are YAML lists (or one
-//! comma-separated string, as on the command line); a switch is `true` or `false`; an empty
-//! value (`key:`) is as if the key were absent. Unknown keys are errors (a typo must not
-//! silently do nothing), with the nearest valid key when there is one.
+//! Each dot of a flag's long name nests a mapping and `-` is spelled `_`: `--a.b-c` is `b_c`
+//! under `a:` (`--bpf.drops-map-entries` is `bpf: {drops_map_entries: …}`, `--poll-interval`
+//! is `poll_interval` at the top; `web: {listen_address: …}` may also be written
+//! `web.listen_address: …`). Four keys of earlier releases keep working ([`ALIASES`]). Lists
+//! are YAML lists (or one comma-separated string, as on the command line); a switch is `true`
+//! or `false`; an empty value (`key:`) is as if the key were absent. Unknown keys are errors (a
+//! typo must not silently do nothing), with the nearest valid key when there is one.
 //!
 //! ```yaml
 //! web:

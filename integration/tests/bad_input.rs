@@ -5,7 +5,8 @@
 //! message) or in one line on stderr (exit 1), naming the flag (and the key for the file),
 //! never in a panic (101), and before bufscope reaches the kernel: bpftrace counts the
 //! `bpf(2)`, `mount(2)`, `mkdir(2)` and `bind(2)` calls of every bufscope process meanwhile
-//! (there must be none) and `bpftool prog show` lists no program that was not there before.
+//! (there must be none; a bufscope that does start, observed the same way, makes them) and
+//! `bpftool prog show` lists no program that was not there before.
 #![allow(clippy::unwrap_used)]
 
 use std::collections::BTreeSet;
@@ -15,7 +16,7 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use bufscope_integration::{TempDir, bpftrace, bufscope_bin, require_root};
+use bufscope_integration::{Exporter, TempDir, bpftrace, bufscope_bin, require_root};
 
 /// One bad input: the arguments, the exit code and a text the first error line must hold.
 struct Case {
@@ -255,6 +256,37 @@ fn cases(dir: &Path) -> Vec<Case> {
     v
 }
 
+/// Runs `cmd` with stdin closed; returns its exit code (None when it was still running after
+/// `limit` and was killed: it started instead of refusing) and its stderr.
+fn output_within(cmd: &mut Command, limit: Duration) -> (Option<i32>, String) {
+    use std::io::Read as _;
+    let mut child = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut pipe = child.stderr.take().unwrap();
+    let reader = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = pipe.read_to_string(&mut s);
+        s
+    });
+    let start = std::time::Instant::now();
+    let code = loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            break st.code();
+        }
+        if start.elapsed() > limit {
+            let _ = child.kill();
+            let _ = child.wait();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    (code, reader.join().unwrap())
+}
+
 /// Ids of the programs the kernel has loaded (bpftool).
 fn prog_ids() -> BTreeSet<u64> {
     let out = Command::new("bpftool")
@@ -298,17 +330,16 @@ fn bad_input_is_refused_before_anything_is_loaded() {
     let mut failures = Vec::new();
     let calls = bpftrace::counts(&probes, "", Duration::from_secs(60), || {
         for c in &cases {
-            let out = Command::new(&bin)
-                .args(&c.args)
-                .env("NO_COLOR", "1")
-                .env("RUST_BACKTRACE", "0")
-                .stdin(Stdio::null())
-                .output()
-                .unwrap();
-            let err = String::from_utf8_lossy(&out.stderr);
+            let (code, err) = output_within(
+                Command::new(&bin)
+                    .args(&c.args)
+                    .env("NO_COLOR", "1")
+                    .env("RUST_BACKTRACE", "0"),
+                Duration::from_secs(20),
+            );
             let first = err.lines().next().unwrap_or("");
-            let what = format!("{:?} → {:?}: {err}", c.args, out.status.code());
-            if out.status.code() != Some(c.code) || err.contains("panicked") {
+            let what = format!("{:?} → {code:?}: {err}", c.args);
+            if code != Some(c.code) || err.contains("panicked") {
                 failures.push(format!("exit code, want {}: {what}", c.code));
             } else if !first.contains(&c.names) {
                 failures.push(format!("first line lacks {:?}: {what}", c.names));
@@ -326,6 +357,14 @@ fn bad_input_is_refused_before_anything_is_loaded() {
         calls.is_empty(),
         "bufscope reached the kernel on bad input (syscall → calls): {calls:?}"
     );
+    // The same observer sees a bufscope that does start: its calls are counted.
+    let control = bpftrace::counts(&probes, "", Duration::from_secs(60), || {
+        drop(Exporter::start(&[]));
+    });
+    assert!(
+        control.get("bpf").is_some_and(|n| *n > 0) && control.get("bind").is_some_and(|n| *n > 0),
+        "the observer missed a bufscope that started: {control:?}"
+    );
     let new: Vec<u64> = prog_ids().difference(&before).copied().collect();
     assert!(new.is_empty(), "programs loaded meanwhile: {new:?}");
     assert!(
@@ -333,7 +372,8 @@ fn bad_input_is_refused_before_anything_is_loaded() {
         "--bpf.pin-path outside a bpffs was created"
     );
     eprintln!(
-        "{} bad inputs refused; bufscope made no bpf/mount/mkdir/bind call (bpftrace)",
+        "{} bad inputs refused; bufscope made no bpf/mount/mkdir/bind call (bpftrace); a \
+         good start made {control:?}",
         cases.len()
     );
 }

@@ -156,6 +156,13 @@ fn the_rules_keys_work_for_the_historical_flags_too() {
     assert_eq!(a.retention, Duration::from_secs(120));
     assert_eq!(a.kernel.disable, vec!["owners"]);
     assert_eq!(a.web_config.unwrap(), Path::new("/w.yml"));
+    // Dotted keys are the same keys.
+    let a = args(
+        &[],
+        "web.listen_address: ':5'\nbpf:\n  pin_path: /sys/fs/bpf/y\n",
+    );
+    assert_eq!(a.listen, ":5");
+    assert_eq!(a.pins.pin_path.unwrap(), Path::new("/sys/fs/bpf/y"));
     let e = err("max_processes: 9\ncardinality:\n  max_processes: 8\n");
     assert!(
         e.contains("max_processes and cardinality.max_processes both set --max-processes"),
