@@ -358,8 +358,10 @@ fn offline_choice(spec: &ProbeSpec, k: &KernelInfo) -> (Option<usize>, Vec<Strin
 /// privileges are missing).
 pub fn run(args: &CheckArgs) -> i32 {
     if let Err(e) = args.kernel.validate() {
+        // A value clap accepted but that cannot be used: 1, as for `run` (clap's usage
+        // errors are 2).
         eprintln!("bufscope: error: {e:#}");
-        return 2;
+        return 1;
     }
     let mut cx = Cx {
         args,

@@ -101,6 +101,7 @@ fn main() {
             bufscope::cleanup::run(&args)
         }
         Command::Explain(a) => {
+            default_sigpipe();
             let selection = bufscope_client::explain::Selection {
                 pid: a.pid,
                 comm: a.comm,
