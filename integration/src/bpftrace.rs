@@ -26,6 +26,12 @@ pub fn counts(
     );
     let mut cmd = Command::new("bpftrace");
     cmd.args(["-e", &prog]).stderr(Stdio::inherit());
+    // bpftrace 0.17 resolves the structs of kprobe casts from the kernel's BTF only when told
+    // where it is on some kernels (Debian 11's 5.10: "Unknown struct/union" otherwise).
+    let vmlinux = std::path::Path::new("/sys/kernel/btf/vmlinux");
+    if vmlinux.exists() && std::env::var_os("BPFTRACE_BTF").is_none() {
+        cmd.env("BPFTRACE_BTF", vmlinux);
+    }
     // Dropped: 10 s to exit by itself after END, then SIGKILL.
     let mut child = LineChild::spawn(cmd, "bpftrace")
         .unwrap_or_else(|e| panic!("{e:#} (cargo xtask setup installs bpftrace)"))

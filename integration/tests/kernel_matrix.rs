@@ -306,8 +306,9 @@ fn setsockopt_clamp_force_and_eperm_match_the_kernel() {
             "{opt} of pid {p}: (calls, clamped, failed, locks)"
         );
         eprintln!(
-            "setsockopt {opt} errno {}: bufscope (calls, clamped, failed, locks) {got:?}",
-            w.get("errno")
+            "setsockopt {opt} errno {}: bufscope (calls, clamped, failed, locks) {got:?} (lock bits from {})",
+            w.get("errno"),
+            w.get("locks_source")
         );
     }
 }

@@ -128,7 +128,10 @@ fn wscale_shrink_locks_and_established_match_ss() {
     }
     // pid -> (established, shrunk, locks): bufscope vs the kernel
     assert_eq!(got, expected);
-    eprintln!("control wscale {control_wscale}; pid -> (established, shrunk, locks): {got:?}");
+    eprintln!(
+        "control wscale {control_wscale}; pid -> (established, shrunk, locks): {got:?} (lock bits from {})",
+        la.get("locks_source")
+    );
 }
 
 /// Counts `tcp:tcp_rcvbuf_grow` events on local port `port` while `run` runs, with bpftrace:

@@ -322,17 +322,34 @@ fn tcp_socket() -> anyhow::Result<Socket> {
     )?)
 }
 
-fn locks_of(fd: i32) -> String {
-    getsockopt_int(fd, libc::SOL_SOCKET, SO_BUF_LOCK)
-        .map(|v| v.to_string())
-        .unwrap_or_else(|_| "?".into())
+/// The socket's lock bits (`sk_userlocks`: 1 = SOCK_SNDBUF_LOCK, 2 = SOCK_RCVBUF_LOCK) as
+/// `getsockopt(SO_BUF_LOCK)` reads them. Kernels before 5.14 have no `SO_BUF_LOCK`
+/// (ENOPROTOOPT): there the bits are `set`, what this process's own successful `setsockopt`
+/// calls set by sock.c's rule (a successful SO_RCVBUF/SO_RCVBUFFORCE sets SOCK_RCVBUF_LOCK,
+/// SO_SNDBUF/SO_SNDBUFFORCE SOCK_SNDBUF_LOCK; an accepted socket inherits its listener's).
+fn locks_of(fd: i32, set: i32) -> String {
+    match getsockopt_int(fd, libc::SOL_SOCKET, SO_BUF_LOCK) {
+        Ok(v) => v.to_string(),
+        Err(e) if e.raw_os_error() == Some(libc::ENOPROTOOPT) => set.to_string(),
+        Err(_) => "?".into(),
+    }
+}
+
+/// Where `locks` came from, printed next to it: the readback, or the errno rule before 5.14.
+fn locks_source(fd: i32) -> &'static str {
+    match getsockopt_int(fd, libc::SOL_SOCKET, SO_BUF_LOCK) {
+        Ok(_) => "SO_BUF_LOCK",
+        Err(_) => "errno",
+    }
 }
 
 fn tcp_listen(a: &Args) -> anyhow::Result<()> {
     let l = tcp_socket()?;
     l.set_reuse_address(true)?;
+    let mut set = 0;
     if let Some(rb) = a.value("--rcvbuf") {
         l.set_recv_buffer_size(rb.parse()?)?;
+        set = 2;
     }
     l.bind(&SockAddr::from(SocketAddr::new(loopback(false), 0)))?;
     l.listen(128)?;
@@ -340,12 +357,13 @@ fn tcp_listen(a: &Args) -> anyhow::Result<()> {
     ready(&[
         ("pid", std::process::id().to_string()),
         ("port", port.to_string()),
-        ("locks", locks_of(l.as_raw_fd())),
+        ("locks", locks_of(l.as_raw_fd(), set)),
+        ("locks_source", locks_source(l.as_raw_fd()).to_string()),
     ]);
     let mut held = Vec::new();
     std::thread::spawn(move || {
         while let Ok((c, _)) = l.accept() {
-            println!("ACCEPTED locks={}", locks_of(c.as_raw_fd()));
+            println!("ACCEPTED locks={}", locks_of(c.as_raw_fd(), set));
             let _ = std::io::stdout().flush();
             held.push(c);
         }
@@ -362,11 +380,13 @@ fn tcp_connect(a: &Args) -> anyhow::Result<()> {
     let mut lports = Vec::new();
     for _ in 0..count {
         let c = tcp_socket()?;
+        let mut set = 0;
         if let Some(rb) = a.value("--rcvbuf") {
             c.set_recv_buffer_size(rb.parse()?)?;
+            set = 2;
         }
         c.connect(&SockAddr::from(SocketAddr::new(loopback(false), port)))?;
-        locks.push(locks_of(c.as_raw_fd()));
+        locks.push(locks_of(c.as_raw_fd(), set));
         lports.push(
             c.local_addr()?
                 .as_socket()
@@ -450,6 +470,12 @@ fn one_setsockopt(a: &Args) -> anyhow::Result<()> {
         .err()
         .and_then(|e| e.raw_os_error())
         .unwrap_or(0);
+    let set = match (errno, opt) {
+        (0, libc::SO_RCVBUF | libc::SO_RCVBUFFORCE) => 2,
+        (0, libc::SO_SNDBUF | libc::SO_SNDBUFFORCE) => 1,
+        (0, SO_BUF_LOCK) => value & 3,
+        _ => 0,
+    };
     ready(&[
         ("pid", std::process::id().to_string()),
         ("inode", inode_of(fd)?.to_string()),
@@ -462,7 +488,8 @@ fn one_setsockopt(a: &Args) -> anyhow::Result<()> {
             "sndbuf",
             getsockopt_int(fd, libc::SOL_SOCKET, libc::SO_SNDBUF)?.to_string(),
         ),
-        ("locks", locks_of(fd)),
+        ("locks", locks_of(fd, set)),
+        ("locks_source", locks_source(fd).to_string()),
     ]);
     hold();
     Ok(())
