@@ -84,7 +84,7 @@ impl Machine {
 }
 
 /// `target/release` of this workspace (`$CARGO_TARGET_DIR` honoured).
-fn release_dir() -> std::path::PathBuf {
+pub(crate) fn release_dir() -> std::path::PathBuf {
     std::env::var_os("CARGO_TARGET_DIR")
         .map(std::path::PathBuf::from)
         .unwrap_or_else(|| workspace_root().join("target"))

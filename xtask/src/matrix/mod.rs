@@ -498,3 +498,42 @@ pub fn stage(only: &[String]) -> anyhow::Result<()> {
         bail!("kernel matrix: {} failure(s)", failures.len())
     }
 }
+
+/// Boots the pinned kernel `name` (a `kernels.pin` name) and runs the shell line `command` in
+/// it from the workspace root, its output echoed with a `[name]` prefix; fails when the guest
+/// did not finish or the command failed. The benchmarks use it to measure inside a guest.
+pub fn run_in_guest(name: &str, command: &str) -> anyhow::Result<()> {
+    setup()?;
+    let pin = kernels::pins()?
+        .into_iter()
+        .find(|p| p.name == name)
+        .with_context(|| format!("no pinned kernel {name:?} in kernels.pin"))?;
+    let k = kernels::ensure(&pin)?;
+    let dir = cache_dir().join("run");
+    std::fs::create_dir_all(&dir)?;
+    let script = dir.join("guest-command.sh");
+    std::fs::write(
+        &script,
+        format!(
+            "#!/bin/sh\n\
+             export NO_COLOR=1 RUST_BACKTRACE=1 \
+             PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin\n\
+             cd {}\n\
+             t0=$(date +%s)\n\
+             echo \"MATRIX BEGIN $(uname -r)\"\n\
+             {command} 2>&1\n\
+             echo \"MATRIX STEP rc=$? secs=$(( $(date +%s) - t0 )) name=command\"\n\
+             echo \"MATRIX END secs=$(( $(date +%s) - t0 ))\"\n",
+            sh_quote(&workspace_root().to_string_lossy()),
+        ),
+    )?;
+    let run = boot(&k, &script)?;
+    if !run.ended {
+        bail!("{name}: the guest stopped before the end");
+    }
+    match run.steps.first() {
+        Some((_, 0, _)) => Ok(()),
+        Some((_, rc, _)) => bail!("{name}: the command exited {rc} in the guest"),
+        None => bail!("{name}: the command did not run in the guest"),
+    }
+}

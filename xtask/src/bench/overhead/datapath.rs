@@ -76,6 +76,9 @@ pub(super) enum Variant {
     None,
     Bufscope,
     DropsOnly,
+    /// The drop probe alone with fentry/fexit refused: its zero-per-packet tracepoint
+    /// variant, where the best one runs on every received datagram.
+    DropsTracepoint,
     Bpftrace,
 }
 
@@ -85,6 +88,7 @@ impl Variant {
             "none" => Self::None,
             "bufscope" => Self::Bufscope,
             "drops-only" => Self::DropsOnly,
+            "drops-tracepoint" => Self::DropsTracepoint,
             "bpftrace" => Self::Bpftrace,
             _ => return None,
         })
@@ -95,6 +99,7 @@ impl Variant {
             Self::None => "no probes",
             Self::Bufscope => "bufscope (all probes)",
             Self::DropsOnly => "bufscope, drop probe only",
+            Self::DropsTracepoint => "bufscope, drop probe only, fentry/fexit refused",
             Self::Bpftrace => "bpftrace drop counter",
         }
     }
@@ -102,13 +107,22 @@ impl Variant {
 
 /// A data-path case.
 #[derive(Clone, Copy, PartialEq, Eq)]
-enum Case {
+pub(super) enum Case {
     UdpAllDropped,
     UdpNoneDropped,
     TcpBulk,
 }
 
 impl Case {
+    /// Its name in `--cases`.
+    pub(super) fn name(self) -> &'static str {
+        match self {
+            Self::UdpAllDropped => "udp-dropped",
+            Self::UdpNoneDropped => "udp-read",
+            Self::TcpBulk => "tcp-bulk",
+        }
+    }
+
     pub(super) fn label(self) -> &'static str {
         match self {
             Self::UdpAllDropped => "UDP 64 B, receiver full: every datagram dropped",
@@ -255,6 +269,13 @@ fn attach(bins: &Bins, v: Variant) -> anyhow::Result<Attached> {
             ),
             _bpftrace: None,
         },
+        Variant::DropsTracepoint => Attached {
+            _exporter: Some(bins.exporter_refusing(
+                "fentry,fexit",
+                &["--probe.disable", "setsockopt,tcp_state,autotune,owners"],
+            )?),
+            _bpftrace: None,
+        },
         Variant::Bpftrace => Attached {
             _exporter: None,
             _bpftrace: Some(Bpftrace::start(&hooks()?[0].bpftrace)?),
@@ -269,7 +290,10 @@ pub(super) fn section(a: &Args, bins: &Bins) -> anyhow::Result<String> {
         .iter()
         .filter_map(|v| Variant::parse(v))
         .collect();
-    let cases = [Case::UdpAllDropped, Case::UdpNoneDropped, Case::TcpBulk];
+    let cases: Vec<Case> = [Case::UdpAllDropped, Case::UdpNoneDropped, Case::TcpBulk]
+        .into_iter()
+        .filter(|c| a.cases.iter().any(|n| n == c.name()))
+        .collect();
     let paths = [false, true];
     // (path, case, variant) → transfers
     let mut results: BTreeMap<(usize, usize, usize), Vec<Transfer>> = BTreeMap::new();

@@ -82,6 +82,31 @@ impl Bins {
         self.checked(Exporter::start(&self.bufscope, &args)?)
     }
 
+    /// [`Bins::exporter`] with `BUFSCOPE_REFUSE_HOOKS=<refuse>` (hook kinds bufscope must not
+    /// use, e.g. `fentry,fexit`: it falls back to its next variant), through a wrapper script
+    /// in the temporary directory.
+    pub(super) fn exporter_refusing(
+        &self,
+        refuse: &str,
+        extra: &[&str],
+    ) -> anyhow::Result<Exporter> {
+        use std::os::unix::fs::PermissionsExt as _;
+        let script = std::env::temp_dir().join(format!("bufscope-refusing-{}", std::process::id()));
+        std::fs::write(
+            &script,
+            format!(
+                "#!/bin/sh\nBUFSCOPE_REFUSE_HOOKS='{refuse}' exec '{}' \"$@\"\n",
+                self.bufscope.display()
+            ),
+        )
+        .with_context(|| format!("writing {}", script.display()))?;
+        std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755))
+            .with_context(|| format!("chmod {}", script.display()))?;
+        let mut args = vec!["--log.level", "info"];
+        args.extend(extra);
+        self.checked(Exporter::start(&script, &args)?)
+    }
+
     /// [`Bins::exporter`] with no flags, in a mount namespace without cgroup2 (`dir` holds the
     /// wrapper script): setsockopt and owners then run on the syscall tracepoints.
     pub(super) fn exporter_without_cgroup2(

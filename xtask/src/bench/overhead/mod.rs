@@ -40,7 +40,7 @@ mod syscalls;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use anyhow::bail;
+use anyhow::{Context as _, bail};
 
 use super::loadavg;
 use crate::util::is_root;
@@ -74,7 +74,15 @@ pub struct Args {
     /// Length of each data-path transfer, seconds.
     #[arg(long, default_value_t = 2.0)]
     pub seconds: f64,
-    /// Data-path variants: none, bufscope, drops-only, bpftrace.
+    /// Data-path traffic: udp-dropped (receiver full), udp-read (receiver reading), tcp-bulk.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "udp-dropped,udp-read,tcp-bulk"
+    )]
+    pub cases: Vec<String>,
+    /// Data-path variants: none, bufscope, drops-only, drops-tracepoint (the drop probe with
+    /// fentry/fexit refused), bpftrace.
     #[arg(
         long,
         value_delimiter = ',',
@@ -101,6 +109,11 @@ pub struct Args {
     /// them with `cargo build --release`).
     #[arg(long)]
     pub bin_dir: Option<PathBuf>,
+    /// Run the benchmark inside this pinned guest kernel of the matrix (`kernels.pin` name,
+    /// e.g. `6.1`) under QEMU instead of on this kernel: ratios only (TCG inflates absolute
+    /// costs). Release binaries are built on the host first.
+    #[arg(long)]
+    pub kernel: Option<String>,
     /// Rewrite the "Overhead" section of docs/benchmarks.md with this run's results.
     #[arg(long)]
     pub update_doc: bool,
@@ -125,11 +138,21 @@ pub fn run(a: &Args) -> anyhow::Result<()> {
     }
     for v in &a.variants {
         if Variant::parse(v).is_none() {
-            bail!("unknown variant {v:?} (variants: none, bufscope, drops-only, bpftrace)");
+            bail!(
+                "unknown variant {v:?} (variants: none, bufscope, drops-only, drops-tracepoint, bpftrace)"
+            );
+        }
+    }
+    for c in &a.cases {
+        if !["udp-dropped", "udp-read", "tcp-bulk"].contains(&c.as_str()) {
+            bail!("unknown case {c:?} (cases: udp-dropped, udp-read, tcp-bulk)");
         }
     }
     if a.runs == 0 {
         bail!("--runs must be at least 1");
+    }
+    if let Some(kernel) = &a.kernel {
+        return in_guest(a, kernel);
     }
     let bins = Bins::find_or_build(a)?;
     let started = Instant::now();
@@ -157,6 +180,32 @@ pub fn run(a: &Args) -> anyhow::Result<()> {
         doc::update(a, &out)?;
     }
     Ok(())
+}
+
+/// Builds the release binaries here, then runs this same command (without `--kernel` and
+/// `--update-doc`) inside the pinned guest `kernel`.
+fn in_guest(a: &Args, kernel: &str) -> anyhow::Result<()> {
+    if a.update_doc {
+        bail!("--update-doc records this machine's kernel: run it without --kernel");
+    }
+    Bins::find_or_build(a)?;
+    let bin_dir = a.bin_dir.clone().unwrap_or_else(super::release_dir);
+    let xtask = std::env::current_exe().context("the xtask binary")?;
+    let mut words = vec![xtask.to_string_lossy().into_owned()];
+    let mut args = std::env::args().skip(1).peekable();
+    while let Some(w) = args.next() {
+        if w == "--kernel" || w == "--bin-dir" {
+            args.next();
+        } else if !w.starts_with("--kernel=") && !w.starts_with("--bin-dir=") {
+            words.push(w);
+        }
+    }
+    words.extend(["--bin-dir".into(), bin_dir.to_string_lossy().into_owned()]);
+    let line: Vec<String> = words
+        .iter()
+        .map(|w| format!("'{}'", w.replace('\'', "'\\''")))
+        .collect();
+    crate::matrix::run_in_guest(kernel, &line.join(" "))
 }
 
 /// What one invocation produced.
