@@ -443,3 +443,90 @@ fn exec_keeping_the_fd_moves_the_drops_to_the_new_comm() {
         by_comm(&m, "bsp-execd")
     );
 }
+
+/// The socket inodes `pid` holds (`/proc/<pid>/fd`).
+fn socket_inodes(pid: u32) -> Vec<u64> {
+    let Ok(dir) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
+        return Vec::new();
+    };
+    dir.filter_map(Result::ok)
+        .filter_map(|e| std::fs::read_link(e.path()).ok())
+        .filter_map(|l| {
+            let l = l.to_str()?.to_string();
+            l.strip_prefix("socket:[")?.strip_suffix(']')?.parse().ok()
+        })
+        .collect()
+}
+
+/// The inode of the UDP socket bound to `port` in `pid`'s network namespace.
+fn udp_inode_on_port(pid: u32, port: u16) -> Option<u64> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/net/udp")).ok()?;
+    text.lines().skip(1).find_map(|line| {
+        let f: Vec<&str> = line.split_whitespace().collect();
+        let p = u16::from_str_radix(f.get(1)?.rsplit(':').next()?, 16).ok()?;
+        (p == port).then(|| f.get(9)?.parse().ok())?
+    })
+}
+
+/// Real socat: `socat -u UDP4-RECV:PORT,rcvbuf=4096 SYSTEM:'sleep 60'` creates the socket and
+/// reads it; the `SYSTEM:` child (sh, exec'd into sleep) only inherits the fd. After a
+/// 5,000-datagram flood, every drop of the kernel's drops column is on socat's pid, none on
+/// the helper (the creator wins while it holds the socket; the newest holder only when it is
+/// gone).
+#[test]
+#[ignore = "needs root: run via cargo xtask test"]
+fn an_inherited_fd_does_not_blame_the_helper_child() {
+    let exporter = Exporter::start(&[]);
+    let port = std::net::UdpSocket::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let mut socat = Command::new("socat")
+        .args([
+            "-u",
+            &format!("UDP4-RECV:{port},rcvbuf=4096"),
+            "SYSTEM:sleep 60",
+        ])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("socat");
+    let spid = socat.id();
+    let (inode, child) = eventually(
+        Duration::from_secs(10),
+        "socat's socket and its SYSTEM: child holding it",
+        || {
+            let inode = udp_inode_on_port(spid, port)?;
+            let children = std::fs::read_to_string(format!("/proc/{spid}/task/{spid}/children"))
+                .ok()?;
+            let child: u32 = children.split_whitespace().next()?.parse().ok()?;
+            let comm = std::fs::read_to_string(format!("/proc/{child}/comm")).ok()?;
+            (socket_inodes(spid).contains(&inode)
+                && socket_inodes(child).contains(&inode)
+                && comm.trim() == "sleep")
+                .then_some((inode, child))
+        },
+    );
+    flood(&port.to_string(), 5000);
+    let kernel = kernel_drops(spid, inode);
+    assert!(
+        kernel > 1000,
+        "the flood should overflow socat's 4 KiB buffer ({kernel})"
+    );
+    let m = wait_sum(&exporter, &[spid], kernel, "socat's drops = the kernel's");
+    assert_eq!(
+        on_pid(&m, child),
+        0.0,
+        "nothing on the helper child that only inherited the fd"
+    );
+    eprintln!(
+        "socat SYSTEM: helper: kernel drops column {kernel}; bufscope {} on socat {spid}, {} on its child {child} (sleep)",
+        on_pid(&m, spid),
+        on_pid(&m, child)
+    );
+    let _ = socat.kill();
+    let _ = socat.wait();
+    let _ = Command::new("kill").arg(child.to_string()).status();
+}

@@ -108,6 +108,18 @@ macro_rules! signals {
             pub fn status(&self, row: &mut bufscope_api::ProcessRow) {
                 $( Part::status(&self.$field, row); )*
             }
+
+            /// Every room's counters built from events ([`Part::totals`]).
+            pub fn totals(&self) -> Vec<crate::totals::Total> {
+                let mut out = Vec::new();
+                $( Part::totals(&self.$field, &mut out); )*
+                out
+            }
+
+            /// Gives a counter kept across a restart back to the room it belongs to.
+            pub fn restore(&mut self, t: &crate::totals::Total) {
+                $( Part::restore(&mut self.$field, t); )*
+            }
         }
 
         /// What each room resolved from its flags before loading.
