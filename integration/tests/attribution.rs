@@ -469,10 +469,10 @@ fn udp_inode_on_port(pid: u32, port: u16) -> Option<u64> {
 }
 
 /// Real socat: `socat -u UDP4-RECV:PORT,rcvbuf=4096 SYSTEM:'sleep 60'` creates the socket and
-/// reads it; the `SYSTEM:` child (sh, exec'd into sleep) only inherits the fd. After a
-/// 5,000-datagram flood, every drop of the kernel's drops column is on socat's pid, none on
-/// the helper (the creator wins while it holds the socket; the newest holder only when it is
-/// gone).
+/// reads it; its `SYSTEM:` helper (a forked socat that runs `sh -c 'sleep 60'`) only inherits
+/// the fd. After a 5,000-datagram flood, every drop of the kernel's drops column is on socat's
+/// pid, none on the helper (the creator wins while it holds the socket; the newest holder only
+/// when it is gone).
 #[test]
 #[ignore = "needs root: run via cargo xtask test"]
 fn an_inherited_fd_does_not_blame_the_helper_child() {
@@ -482,7 +482,10 @@ fn an_inherited_fd_does_not_blame_the_helper_child() {
         .local_addr()
         .unwrap()
         .port();
-    let mut socat = Command::new("socat")
+    let mut socat = Command::new("socat");
+    // Its own process group: the helper and its shell go with it at the end.
+    std::os::unix::process::CommandExt::process_group(&mut socat, 0);
+    let mut socat = socat
         .args([
             "-u",
             &format!("UDP4-RECV:{port},rcvbuf=4096"),
@@ -499,15 +502,29 @@ fn an_inherited_fd_does_not_blame_the_helper_child() {
         "socat's socket and its SYSTEM: child holding it",
         || {
             let inode = udp_inode_on_port(spid, port)?;
-            let children = std::fs::read_to_string(format!("/proc/{spid}/task/{spid}/children"))
-                .ok()?;
+            let children =
+                std::fs::read_to_string(format!("/proc/{spid}/task/{spid}/children")).ok()?;
             let child: u32 = children.split_whitespace().next()?.parse().ok()?;
-            let comm = std::fs::read_to_string(format!("/proc/{child}/comm")).ok()?;
-            (socket_inodes(spid).contains(&inode)
-                && socket_inodes(child).contains(&inode)
-                && comm.trim() == "sleep")
+            (socket_inodes(spid).contains(&inode) && socket_inodes(child).contains(&inode))
                 .then_some((inode, child))
         },
+    );
+    // Paced datagrams socat reads and forwards until the helper's end of the socketpair,
+    // which `sleep` never reads, is full and socat blocks: from then on it reads nothing, so
+    // no reader of the socket can be seen and the holder rule alone decides.
+    // (Slow enough that socat keeps up until then: no drop, so nothing arms the reader hook
+    // while socat still reads.)
+    std::thread::sleep(Duration::from_secs(1));
+    let tx = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    let mut paced = 0;
+    while kernel_drops(spid, inode) == 0 && paced < 3000 {
+        tx.send_to(&[0x5a; 1000], ("127.0.0.1", port)).unwrap();
+        paced += 1;
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert!(
+        kernel_drops(spid, inode) > 0,
+        "socat should stop reading once its helper's socketpair is full ({paced} sent)"
     );
     flood(&port.to_string(), 5000);
     let kernel = kernel_drops(spid, inode);
@@ -522,11 +539,11 @@ fn an_inherited_fd_does_not_blame_the_helper_child() {
         "nothing on the helper child that only inherited the fd"
     );
     eprintln!(
-        "socat SYSTEM: helper: kernel drops column {kernel}; bufscope {} on socat {spid}, {} on its child {child} (sleep)",
+        "socat SYSTEM: helper: {paced} paced datagrams until socat blocked, then 5000 more: kernel drops column {kernel}; bufscope {} on socat {spid}, {} on its helper child {child}",
         on_pid(&m, spid),
         on_pid(&m, child)
     );
-    let _ = socat.kill();
+    // SAFETY: kill(2) of the process group socat leads (its own, made above).
+    unsafe { libc::kill(-(spid as i32), libc::SIGKILL) };
     let _ = socat.wait();
-    let _ = Command::new("kill").arg(child.to_string()).status();
 }

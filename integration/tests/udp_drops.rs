@@ -163,7 +163,10 @@ fn a_non_utf8_name_keeps_its_counts_past_the_retention() {
 
     flood("3000");
     let first = proc_udp_drops(rpid, inode).expect("receiver socket in /proc/<pid>/net/udp");
-    assert!(first > 1000, "the flood should overflow the buffer ({first})");
+    assert!(
+        first > 1000,
+        "the flood should overflow the buffer ({first})"
+    );
     eventually(Duration::from_secs(10), "the first flood's drops", || {
         (on_receiver(&exporter.scrape()) == first as f64).then_some(())
     });
@@ -177,15 +180,19 @@ fn a_non_utf8_name_keeps_its_counts_past_the_retention() {
 
     flood("3000");
     let total = proc_udp_drops(rpid, inode).unwrap();
-    assert!(total > first + 1000, "the second flood should overflow too ({total})");
+    assert!(
+        total > first + 1000,
+        "the second flood should overflow too ({total})"
+    );
     eventually(Duration::from_secs(10), "all drops = the kernel's", || {
         (on_receiver(&exporter.scrape()) == total as f64).then_some(())
     });
     std::thread::sleep(Duration::from_millis(1500));
     let m = exporter.scrape();
     assert_eq!(on_receiver(&m), total as f64, "nothing more later");
+    let want_pid = [("pid", pid_s.as_str())];
     let comms: Vec<&str> = m
-        .find(DROPS, &[("pid", pid_s.as_str())])
+        .find(DROPS, &want_pid)
         .map(|s| s.labels["comm"].as_str())
         .collect();
     assert!(

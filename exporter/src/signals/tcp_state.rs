@@ -9,9 +9,7 @@
 use foldhash::{HashMap, HashMapExt as _, HashSet};
 use prometheus::proto::MetricFamily;
 
-use bufscope_common::{
-    EstablishedEvent, SOCK_RCVBUF_LOCK, estab_flags, event_kind, total_family,
-};
+use bufscope_common::{EstablishedEvent, SOCK_RCVBUF_LOCK, estab_flags, event_kind, total_family};
 
 use super::{
     AdviceCx, BuildEnv, Cx, GcCx, NoFlags, Part, ProcStats, Room, Services, Signal, decode,
