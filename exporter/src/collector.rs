@@ -370,6 +370,7 @@ impl Collector {
         let mut cx = GcCx {
             live,
             idle: self.timing.idle,
+            retention: self.store.retention(),
             attr: &mut self.attr,
             store: &self.store,
         };

@@ -152,6 +152,11 @@ impl<P: Parts> Store<P> {
         }
     }
 
+    /// `--retention`: how long an exited process's series stay.
+    pub fn retention(&self) -> Duration {
+        self.retention
+    }
+
     /// When the store was made: the exporter's start.
     pub fn started(&self) -> SystemTime {
         self.started

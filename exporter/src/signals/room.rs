@@ -186,6 +186,8 @@ pub struct GcCx<'a> {
     pub live: &'a HashSet<u64>,
     /// How long an entry must be idle before it may go.
     pub idle: Duration,
+    /// `--retention`: how long series of something gone (a process, a namespace) stay.
+    pub retention: Duration,
     /// Socket → process (a room forgets the inodes it deletes).
     pub attr: &'a mut Attributor,
     /// Per-process counters (read-only: which processes are still tracked).
