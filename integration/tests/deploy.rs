@@ -306,8 +306,14 @@ fn daemonset_is_least_privilege_and_consistent_with_the_binary() {
                     t, "overlays/gateway-network-policy",
                     "only the overlay that asks for it"
                 );
-                for (k, v) in np["spec"]["podSelector"]["matchLabels"].as_object().unwrap() {
-                    assert_eq!(&labels[k], v, "{t}: the NetworkPolicy selects bufscope's pods");
+                for (k, v) in np["spec"]["podSelector"]["matchLabels"]
+                    .as_object()
+                    .unwrap()
+                {
+                    assert_eq!(
+                        &labels[k], v,
+                        "{t}: the NetworkPolicy selects bufscope's pods"
+                    );
                 }
                 assert_eq!(strings(&np["spec"]["policyTypes"]), ["Ingress"], "{t}");
                 let rules = np["spec"]["ingress"].as_array().unwrap();
@@ -332,7 +338,10 @@ fn daemonset_is_least_privilege_and_consistent_with_the_binary() {
                     "{t}: the policy's port {port} is the container's"
                 );
             }
-            None => assert_ne!(t, "overlays/gateway-network-policy", "{t}: its NetworkPolicy"),
+            None => assert_ne!(
+                t, "overlays/gateway-network-policy",
+                "{t}: its NetworkPolicy"
+            ),
         }
         if t.starts_with("overlays/gateway") {
             assert!(
