@@ -109,6 +109,18 @@ elif mode == "exec":
 elif mode == "execd":
     say("EXECED pid=%d" % os.getpid())
     serve(int(sys.argv[2]))
+elif mode == "sockopt-exec":
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 65536)
+    say("READY pid=%d" % os.getpid())
+    if wait_stdin("exec"):
+        os.execv(sys.argv[2], [sys.argv[2], sys.argv[0], "sockopt-execd"])
+    os._exit(0)
+elif mode == "sockopt-execd":
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 65536)
+    say("EXECED pid=%d" % os.getpid())
+    wait_stdin("never")
 "#;
 
 /// A directory with the script and the two `python3` symlinks (removed when dropped).
@@ -546,4 +558,45 @@ fn an_inherited_fd_does_not_blame_the_helper_child() {
     // SAFETY: kill(2) of the process group socat leads (its own, made above).
     unsafe { libc::kill(-(spid as i32), libc::SIGKILL) };
     let _ = socat.wait();
+}
+
+/// A helper that execs carries its new name for its events too: one `SO_RCVBUF` call before
+/// the exec (as `bsp-launcher`), one `SO_SNDBUF` call after it (as `bsp-execd`), each on the
+/// series of the name the process had when it made the call.
+#[test]
+#[ignore = "needs root: run via cargo xtask test"]
+fn events_after_an_exec_carry_the_new_comm() {
+    let progs = Programs::new("sockopt-exec");
+    let exporter = Exporter::start(&[]);
+    let execd = progs.path("bsp-execd");
+    let (mut child, ready) = progs.start("sockopt-exec", &[execd.to_str().unwrap()]);
+    let p = field(&ready, "pid").to_string();
+    let calls = |m: &Metrics, comm: &str, option: &str| {
+        m.sum(
+            "bufscope_setsockopt_total",
+            &[("pid", p.as_str()), ("comm", comm), ("option", option)],
+        ) + 0.0
+    };
+    eventually(Duration::from_secs(10), "the call before the exec", || {
+        (calls(&exporter.scrape(), "bsp-launcher", "SO_RCVBUF") == 1.0).then_some(())
+    });
+    child.send("exec").unwrap();
+    child.wait_line("EXECED", Duration::from_secs(30)).unwrap();
+    let m = eventually(Duration::from_secs(10), "the call after the exec", || {
+        let m = exporter.scrape();
+        (calls(&m, "bsp-execd", "SO_SNDBUF") == 1.0).then_some(m)
+    });
+    assert_eq!(
+        calls(&m, "bsp-launcher", "SO_SNDBUF"),
+        0.0,
+        "the call after the exec is not on the old name"
+    );
+    assert_eq!(
+        calls(&m, "bsp-launcher", "SO_RCVBUF"),
+        1.0,
+        "the old name keeps its call"
+    );
+    eprintln!(
+        "exec: SO_RCVBUF 1 on comm=bsp-launcher, SO_SNDBUF 1 on comm=bsp-execd (pid {p}), as the program made them"
+    );
 }

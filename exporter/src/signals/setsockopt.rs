@@ -343,7 +343,10 @@ impl Setsockopt {
             cx.store.count_unknown(PROBE.name, 1);
             Who::Unknown
         } else {
-            Who::Proc(cx.attr.owner(&ev.owner))
+            let p = cx.attr.owner(&ev.owner);
+            // An exec since its last event: this call already counts under the new name.
+            cx.attr.apply_renames(cx.store);
+            Who::Proc(p)
         };
         let attr = &*cx.attr;
         let s = cx.store.proc_mut(who, || match who {

@@ -180,7 +180,10 @@ impl Signal for TcpState {
         };
         // Unknown rmem_max: judge by tcp_rmem[2] alone (never a false "shrunk").
         let shrunk_to = shrunk(&ev, cx.limits.rmem_max.unwrap_or(0));
-        let who = match resolve(&ev, cx.attr) {
+        let who = resolve(&ev, cx.attr);
+        // An exec since its last event: this connection already counts under the new name.
+        cx.attr.apply_renames(cx.store);
+        let who = match who {
             Some(p) => Who::Proc(p),
             None => {
                 cx.store.count_unknown(PROBE.name, 1);
