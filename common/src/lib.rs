@@ -574,6 +574,47 @@ pub struct EstablishedEvent {
     pub window_scaling: u8,
 }
 
+/// Key of the `TOTALS` hash: one per-process counter that bufscope builds from events
+/// (setsockopt calls, TCP connections, …). No program writes it: userspace keeps each
+/// process's running total there so that, with the maps pinned, a restarted bufscope goes on
+/// from it (drops and autotune go on from their own maps).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct TotalKey {
+    /// Start time of the process in clock ticks since boot (`/proc/<pid>/stat` field 22):
+    /// with `tgid`, tells a reused pid apart.
+    pub start_ticks: u64,
+    /// Process id (thread-group id).
+    pub tgid: u32,
+    /// Which counter: one of [`total_family`].
+    pub family: u8,
+    /// IP protocol (`IPPROTO_*`), 0 when the counter has none.
+    pub proto: u8,
+    /// Socket option (`SO_*` optname), 0 when the counter has none.
+    pub option: u8,
+    /// Padding (keeps the key 16 bytes).
+    pub _pad: u8,
+}
+
+/// The counters of [`TotalKey::family`].
+pub mod total_family {
+    /// Buffer `setsockopt` calls (by proto, option).
+    pub const SETSOCKOPT_CALLS: u8 = 1;
+    /// Of them, clamped by `rmem_max`/`wmem_max`.
+    pub const SETSOCKOPT_CLAMPED: u8 = 2;
+    /// Of them, failed.
+    pub const SETSOCKOPT_FAILED: u8 = 3;
+    /// Sockets that got `SOCK_RCVBUF_LOCK` (by proto).
+    pub const RCVBUF_LOCKS: u8 = 4;
+    /// TCP connections that reached ESTABLISHED.
+    pub const TCP_ESTABLISHED: u8 = 5;
+    /// Of them, born with a shrunken window scale.
+    pub const TCP_WSCALE_SHRUNK: u8 = 6;
+    /// Suppressed autotuning grows on sockets whose `AUTOTUNE` entries were collected
+    /// (closed sockets of a live process).
+    pub const AUTOTUNE_RETIRED: u8 = 7;
+}
+
 /// Indexes of the `STATS` per-CPU array: the probes' own health counters.
 pub mod stat {
     /// A `DROPS` insert failed (map full): packets not counted.
@@ -715,4 +756,5 @@ mod user {
     unsafe impl aya::Pod for SpaceSnap {}
     unsafe impl aya::Pod for ReaderKey {}
     unsafe impl aya::Pod for ReaderVal {}
+    unsafe impl aya::Pod for TotalKey {}
 }

@@ -14,6 +14,10 @@ the capabilities given (the DaemonSet's), which means the same under containerd,
 Podman. Architecture conditions stay (containerd ignores them too; the syscalls they name
 exist only on those architectures). bpf and perf_event_open are removed from every rule that
 denies them and allowed unconditionally: the kernel still checks CAP_BPF/CAP_PERFMON.
+Syscalls bufscope never makes that would read or write another process's memory or open
+files by handle (open_by_handle_at, ptrace, process_vm_readv/writev: the engine allows the
+last three with CAP_SYS_PTRACE, which the DaemonSet holds only to read /proc/<pid>/fd) are
+removed from every rule, so the default action denies them.
 
 integration/tests/image.rs regenerates the file from the engine's default and fails if the
 committed one differs.
@@ -24,6 +28,7 @@ import json
 import sys
 
 ADDED = ["bpf", "perf_event_open"]
+DENIED = ["open_by_handle_at", "ptrace", "process_vm_readv", "process_vm_writev"]
 
 
 def applies(rule, caps):
@@ -44,6 +49,7 @@ def resolve(profile, caps):
         names = rule.get("names") or ([rule["name"]] if rule.get("name") else [])
         if rule.get("action") != "SCMP_ACT_ALLOW" or rule.get("args"):
             names = [n for n in names if n not in ADDED]
+        names = [n for n in names if n not in DENIED]
         if not names:
             continue
         out = {k: v for k, v in rule.items() if k not in ("name", "names", "includes", "excludes")}

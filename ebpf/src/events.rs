@@ -1,13 +1,14 @@
 //! The maps every signal shares: the `EVENTS` ring buffer (low-rate events with detail:
-//! setsockopt calls, established connections, guard decisions) and the probes' own health
-//! counters in `STATS`.
+//! setsockopt calls, established connections, guard decisions), the probes' own health
+//! counters in `STATS`, and `TOTALS`, where userspace keeps the per-process counters it
+//! builds from events (no program touches it: it is here to be pinned with the rest).
 
 use aya_ebpf::{
     bindings::{BPF_RB_AVAIL_DATA, BPF_RB_FORCE_WAKEUP, BPF_RB_NO_WAKEUP},
     macros::map,
-    maps::{PerCpuArray, RingBuf},
+    maps::{LruHashMap, PerCpuArray, RingBuf},
 };
-use bufscope_common::stat;
+use bufscope_common::{TotalKey, stat};
 
 /// Low-rate events with detail (setsockopt calls, established connections, guard decisions).
 /// The size is a default; userspace may resize it at load (`--bpf.*` flags).
@@ -17,6 +18,12 @@ pub(crate) static EVENTS: RingBuf = RingBuf::with_byte_size(256 * 1024, 0);
 /// The probes' own health counters (indexes in [`stat`]).
 #[map]
 static STATS: PerCpuArray<u64> = PerCpuArray::with_max_entries(stat::COUNT, 0);
+
+/// Per-process counters built from events, written by userspace only ([`TotalKey`]): with
+/// `--bpf.pin-path` they outlive a bufscope restart like the counting maps. LRU: a full map
+/// forgets the least recently written process instead of refusing a new one.
+#[map]
+static TOTALS: LruHashMap<TotalKey, u64> = LruHashMap::with_max_entries(65536, 0);
 
 /// Adds one to `STATS[idx]` on this CPU.
 #[inline(always)]

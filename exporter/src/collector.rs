@@ -17,7 +17,8 @@ use crate::bpf::Stats;
 use crate::exposition::{self, Created, Format, Health, selfmetrics};
 use crate::kernel::BufferLimits;
 use crate::signals::{self, AdviceCx, Cx, GcCx, ProcStats, Signal, Store};
-use crate::store::{ProcMeta, ProcRef};
+use crate::store::{ProcMeta, ProcRef, Who};
+use crate::totals::Totals;
 
 /// How long a pass over `/proc/*/fd` stays good for GC (see `Collector::gc_plan`).
 const LIVE_TTL: Duration = Duration::from_secs(60);
@@ -68,6 +69,9 @@ pub struct Collector {
     findings_cache: Option<(Instant, Arc<Vec<Finding>>)>,
     /// Something the advice rules read changed since `findings_cache` was computed.
     advice_dirty: bool,
+    /// With `--bpf.pin-path`: the pinned `TOTALS`, where the counters built from events are
+    /// kept for the next bufscope ([`crate::totals`]).
+    totals: Option<Totals>,
 }
 
 impl Collector {
@@ -97,7 +101,52 @@ impl Collector {
             events: None,
             findings_cache: None,
             advice_dirty: true,
+            totals: None,
         }
+    }
+
+    /// With `--bpf.pin-path`: keeps the counters built from events in the pinned `TOTALS`
+    /// from now on; `adopted` (the maps come from an earlier bufscope): first gives each
+    /// live process the counts kept there (the same pid and start time; the entries of
+    /// processes gone meanwhile are deleted).
+    pub fn set_totals(&mut self, mut totals: Totals, adopted: bool) {
+        if adopted {
+            let mut restored = 0usize;
+            for (p, kept) in totals.read() {
+                if !self.attr.alive(&p) || self.attr.proc_from_pid(p.tgid) != Some(p) {
+                    continue;
+                }
+                let attr = &self.attr;
+                let s = self.store.proc_mut(Who::Proc(p), || attr.meta(&p));
+                for t in &kept {
+                    s.parts.restore(t);
+                }
+                restored += 1;
+            }
+            tracing::info!(
+                processes = restored,
+                "event-built counters (setsockopt, TCP) go on from the pinned TOTALS"
+            );
+        }
+        let store = &self.store;
+        totals.retain(|p| store.get(p).is_some());
+        self.totals = Some(totals);
+    }
+
+    /// Writes the counters built from events of the processes that counted since the last
+    /// write to the pinned `TOTALS` (nothing without `--bpf.pin-path`).
+    fn flush_totals(&mut self) {
+        let Some(t) = &mut self.totals else {
+            return;
+        };
+        let now = Instant::now();
+        let since = t.since();
+        let changed = self
+            .store
+            .procs()
+            .filter(|(_, s)| since.is_none_or(|at| s.last_active >= at))
+            .map(|(p, s)| (*p, s.parts.totals()));
+        t.flush(changed, now);
     }
 
     /// With adopted pins (counting went on since `since`, Unix seconds): the series read from
@@ -129,6 +178,10 @@ impl Collector {
         self.events = Some(rb);
         if n > 0 {
             self.advice_dirty = true;
+            // Processes whose events showed a new name (an exec): their labels follow.
+            self.attr.apply_renames(&mut self.store);
+            // Right after the records left the ring buffer: a restart loses none of them.
+            self.flush_totals();
         }
         n
     }
@@ -190,6 +243,7 @@ impl Collector {
                 self.advice_dirty = true;
             }
         }
+        self.flush_totals();
         if let Some(stats) = &self.stats {
             self.health.bpf_lost = stats.lost();
         }
@@ -298,7 +352,7 @@ impl Collector {
         });
         GcPlan {
             procfs: self.attr.procfs().clone(),
-            procs: self.store.running(),
+            procs: self.store.tracked(),
             scan_sockets: !reuse,
         }
     }
@@ -316,6 +370,7 @@ impl Collector {
         let mut cx = GcCx {
             live,
             idle: self.timing.idle,
+            retention: self.store.retention(),
             attr: &mut self.attr,
             store: &self.store,
         };
@@ -328,6 +383,9 @@ impl Collector {
         let store = &self.store;
         self.attr
             .retain_procs(|p| store.get(p).is_some() || referenced.contains(p));
+        if let Some(t) = &mut self.totals {
+            t.retain(|p| store.get(p).is_some());
+        }
         if removed > 0 {
             tracing::debug!(removed, "garbage-collected map entries of closed sockets");
         }

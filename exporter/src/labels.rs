@@ -22,6 +22,15 @@ impl Proto {
         }
     }
 
+    /// The `IPPROTO_*` number standing for it (0 for other).
+    pub fn to_ip(self) -> u8 {
+        match self {
+            Self::Udp => 17,
+            Self::Tcp => 6,
+            Self::Other => 0,
+        }
+    }
+
     /// Label value.
     pub fn as_str(self) -> &'static str {
         match self {
@@ -59,6 +68,18 @@ impl BufOption {
             c::SO_BUF_LOCK => Self::BufLock,
             _ => return None,
         })
+    }
+
+    /// Its optname (`SO_*`).
+    pub fn optname(self) -> i32 {
+        use bufscope_common as c;
+        match self {
+            Self::Rcvbuf => c::SO_RCVBUF,
+            Self::Sndbuf => c::SO_SNDBUF,
+            Self::RcvbufForce => c::SO_RCVBUFFORCE,
+            Self::SndbufForce => c::SO_SNDBUFFORCE,
+            Self::BufLock => c::SO_BUF_LOCK,
+        }
     }
 
     /// Label value.

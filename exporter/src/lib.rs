@@ -24,4 +24,5 @@ pub mod labels;
 pub mod run;
 pub mod signals;
 pub mod store;
+pub mod totals;
 pub mod values;

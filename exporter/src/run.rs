@@ -17,6 +17,7 @@ use crate::exposition::Health;
 use crate::http::{self, App, auth::Auth, tls::TlsListener, web_config::WebConfig};
 use crate::kernel::{self, KernelInfo, caps};
 use crate::signals::{self, BuildEnv, Store};
+use crate::totals::Totals;
 
 /// How often the event task drains the ring buffer when the kernel has not woken it.
 const EVENTS_DRAIN_EVERY: Duration = Duration::from_secs(1);
@@ -167,6 +168,14 @@ fn load(args: &RunArgs) -> anyhow::Result<(Collector, RingBuf<MapData>, Probes)>
         },
     );
     collector.advice_window = args.advice_window;
+    if let Some(p) = loaded.pins.as_ref() {
+        match take_map(&mut loaded.ebpf, "TOTALS") {
+            Ok(m) => collector.set_totals(Totals::new(m), p.outcome.kept_maps()),
+            Err(e) => tracing::warn!(
+                "{e:#}: counters built from events (setsockopt, TCP) restart at 0 with the next bufscope"
+            ),
+        }
+    }
     if let Some(p) = loaded.pins.as_ref().filter(|p| p.outcome.kept_maps()) {
         collector.pinned_since(p.meta.created_unix as f64);
     }

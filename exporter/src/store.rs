@@ -152,6 +152,11 @@ impl<P: Parts> Store<P> {
         }
     }
 
+    /// `--retention`: how long an exited process's series stay.
+    pub fn retention(&self) -> Duration {
+        self.retention
+    }
+
     /// When the store was made: the exporter's start.
     pub fn started(&self) -> SystemTime {
         self.started
@@ -309,22 +314,23 @@ impl<P: Parts> Store<P> {
         }
     }
 
-    /// Tracked processes not yet known to have exited.
-    pub fn running(&self) -> Vec<ProcRef> {
-        self.procs
-            .iter()
-            .filter(|(_, s)| s.exited.is_none())
-            .map(|(p, _)| *p)
-            .collect()
+    /// Every tracked process, those already taken for exited included (GC looks at each
+    /// again: one seen alive is not exited, whatever an earlier look said).
+    pub fn tracked(&self) -> Vec<ProcRef> {
+        self.procs.keys().copied().collect()
     }
 
     /// Marks processes for which `alive` is false as exited and forgets those that exited
-    /// longer than the retention window ago (placeholders at once: they counted nothing).
+    /// longer than the retention window ago (placeholders at once: they counted nothing). A
+    /// process taken for exited that `alive` finds running again (the same pid and start
+    /// time: an earlier look at `/proc` failed) is running: its series stay.
     pub fn expire(&mut self, alive: impl Fn(&ProcRef) -> bool) {
         let now = Instant::now();
         for (p, s) in self.procs.iter_mut() {
-            if s.exited.is_none() && !alive(p) {
-                s.exited = Some(now);
+            match (s.exited.is_some(), alive(p)) {
+                (false, false) => s.exited = Some(now),
+                (true, true) => s.exited = None,
+                _ => {}
             }
         }
         let retention = self.retention;
@@ -444,6 +450,19 @@ mod tests {
         );
         assert_eq!(all.iter().map(|x| x.2).sum::<u64>(), 13);
         assert_eq!(s.folded, 1);
+    }
+
+    #[test]
+    fn a_process_seen_alive_again_is_not_exited() {
+        let mut s = Store::new(10, Duration::from_millis(20));
+        s.proc_mut(p(1), meta("a")).parts.n += 1;
+        s.expire(|_| false);
+        assert_eq!(s.tracked().len(), 1, "looked at again by the next GC");
+        s.expire(|_| true);
+        std::thread::sleep(Duration::from_millis(30));
+        s.expire(|_| true);
+        assert_eq!(s.len(), 1, "alive: kept past the retention window");
+        assert!(s.procs().all(|(_, st)| st.exited.is_none()));
     }
 
     #[test]

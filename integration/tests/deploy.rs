@@ -25,10 +25,11 @@ use bufscope_integration::{
     terminate,
 };
 
-const TARGETS: [&str; 3] = [
+const TARGETS: [&str; 4] = [
     "base",
     "overlays/gateway",
     "overlays/gateway-servicemonitor",
+    "overlays/gateway-network-policy",
 ];
 
 #[test]
@@ -296,6 +297,51 @@ fn daemonset_is_least_privilege_and_consistent_with_the_binary() {
             );
             assert_eq!(m["spec"][ep][0]["port"], "metrics");
             assert_eq!(m["spec"][ep][0]["path"], "/metrics");
+        }
+        // The NetworkPolicy component: it selects bufscope's pods and admits only
+        // Prometheus (a namespace and a pod selector in one peer) to the metrics port.
+        match kind(&ds, "NetworkPolicy") {
+            Some(np) => {
+                assert_eq!(
+                    t, "overlays/gateway-network-policy",
+                    "only the overlay that asks for it"
+                );
+                for (k, v) in np["spec"]["podSelector"]["matchLabels"]
+                    .as_object()
+                    .unwrap()
+                {
+                    assert_eq!(
+                        &labels[k], v,
+                        "{t}: the NetworkPolicy selects bufscope's pods"
+                    );
+                }
+                assert_eq!(strings(&np["spec"]["policyTypes"]), ["Ingress"], "{t}");
+                let rules = np["spec"]["ingress"].as_array().unwrap();
+                assert_eq!(rules.len(), 1, "{t}: one rule");
+                let peers = rules[0]["from"].as_array().unwrap();
+                assert_eq!(peers.len(), 1, "{t}: one peer");
+                let peer = &peers[0];
+                assert!(
+                    peer["namespaceSelector"]["matchLabels"].is_object()
+                        && peer["podSelector"]["matchLabels"]["app.kubernetes.io/name"]
+                            == "prometheus",
+                    "{t}: Prometheus pods of one namespace, not every pod: {peer}"
+                );
+                let port = &rules[0]["ports"][0]["port"];
+                let c = &pod["containers"][0];
+                assert!(
+                    c["ports"]
+                        .as_array()
+                        .unwrap()
+                        .iter()
+                        .any(|p| &p["name"] == port),
+                    "{t}: the policy's port {port} is the container's"
+                );
+            }
+            None => assert_ne!(
+                t, "overlays/gateway-network-policy",
+                "{t}: its NetworkPolicy"
+            ),
         }
         if t.starts_with("overlays/gateway") {
             assert!(

@@ -464,3 +464,208 @@ fn drop_keys(map: &Path) -> Vec<(u64, u32, u8)> {
         })
         .collect()
 }
+
+/// A long-lived program that makes buffer setsockopt calls and TCP connections on command and
+/// says what the kernel answered (its own ground truth: errno of each call, `getsockopt`
+/// readbacks), so the counts are known whoever counted them.
+const EVENTS_SCRIPT: &str = r#"
+import socket, sys
+S = socket.SOL_SOCKET
+u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+lst = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+lst.bind(("127.0.0.1", 0))
+lst.listen(128)
+port = lst.getsockname()[1]
+conns = []
+def say(line):
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
+say("READY pid=%d port=%d" % (__import__("os").getpid(), port))
+for line in sys.stdin:
+    w = line.split()
+    if not w or w[0] == "exit":
+        break
+    n = int(w[1])
+    if w[0] == "calls":
+        clamped = failed = 0
+        for _ in range(n):
+            u.setsockopt(S, socket.SO_RCVBUF, 65536)
+            clamped += u.getsockopt(S, socket.SO_RCVBUF) < 2 * 65536
+            u.setsockopt(S, socket.SO_RCVBUF, 1 << 30)
+            clamped += u.getsockopt(S, socket.SO_RCVBUF) < 2 * (1 << 30)
+            try:
+                u.setsockopt(S, socket.SO_SNDBUF, b"\0\0")
+            except OSError as e:
+                failed += e.errno == 22
+        say("DONE calls=%d clamped=%d failed=%d" % (3 * n, clamped, failed))
+    elif w[0] == "connect":
+        for _ in range(n):
+            c = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            c.setsockopt(S, socket.SO_RCVBUF, 4096)
+            c.connect(("127.0.0.1", port))
+            a, _ = lst.accept()
+            conns += [c, a]
+        say("DONE connected=%d" % n)
+"#;
+
+/// What the program's kernel said so far.
+#[derive(Debug, Default, Clone, Copy, PartialEq)]
+struct Truth {
+    /// UDP calls (SO_RCVBUF twice, SO_SNDBUF once per round) and their outcomes.
+    udp_rcvbuf: u64,
+    udp_sndbuf: u64,
+    clamped: u64,
+    failed: u64,
+    /// TCP SO_RCVBUF calls (one per client, before connect()).
+    tcp_rcvbuf: u64,
+}
+
+fn done_field(line: &str, k: &str) -> u64 {
+    line.split_whitespace()
+        .find_map(|f| f.strip_prefix(&format!("{k}=")))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("{k} in {line}"))
+}
+
+/// Runs `rounds` rounds of calls and `conns` connections in the program; adds to `t`.
+fn activity(p: &mut bufscope_testkit::LineChild, t: &mut Truth, rounds: u64, conns: u64) {
+    p.send(&format!("calls {rounds}")).unwrap();
+    let l = p.wait_line("DONE calls", Duration::from_secs(30)).unwrap();
+    assert_eq!(done_field(&l, "calls"), 3 * rounds);
+    t.udp_rcvbuf += 2 * rounds;
+    t.udp_sndbuf += rounds;
+    t.clamped += done_field(&l, "clamped");
+    t.failed += done_field(&l, "failed");
+    p.send(&format!("connect {conns}")).unwrap();
+    p.wait_line("DONE connected", Duration::from_secs(30))
+        .unwrap();
+    t.tcp_rcvbuf += conns;
+}
+
+/// bufscope's event-built counters of `pid`, in the order of [`kernel_side`].
+fn event_counts(m: &bufscope_integration::Metrics, pid: u32) -> [u64; 8] {
+    let p = pid.to_string();
+    let p = p.as_str();
+    let v = |name: &str, extra: &[(&str, &str)]| {
+        let mut l = vec![("pid", p)];
+        l.extend_from_slice(extra);
+        (m.sum(name, &l) + 0.0) as u64
+    };
+    [
+        v(
+            "bufscope_setsockopt_total",
+            &[("proto", "udp"), ("option", "SO_RCVBUF")],
+        ),
+        v(
+            "bufscope_setsockopt_total",
+            &[("proto", "udp"), ("option", "SO_SNDBUF")],
+        ),
+        v(
+            "bufscope_setsockopt_total",
+            &[("proto", "tcp"), ("option", "SO_RCVBUF")],
+        ),
+        v("bufscope_setsockopt_clamped_total", &[]),
+        v(
+            "bufscope_setsockopt_failed_total",
+            &[("option", "SO_SNDBUF")],
+        ),
+        v("bufscope_rcvbuf_locks_total", &[("proto", "tcp")]),
+        v("bufscope_tcp_established_total", &[]),
+        v("bufscope_tcp_wscale_shrunk_total", &[]),
+    ]
+}
+
+/// The same from the kernel: the program's calls and their errno/readbacks, and `ss -tni` for
+/// its connections (both ends are its own: every one counts as established; the clients, which
+/// set SO_RCVBUF before connect(), have a smaller receive window scale than the accepted ends;
+/// each client socket got SOCK_RCVBUF_LOCK).
+fn kernel_side(t: &Truth, port: u16) -> [u64; 8] {
+    let conns = bufscope_integration::ss_tcp();
+    let server_scale = conns
+        .iter()
+        .filter(|c| c.local_port == port)
+        .map(|c| c.rcv_wscale)
+        .max()
+        .unwrap_or(0);
+    let ends = conns
+        .iter()
+        .filter(|c| c.local_port == port || c.peer_port == port)
+        .count() as u64;
+    let shrunk = conns
+        .iter()
+        .filter(|c| c.peer_port == port && c.rcv_wscale < server_scale)
+        .count() as u64;
+    assert_eq!(
+        ends,
+        2 * t.tcp_rcvbuf,
+        "ss shows both ends of every connection"
+    );
+    [
+        t.udp_rcvbuf,
+        t.udp_sndbuf,
+        t.tcp_rcvbuf,
+        t.clamped,
+        t.failed,
+        t.tcp_rcvbuf,
+        ends,
+        shrunk,
+    ]
+}
+
+/// Counters built from events (setsockopt calls, clamps, failures, locks, TCP established and
+/// window-scale shrinks) go on across a kill -9 restart, like drops: the process's activity
+/// before, while bufscope is down (its records wait in the pinned ring buffer) and after the
+/// restart all count, and every family equals the kernel-side ground truth.
+#[test]
+#[ignore = "needs root (BPF, bpffs); run by `cargo xtask test`"]
+fn event_counters_go_on_across_a_kill9_restart() {
+    let dir = PinDir::new("events");
+    let flag = dir.flag();
+    let flags = [flag.as_str()];
+    let script = std::env::temp_dir().join(format!("bsp-events-{}.py", std::process::id()));
+    std::fs::write(&script, EVENTS_SCRIPT).unwrap();
+    let mut cmd = Command::new("python3");
+    cmd.arg(&script);
+    let mut p = bufscope_testkit::LineChild::spawn(cmd, "events").unwrap();
+
+    let e = Exporter::start(&flags);
+    let ready: std::collections::HashMap<String, String> =
+        p.wait_ready(Duration::from_secs(30)).unwrap();
+    let pid: u32 = ready["pid"].parse().unwrap();
+    let port: u16 = ready["port"].parse().unwrap();
+    let mut t = Truth::default();
+    let settle = |e: &Exporter, t: &Truth, what: &str| {
+        let want = kernel_side(t, port);
+        let got = eventually(Duration::from_secs(15), what, || {
+            let got = event_counts(&e.scrape(), pid);
+            (got == want).then_some(got)
+        });
+        eprintln!("{what}: kernel side {want:?}, bufscope {got:?}");
+    };
+
+    activity(&mut p, &mut t, 10, 3);
+    assert!(t.clamped >= 10 && t.failed == 10, "{t:?}");
+    settle(&e, &t, "before the restart");
+
+    // Killed: nothing runs at exit. The program keeps calling and connecting.
+    e.kill9();
+    activity(&mut p, &mut t, 5, 2);
+
+    let t0 = Instant::now();
+    let e = Exporter::start(&flags);
+    assert!(e.log().contains("adopting the pinned maps"), "{}", e.log());
+    let want = kernel_side(&t, port);
+    let first = event_counts(&e.scrape(), pid);
+    eprintln!(
+        "first scrape {:?} after exec: {first:?} (kernel side {want:?})",
+        t0.elapsed()
+    );
+    assert_eq!(
+        first, want,
+        "the first scrape after the restart already has every count (the restart gap is 0)"
+    );
+    activity(&mut p, &mut t, 4, 1);
+    settle(&e, &t, "after the kill -9 restart");
+    assert!(e.stop().success());
+    let _ = std::fs::remove_file(&script);
+}

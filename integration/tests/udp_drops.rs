@@ -126,3 +126,82 @@ fn udp_v6_drops_in_another_netns_on_a_socket_created_before_bufscope() {
         true,
     );
 }
+
+/// A receiver whose name is not UTF-8 (`prctl(PR_SET_NAME, b"\xff\xfe-rcv\xc3")`, which any
+/// local user can do) floods, stays idle for longer than `--retention` (GC runs several times
+/// meanwhile), and floods again: it is alive all along, so its series never expire, and
+/// bufscope's total equals the kernel's drops column for the socket both times. The name is
+/// rendered lossily in the `comm` label.
+#[test]
+#[ignore = "needs root: run via cargo xtask test"]
+fn a_non_utf8_name_keeps_its_counts_past_the_retention() {
+    let retention = Duration::from_secs(2);
+    let exporter = Exporter::start(&["--retention", "2s"]);
+    let receiver = Workload::start(&[
+        "udp-recv",
+        "--rcvbuf",
+        "4096",
+        "--comm",
+        "\\xff\\xfe-rcv\\xc3",
+    ]);
+    let rpid = receiver.pid();
+    assert_eq!(
+        std::fs::read(format!("/proc/{rpid}/comm")).unwrap(),
+        b"\xff\xfe-rcv\xc3\n",
+        "the receiver's comm is the raw bytes"
+    );
+    let inode: u64 = receiver.get("inodes").parse().unwrap();
+    let port = receiver.get("ports").to_string();
+    let pid_s = rpid.to_string();
+    let on_receiver = |m: &bufscope_integration::Metrics| {
+        m.sum(DROPS, &[("pid", pid_s.as_str()), ("proto", "udp")]) + 0.0
+    };
+    let flood = |n: &str| {
+        let sender = Workload::start(&["udp-flood", "--port", port.as_str(), "--count", n]);
+        assert!(sender.wait(), "flooder failed");
+    };
+
+    flood("3000");
+    let first = proc_udp_drops(rpid, inode).expect("receiver socket in /proc/<pid>/net/udp");
+    assert!(
+        first > 1000,
+        "the flood should overflow the buffer ({first})"
+    );
+    eventually(Duration::from_secs(10), "the first flood's drops", || {
+        (on_receiver(&exporter.scrape()) == first as f64).then_some(())
+    });
+    // Several GC passes (every 2 s with this retention) and more than the retention.
+    std::thread::sleep(retention * 4);
+    assert_eq!(
+        on_receiver(&exporter.scrape()),
+        first as f64,
+        "a live process's series are still there after the retention"
+    );
+
+    flood("3000");
+    let total = proc_udp_drops(rpid, inode).unwrap();
+    assert!(
+        total > first + 1000,
+        "the second flood should overflow too ({total})"
+    );
+    eventually(Duration::from_secs(10), "all drops = the kernel's", || {
+        (on_receiver(&exporter.scrape()) == total as f64).then_some(())
+    });
+    std::thread::sleep(Duration::from_millis(1500));
+    let m = exporter.scrape();
+    assert_eq!(on_receiver(&m), total as f64, "nothing more later");
+    let want_pid = [("pid", pid_s.as_str())];
+    let comms: Vec<&str> = m
+        .find(DROPS, &want_pid)
+        .map(|s| s.labels["comm"].as_str())
+        .collect();
+    assert!(
+        comms.iter().all(|c| *c == "\u{fffd}\u{fffd}-rcv\u{fffd}"),
+        "comm rendered lossily: {comms:?}"
+    );
+    eprintln!(
+        "non-UTF-8 comm: kernel drops column {first} then {total}; bufscope {} on pid {rpid} (retention {retention:?}, idle {:?} between floods)",
+        on_receiver(&m),
+        retention * 4
+    );
+}

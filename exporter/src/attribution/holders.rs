@@ -7,8 +7,11 @@
 //!   last full look is less than [`RESCAN_EVERY`] old (a holder that closed its copy but lives
 //!   on is noticed at that look);
 //! - otherwise one pass over `/proc/*/fd` for all such sockets lists every process holding
-//!   each, and the newest of them (latest start time, then highest pid) is chosen: after a
-//!   fork the child, after a hand-off the receiver; how many live processes hold it is kept
+//!   each; the process that created it (its `OWNERS` record) is chosen while it is one of
+//!   them, else the newest of them (latest start time, then highest pid): a helper that only
+//!   inherited the fd (`socat … SYSTEM:`, hook scripts) is not blamed for its parent's
+//!   socket, and after a fork whose parent exited the child, after a hand-off the receiver;
+//!   how many live processes hold it is kept
 //!   ([`Attributor::holder_count`]): the drops of a socket several hold go to the process that
 //!   reads it where the reader hook can say (the drops room's `shared`), this holder otherwise;
 //! - a socket nobody holds any more (closed: its last counts happened while someone held it)
@@ -83,16 +86,24 @@ impl Attributor {
             self.scans += 1;
             let found = self.procfs.all_holders_of(&wanted);
             for ino in &wanted {
+                let creator = self.recorded_owner(*ino);
                 let mut best: Option<ProcRef> = None;
                 let mut holders = 0;
+                let mut creator_holds = false;
                 for (pid, _fd) in found.get(ino).into_iter().flatten() {
                     let Some(p) = self.proc_from_pid(*pid) else {
                         continue;
                     };
                     holders += 1;
+                    creator_holds |= creator == Some(p);
                     if best.is_none_or(|b| (p.start_ticks, p.tgid) > (b.start_ticks, b.tgid)) {
                         best = Some(p);
                     }
+                }
+                // The process that created the socket, while it still holds it; the newest
+                // holder only once the creator let go of it (fork and exit, a hand-off).
+                if creator_holds {
+                    best = creator;
                 }
                 match best {
                     Some(p) => {
@@ -122,6 +133,16 @@ impl Attributor {
         }
     }
 
+    /// The process `OWNERS` recorded for socket `inode` (its creator, or the last process
+    /// that configured or connected it), if the owners probe runs and has it.
+    fn recorded_owner(&self, inode: u64) -> Option<ProcRef> {
+        let o = self.owners.as_ref()?.get(&inode, 0).ok()?;
+        Some(ProcRef {
+            tgid: o.tgid,
+            start_ticks: super::Procfs::ns_to_ticks(o.start_ns),
+        })
+    }
+
     /// How many live processes held socket `inode` at its last look (0: not looked at, or
     /// nobody held it).
     pub fn holder_count(&self, inode: u64) -> u32 {
@@ -135,7 +156,7 @@ impl Attributor {
 
     /// Re-reads `comm` of a live holder: after an `exec` the same process (pid and start
     /// time) has a new name, and its counts from now on carry it.
-    fn check_comm(&mut self, p: ProcRef) {
+    pub(super) fn check_comm(&mut self, p: ProcRef) {
         let Some(raw) = self.procfs.comm(p.tgid) else {
             return;
         };

@@ -12,10 +12,10 @@
 //! owner of the listener on their local port; drops on a full TUN ring to the process that
 //! holds the TUN device.
 //!
-//! A socket with counts goes to a **live** process that holds it (the newest holder when
-//! several do, unless the drops room knows which of them reads it), not to its creator once
-//! that one let go of it (fork, fd passing, exec): [`Attributor::refresh_holders`], in
-//! `holders`.
+//! A socket with counts goes to a **live** process that holds it (when several do and the
+//! drops room cannot say which of them reads it: its creator while it holds it, else the
+//! newest holder), not to its creator once that one let go of it (fork and exit, fd passing):
+//! [`Attributor::refresh_holders`], in `holders`.
 //!
 //! The same records say, before anything drops, which processes hold UDP sockets
 //! ([`Attributor::new_udp_holders`]): `OWNERS` gets each socket at creation, and one pass over
@@ -58,6 +58,12 @@ fn is_udp(name: &str) -> bool {
     name.to_ascii_uppercase().starts_with("UDP")
 }
 
+/// A `comm` as the probes record it: up to the first NUL.
+fn comm_bytes(raw: &[u8]) -> &[u8] {
+    let end = raw.iter().position(|b| *b == 0).unwrap_or(raw.len());
+    &raw[..end]
+}
+
 /// (netns, TUN interface name) → pid holding the device.
 type TunHolders = HashMap<(u32, String), u32>;
 
@@ -81,6 +87,9 @@ pub struct Attributor {
     no_holder: HashMap<u64, Instant>,
     /// Processes whose `comm` changed (an `exec`) since [`Attributor::apply_renames`].
     renamed: Vec<ProcRef>,
+    /// The last name in a probe's record that differed from a process's labels and made
+    /// bufscope read its `comm` again (a thread's name differs without an exec).
+    comm_checked: HashMap<ProcRef, [u8; 16]>,
 }
 
 /// State of [`Attributor::new_udp_holders`].
@@ -128,6 +137,7 @@ impl Attributor {
             holding: holders::holdings(),
             no_holder: HashMap::new(),
             renamed: Vec::new(),
+            comm_checked: HashMap::new(),
         }
     }
 
@@ -142,9 +152,21 @@ impl Attributor {
             tgid: o.tgid,
             start_ticks: Procfs::ns_to_ticks(o.start_ns),
         };
-        if !self.meta.contains_key(&r) {
-            let m = self.read_meta(o.tgid, &o.comm);
-            self.meta.insert(r, m);
+        match self.meta.get(&r) {
+            None => {
+                let m = self.read_meta(o.tgid, &o.comm);
+                self.meta.insert(r, m);
+            }
+            // The record names the process by another name than its labels: it exec'd
+            // since (a helper after fork+exec); its counts from now on carry the new one.
+            // (A thread's own name differs for good: looked at once per name it shows.)
+            Some(m)
+                if m.comm != String::from_utf8_lossy(comm_bytes(&o.comm))
+                    && self.comm_checked.insert(r, o.comm) != Some(o.comm) =>
+            {
+                self.check_comm(r);
+            }
+            Some(_) => {}
         }
         r
     }
@@ -163,13 +185,10 @@ impl Attributor {
     }
 
     fn read_meta(&self, tgid: u32, fallback_comm: &[u8]) -> ProcMeta {
-        let comm = self.procfs.comm(tgid).unwrap_or_else(|| {
-            let end = fallback_comm
-                .iter()
-                .position(|b| *b == 0)
-                .unwrap_or(fallback_comm.len());
-            fallback_comm[..end].to_vec()
-        });
+        let comm = self
+            .procfs
+            .comm(tgid)
+            .unwrap_or_else(|| comm_bytes(fallback_comm).to_vec());
         let container = self
             .procfs
             .cgroup(tgid)
@@ -436,6 +455,7 @@ impl Attributor {
     /// Drops cached labels of processes no longer referenced by `keep`.
     pub fn retain_procs(&mut self, keep: impl Fn(&ProcRef) -> bool) {
         self.meta.retain(|p, _| keep(p));
+        self.comm_checked.retain(|p, _| keep(p));
         // A process reported without room for its series is looked at again next time.
         self.udp.reported.retain(|p| keep(p));
         self.inode_owner.retain(|_, p| keep(p));

@@ -54,9 +54,9 @@ impl Procfs {
         Some(b)
     }
 
-    /// Contents of `/proc/<pid>/cgroup`.
+    /// Contents of `/proc/<pid>/cgroup` (lossy: cgroup names are bytes).
     pub fn cgroup(&self, pid: u32) -> Option<String> {
-        std::fs::read_to_string(self.pid_path(pid, "cgroup")).ok()
+        crate::kernel::read_lossy(self.pid_path(pid, "cgroup"))
     }
 
     /// The network namespace inode of `pid`.
@@ -67,10 +67,7 @@ impl Procfs {
 
     /// Start time of `pid` in clock ticks since boot (field 22 of `/proc/<pid>/stat`).
     pub fn start_ticks(&self, pid: u32) -> Option<u64> {
-        let stat = std::fs::read_to_string(self.pid_path(pid, "stat")).ok()?;
-        // comm may contain spaces and ')': fields restart after the last ')'.
-        let after = &stat[stat.rfind(')')? + 2..];
-        after.split_whitespace().nth(19)?.parse().ok()
+        stat_start_ticks(&std::fs::read(self.pid_path(pid, "stat")).ok()?)
     }
 
     /// Converts a BPF start time (ns since boot) to `/proc` clock ticks.
@@ -265,7 +262,8 @@ impl Procfs {
                     continue;
                 }
                 let info = self.pid_path(pid, "fdinfo").join(e.file_name());
-                let Ok(text) = std::fs::read_to_string(info) else {
+                // Lossy: an interface name is bytes.
+                let Some(text) = crate::kernel::read_lossy(info) else {
                     continue;
                 };
                 if let Some(name) = text.lines().find_map(|l| l.strip_prefix("iff:")) {
@@ -297,6 +295,19 @@ fn sockprotoname(fd_path: &Path) -> Option<String> {
     let name = buf.get(..n)?;
     let end = name.iter().position(|b| *b == 0).unwrap_or(name.len());
     Some(String::from_utf8_lossy(&name[..end]).into_owned())
+}
+
+/// Field 22 (start time) of a `/proc/<pid>/stat` record, read as bytes: the comm in
+/// parentheses is whatever bytes the process chose (not UTF-8, spaces, `)`), so the fields
+/// are counted from the last `)`.
+pub fn stat_start_ticks(stat: &[u8]) -> Option<u64> {
+    let close = stat.iter().rposition(|b| *b == b')')?;
+    let rest = stat.get(close + 1..)?;
+    let field = rest
+        .split(|b| b.is_ascii_whitespace())
+        .filter(|f| !f.is_empty())
+        .nth(19)?;
+    std::str::from_utf8(field).ok()?.parse().ok()
 }
 
 /// Parses the number in `prefix<N>]` (`socket:[123]`, `net:[4026531840]`).
@@ -341,6 +352,20 @@ mod tests {
         let p = Procfs::default();
         let c = p.comm(std::process::id()).unwrap();
         assert!(!c.is_empty() && !c.ends_with(b"\n"));
+    }
+
+    #[test]
+    fn stat_fields_count_from_the_last_paren_whatever_the_comm_bytes() {
+        let tail = b" S 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 424242 20 21\n";
+        for comm in [&b"sh"[..], b"\xff\xfe-rcv\xc3", b"a) b (c", b") ) )", b""] {
+            let mut stat = b"1234 (".to_vec();
+            stat.extend_from_slice(comm);
+            stat.push(b')');
+            stat.extend_from_slice(tail);
+            assert_eq!(stat_start_ticks(&stat), Some(424242), "{comm:?}");
+        }
+        assert_eq!(stat_start_ticks(b"1234 (no close paren"), None);
+        assert_eq!(stat_start_ticks(b"1234 (x) S 1 2"), None);
     }
 
     #[test]

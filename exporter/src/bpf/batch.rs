@@ -78,11 +78,7 @@ impl BatchReader {
         {
             return Err(io::Error::from(io::ErrorKind::InvalidInput));
         }
-        let stride = if self.per_cpu {
-            self.value_size.div_ceil(8) * 8
-        } else {
-            self.value_size
-        };
+        let stride = self.stride();
         let mut chunk = CHUNK;
         let mut out = Vec::new();
         let mut token = None;
@@ -126,6 +122,51 @@ impl BatchReader {
                 None => return Ok(out),
             }
         }
+    }
+}
+
+impl BatchReader {
+    /// Bytes between two CPUs' values.
+    fn stride(&self) -> usize {
+        if self.per_cpu {
+            self.value_size.div_ceil(8) * 8
+        } else {
+            self.value_size
+        }
+    }
+
+    /// Reads and deletes the entry `key` of the map behind `fd` in one step
+    /// (`BPF_MAP_LOOKUP_AND_DELETE_ELEM`): its values as they were when it went, one per
+    /// possible CPU (one for a [`BatchReader::shared`] reader). `Ok(None)`: no such entry; an
+    /// error: this kernel cannot (before 5.14 for hash maps), the caller deletes it plainly.
+    pub fn take<K: aya::Pod, V: aya::Pod>(
+        &self,
+        fd: &MapFd,
+        key: &K,
+    ) -> io::Result<Option<Vec<V>>> {
+        if std::mem::size_of::<K>() != self.key_size || std::mem::size_of::<V>() != self.value_size
+        {
+            return Err(io::Error::from(io::ErrorKind::InvalidInput));
+        }
+        let stride = self.stride();
+        // SAFETY: K is Pod of key_size bytes: viewing it as bytes is valid.
+        let k =
+            unsafe { std::slice::from_raw_parts((key as *const K).cast::<u8>(), self.key_size) };
+        let mut vals = vec![0u8; stride * self.ncpus];
+        match sys::map_lookup_and_delete(fd.as_fd(), k, &mut vals) {
+            Ok(()) => {}
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => return Ok(None),
+            Err(e) => return Err(e),
+        }
+        Ok(Some(
+            (0..self.ncpus)
+                .map(|c| {
+                    // SAFETY: the kernel wrote one stride-aligned value per possible CPU; V is
+                    // Pod of value_size bytes.
+                    unsafe { std::ptr::read_unaligned(vals.as_ptr().add(c * stride).cast()) }
+                })
+                .collect(),
+        ))
     }
 }
 

@@ -90,7 +90,7 @@ fn name_seccomp(e: aya::EbpfError) -> anyhow::Error {
 /// True when this process runs under a seccomp filter (`Seccomp: 2` in /proc/self/status),
 /// holds CAP_BPF or CAP_SYS_ADMIN, and still cannot get the kernel's answer to `bpf()`.
 fn seccomp_blocks_bpf() -> bool {
-    let Ok(status) = std::fs::read_to_string("/proc/self/status") else {
+    let Some(status) = crate::kernel::read_lossy("/proc/self/status") else {
         return false;
     };
     let field = |name: &str| {

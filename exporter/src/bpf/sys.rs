@@ -47,6 +47,18 @@ fn bpf_fd(cmd: bpf_cmd, attr: &mut bpf_attr) -> io::Result<OwnedFd> {
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
+/// `BPF_MAP_LOOKUP_AND_DELETE_ELEM`: copies the value of `key` into `value` and deletes the
+/// entry in one step, so nothing the probes add between a read and a delete is lost (hash
+/// maps: 5.14+; `value` holds one value per possible CPU, each padded to 8 bytes, for a
+/// per-CPU map). `ENOENT` when the key is not there.
+pub fn map_lookup_and_delete(map: BorrowedFd<'_>, key: &[u8], value: &mut [u8]) -> io::Result<()> {
+    let mut attr = zeroed();
+    attr.__bindgen_anon_2.map_fd = map.as_raw_fd() as u32;
+    attr.__bindgen_anon_2.key = key.as_ptr() as u64;
+    attr.__bindgen_anon_2.__bindgen_anon_1.value = value.as_mut_ptr() as u64;
+    bpf(bpf_cmd::BPF_MAP_LOOKUP_AND_DELETE_ELEM, &mut attr).map(|_| ())
+}
+
 /// `BPF_LINK_CREATE`: attaches program `prog` to `target` (a cgroup, a perf event) as a BPF
 /// link, which can be pinned and which detaches when its last reference goes. No flags: a
 /// cgroup link always coexists with other programs on the same cgroup, and the kernel refuses

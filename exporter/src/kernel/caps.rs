@@ -51,8 +51,8 @@ pub const CAP_DAC_READ_SEARCH: Cap = Cap {
 
 /// The effective capability set of this process (`CapEff` in `/proc/self/status`).
 pub fn effective() -> u64 {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
+    // Read lossily: the `Name:` line is this process's comm, any bytes.
+    super::read_lossy("/proc/self/status")
         .and_then(|s| {
             s.lines()
                 .find_map(|l| l.strip_prefix("CapEff:"))

@@ -181,6 +181,17 @@ pub fn task_access(c: &Config) -> &'static str {
     }
 }
 
+/// A text file of `/proc` or `/sys` read as bytes and decoded lossily: process names,
+/// cgroup paths, interface names and mount points are bytes any local user may choose, and
+/// one that is not UTF-8 must not make the whole file unreadable.
+pub fn read_lossy(path: impl AsRef<Path>) -> Option<String> {
+    let b = std::fs::read(path).ok()?;
+    Some(match String::from_utf8(b) {
+        Ok(s) => s,
+        Err(e) => String::from_utf8_lossy(e.as_bytes()).into_owned(),
+    })
+}
+
 /// `uname -r`.
 pub fn kernel_release() -> String {
     std::fs::read_to_string("/proc/sys/kernel/osrelease")
@@ -231,7 +242,7 @@ pub fn cgroup2_root() -> Option<PathBuf> {
     if let Some(p) = CGROUP2_ROOT.get() {
         return Some(p.clone());
     }
-    let text = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
+    let text = read_lossy("/proc/self/mountinfo")?;
     cgroup2_in_mountinfo(&text)
 }
 

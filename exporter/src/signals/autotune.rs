@@ -10,7 +10,7 @@ use prometheus::proto::MetricFamily;
 use std::time::{Duration, Instant};
 
 use aya::maps::{MapData, PerCpuHashMap};
-use bufscope_common::{AutotuneVal, stat};
+use bufscope_common::{AutotuneVal, stat, total_family};
 
 use super::{
     AdviceCx, BuildEnv, Cx, GcCx, MapFill, Part, ProcStats, Room, Services, Signal, Store, take_map,
@@ -19,7 +19,9 @@ use crate::advice::{Inputs, TuneView};
 use crate::attribution::Attributor;
 use crate::bpf::{Hook, LoadPlan, ProbeSpec};
 use crate::exposition::Spec;
+use crate::labels::Proto;
 use crate::store::{ProcRef, Who};
+use crate::totals::Total;
 
 /// The probe: the best variant this kernel allows.
 ///
@@ -87,11 +89,16 @@ const SUPPRESSED: Spec = Spec::counter(
 pub struct ProcAutotune {
     /// `tcp_rcvbuf_grow` events on sockets whose autotuning is off.
     pub suppressed: u64,
+    /// Of them, those of sockets whose `AUTOTUNE` entries were collected (closed while the
+    /// process lives): kept in `TOTALS` for a restart, which reads the live sockets' counts
+    /// back from the pinned map.
+    pub retired: u64,
 }
 
 impl Part for ProcAutotune {
     fn absorb(&mut self, o: &Self) {
         self.suppressed += o.suppressed;
+        self.retired += o.retired;
     }
 
     fn has_counts(&self) -> bool {
@@ -100,6 +107,24 @@ impl Part for ProcAutotune {
 
     fn status(&self, row: &mut bufscope_api::ProcessRow) {
         row.tcp_autotune_suppressed = self.suppressed;
+    }
+
+    fn totals(&self, out: &mut Vec<Total>) {
+        if self.retired > 0 {
+            out.push(Total {
+                family: total_family::AUTOTUNE_RETIRED,
+                proto: Proto::Tcp.to_ip(),
+                option: 0,
+                value: self.retired,
+            });
+        }
+    }
+
+    fn restore(&mut self, t: &Total) {
+        if t.family == total_family::AUTOTUNE_RETIRED {
+            self.suppressed += t.value;
+            self.retired += t.value;
+        }
     }
 }
 
@@ -133,6 +158,9 @@ pub struct Autotune {
     last: HashMap<u64, SockTune>,
     /// `stat::AUTOTUNE_SEEN` as read just before the last full read of the map.
     generation: Option<u64>,
+    /// Suppressed events of collected entries (closed sockets) of live processes, added to
+    /// their [`ProcAutotune::retired`] at the next poll.
+    retiring: Vec<(ProcRef, u64)>,
 }
 
 fn sum(values: &[AutotuneVal]) -> AutotuneVal {
@@ -188,6 +216,7 @@ impl Autotune {
             max_entries,
             last: HashMap::new(),
             generation: None,
+            retiring: Vec::new(),
         }
     }
 
@@ -284,6 +313,16 @@ impl Signal for Autotune {
     /// Reads the map unless the probe's `stat::AUTOTUNE_SEEN` generation shows that no event
     /// was counted since the last full read.
     fn poll(&mut self, cx: &mut Cx<'_>) -> bool {
+        for (p, n) in std::mem::take(&mut self.retiring) {
+            if cx.store.get(&p).is_some() {
+                let attr = &*cx.attr;
+                cx.store
+                    .proc_mut(Who::Proc(p), || attr.meta(&p))
+                    .parts
+                    .autotune
+                    .retired += n;
+            }
+        }
         let generation = cx.stats.and_then(|s| s.total(stat::AUTOTUNE_SEEN));
         if generation.is_some() && generation == self.generation {
             return false;
@@ -321,7 +360,11 @@ impl Signal for Autotune {
             .collect();
         for ino in &doomed {
             let _ = self.map.remove(ino);
-            self.last.remove(ino);
+            if let Some(t) = self.last.remove(ino)
+                && let Some(p) = t.owner.filter(|p| t.suppressed > 0 && cx.attr.alive(p))
+            {
+                self.retiring.push((p, t.suppressed));
+            }
         }
         doomed.len()
     }

@@ -108,6 +108,18 @@ macro_rules! signals {
             pub fn status(&self, row: &mut bufscope_api::ProcessRow) {
                 $( Part::status(&self.$field, row); )*
             }
+
+            /// Every room's counters built from events ([`Part::totals`]).
+            pub fn totals(&self) -> Vec<crate::totals::Total> {
+                let mut out = Vec::new();
+                $( Part::totals(&self.$field, &mut out); )*
+                out
+            }
+
+            /// Gives a counter kept across a restart back to the room it belongs to.
+            pub fn restore(&mut self, t: &crate::totals::Total) {
+                $( Part::restore(&mut self.$field, t); )*
+            }
         }
 
         /// What each room resolved from its flags before loading.
@@ -215,5 +227,54 @@ mod tests {
     #[test]
     fn flag_defaults_parse() {
         Flags::defaults().unwrap();
+    }
+
+    /// What a room hands to `TOTALS` comes back whole after a restart, and each counter
+    /// lands in its own room only.
+    #[test]
+    fn event_counters_survive_a_round_trip_through_totals() {
+        use crate::labels::{BufOption, Proto};
+        let mut p = Parts::default();
+        let c = p
+            .setsockopt
+            .calls
+            .entry((Proto::Udp, BufOption::RcvbufForce))
+            .or_default();
+        c.calls = 7;
+        c.clamped = 2;
+        c.failed = 3;
+        p.setsockopt
+            .calls
+            .entry((Proto::Tcp, BufOption::BufLock))
+            .or_default()
+            .calls = 1;
+        p.setsockopt.rcvbuf_locks.insert(Proto::Tcp, 4);
+        p.tcp_state.established = 9;
+        p.tcp_state.wscale_shrunk = 5;
+        p.autotune.suppressed = 11;
+        p.autotune.retired = 6;
+        // Not kept there: read back from the pinned DROPS map.
+        p.drops.add(Proto::Udp, "SOCKET_RCVBUFF", 100);
+        let kept = p.totals();
+        let mut back = Parts::default();
+        for t in &kept {
+            back.restore(t);
+        }
+        assert_eq!(back.setsockopt.calls, p.setsockopt.calls);
+        assert_eq!(back.setsockopt.rcvbuf_locks, p.setsockopt.rcvbuf_locks);
+        assert_eq!(
+            (back.tcp_state.established, back.tcp_state.wscale_shrunk),
+            (9, 5)
+        );
+        assert_eq!(
+            (back.autotune.suppressed, back.autotune.retired),
+            (6, 6),
+            "only the closed sockets' part: the live ones are in AUTOTUNE"
+        );
+        assert!(back.drops.packets.is_empty(), "drops go on from DROPS");
+        let mut keys: Vec<_> = kept.iter().map(|t| (t.family, t.proto, t.option)).collect();
+        keys.sort_unstable();
+        keys.dedup();
+        assert_eq!(keys.len(), kept.len(), "one entry per counter");
     }
 }

@@ -16,6 +16,7 @@ use crate::bpf::pins::Outcome;
 use crate::bpf::{Attached, LoadPlan, ProbeSpec, ProbeStatus, Stats};
 use crate::kernel::{BufferLimits, DropReasons, KernelBtf};
 use crate::store::ProcRef;
+use crate::totals::Total;
 use crate::values::Invalid;
 
 /// A room's part of one process's counters ([`super::Parts`] holds one per room).
@@ -35,6 +36,15 @@ pub trait Part: Clone + std::fmt::Debug + Default + Send + Sync + 'static {
     fn after_exec(&self) -> Self {
         Self::default()
     }
+
+    /// Its counters that no pinned map keeps (built from events), each with its
+    /// [`bufscope_common::total_family`]: with `--bpf.pin-path` the collector keeps them in
+    /// `TOTALS` ([`crate::totals`]) and a restart hands them back ([`Part::restore`]), so
+    /// they go on like the counters read from maps. Default: none.
+    fn totals(&self, _out: &mut Vec<Total>) {}
+
+    /// Takes back a counter [`Part::totals`] gave before a restart (ignores other families).
+    fn restore(&mut self, _t: &Total) {}
 }
 
 /// A room without per-process counters.
@@ -176,6 +186,8 @@ pub struct GcCx<'a> {
     pub live: &'a HashSet<u64>,
     /// How long an entry must be idle before it may go.
     pub idle: Duration,
+    /// `--retention`: how long series of something gone (a process, a namespace) stay.
+    pub retention: Duration,
     /// Socket → process (a room forgets the inodes it deletes).
     pub attr: &'a mut Attributor,
     /// Per-process counters (read-only: which processes are still tracked).

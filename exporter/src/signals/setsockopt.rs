@@ -19,7 +19,7 @@ use foldhash::{HashMap, HashMapExt as _};
 use prometheus::proto::MetricFamily;
 
 use bufscope_common::{
-    SOCK_RCVBUF_LOCK, SOCK_SNDBUF_LOCK, SockoptEvent, event_kind, sockopt_flags,
+    SOCK_RCVBUF_LOCK, SOCK_SNDBUF_LOCK, SockoptEvent, event_kind, sockopt_flags, total_family,
 };
 
 use super::{
@@ -32,6 +32,7 @@ use crate::exposition::Spec;
 use crate::kernel::BufferLimits;
 use crate::labels::{BufOption, Proto};
 use crate::store::{ProcRef, Who};
+use crate::totals::Total;
 
 /// The probe.
 pub const PROBE: ProbeSpec = ProbeSpec {
@@ -100,6 +101,51 @@ impl Part for ProcSockopt {
 
     fn has_counts(&self) -> bool {
         !self.calls.is_empty() || !self.rcvbuf_locks.is_empty()
+    }
+
+    fn totals(&self, out: &mut Vec<Total>) {
+        for ((proto, option), c) in &self.calls {
+            for (family, value) in [
+                (total_family::SETSOCKOPT_CALLS, c.calls),
+                (total_family::SETSOCKOPT_CLAMPED, c.clamped),
+                (total_family::SETSOCKOPT_FAILED, c.failed),
+            ] {
+                if value > 0 {
+                    out.push(Total {
+                        family,
+                        proto: proto.to_ip(),
+                        option: option.optname() as u8,
+                        value,
+                    });
+                }
+            }
+        }
+        for (proto, value) in &self.rcvbuf_locks {
+            out.push(Total {
+                family: total_family::RCVBUF_LOCKS,
+                proto: proto.to_ip(),
+                option: 0,
+                value: *value,
+            });
+        }
+    }
+
+    fn restore(&mut self, t: &Total) {
+        let proto = Proto::from_ip(t.proto);
+        if t.family == total_family::RCVBUF_LOCKS {
+            *self.rcvbuf_locks.entry(proto).or_default() += t.value;
+            return;
+        }
+        let Some(option) = BufOption::from_optname(t.option as i32) else {
+            return;
+        };
+        let c = self.calls.entry((proto, option)).or_default();
+        match t.family {
+            total_family::SETSOCKOPT_CALLS => c.calls += t.value,
+            total_family::SETSOCKOPT_CLAMPED => c.clamped += t.value,
+            total_family::SETSOCKOPT_FAILED => c.failed += t.value,
+            _ => {}
+        }
     }
 
     fn status(&self, row: &mut bufscope_api::ProcessRow) {
@@ -297,7 +343,10 @@ impl Setsockopt {
             cx.store.count_unknown(PROBE.name, 1);
             Who::Unknown
         } else {
-            Who::Proc(cx.attr.owner(&ev.owner))
+            let p = cx.attr.owner(&ev.owner);
+            // An exec since its last event: this call already counts under the new name.
+            cx.attr.apply_renames(cx.store);
+            Who::Proc(p)
         };
         let attr = &*cx.attr;
         let s = cx.store.proc_mut(who, || match who {
@@ -360,6 +409,12 @@ impl Signal for Setsockopt {
         &[event_kind::SOCKOPT]
     }
 
+    /// Built from events, kept in the pinned `TOTALS` ([`Part::totals`]): they go on across
+    /// a restart like the families read from maps.
+    fn map_counters(&self) -> &'static [&'static str] {
+        FAMILIES
+    }
+
     fn on_event(&mut self, _kind: u32, bytes: &[u8], cx: &mut Cx<'_>) {
         let Some(mut ev) = decode::<SockoptEvent>(bytes) else {
             return;
@@ -418,6 +473,9 @@ const FAILED: Spec = Spec::counter(
     "Buffer-size setsockopt calls that failed (e.g. SO_RCVBUFFORCE without CAP_NET_ADMIN).",
     &["proto", "option"],
 );
+/// Every family of this room (all built from events).
+const FAMILIES: &[&str] = &[CALLS.name, CLAMPED.name, FAILED.name, LOCKS.name];
+
 const LOCKS: Spec = Spec::counter(
     "bufscope_rcvbuf_locks_total",
     "Sockets that got SOCK_RCVBUF_LOCK (receive autotuning off), by setsockopt or inherited from a locked listener.",

@@ -9,7 +9,7 @@
 use foldhash::{HashMap, HashMapExt as _, HashSet};
 use prometheus::proto::MetricFamily;
 
-use bufscope_common::{EstablishedEvent, SOCK_RCVBUF_LOCK, estab_flags, event_kind};
+use bufscope_common::{EstablishedEvent, SOCK_RCVBUF_LOCK, estab_flags, event_kind, total_family};
 
 use super::{
     AdviceCx, BuildEnv, Cx, GcCx, NoFlags, Part, ProcStats, Room, Services, Signal, decode,
@@ -21,6 +21,7 @@ use crate::bpf::{Hook, LoadPlan, ProbeSpec};
 use crate::exposition::Spec;
 use crate::labels::Proto;
 use crate::store::{ProcRef, Who};
+use crate::totals::Total;
 
 /// The probe.
 pub const PROBE: ProbeSpec = ProbeSpec {
@@ -59,6 +60,30 @@ impl Part for ProcTcp {
     fn status(&self, row: &mut bufscope_api::ProcessRow) {
         row.tcp_established = self.established;
         row.tcp_wscale_shrunk = self.wscale_shrunk;
+    }
+
+    fn totals(&self, out: &mut Vec<Total>) {
+        for (family, value) in [
+            (total_family::TCP_ESTABLISHED, self.established),
+            (total_family::TCP_WSCALE_SHRUNK, self.wscale_shrunk),
+        ] {
+            if value > 0 {
+                out.push(Total {
+                    family,
+                    proto: Proto::Tcp.to_ip(),
+                    option: 0,
+                    value,
+                });
+            }
+        }
+    }
+
+    fn restore(&mut self, t: &Total) {
+        match t.family {
+            total_family::TCP_ESTABLISHED => self.established += t.value,
+            total_family::TCP_WSCALE_SHRUNK => self.wscale_shrunk += t.value,
+            _ => {}
+        }
     }
 }
 
@@ -143,13 +168,22 @@ impl Signal for TcpState {
         &[event_kind::ESTABLISHED]
     }
 
+    /// Built from events, kept in the pinned `TOTALS` ([`Part::totals`]): they go on across
+    /// a restart like the families read from maps.
+    fn map_counters(&self) -> &'static [&'static str] {
+        &[ESTABLISHED.name, SHRUNK.name]
+    }
+
     fn on_event(&mut self, _kind: u32, bytes: &[u8], cx: &mut Cx<'_>) {
         let Some(ev) = decode::<EstablishedEvent>(bytes) else {
             return;
         };
         // Unknown rmem_max: judge by tcp_rmem[2] alone (never a false "shrunk").
         let shrunk_to = shrunk(&ev, cx.limits.rmem_max.unwrap_or(0));
-        let who = match resolve(&ev, cx.attr) {
+        let who = resolve(&ev, cx.attr);
+        // An exec since its last event: this connection already counts under the new name.
+        cx.attr.apply_renames(cx.store);
+        let who = match who {
             Some(p) => Who::Proc(p),
             None => {
                 cx.store.count_unknown(PROBE.name, 1);

@@ -37,7 +37,30 @@ impl Drops {
         }
     }
 
+    /// Counts the drops entries gained between their last read and their deletion (GC), on
+    /// the owner they had (their socket is gone: no holder to look for).
+    fn count_late(&mut self, attr: &Attributor, store: &mut Store, now: Instant) {
+        for (k, n, owner) in std::mem::take(&mut self.late) {
+            let name = self.reasons.name(k.reason);
+            let proto = Proto::from_ip(k.proto);
+            if k.site == drop_site::NETNS {
+                self.netns.add(k.netns, proto, name, n, now);
+                continue;
+            }
+            let who = match owner {
+                Some(p) => Who::Proc(p),
+                None => {
+                    store.count_unknown("drops", n);
+                    Who::Unknown
+                }
+            };
+            let s = store.proc_mut(who, || owner.map(|p| attr.meta(&p)).unwrap_or_default());
+            s.parts.drops.add(proto, &name, n);
+        }
+    }
+
     pub(super) fn attribute(&mut self, attr: &mut Attributor, store: &mut Store, now: Instant) {
+        self.count_late(attr, store, now);
         if self.held.is_empty() {
             if let Some(sh) = &mut self.shared {
                 sh.update(&HashSet::default(), attr, now);
@@ -88,12 +111,8 @@ impl Drops {
             };
             if k.site == drop_site::NETNS {
                 let name = self.reasons.name(k.reason);
-                let s = store.proc_mut(Who::Unknown, Default::default);
-                *s.parts
-                    .drops
-                    .netns
-                    .entry((k.netns, Proto::from_ip(k.proto), name))
-                    .or_default() += h.packets;
+                self.netns
+                    .add(k.netns, Proto::from_ip(k.proto), name, h.packets, now);
                 continue;
             }
             let who = match who {

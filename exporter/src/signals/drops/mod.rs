@@ -160,9 +160,6 @@ pub struct Setup {
 pub struct ProcDrops {
     /// Dropped packets by (proto, reason name).
     pub packets: BTreeMap<(Proto, String), u64>,
-    /// Drops whose socket this kernel's hooks cannot name, by (netns inode, proto, reason
-    /// name): only in the `_unknown` part (see [`drop_site::NETNS`]).
-    pub netns: BTreeMap<(u32, Proto, String), u64>,
 }
 
 impl Part for ProcDrops {
@@ -170,13 +167,10 @@ impl Part for ProcDrops {
         for (k, v) in &o.packets {
             *self.packets.entry(k.clone()).or_default() += v;
         }
-        for (k, v) in &o.netns {
-            *self.netns.entry(k.clone()).or_default() += v;
-        }
     }
 
     fn has_counts(&self) -> bool {
-        !self.packets.is_empty() || !self.netns.is_empty()
+        !self.packets.is_empty()
     }
 
     fn status(&self, row: &mut bufscope_api::ProcessRow) {
@@ -192,7 +186,6 @@ impl Part for ProcDrops {
     fn after_exec(&self) -> Self {
         Self {
             packets: self.packets.keys().map(|k| (k.clone(), 0)).collect(),
-            netns: BTreeMap::new(),
         }
     }
 }
@@ -211,6 +204,102 @@ impl ProcDrops {
                 self.packets.insert((proto, reason.to_string()), n);
             }
         }
+    }
+}
+
+/// Most `bufscope_netns_drops_total` series (network namespace × proto × reason); beyond, the
+/// least recently counting one is folded into `netns="_other"` (sums never go down).
+pub const MAX_NETNS_SERIES: usize = 1024;
+/// The `netns` key that stands for folded namespaces (rendered `_other`).
+const NETNS_OTHER: u32 = u32::MAX;
+
+/// One `bufscope_netns_drops_total` series.
+#[derive(Clone, Copy, Debug)]
+pub struct NetnsSeries {
+    /// Drops so far.
+    pub packets: u64,
+    /// When it last counted.
+    pub changed: Instant,
+}
+
+/// The `bufscope_netns_drops_total` series, bounded: a series leaves `retention` after its
+/// last count once no process is in its namespace (as an exited process's), and at most
+/// [`MAX_NETNS_SERIES`] exist.
+#[derive(Default)]
+pub struct NetnsDrops {
+    series: BTreeMap<(u32, Proto, String), NetnsSeries>,
+}
+
+impl NetnsDrops {
+    /// Counts `n` drops in `netns`.
+    pub fn add(&mut self, netns: u32, proto: Proto, reason: String, n: u64, now: Instant) {
+        let key = (netns, proto, reason);
+        if !self.series.contains_key(&key) {
+            // (`_other` counts against the bound too.)
+            while self.series.len() >= MAX_NETNS_SERIES && self.fold_least_recent() {}
+        }
+        let s = self.series.entry(key).or_insert(NetnsSeries {
+            packets: 0,
+            changed: now,
+        });
+        s.packets += n;
+        s.changed = now;
+    }
+
+    /// Folds the series that counted least recently into `netns="_other"` (false: nothing
+    /// left to fold).
+    fn fold_least_recent(&mut self) -> bool {
+        let victim = self
+            .series
+            .iter()
+            .filter(|((ns, _, _), _)| *ns != NETNS_OTHER)
+            .min_by_key(|(_, s)| s.changed)
+            .map(|(k, _)| k.clone());
+        let Some(k) = victim else { return false };
+        let Some(old) = self.series.remove(&k) else {
+            return false;
+        };
+        let other = self
+            .series
+            .entry((NETNS_OTHER, k.1, k.2))
+            .or_insert(NetnsSeries {
+                packets: 0,
+                changed: old.changed,
+            });
+        other.packets += old.packets;
+        true
+    }
+
+    /// Forgets the series idle for `retention` whose namespace `alive` says is gone; returns
+    /// how many went.
+    pub fn expire(
+        &mut self,
+        retention: Duration,
+        now: Instant,
+        alive: impl Fn(u32) -> bool,
+    ) -> usize {
+        let before = self.series.len();
+        self.series.retain(|(ns, _, _), s| {
+            *ns == NETNS_OTHER || now.duration_since(s.changed) < retention || alive(*ns)
+        });
+        before - self.series.len()
+    }
+
+    /// Whether a series has been idle for `retention` (only then are namespaces looked up).
+    pub fn any_idle(&self, retention: Duration, now: Instant) -> bool {
+        self.series
+            .iter()
+            .any(|((ns, _, _), s)| *ns != NETNS_OTHER && now.duration_since(s.changed) >= retention)
+    }
+
+    /// Number of series.
+    pub fn len(&self) -> usize {
+        self.series.len()
+    }
+
+    /// Whether there are none.
+    pub fn is_empty(&self) -> bool {
+        self.series.is_empty()
     }
 }
 
@@ -245,6 +334,11 @@ pub struct Drops {
     /// The next read is the first of maps adopted from an earlier bufscope: their counts are
     /// not news of the last second (no rate is claimed from them).
     adopted: bool,
+    /// `bufscope_netns_drops_total`, bounded.
+    netns: NetnsDrops,
+    /// Drops an entry gained between its last read and its deletion (taken with the delete:
+    /// [`crate::bpf::BatchReader::take`]), with the owner it had: counted at the next poll.
+    late: Vec<(DropKey, u64, Option<ProcRef>)>,
 }
 
 impl Room for Drops {
@@ -322,7 +416,7 @@ impl Signal for Drops {
     /// Per process, per network namespace for drops no hook of this kernel can put on a
     /// socket, and the reader hook's state.
     fn families(&self, procs: &[(String, &ProcStats)], out: &mut Vec<MetricFamily>) {
-        netns_family(procs, out);
+        netns_family(&self.netns, out);
         if let Some(sh) = &self.shared {
             sh.hook().families(out);
         }
@@ -344,7 +438,11 @@ impl Signal for Drops {
     fn poll(&mut self, cx: &mut Cx<'_>) -> bool {
         self.zero_udp_series(cx);
         let generation = cx.stats.and_then(|s| s.total(stat::DROPS_SEEN));
-        if generation.is_some() && generation == self.generation && self.held.is_empty() {
+        if generation.is_some()
+            && generation == self.generation
+            && self.held.is_empty()
+            && self.late.is_empty()
+        {
             let now = Instant::now();
             self.last_poll = Some(now);
             if let Some(sh) = &mut self.shared {
@@ -407,9 +505,10 @@ impl Signal for Drops {
             self.fold(&doomed, attr, now);
         }
         for k in &doomed {
-            // The socket is gone (or the key idle): nothing can increment it between our last
-            // read and this delete, and a re-created key starts from zero.
-            let _ = self.map.remove(k);
+            // Read and deleted in one step: a drop counted since the last read (an idle key of
+            // a namespace, a closed socket's last packets) is not lost but counted at the next
+            // poll; a re-created key starts from zero.
+            self.take_entry(k);
             self.last.remove(k);
             if k.site == drop_site::SOCKET {
                 cx.attr.forget_inode(k.inode);
@@ -417,6 +516,16 @@ impl Signal for Drops {
                     sh.forget(k.inode);
                 }
             }
+        }
+        if self.netns.any_idle(cx.retention, now) {
+            let procfs = cx.attr.procfs();
+            let alive: HashSet<u32> = procfs
+                .pids()
+                .into_iter()
+                .filter_map(|p| procfs.netns(p))
+                .collect();
+            self.netns
+                .expire(cx.retention, now, |ns| alive.contains(&ns));
         }
         doomed.len()
     }
@@ -463,17 +572,66 @@ const NETNS_DROPS: Spec = Spec::counter(
 /// `bufscope_netns_drops_total{netns,proto,reason}`: drops this kernel's hooks cannot put on a
 /// socket (no `kfree_skb.rx_sk`, before 6.11: e.g. TCP receive-queue drops), by the network
 /// namespace of the receiving device (inode number as in `/proc/<pid>/ns/net`; 0 when the
-/// skb had no device) and reason.
-fn netns_family(procs: &[(String, &ProcStats)], out: &mut Vec<MetricFamily>) {
-    let mut sum: BTreeMap<(u32, Proto, &str), u64> = BTreeMap::new();
-    for (_, s) in procs {
-        for ((netns, proto, reason), v) in &s.parts.drops.netns {
-            *sum.entry((*netns, *proto, reason.as_str())).or_default() += v;
-        }
-    }
+/// skb had no device; `_other` for namespaces folded beyond [`MAX_NETNS_SERIES`]) and reason.
+fn netns_family(netns: &NetnsDrops, out: &mut Vec<MetricFamily>) {
     let mut f = NETNS_DROPS.family();
-    for ((netns, proto, reason), v) in sum {
-        f.push(&[&netns.to_string(), proto.as_str(), reason], v as f64);
+    for ((ns, proto, reason), s) in &netns.series {
+        let label = if *ns == NETNS_OTHER {
+            "_other".to_string()
+        } else {
+            ns.to_string()
+        };
+        f.push(&[&label, proto.as_str(), reason], s.packets as f64);
     }
     f.done(out);
+}
+
+#[cfg(test)]
+mod netns_tests {
+    use super::*;
+
+    #[test]
+    fn netns_series_are_capped_and_sums_kept() {
+        let mut n = NetnsDrops::default();
+        let t0 = Instant::now();
+        for i in 0..(MAX_NETNS_SERIES as u32 + 50) {
+            let at = t0 + Duration::from_millis(i as u64);
+            n.add(i + 1, Proto::Tcp, "TCP_ZEROWINDOW".into(), 2, at);
+        }
+        assert!(n.len() <= MAX_NETNS_SERIES, "{}", n.len());
+        let total: u64 = n.series.values().map(|s| s.packets).sum();
+        assert_eq!(
+            total,
+            2 * (MAX_NETNS_SERIES as u64 + 50),
+            "folded, not lost"
+        );
+        assert!(
+            n.series
+                .contains_key(&(NETNS_OTHER, Proto::Tcp, "TCP_ZEROWINDOW".into()))
+        );
+        // The oldest went first: the newest namespace is still there.
+        assert!(n.series.contains_key(&(
+            MAX_NETNS_SERIES as u32 + 50,
+            Proto::Tcp,
+            "TCP_ZEROWINDOW".into()
+        )));
+    }
+
+    #[test]
+    fn netns_series_leave_with_their_namespace_after_the_retention() {
+        let mut n = NetnsDrops::default();
+        let t0 = Instant::now();
+        n.add(7, Proto::Udp, "SOCKET_RCVBUFF".into(), 5, t0);
+        n.add(8, Proto::Udp, "SOCKET_RCVBUFF".into(), 5, t0);
+        let r = Duration::from_secs(60);
+        assert!(!n.any_idle(r, t0 + Duration::from_secs(59)));
+        assert_eq!(
+            n.expire(r, t0 + Duration::from_secs(59), |_| false),
+            0,
+            "within retention"
+        );
+        assert!(n.any_idle(r, t0 + r));
+        assert_eq!(n.expire(r, t0 + r, |ns| ns == 8), 1, "namespace 7 is gone");
+        assert_eq!(n.len(), 1);
+    }
 }

@@ -64,7 +64,34 @@ impl Drops {
             shared: None,
             retire: false,
             adopted: false,
+            netns: super::NetnsDrops::default(),
+            late: Vec::new(),
         }
+    }
+
+    /// Deletes entry `k` of `DROPS`, read in the same step where the kernel can: what it
+    /// gained since the last read is kept in `late` for the next poll (with the owner the
+    /// entry had). Kernels without lookup-and-delete for hash maps (before 5.14): a plain
+    /// delete.
+    pub(super) fn take_entry(&mut self, k: &DropKey) {
+        if let Some(b) = &self.batch {
+            match b.take::<DropKey, DropVal>(self.map.map().fd(), k) {
+                Ok(Some(values)) => {
+                    let now = sum(&values);
+                    if let Some(seen) = self.last.get(k)
+                        && now.packets > seen.packets
+                    {
+                        self.late.push((*k, now.packets - seen.packets, seen.owner));
+                    }
+                    return;
+                }
+                Ok(None) => return,
+                Err(e) => {
+                    tracing::debug!("DROPS lookup-and-delete failed ({e}); deleting plainly");
+                }
+            }
+        }
+        let _ = self.map.remove(k);
     }
 
     /// Reads the map and attributes new drops.
