@@ -60,6 +60,12 @@ pub struct ProcessRow {
     pub comm: String,
     /// Container id (empty on the host).
     pub container: String,
+    /// Kubernetes pod name (empty outside a pod).
+    pub pod: String,
+    /// Kubernetes namespace (empty outside a pod).
+    pub namespace: String,
+    /// The container's name in its pod (empty outside a pod or when not known).
+    pub container_name: String,
 
     // The drops room.
     /// Buffer drops by `proto/REASON` (`udp/SOCKET_RCVBUFF`, …).
@@ -174,11 +180,14 @@ mod tests {
                 "clamped",
                 "comm",
                 "container",
+                "container_name",
                 "drops",
                 "drops_total",
                 "failed",
                 "guard",
+                "namespace",
                 "pid",
+                "pod",
                 "rcvbuf_locks",
                 "setsockopt",
                 "tcp_autotune_suppressed",

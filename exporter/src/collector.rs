@@ -68,6 +68,8 @@ pub struct Collector {
     findings_cache: Option<(Instant, Arc<Vec<Finding>>)>,
     /// Something the advice rules read changed since `findings_cache` was computed.
     advice_dirty: bool,
+    /// How long each signal's last poll took.
+    poll_durations: Vec<(&'static str, Duration)>,
 }
 
 impl Collector {
@@ -97,6 +99,7 @@ impl Collector {
             events: None,
             findings_cache: None,
             advice_dirty: true,
+            poll_durations: Vec::new(),
         }
     }
 
@@ -185,10 +188,13 @@ impl Collector {
             limits,
             stats: self.stats.as_ref(),
         };
+        self.poll_durations.clear();
         for s in &mut self.signals {
+            let started = Instant::now();
             if s.poll(&mut cx) {
                 self.advice_dirty = true;
             }
+            self.poll_durations.push((s.name(), started.elapsed()));
         }
         if let Some(stats) = &self.stats {
             self.health.bpf_lost = stats.lost();
@@ -352,6 +358,11 @@ impl Collector {
             &self.health,
             findings.as_slice(),
             signals::attributed(),
+            &mut fams,
+        );
+        exposition::process::families(
+            exposition::process::read_self().as_ref(),
+            &self.poll_durations,
             &mut fams,
         );
         match format {

@@ -155,7 +155,8 @@ fn load(args: &RunArgs) -> anyhow::Result<(Collector, RingBuf<MapData>, Probes)>
     bpf::trim_heap();
     let mut collector = Collector::new(
         Store::new(args.max_processes, args.retention),
-        Attributor::new(Procfs::new(&args.procfs), built.services.owners),
+        Attributor::new(Procfs::new(&args.procfs), built.services.owners)
+            .with_pods(Some(args.kubernetes_log_dir.clone()).filter(|d| !d.as_os_str().is_empty())),
         built.rooms,
         Some(Stats::new(stats)),
         health,

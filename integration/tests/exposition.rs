@@ -86,3 +86,124 @@ fn a_disabled_probe_reports_zero_and_the_rest_keep_working() {
     let build = e.scrape().sum("bufscope_build_info", &[]);
     assert_eq!(build, 1.0);
 }
+
+/// Fields of `/proc/<pid>/stat` after the `(comm)`, numbered as in proc(5) (the first is 3).
+fn stat_field(stat: &str, n: usize) -> u64 {
+    let rest = stat.rsplit_once(')').unwrap().1;
+    rest.split_ascii_whitespace()
+        .nth(n - 3)
+        .unwrap()
+        .parse()
+        .unwrap()
+}
+
+fn sysconf(name: libc::c_int) -> u64 {
+    // SAFETY: reads a constant of the C library.
+    u64::try_from(unsafe { libc::sysconf(name) }).unwrap()
+}
+
+#[test]
+#[ignore = "needs root: run via cargo xtask test"]
+fn the_process_metrics_are_the_kernels_figures_for_the_bufscope_process() {
+    let e = Exporter::start(&[]);
+    let pid = e.pid();
+    let hz = sysconf(libc::_SC_CLK_TCK) as f64;
+    let page = sysconf(libc::_SC_PAGESIZE);
+    let btime: u64 = std::fs::read_to_string("/proc/stat")
+        .unwrap()
+        .lines()
+        .find_map(|l| l.strip_prefix("btime "))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    let stat = || std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    let fds = || {
+        std::fs::read_dir(format!("/proc/{pid}/fd"))
+            .unwrap()
+            .count() as f64
+    };
+    // A scrape between two reads of the kernel's figures, until the memory figures did not
+    // move across it (the scrape itself may map a new arena or thread stack).
+    let (before, m, after) = eventually(Duration::from_secs(20), "a steady scrape", || {
+        let before = stat();
+        let m = e.scrape();
+        let after = stat();
+        (stat_field(&before, 23) == stat_field(&after, 23)
+            && stat_field(&before, 24) == stat_field(&after, 24))
+        .then_some((before, m, after))
+    });
+    let cpu = |s: &str| (stat_field(s, 14) + stat_field(s, 15)) as f64 / hz;
+    let v = |name: &str| m.sum(name, &[]);
+    assert!(
+        cpu(&before) <= v("process_cpu_seconds_total")
+            && v("process_cpu_seconds_total") <= cpu(&after),
+        "cpu {} within the kernel's {} ..= {}",
+        v("process_cpu_seconds_total"),
+        cpu(&before),
+        cpu(&after)
+    );
+    assert_eq!(
+        v("process_virtual_memory_bytes"),
+        stat_field(&after, 23) as f64,
+        "vsize"
+    );
+    // The scrape allocates while it reads: its own buffers bound the difference.
+    let rss = stat_field(&after, 24) as f64 * page as f64;
+    assert!(
+        (v("process_resident_memory_bytes") - rss).abs() <= 4.0 * 1024.0 * 1024.0,
+        "rss {} vs the kernel's {rss}",
+        v("process_resident_memory_bytes")
+    );
+    let start = btime as f64 + stat_field(&after, 22) as f64 / hz;
+    assert!(
+        (v("process_start_time_seconds") - start).abs() < 0.01,
+        "start {} vs {start}",
+        v("process_start_time_seconds")
+    );
+    // The scrape's own connection and the directory being listed come and go.
+    let open = v("process_open_fds");
+    let now = fds();
+    assert!(
+        (open - now).abs() <= 4.0,
+        "open fds {open} vs ls /proc/{pid}/fd: {now}"
+    );
+    let limits = std::fs::read_to_string(format!("/proc/{pid}/limits")).unwrap();
+    let soft: f64 = limits
+        .lines()
+        .find(|l| l.starts_with("Max open files"))
+        .unwrap()
+        .split_ascii_whitespace()
+        .nth(3)
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert_eq!(v("process_max_fds"), soft, "soft RLIMIT_NOFILE");
+    // One poll duration per running signal room, named as its probe (the owners probe is
+    // attribution's, read by it, not a room that polls).
+    let mut polled: Vec<String> = m
+        .find("bufscope_signal_poll_duration_seconds", &[])
+        .map(|s| s.labels["signal"].clone())
+        .collect();
+    polled.sort();
+    let mut attached: Vec<String> = m
+        .find("bufscope_probe_attached", &[])
+        .filter(|s| s.value == 1.0 && s.labels["probe"] != "owners")
+        .map(|s| s.labels["probe"].clone())
+        .collect();
+    attached.sort();
+    assert_eq!(polled, attached);
+    eprintln!(
+        "bufscope pid {pid}: cpu {} s (kernel {}..={}), vsize {} (kernel {}), rss {} (kernel {rss}), \
+         start {} (kernel {start}), fds {open} (ls {now}), max fds {soft}",
+        v("process_cpu_seconds_total"),
+        cpu(&before),
+        cpu(&after),
+        v("process_virtual_memory_bytes"),
+        stat_field(&after, 23),
+        v("process_resident_memory_bytes"),
+        v("process_start_time_seconds"),
+    );
+    let (ok, msg) = promtool_check_metrics(&e.scrape_text());
+    assert!(ok, "promtool check metrics failed:\n{msg}");
+}

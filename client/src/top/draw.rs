@@ -200,7 +200,10 @@ fn cell(col: Col, r: &Row, width: u16) -> Cell<'static> {
         Col::Shrunk => count(p.tcp_wscale_shrunk, w),
         Col::Clamped => count(p.clamped, w),
         Col::Container => {
-            if p.container.is_empty() {
+            if !p.pod.is_empty() {
+                // The pod says more than an id; the detail view has both.
+                p.pod.clone()
+            } else if p.container.is_empty() {
                 "-".to_string()
             } else {
                 p.container.chars().take(12).collect()
@@ -492,6 +495,14 @@ fn detail_lines(r: &Row, width: usize) -> Vec<Line<'static>> {
     } else {
         format!("container {}", p.container)
     };
+    let container = if p.pod.is_empty() {
+        container
+    } else {
+        format!(
+            "pod {}/{} {}  {container}",
+            p.namespace, p.pod, p.container_name
+        )
+    };
     out.push(Line::from(vec![
         Span::styled(p.comm.clone(), bold),
         Span::raw(format!(" (pid {pid})  {container}")),
@@ -647,6 +658,7 @@ mod tests {
                 pid,
                 comm: comm.into(),
                 container: String::new(),
+                ..ProcessRef::default()
             },
             kind: kind.into(),
             severity: sev,

@@ -22,6 +22,9 @@ pub fn document(c: &Collector, probes: &[ProbeStatus]) -> StatusDocument {
                 pid,
                 comm: s.meta.comm.clone(),
                 container: s.meta.container.clone(),
+                pod: s.meta.pod.clone(),
+                namespace: s.meta.namespace.clone(),
+                container_name: s.meta.container_name.clone(),
                 ..ProcessRow::default()
             };
             s.parts.status(&mut row);
@@ -130,6 +133,10 @@ mod tests {
                     pid: 1,
                     comm: String::new(),
                     container: String::new(),
+                    // Serialized only when set (a process in a Kubernetes pod).
+                    pod: "p".into(),
+                    namespace: "n".into(),
+                    container_name: "c".into(),
                 },
                 socket: None,
                 summary: String::new(),
