@@ -210,6 +210,13 @@ pub struct RunArgs {
     /// `bufscope_bpf_events_lost_total{cause="ringbuf_full"}`.
     #[arg(long = "bpf.events-ring-bytes", default_value_t = 1 << 20, value_parser = parse_ring_bytes, value_name = "BYTES")]
     pub events_ring_bytes: u32,
+    /// Export each probe's BPF run time and run count (`bufscope_probe_run_seconds_total`,
+    /// `bufscope_probe_runs_total`) from the kernel's run-time stats, which this turns on
+    /// (BPF_ENABLE_STATS, needs CAP_SYS_ADMIN; or set kernel.bpf_stats_enabled=1 on the node).
+    /// While on, every BPF program on the machine pays two clock reads per run (measured:
+    /// README "What bufscope costs").
+    #[arg(long = "bpf.run-stats")]
+    pub run_stats: bool,
     /// Every signal's own flags (`--guard.*`, map sizes, attribution).
     #[command(flatten)]
     pub signals: crate::signals::Flags,

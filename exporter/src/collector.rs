@@ -13,7 +13,7 @@ use aya::maps::{MapData, RingBuf};
 
 use crate::advice::{self, Finding, Inputs, Report};
 use crate::attribution::{Attributor, Procfs};
-use crate::bpf::Stats;
+use crate::bpf::{RunStats, Stats};
 use crate::exposition::{self, Created, Format, Health, selfmetrics};
 use crate::kernel::BufferLimits;
 use crate::signals::{self, AdviceCx, Cx, GcCx, ProcStats, Signal, Store};
@@ -70,6 +70,8 @@ pub struct Collector {
     advice_dirty: bool,
     /// How long each signal's last poll took.
     poll_durations: Vec<(&'static str, Duration)>,
+    /// `--bpf.run-stats`: the kernel's run time and count of each probe's programs.
+    run_stats: Option<RunStats>,
 }
 
 impl Collector {
@@ -100,6 +102,7 @@ impl Collector {
             findings_cache: None,
             advice_dirty: true,
             poll_durations: Vec::new(),
+            run_stats: None,
         }
     }
 
@@ -112,6 +115,19 @@ impl Collector {
             .flat_map(|s| s.map_counters().iter().copied())
             .collect();
         self.created.pinned_since(since, families);
+    }
+
+    /// `--bpf.run-stats`: reads the probes' run time from `r`.
+    pub fn set_run_stats(&mut self, r: RunStats) {
+        self.run_stats = Some(r);
+    }
+
+    /// (probe, run time ns, runs) of each probe, when `--bpf.run-stats` is on (else empty).
+    pub fn probe_runs(&self) -> Vec<(&'static str, u64, u64)> {
+        self.run_stats
+            .as_ref()
+            .map(RunStats::read)
+            .unwrap_or_default()
     }
 
     /// Hands the event ring buffer to the collector.
@@ -363,6 +379,7 @@ impl Collector {
         exposition::process::families(
             exposition::process::read_self().as_ref(),
             &self.poll_durations,
+            &self.probe_runs(),
             &mut fams,
         );
         match format {

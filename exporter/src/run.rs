@@ -153,6 +153,11 @@ fn load(args: &RunArgs) -> anyhow::Result<(Collector, RingBuf<MapData>, Probes)>
     // The parsed kernel BTF (tens of MiB) is only needed to load: give it back.
     drop(kinfo);
     bpf::trim_heap();
+    let run_stats = if args.run_stats {
+        Some(bpf::RunStats::start(&loaded)?)
+    } else {
+        None
+    };
     let mut collector = Collector::new(
         Store::new(args.max_processes, args.retention),
         Attributor::new(Procfs::new(&args.procfs), built.services.owners)
@@ -168,6 +173,9 @@ fn load(args: &RunArgs) -> anyhow::Result<(Collector, RingBuf<MapData>, Probes)>
         },
     );
     collector.advice_window = args.advice_window;
+    if let Some(r) = run_stats {
+        collector.set_run_stats(r);
+    }
     if let Some(p) = loaded.pins.as_ref().filter(|p| p.outcome.kept_maps()) {
         collector.pinned_since(p.meta.created_unix as f64);
     }

@@ -592,7 +592,9 @@ fn every_panel_and_alert_works_on_a_real_prometheus() {
     let (a, b) = start_a_shipped_and_a_degraded_exporter(&container);
     let scene = Scene::run(&container, rmem_max);
     let flood = Flooder::start(scene.flooded_ports());
-    let served = wait_until_the_exporter_serves_the_workload(&a, &scene, &container);
+    let mut served = wait_until_the_exporter_serves_the_workload(&a, &scene, &container);
+    // B's --bpf.run-stats families (CPU per probe).
+    served.extend(b.scrape().samples.iter().map(|s| s.name.clone()));
     let prom = start_prometheus_with_shipped_and_fast_rules(&a, &b);
     wait_for_prometheus_to_scrape_the_workload(&prom, &scene);
     let findings = findings_in_code();
@@ -625,7 +627,8 @@ fn rmem_max_with_room_for_a_clamp() -> i64 {
 }
 
 /// Two exporters: A as shipped; B degraded (one probe off, a one-entry drop map) so the
-/// health panels and alerts have something to show.
+/// health panels and alerts have something to show, and with --bpf.run-stats. Both read the
+/// fake container's kubelet layout.
 fn start_a_shipped_and_a_degraded_exporter(container: &FakeContainer) -> (Exporter, Exporter) {
     let log_dir = container.log_dir.display().to_string();
     let a = Exporter::start(&["--kubernetes.log-dir", &log_dir]);
@@ -634,6 +637,10 @@ fn start_a_shipped_and_a_degraded_exporter(container: &FakeContainer) -> (Export
         "autotune",
         "--bpf.drops-map-entries",
         "1",
+        "--kubernetes.log-dir",
+        &log_dir,
+        // The own-cost row's CPU per probe.
+        "--bpf.run-stats",
     ]);
     (a, b)
 }

@@ -207,3 +207,87 @@ fn the_process_metrics_are_the_kernels_figures_for_the_bufscope_process() {
     let (ok, msg) = promtool_check_metrics(&e.scrape_text());
     assert!(ok, "promtool check metrics failed:\n{msg}");
 }
+
+/// `run_cnt` and `run_time_ns` of BPF program `id`, as bpftool reads them from the kernel.
+fn bpftool_run_stats(id: u32) -> (u64, u64) {
+    let (ok, out, err) = bufscope_integration::output(
+        std::process::Command::new("bpftool").args(["prog", "show", "id", &id.to_string()]),
+        "",
+    );
+    assert!(ok, "bpftool prog show id {id}: {err}");
+    let toks: Vec<&str> = out.split_whitespace().collect();
+    let after = |key: &str| -> u64 {
+        toks.iter()
+            .position(|t| *t == key)
+            .and_then(|i| toks.get(i + 1))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0)
+    };
+    (after("run_cnt"), after("run_time_ns"))
+}
+
+#[test]
+#[ignore = "needs root: run via cargo xtask test"]
+fn run_stats_are_the_kernels_run_count_and_time_of_bufscopes_programs() {
+    // Without the flag: no such family.
+    let e = Exporter::start(&[]);
+    let m = e.scrape();
+    assert_eq!(m.find("bufscope_probe_runs_total", &[]).count(), 0);
+    drop(e);
+
+    let e = Exporter::start(&["--bpf.run-stats"]);
+    let r = Workload::start(&["udp-recv", "--rcvbuf", "4096"]);
+    let port = r.get("ports").to_string();
+    let inode: u64 = r.get("inodes").parse().unwrap();
+    assert!(Workload::start(&["udp-flood", "--port", &port, "--count", "3000"]).wait());
+    let dropped = bufscope_integration::proc_udp_drops(r.pid(), inode).unwrap() as f64;
+    assert!(dropped > 0.0);
+    // Every program bufscope holds (its links and program fds name them in fdinfo).
+    let ids = bufscope_integration::held_bpf_ids(e.pid(), "prog_id:");
+    assert!(!ids.is_empty());
+    let kernel = || {
+        ids.iter()
+            .map(|id| bpftool_run_stats(*id))
+            .fold((0, 0), |a, b| (a.0 + b.0, a.1 + b.1))
+    };
+    let before = kernel();
+    let m = e.scrape();
+    let after = kernel();
+    let runs = m.sum("bufscope_probe_runs_total", &[]);
+    let secs = m.sum("bufscope_probe_run_seconds_total", &[]);
+    assert!(
+        before.0 as f64 <= runs && runs <= after.0 as f64,
+        "runs {runs} within the kernel's {} ..= {}",
+        before.0,
+        after.0
+    );
+    assert!(
+        before.1 as f64 / 1e9 <= secs + 1e-9 && secs <= after.1 as f64 / 1e9 + 1e-9,
+        "run time {secs} s within the kernel's {} ..= {} ns",
+        before.1,
+        after.1
+    );
+    let drops = m.sum("bufscope_probe_runs_total", &[("probe", "drops")]);
+    assert!(
+        drops >= dropped,
+        "the drop probe ran for each of the {dropped} datagrams the kernel dropped: {drops}"
+    );
+    // bufscope top's per-probe ns/run comes from the status document.
+    let (_, body) = e.get("/api/v1/status");
+    let doc: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let row = doc["probes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["probe"] == "drops")
+        .unwrap();
+    assert!(row["run_count"].as_u64().unwrap() >= drops as u64, "{row}");
+    eprintln!(
+        "--bpf.run-stats: {runs} runs, {secs:.6} s (kernel {}..={} runs); drops probe {drops} runs, {:.0} ns/run",
+        before.0,
+        after.0,
+        m.sum("bufscope_probe_run_seconds_total", &[("probe", "drops")]) * 1e9 / drops
+    );
+    let (ok, msg) = promtool_check_metrics(&e.scrape_text());
+    assert!(ok, "promtool check metrics failed:\n{msg}");
+}

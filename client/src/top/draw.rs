@@ -323,6 +323,10 @@ fn probe_line(s: &StatusDocument) -> Vec<Span<'static>> {
                 format!(" {}", p.probe),
                 Style::new().fg(Color::Green),
             ));
+            // With --bpf.run-stats: what each run of its programs costs (kernel run time).
+            if let Some(ns) = p.ns_per_run() {
+                spans.push(Span::raw(format!(" {ns:.0}ns/run")));
+            }
         } else if switched_off(p) {
             spans.push(Span::styled(
                 format!(" {}:off", p.probe),
@@ -732,6 +736,29 @@ mod tests {
 
     fn press(app: &mut App, code: KeyCode) {
         app.key(KeyEvent::new(code, KeyModifiers::NONE));
+    }
+
+    #[test]
+    fn probe_line_shows_ns_per_run_when_the_exporter_has_run_stats() {
+        let s = StatusDocument {
+            probes: vec![
+                ProbeRow {
+                    probe: "drops".into(),
+                    attached: true,
+                    run_time_ns: Some(2_500_000),
+                    run_count: Some(10_000),
+                    ..ProbeRow::default()
+                },
+                ProbeRow {
+                    probe: "owners".into(),
+                    attached: true,
+                    ..ProbeRow::default()
+                },
+            ],
+            ..StatusDocument::default()
+        };
+        let text: String = probe_line(&s).iter().map(|x| x.content.as_ref()).collect();
+        assert_eq!(text, "probes 2/2: drops 250ns/run owners");
     }
 
     #[test]

@@ -1,6 +1,7 @@
-//! The standard process metrics every Prometheus client library serves (`process_*`, as
-//! client_golang and the Rust `prometheus` crate define them), read from `/proc/self` at
-//! scrape time, and how long each signal's last poll took.
+//! What bufscope itself costs: the standard process metrics every Prometheus client library
+//! serves (`process_*`, as client_golang and the Rust `prometheus` crate define them), read
+//! from `/proc/self` at scrape time, how long each signal's last poll took, and with
+//! `--bpf.run-stats` the kernel's run time and count of each probe's programs.
 
 use std::time::Duration;
 
@@ -39,6 +40,19 @@ const POLL_DURATION: Spec = Spec::gauge(
     "How long the last read of each signal's maps took (the poll that runs every \
      --poll-interval and before each scrape).",
     &["signal"],
+);
+
+const PROBE_RUN_SECONDS: Spec = Spec::counter(
+    "bufscope_probe_run_seconds_total",
+    "CPU time the probe's BPF programs ran, as the kernel counts it (run_time_ns of each \
+     program; only with --bpf.run-stats, and counted only while it is on).",
+    &["probe"],
+);
+const PROBE_RUNS: Spec = Spec::counter(
+    "bufscope_probe_runs_total",
+    "Runs of the probe's BPF programs, as the kernel counts them (run_cnt; only with \
+     --bpf.run-stats).",
+    &["probe"],
 );
 
 /// This process as `/proc/<pid>/stat`, `/proc/<pid>/fd` and `/proc/<pid>/limits` show it.
@@ -120,10 +134,12 @@ pub fn read_self() -> Option<SelfStats> {
     Some(s)
 }
 
-/// The `process_*` families of `s`, and the last poll duration of each signal.
+/// The `process_*` families of `s`, the last poll duration of each signal and the (probe,
+/// run time ns, runs) of `runs`.
 pub fn families(
     s: Option<&SelfStats>,
     polls: &[(&'static str, Duration)],
+    runs: &[(&'static str, u64, u64)],
     out: &mut Vec<MetricFamily>,
 ) {
     let single = |spec: &Spec, v: f64, out: &mut Vec<MetricFamily>| {
@@ -148,6 +164,14 @@ pub fn families(
         f.push(&[signal], d.as_secs_f64());
     }
     f.done(out);
+    let mut secs = PROBE_RUN_SECONDS.family();
+    let mut count = PROBE_RUNS.family();
+    for (probe, ns, n) in runs {
+        secs.push(&[probe], *ns as f64 / 1e9);
+        count.push(&[probe], *n as f64);
+    }
+    secs.done(out);
+    count.done(out);
 }
 
 #[cfg(test)]
@@ -198,6 +222,7 @@ mod tests {
         families(
             Some(&s),
             &[("drops", Duration::from_micros(1500))],
+            &[("drops", 2_500_000_000, 10)],
             &mut out,
         );
         let text = super::super::encode(&out).unwrap();
@@ -208,6 +233,8 @@ mod tests {
             "process_resident_memory_bytes",
             "process_start_time_seconds",
             "bufscope_signal_poll_duration_seconds{signal=\"drops\"} 0.0015",
+            "bufscope_probe_run_seconds_total{probe=\"drops\"} 2.5",
+            "bufscope_probe_runs_total{probe=\"drops\"} 10",
         ] {
             assert!(text.contains(name), "{name} in\n{text}");
         }

@@ -31,14 +31,20 @@ pub fn document(c: &Collector, probes: &[ProbeStatus]) -> StatusDocument {
             row
         })
         .collect();
+    let runs = c.probe_runs();
     let probes = probes
         .iter()
-        .map(|p| ProbeRow {
-            probe: p.spec.name.to_string(),
-            hooks: p.hooks(),
-            what: p.spec.what.to_string(),
-            attached: p.attached,
-            error: p.error.clone(),
+        .map(|p| {
+            let run = runs.iter().find(|(name, _, _)| *name == p.spec.name);
+            ProbeRow {
+                probe: p.spec.name.to_string(),
+                hooks: p.hooks(),
+                what: p.spec.what.to_string(),
+                attached: p.attached,
+                error: p.error.clone(),
+                run_time_ns: run.map(|r| r.1),
+                run_count: run.map(|r| r.2),
+            }
         })
         .collect();
     StatusDocument {
