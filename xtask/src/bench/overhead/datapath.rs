@@ -75,6 +75,8 @@ fn run_quiet(cmd: &mut Command) -> anyhow::Result<()> {
 pub(super) enum Variant {
     None,
     Bufscope,
+    /// bufscope with `--bpf.run-stats` (the kernel's run-time stats on: its cost).
+    RunStats,
     DropsOnly,
     Bpftrace,
 }
@@ -84,6 +86,7 @@ impl Variant {
         Some(match s {
             "none" => Self::None,
             "bufscope" => Self::Bufscope,
+            "run-stats" => Self::RunStats,
             "drops-only" => Self::DropsOnly,
             "bpftrace" => Self::Bpftrace,
             _ => return None,
@@ -94,6 +97,7 @@ impl Variant {
         match self {
             Self::None => "no probes",
             Self::Bufscope => "bufscope (all probes)",
+            Self::RunStats => "bufscope --bpf.run-stats",
             Self::DropsOnly => "bufscope, drop probe only",
             Self::Bpftrace => "bpftrace drop counter",
         }
@@ -249,6 +253,10 @@ fn attach(bins: &Bins, v: Variant) -> anyhow::Result<Attached> {
             _exporter: Some(bins.exporter(&[])?),
             _bpftrace: None,
         },
+        Variant::RunStats => Attached {
+            _exporter: Some(bins.exporter(&["--bpf.run-stats"])?),
+            _bpftrace: None,
+        },
         Variant::DropsOnly => Attached {
             _exporter: Some(
                 bins.exporter(&["--probe.disable", "setsockopt,tcp_state,autotune,owners"])?,
@@ -307,6 +315,17 @@ pub(super) fn section(a: &Args, bins: &Bins) -> anyhow::Result<String> {
                     .unwrap_or(f64::NAN)
             };
             let base_rate = base.map(med);
+            // The cost of --bpf.run-stats: the same bufscope with and without it.
+            let plain = variants.iter().position(|v| *v == Variant::Bufscope);
+            let stats = variants.iter().position(|v| *v == Variant::RunStats);
+            if let (Some(p), Some(s)) = (plain, stats) {
+                notes.push(format!(
+                    "- {} / {}: bufscope --bpf.run-stats {:.1}% of bufscope without it",
+                    if *veth { "veth" } else { "loopback" },
+                    case.label(),
+                    med(s) / med(p) * 100.0
+                ));
+            }
             for (vi, v) in variants.iter().enumerate() {
                 let ts = results.get(&(pi, ci, vi)).map(Vec::as_slice).unwrap_or(&[]);
                 let rate = med(vi);

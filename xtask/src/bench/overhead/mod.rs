@@ -10,7 +10,9 @@
 //!    the cache lines the other then reads — and each row is the median of `--runs` phases.
 //! 2. **datapath** — UDP packets per second (every datagram dropped; nothing dropped) and TCP
 //!    bulk throughput, on loopback and through a veth pair between two namespaces, without
-//!    probes, with bufscope, with bufscope's drop probe alone, and with a bpftrace drop counter;
+//!    probes, with bufscope, with bufscope and `--bpf.run-stats` (what the kernel's run-time
+//!    stats cost, next to bufscope without them), with bufscope's drop probe alone, and with a
+//!    bpftrace drop counter;
 //!    variants alternate round by round (`--runs` rounds), the table shows medians and each
 //!    variant relative to "no probes".
 //! 3. **syscalls** — the syscall tax: an unrelated syscall (getppid) and a buffer
@@ -74,11 +76,12 @@ pub struct Args {
     /// Length of each data-path transfer, seconds.
     #[arg(long, default_value_t = 2.0)]
     pub seconds: f64,
-    /// Data-path variants: none, bufscope, drops-only, bpftrace.
+    /// Data-path variants: none, bufscope, run-stats (bufscope --bpf.run-stats), drops-only,
+    /// bpftrace.
     #[arg(
         long,
         value_delimiter = ',',
-        default_value = "none,bufscope,drops-only,bpftrace"
+        default_value = "none,bufscope,run-stats,drops-only,bpftrace"
     )]
     pub variants: Vec<String>,
     /// Processes of the exporter-cost population.
@@ -125,7 +128,9 @@ pub fn run(a: &Args) -> anyhow::Result<()> {
     }
     for v in &a.variants {
         if Variant::parse(v).is_none() {
-            bail!("unknown variant {v:?} (variants: none, bufscope, drops-only, bpftrace)");
+            bail!(
+                "unknown variant {v:?} (variants: none, bufscope, run-stats, drops-only, bpftrace)"
+            );
         }
     }
     if a.runs == 0 {
