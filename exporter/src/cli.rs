@@ -198,13 +198,10 @@ pub struct RunArgs {
     /// The kubelet's log directory, mounted read-only (its `containers/<pod>_<namespace>_<container>-<id>.log`
     /// links and `pods/<namespace>_<pod>_<uid>/` directories): processes in Kubernetes pods
     /// get `pod`, `namespace` and `container_name` labels from it, without API-server
-    /// access. Outside Kubernetes (no such directories) or set to "": no such labels.
-    #[arg(
-        long = "kubernetes.log-dir",
-        default_value = "/var/log",
-        value_name = "DIR"
-    )]
-    pub kubernetes_log_dir: PathBuf,
+    /// access. Default: /var/log (outside Kubernetes it has no such directories: no such
+    /// labels); "": none.
+    #[arg(long = "kubernetes.log-dir", value_name = "DIR")]
+    pub kubernetes_log_dir: Option<PathBuf>,
     /// Size of the event ring buffer in bytes (a power of two, at least 4096): bursts of
     /// setsockopt calls or connections beyond what it holds between drains are counted in
     /// `bufscope_bpf_events_lost_total{cause="ringbuf_full"}`.

@@ -160,8 +160,14 @@ fn load(args: &RunArgs) -> anyhow::Result<(Collector, RingBuf<MapData>, Probes)>
     };
     let mut collector = Collector::new(
         Store::new(args.max_processes, args.retention),
-        Attributor::new(Procfs::new(&args.procfs), built.services.owners)
-            .with_pods(Some(args.kubernetes_log_dir.clone()).filter(|d| !d.as_os_str().is_empty())),
+        Attributor::new(Procfs::new(&args.procfs), built.services.owners).with_pods(
+            Some(
+                args.kubernetes_log_dir
+                    .clone()
+                    .unwrap_or_else(|| std::path::PathBuf::from("/var/log")),
+            )
+            .filter(|d| !d.as_os_str().is_empty()),
+        ),
         built.rooms,
         Some(Stats::new(stats)),
         health,
