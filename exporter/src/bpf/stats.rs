@@ -54,20 +54,31 @@ pub struct RunStats {
 const BPF_STATS_SYSCTL: &str = "/proc/sys/kernel/bpf_stats_enabled";
 
 impl RunStats {
-    /// Turns the kernel's run-time stats on and finds the programs of every attached probe:
-    /// loaded by this run, or adopted from the pins (through their pinned links).
-    pub fn start(probes: &super::Probes) -> anyhow::Result<Self> {
-        let enabled = match super::sys::enable_run_time_stats() {
-            Ok(fd) => Some(fd),
+    /// Turns the kernel's run-time stats on: the fd that holds them on, or None when
+    /// `kernel.bpf_stats_enabled=1` already does (the error names the fix otherwise).
+    fn enable() -> Result<Option<std::os::fd::OwnedFd>, String> {
+        match super::sys::enable_run_time_stats() {
+            Ok(fd) => Ok(Some(fd)),
             Err(_) if std::fs::read_to_string(BPF_STATS_SYSCTL).is_ok_and(|v| v.trim() == "1") => {
-                None
+                Ok(None)
             }
-            Err(e) => anyhow::bail!(
+            Err(e) => Err(format!(
                 "--bpf.run-stats: the kernel refused to count BPF run time ({e}): \
                  BPF_ENABLE_STATS needs CAP_SYS_ADMIN; without it set kernel.bpf_stats_enabled=1 \
                  on the node (sysctl), or drop the flag"
-            ),
-        };
+            )),
+        }
+    }
+
+    /// Whether [`RunStats::start`] can turn the stats on (checked before anything is loaded).
+    pub fn check() -> Result<(), String> {
+        Self::enable().map(drop)
+    }
+
+    /// Turns the kernel's run-time stats on and finds the programs of every attached probe:
+    /// loaded by this run, or adopted from the pins (through their pinned links).
+    pub fn start(probes: &super::Probes) -> anyhow::Result<Self> {
+        let enabled = Self::enable().map_err(anyhow::Error::msg)?;
         let mut seen = foldhash::HashSet::default();
         let mut progs = Vec::new();
         for st in probes.status.iter().filter(|s| s.attached) {

@@ -65,6 +65,9 @@ impl RunArgs {
                 ),
             ));
         }
+        if self.run_stats {
+            crate::bpf::RunStats::check().map_err(|e| Invalid::new("bpf.run-stats", e))?;
+        }
         let btf = &self.kernel.btf_path;
         if !btf.exists() {
             return Err(Invalid::new(
