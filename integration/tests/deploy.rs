@@ -358,6 +358,10 @@ impl PodLike {
     /// hostPath gives it; its pins go with the namespace), the host's /proc bind-mounted at `<dir>/host/proc`,
     /// bounding/inheritable capabilities = `caps`, and no_new_privs.
     fn start(args: &[String], caps: &BTreeSet<String>, dir: &Path) -> Self {
+        // The DaemonSet's /var/log volumes (DirectoryOrCreate) on a node without pods yet.
+        for d in ["host/var/log/pods", "host/var/log/containers"] {
+            std::fs::create_dir_all(dir.join(d)).unwrap();
+        }
         Self::start_with_binds(args, caps, dir, &[])
     }
 
