@@ -61,7 +61,7 @@ impl<'de> Deserialize<'de> for Severity {
 }
 
 /// The process a finding is about.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ProcessRef {
     /// Process id.
     pub pid: u32,
@@ -69,6 +69,15 @@ pub struct ProcessRef {
     pub comm: String,
     /// Container id, empty on the host.
     pub container: String,
+    /// Kubernetes pod name (absent outside a pod).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub pod: String,
+    /// Kubernetes namespace (absent outside a pod).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub namespace: String,
+    /// The container's name in its pod (absent outside a pod or when not known).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub container_name: String,
 }
 
 /// The socket a finding names (the worst one of the process for that kind).
@@ -147,6 +156,7 @@ mod tests {
                 pid: 4475,
                 comm: "wireguard-go".into(),
                 container: String::new(),
+                ..ProcessRef::default()
             },
             socket: Some(SocketRef {
                 inode: 160047,

@@ -60,6 +60,12 @@ pub struct ProcessRow {
     pub comm: String,
     /// Container id (empty on the host).
     pub container: String,
+    /// Kubernetes pod name (empty outside a pod).
+    pub pod: String,
+    /// Kubernetes namespace (empty outside a pod).
+    pub namespace: String,
+    /// The container's name in its pod (empty outside a pod or when not known).
+    pub container_name: String,
 
     // The drops room.
     /// Buffer drops by `proto/REASON` (`udp/SOCKET_RCVBUFF`, …).
@@ -113,6 +119,21 @@ pub struct ProbeRow {
     pub attached: bool,
     /// Why not, when not (`disabled` when switched off by configuration); `null` otherwise.
     pub error: Option<String>,
+    /// With `--bpf.run-stats`: the kernel's total run time of the probe's programs, in
+    /// nanoseconds (absent otherwise).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub run_time_ns: Option<u64>,
+    /// With `--bpf.run-stats`: how many times the probe's programs ran (absent otherwise).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub run_count: Option<u64>,
+}
+
+impl ProbeRow {
+    /// Nanoseconds per run, when the run-time stats are known and the programs ran.
+    pub fn ns_per_run(&self) -> Option<f64> {
+        let (t, n) = (self.run_time_ns?, self.run_count?);
+        (n > 0).then(|| t as f64 / n as f64)
+    }
 }
 
 #[cfg(test)]
@@ -174,11 +195,14 @@ mod tests {
                 "clamped",
                 "comm",
                 "container",
+                "container_name",
                 "drops",
                 "drops_total",
                 "failed",
                 "guard",
+                "namespace",
                 "pid",
+                "pod",
                 "rcvbuf_locks",
                 "setsockopt",
                 "tcp_autotune_suppressed",

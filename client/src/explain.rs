@@ -57,17 +57,29 @@ pub fn render(findings: &[&Finding]) -> String {
     for f in findings {
         let p = &f.process;
         let container: String = p.container.chars().take(12).collect();
+        let place = if !p.pod.is_empty() {
+            // In a Kubernetes pod: where an operator looks it up (kubectl -n NS logs POD -c NAME).
+            let name = if p.container_name.is_empty() {
+                String::new()
+            } else {
+                format!(" container {}", p.container_name.escape_debug())
+            };
+            format!(
+                " pod {}/{}{name}",
+                p.namespace.escape_debug(),
+                p.pod.escape_debug()
+            )
+        } else if container.is_empty() {
+            String::new()
+        } else {
+            format!(" container {}", container.escape_debug())
+        };
         out.push_str(&format!(
-            "{:<8}  {}  {} (pid {}){}\n",
+            "{:<8}  {}  {} (pid {}){place}\n",
             f.severity.as_str().to_uppercase(),
             f.kind.escape_debug(),
             p.comm.escape_debug(),
             p.pid,
-            if container.is_empty() {
-                String::new()
-            } else {
-                format!(" container {}", container.escape_debug())
-            }
         ));
         out.push_str(&format!("  what: {}\n", f.summary));
         out.push_str(&format!("  fix:  {}\n", f.fix));
@@ -111,6 +123,23 @@ mod tests {
                "rule": "r", "guard": "the guard is fixing this"}]}"#,
         )
         .unwrap()
+    }
+
+    #[test]
+    fn a_process_in_a_pod_is_named_by_namespace_pod_and_container_name() {
+        let mut r = report();
+        let p = &mut r.findings[0].process;
+        p.container = "0123456789abcdef0123456789abcdef".into();
+        p.pod = "wg-gw-0".into();
+        p.namespace = "vpn-edge".into();
+        p.container_name = "wireguard-go".into();
+        let text = render(&[&r.findings[0]]);
+        assert!(
+            text.starts_with(
+                "CRITICAL  udp_rcvbuf_drops  wireguard-go (pid 4475) pod vpn-edge/wg-gw-0 container wireguard-go\n"
+            ),
+            "{text}"
+        );
     }
 
     #[test]

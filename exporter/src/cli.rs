@@ -195,11 +195,26 @@ pub struct RunArgs {
     /// `/proc` mount to read (set to the host's `/proc` when running in a container).
     #[arg(long = "path.procfs", default_value = "/proc", value_name = "DIR")]
     pub procfs: PathBuf,
+    /// The kubelet's log directory, mounted read-only (its `containers/<pod>_<namespace>_<container>-<id>.log`
+    /// links and `pods/<namespace>_<pod>_<uid>/` directories): processes in Kubernetes pods
+    /// get `pod`, `namespace` and `container_name` labels from it, without API-server
+    /// access. Default: /var/log (outside Kubernetes it has no such directories: no such
+    /// labels); "": none.
+    #[arg(long = "kubernetes.log-dir", value_name = "DIR")]
+    pub kubernetes_log_dir: Option<PathBuf>,
     /// Size of the event ring buffer in bytes (a power of two, at least 4096): bursts of
     /// setsockopt calls or connections beyond what it holds between drains are counted in
     /// `bufscope_bpf_events_lost_total{cause="ringbuf_full"}`.
     #[arg(long = "bpf.events-ring-bytes", default_value_t = 1 << 20, value_parser = parse_ring_bytes, value_name = "BYTES")]
     pub events_ring_bytes: u32,
+    /// Export each probe's BPF run time and run count (`bufscope_probe_run_seconds_total`,
+    /// `bufscope_probe_runs_total`) from the kernel's run-time stats, which this turns on
+    /// (BPF_ENABLE_STATS, needs CAP_SYS_ADMIN; or set kernel.bpf_stats_enabled=1 on the node).
+    /// While on, every BPF program on the machine pays two clock reads per run (measured here:
+    /// a setsockopt that runs one bufscope program 100.3% of the calls/s without it, a UDP
+    /// socket+bind+close cycle 96.2%; README "What bufscope costs").
+    #[arg(long = "bpf.run-stats")]
+    pub run_stats: bool,
     /// Every signal's own flags (`--guard.*`, map sizes, attribution).
     #[command(flatten)]
     pub signals: crate::signals::Flags,

@@ -13,7 +13,7 @@ use aya::maps::{MapData, RingBuf};
 
 use crate::advice::{self, Finding, Inputs, Report};
 use crate::attribution::{Attributor, Procfs};
-use crate::bpf::Stats;
+use crate::bpf::{RunStats, Stats};
 use crate::exposition::{self, Created, Format, Health, selfmetrics};
 use crate::kernel::BufferLimits;
 use crate::signals::{self, AdviceCx, Cx, GcCx, ProcStats, Signal, Store};
@@ -72,6 +72,10 @@ pub struct Collector {
     /// With `--bpf.pin-path`: the pinned `TOTALS`, where the counters built from events are
     /// kept for the next bufscope ([`crate::totals`]).
     totals: Option<Totals>,
+    /// How long each signal's last poll took.
+    poll_durations: Vec<(&'static str, Duration)>,
+    /// `--bpf.run-stats`: the kernel's run time and count of each probe's programs.
+    run_stats: Option<RunStats>,
 }
 
 impl Collector {
@@ -102,6 +106,8 @@ impl Collector {
             findings_cache: None,
             advice_dirty: true,
             totals: None,
+            poll_durations: Vec::new(),
+            run_stats: None,
         }
     }
 
@@ -158,6 +164,19 @@ impl Collector {
             .flat_map(|s| s.map_counters().iter().copied())
             .collect();
         self.created.pinned_since(since, families);
+    }
+
+    /// `--bpf.run-stats`: reads the probes' run time from `r`.
+    pub fn set_run_stats(&mut self, r: RunStats) {
+        self.run_stats = Some(r);
+    }
+
+    /// (probe, run time ns, runs) of each probe, when `--bpf.run-stats` is on (else empty).
+    pub fn probe_runs(&self) -> Vec<(&'static str, u64, u64)> {
+        self.run_stats
+            .as_ref()
+            .map(RunStats::read)
+            .unwrap_or_default()
     }
 
     /// Hands the event ring buffer to the collector.
@@ -238,10 +257,13 @@ impl Collector {
             limits,
             stats: self.stats.as_ref(),
         };
+        self.poll_durations.clear();
         for s in &mut self.signals {
+            let started = Instant::now();
             if s.poll(&mut cx) {
                 self.advice_dirty = true;
             }
+            self.poll_durations.push((s.name(), started.elapsed()));
         }
         self.flush_totals();
         if let Some(stats) = &self.stats {
@@ -410,6 +432,12 @@ impl Collector {
             &self.health,
             findings.as_slice(),
             signals::attributed(),
+            &mut fams,
+        );
+        exposition::process::families(
+            exposition::process::read_self().as_ref(),
+            &self.poll_durations,
+            &self.probe_runs(),
             &mut fams,
         );
         match format {

@@ -154,9 +154,21 @@ fn load(args: &RunArgs) -> anyhow::Result<(Collector, RingBuf<MapData>, Probes)>
     // The parsed kernel BTF (tens of MiB) is only needed to load: give it back.
     drop(kinfo);
     bpf::trim_heap();
+    let run_stats = if args.run_stats {
+        Some(bpf::RunStats::start(&loaded)?)
+    } else {
+        None
+    };
     let mut collector = Collector::new(
         Store::new(args.max_processes, args.retention),
-        Attributor::new(Procfs::new(&args.procfs), built.services.owners),
+        Attributor::new(Procfs::new(&args.procfs), built.services.owners).with_pods(
+            Some(
+                args.kubernetes_log_dir
+                    .clone()
+                    .unwrap_or_else(|| std::path::PathBuf::from("/var/log")),
+            )
+            .filter(|d| !d.as_os_str().is_empty()),
+        ),
         built.rooms,
         Some(Stats::new(stats)),
         health,
@@ -175,6 +187,9 @@ fn load(args: &RunArgs) -> anyhow::Result<(Collector, RingBuf<MapData>, Probes)>
                 "{e:#}: counters built from events (setsockopt, TCP) restart at 0 with the next bufscope"
             ),
         }
+    }
+    if let Some(r) = run_stats {
+        collector.set_run_stats(r);
     }
     if let Some(p) = loaded.pins.as_ref().filter(|p| p.outcome.kept_maps()) {
         collector.pinned_since(p.meta.created_unix as f64);

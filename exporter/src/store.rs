@@ -38,6 +38,12 @@ pub struct ProcMeta {
     pub comm: String,
     /// Container id, empty on the host.
     pub container: String,
+    /// Kubernetes pod name, empty outside a pod (`attribution::kubernetes`).
+    pub pod: String,
+    /// Kubernetes namespace, empty outside a pod.
+    pub namespace: String,
+    /// The container's name in its pod, empty outside a pod (or when not known).
+    pub container_name: String,
 }
 
 /// The per-signal parts of a process's counters (the signal rooms define them; the store
@@ -135,6 +141,7 @@ impl<P: Parts> Store<P> {
                 ProcMeta {
                     comm: c.to_string(),
                     container: String::new(),
+                    ..ProcMeta::default()
                 },
                 now,
             )
@@ -428,6 +435,7 @@ mod tests {
         move || ProcMeta {
             comm: c.into(),
             container: String::new(),
+            ..ProcMeta::default()
         }
     }
 

@@ -66,6 +66,12 @@ fn cases(dir: &Path) -> Vec<Case> {
     let broken = file("broken.yaml", b"web: {listen_address: ':1'\n");
     let pins = dir.join("pins").display().to_string();
     let mut v = vec![
+        // Pod labels from a directory that is not there.
+        run(
+            &["--kubernetes.log-dir", &format!("{sub}/missing")],
+            1,
+            "--kubernetes.log-dir",
+        ),
         // The telemetry path: bufscope's own routes and paths no route can have.
         run(
             &["--web.telemetry-path", "/healthz"],

@@ -68,6 +68,8 @@ fn substitute(expr: &str) -> String {
         .replace("$instance", ".*")
         .replace("$comm", ".*")
         .replace("$container", ".*")
+        .replace("$namespace", ".*")
+        .replace("$pod", ".*")
 }
 
 /// Metric names a PromQL expression selects (strings, label matchers, ranges and grouping
@@ -168,7 +170,8 @@ fn metric_names(expr: &str) -> BTreeSet<String> {
     names
 }
 
-/// Metric family names the exporter's code defines (string literals `"bufscope_…"` in
+/// Metric family names the exporter's code defines (string literals `"bufscope_…"` and
+/// `"process_…"` in
 /// `exporter/src`): the ground truth for "only metric names the exporter emits".
 fn families_in_exporter_code() -> BTreeSet<String> {
     fn walk(dir: &Path, out: &mut BTreeSet<String>) {
@@ -178,13 +181,16 @@ fn families_in_exporter_code() -> BTreeSet<String> {
                 walk(&p, out);
             } else if p.extension().is_some_and(|x| x == "rs") {
                 let text = std::fs::read_to_string(&p).unwrap();
-                for part in text.split("\"bufscope_").skip(1) {
-                    let name: String = part
-                        .chars()
-                        .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
-                        .collect();
-                    if part[name.len()..].starts_with('"') {
-                        out.insert(format!("bufscope_{name}"));
+                // bufscope's families, and the standard process_* ones it serves too.
+                for prefix in ["bufscope_", "process_"] {
+                    for part in text.split(&format!("\"{prefix}")).skip(1) {
+                        let name: String = part
+                            .chars()
+                            .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                            .collect();
+                        if part[name.len()..].starts_with('"') {
+                            out.insert(format!("{prefix}{name}"));
+                        }
                     }
                 }
             }
@@ -301,7 +307,7 @@ fn dashboard_is_a_grafana_10_import_with_valid_layout_and_queries() {
     };
     assert_eq!(var("datasource")["type"], "datasource");
     assert_eq!(var("datasource")["query"], "prometheus");
-    for n in ["instance", "comm", "container"] {
+    for n in ["instance", "comm", "container", "namespace", "pod"] {
         let v = var(n);
         assert_eq!(v["type"], "query", "{n}");
         assert_eq!(v["datasource"]["uid"], "${datasource}", "{n}");
@@ -453,7 +459,13 @@ struct FakeContainer {
     parent: PathBuf,
     scope: PathBuf,
     id: String,
+    /// The kubelet's /var/log for it: `containers/<pod>_<namespace>_<name>-<id>.log` and
+    /// `pods/<namespace>_<pod>_<uid>/<name>/` (`--kubernetes.log-dir`).
+    log_dir: PathBuf,
 }
+
+/// The pod, namespace and container name the fake container's kubelet layout gives it.
+const K8S: (&str, &str, &str) = ("wg-gw-0", "vpn-edge", "receiver");
 
 impl FakeContainer {
     fn new() -> Self {
@@ -470,7 +482,21 @@ impl FakeContainer {
         let parent = root.join(format!("bsd-dash-{}", std::process::id()));
         let scope = parent.join(format!("docker-{id}.scope"));
         std::fs::create_dir_all(&scope).unwrap();
-        Self { parent, scope, id }
+        let log_dir = std::env::temp_dir().join(format!("bsd-dash-kubelet-{}", std::process::id()));
+        let (pod, ns, name) = K8S;
+        let pod_dir = format!("pods/{ns}_{pod}_1b9e4c2a-7d3f-4e8a-9b6c-5a2d8f0e1c47/{name}");
+        std::fs::create_dir_all(log_dir.join(&pod_dir)).unwrap();
+        std::fs::create_dir_all(log_dir.join("containers")).unwrap();
+        let _ = std::os::unix::fs::symlink(
+            format!("/var/log/{pod_dir}/0.log"),
+            log_dir.join(format!("containers/{pod}_{ns}_{name}-{id}.log")),
+        );
+        Self {
+            parent,
+            scope,
+            id,
+            log_dir,
+        }
     }
 
     /// Wrapper that moves the workload into the container's cgroup before it execs.
@@ -489,6 +515,7 @@ impl FakeContainer {
 
 impl Drop for FakeContainer {
     fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.log_dir);
         for _ in 0..50 {
             let _ = std::fs::remove_dir(&self.scope);
             if std::fs::remove_dir(&self.parent).is_ok() {
@@ -562,10 +589,12 @@ fn every_panel_and_alert_works_on_a_real_prometheus() {
     let started = Instant::now();
     let rmem_max = rmem_max_with_room_for_a_clamp();
     let container = FakeContainer::new();
-    let (a, b) = start_a_shipped_and_a_degraded_exporter();
+    let (a, b) = start_a_shipped_and_a_degraded_exporter(&container);
     let scene = Scene::run(&container, rmem_max);
     let flood = Flooder::start(scene.flooded_ports());
-    let served = wait_until_the_exporter_serves_the_workload(&a, &scene, &container);
+    let mut served = wait_until_the_exporter_serves_the_workload(&a, &scene, &container);
+    // B's --bpf.run-stats families (CPU per probe).
+    served.extend(b.scrape().samples.iter().map(|s| s.name.clone()));
     let prom = start_prometheus_with_shipped_and_fast_rules(&a, &b);
     wait_for_prometheus_to_scrape_the_workload(&prom, &scene);
     let findings = findings_in_code();
@@ -598,14 +627,20 @@ fn rmem_max_with_room_for_a_clamp() -> i64 {
 }
 
 /// Two exporters: A as shipped; B degraded (one probe off, a one-entry drop map) so the
-/// health panels and alerts have something to show.
-fn start_a_shipped_and_a_degraded_exporter() -> (Exporter, Exporter) {
-    let a = Exporter::start(&[]);
+/// health panels and alerts have something to show, and with --bpf.run-stats. Both read the
+/// fake container's kubelet layout.
+fn start_a_shipped_and_a_degraded_exporter(container: &FakeContainer) -> (Exporter, Exporter) {
+    let log_dir = container.log_dir.display().to_string();
+    let a = Exporter::start(&["--kubernetes.log-dir", &log_dir]);
     let b = Exporter::start(&[
         "--probe.disable",
         "autotune",
         "--bpf.drops-map-entries",
         "1",
+        "--kubernetes.log-dir",
+        &log_dir,
+        // The own-cost row's CPU per probe.
+        "--bpf.run-stats",
     ]);
     (a, b)
 }
@@ -792,6 +827,21 @@ fn wait_until_the_exporter_serves_the_workload(
         container.id,
         "the fake container's receiver carries its container id"
     );
+    let (pod, ns, name) = K8S;
+    for s in served.find(
+        "bufscope_socket_drops_total",
+        &[("pid", &pid(&scene.crecv))],
+    ) {
+        assert_eq!(
+            (
+                s.labels.get("pod").map(String::as_str),
+                s.labels.get("namespace").map(String::as_str),
+                s.labels.get("container_name").map(String::as_str)
+            ),
+            (Some(pod), Some(ns), Some(name)),
+            "the fake container's pod from its kubelet layout: {s:?}"
+        );
+    }
     served.samples.iter().map(|s| s.name.clone()).collect()
 }
 
@@ -923,7 +973,7 @@ fn query_every_panel(prom: &Prometheus, served: &BTreeSet<String>, findings: boo
 }
 
 /// The drop panels show both receivers, for the right reason, never the flooder, and the
-/// container receiver with its container id.
+/// container receiver with its container id and pod; the by-namespace panel both.
 fn assert_drop_panels_show_the_receivers(
     results: &PanelResults,
     scene: &Scene,
@@ -955,6 +1005,20 @@ fn assert_drop_panels_show_the_receivers(
         series_with(udp, "pid", &pid(&scene.crecv))[0]["metric"]["container"],
         container.id.as_str()
     );
+    assert_eq!(
+        series_with(udp, "pid", &pid(&scene.crecv))[0]["metric"]["pod"],
+        K8S.0
+    );
+    // By namespace: the fake pod's, and the host receiver under (host).
+    let byns = results.get("Drop rate by namespace", "A");
+    for ns in [K8S.1, "(host)"] {
+        assert!(
+            series_with(byns, "namespace", ns)
+                .iter()
+                .any(|s| last_value(s) > 0.0),
+            "{ns} in {byns}"
+        );
+    }
 }
 
 /// The TCP panels show the locked client's locked sockets and shrink ratio as the kernel
@@ -1097,6 +1161,8 @@ fn assert_variable_queries_list_the_workload(
             "instance" => vec![a.addr.as_str(), b.addr.as_str()],
             "comm" => vec!["bufscope-worklo"],
             "container" => vec![container.id.as_str()],
+            "namespace" => vec![K8S.1],
+            "pod" => vec![K8S.0],
             other => panic!("unexpected variable {other}"),
         };
         for m in must {
@@ -1128,6 +1194,8 @@ fn alerts_expected_to_fire(
             vec![
                 ("pid", pid(&scene.crecv)),
                 ("container", container.id.clone()),
+                ("pod", K8S.0.to_string()),
+                ("namespace", K8S.1.to_string()),
             ],
         ),
         ("BufscopeTcpRcvbufLocked", vec![("pid", pid(&scene.locked))]),

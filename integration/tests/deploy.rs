@@ -216,6 +216,8 @@ fn daemonset_is_least_privilege_and_consistent_with_the_binary() {
             ("/sys/kernel/tracing", "/sys/kernel/tracing"),
             ("/sys/fs/cgroup", "/host/sys/fs/cgroup"),
             ("/sys/fs/bpf", "/sys/fs/bpf"),
+            ("/var/log/pods", "/host/var/log/pods"),
+            ("/var/log/containers", "/host/var/log/containers"),
         ]
         .iter()
         .map(|(a, b)| (a.to_string(), b.to_string()))
@@ -242,6 +244,10 @@ fn daemonset_is_least_privilege_and_consistent_with_the_binary() {
         assert!(
             args.contains(&"--path.cgroup2=/host/sys/fs/cgroup".to_string()),
             "{t}: the cgroup hooks attach at the host's cgroup2 root"
+        );
+        assert!(
+            args.contains(&"--kubernetes.log-dir=/host/var/log".to_string()),
+            "{t}: pod labels from the mounted kubelet log layout"
         );
         let port = c["ports"]
             .as_array()
@@ -398,6 +404,31 @@ impl PodLike {
     /// hostPath gives it; its pins go with the namespace), the host's /proc bind-mounted at `<dir>/host/proc`,
     /// bounding/inheritable capabilities = `caps`, and no_new_privs.
     fn start(args: &[String], caps: &BTreeSet<String>, dir: &Path) -> Self {
+        // The DaemonSet's /var/log volumes (DirectoryOrCreate) on a node without pods yet.
+        for d in ["host/var/log/pods", "host/var/log/containers"] {
+            std::fs::create_dir_all(dir.join(d)).unwrap();
+        }
+        Self::start_with_binds(args, caps, dir, &[])
+    }
+
+    /// [`PodLike::start`] with more hostPath volumes: each (node directory, mountPath) bound
+    /// read-only at `<dir><mountPath>`.
+    fn start_with_binds(
+        args: &[String],
+        caps: &BTreeSet<String>,
+        dir: &Path,
+        binds: &[(std::path::PathBuf, String)],
+    ) -> Self {
+        let mut extra = String::new();
+        for (src, at) in binds {
+            let to = dir.join(at.trim_start_matches('/'));
+            std::fs::create_dir_all(&to).unwrap();
+            extra.push_str(&format!(
+                "mount --bind {s} {t}; mount -o remount,bind,ro {t}; ",
+                s = src.display(),
+                t = to.display()
+            ));
+        }
         let host_proc = dir.join("host/proc");
         std::fs::create_dir_all(&host_proc).unwrap();
         // The DaemonSet's hostPath volume of the host's /sys/fs/cgroup.
@@ -419,6 +450,8 @@ impl PodLike {
                     format!("--path.procfs={}{p}", dir.display())
                 } else if let Some(p) = a.strip_prefix("--path.cgroup2=") {
                     format!("--path.cgroup2={}{p}", dir.display())
+                } else if let Some(p) = a.strip_prefix("--kubernetes.log-dir=") {
+                    format!("--kubernetes.log-dir={}{p}", dir.display())
                 } else {
                     a.clone()
                 }
@@ -427,7 +460,7 @@ impl PodLike {
         bufscope_args.insert(0, bufscope_bin().display().to_string());
         let script = format!(
             "set -e; mount --rbind /proc {hp}; mount -o remount,bind,ro {hp}; \
-             mount --rbind /sys/fs/cgroup {hc}; \
+             mount --rbind /sys/fs/cgroup {hc}; {extra}\
              mount -t bpf bpf /sys/fs/bpf; \
              mount -o remount,bind,ro /; mount -o remount,bind,ro /sys; \
              mount -o remount,bind,ro /sys/kernel/tracing; \
@@ -564,4 +597,222 @@ fn the_daemonsets_capabilities_are_enough_and_each_attribution_capability_is_nee
             eprintln!("{name}: {} drops under comm=\"_unknown\"", unknown.0);
         }
     }
+}
+
+/// Made by `cargo xtask setup` (xtask/src/image.rs `LOCAL_BASE`).
+const LOCAL_BASE: &str = "localhost/bufscope-base:bookworm";
+
+/// `podman <args>`'s stdout, trimmed; panics with its stderr.
+fn podman(args: &[&str]) -> String {
+    let (ok, out, err) = output(Command::new("podman").args(args), "");
+    assert!(
+        ok,
+        "podman {}: {err} (cargo xtask setup installs podman and {LOCAL_BASE})",
+        args.join(" ")
+    );
+    out.trim().to_string()
+}
+
+/// A podman container, removed on drop.
+struct Podman(String);
+
+impl Drop for Podman {
+    fn drop(&mut self) {
+        let _ = output(
+            Command::new("podman").args(["rm", "--force", "--time", "2", &self.0]),
+            "",
+        );
+    }
+}
+
+#[test]
+#[ignore = "needs root: run via cargo xtask test"]
+fn a_container_laid_out_as_the_kubelet_does_gets_its_pod_namespace_and_name() {
+    bufscope_integration::require_root();
+    let ds = docs(&render("overlays/gateway"));
+    let pod_spec = &kind(&ds, "DaemonSet").unwrap()["spec"]["template"]["spec"];
+    let c = &pod_spec["containers"][0];
+    let args = strings(&c["args"]);
+    let caps: BTreeSet<String> = strings(&c["securityContext"]["capabilities"]["add"])
+        .into_iter()
+        .collect();
+    let dir = TempDir::new("kubelet");
+    // The node: its /var/log as the kubelet lays it out, and the DaemonSet's hostPath volumes
+    // under /var/log bound where the pod mounts them.
+    let node = dir.path().join("node");
+    let binds: Vec<(std::path::PathBuf, String)> = c["volumeMounts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|m| {
+            let v = pod_spec["volumes"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|v| v["name"] == m["name"])?;
+            let host = v["hostPath"]["path"].as_str()?;
+            host.starts_with("/var/log/").then(|| {
+                assert_eq!(m["readOnly"], true, "{host} is mounted read-only");
+                let src = node.join(host.trim_start_matches('/'));
+                std::fs::create_dir_all(&src).unwrap();
+                (src, m["mountPath"].as_str().unwrap().to_string())
+            })
+        })
+        .collect();
+    assert_eq!(
+        binds.len(),
+        2,
+        "the DaemonSet mounts /var/log/pods and /var/log/containers"
+    );
+
+    // A real container (its own network namespace), created first so that its id is laid out
+    // before its process runs, as the kubelet links a container's log before starting it.
+    let name = format!("bufscope-test-{}-k8s", std::process::id());
+    let wl = bufscope_integration::workload_bin().display().to_string();
+    let id = podman(&[
+        "create",
+        "--interactive",
+        "--name",
+        &name,
+        "--network",
+        "none",
+        "--read-only",
+        "--volume",
+        &format!("{wl}:{wl}:ro"),
+        LOCAL_BASE,
+        &wl,
+        "udp-recv",
+        "--rcvbuf",
+        "4096",
+    ]);
+    let _ct = Podman(name.clone());
+    assert_eq!(id.len(), 64, "a container id: {id}");
+    let (ns, pod, uid, cname) = (
+        "vpn-edge",
+        "wg-gw-7d9f4",
+        "8d2c7a9e-3b1f-4f6a-9c0d-2e5b7a1c4d3f",
+        "wireguard-go",
+    );
+    let log_dir = node.join(format!("var/log/pods/{ns}_{pod}_{uid}/{cname}"));
+    std::fs::create_dir_all(&log_dir).unwrap();
+    std::fs::write(log_dir.join("0.log"), "").unwrap();
+    std::os::unix::fs::symlink(
+        format!("/var/log/pods/{ns}_{pod}_{uid}/{cname}/0.log"),
+        node.join(format!("var/log/containers/{pod}_{ns}_{cname}-{id}.log")),
+    )
+    .unwrap();
+    // A second pod's container on the same node that is not this one: not confused with it.
+    let other = "f".repeat(64);
+    std::os::unix::fs::symlink(
+        "/var/log/pods/x/y/0.log",
+        node.join(format!("var/log/containers/other_default_side-{other}.log")),
+    )
+    .unwrap();
+
+    let bufscope = PodLike::start_with_binds(&args, &caps, dir.path(), &binds);
+    let mut cmd = Command::new("podman");
+    cmd.args(["start", "--attach", "--interactive", &name])
+        .stderr(Stdio::inherit());
+    let mut recv = bufscope_testkit::LineChild::spawn(cmd, "receiver").unwrap();
+    let ready: std::collections::HashMap<String, String> =
+        recv.wait_ready(Duration::from_secs(30)).unwrap();
+    let ct_pid: u32 = podman(&["inspect", "--format", "{{.State.Pid}}", &name])
+        .parse()
+        .unwrap();
+    let inode: u64 = ready["inodes"].parse().unwrap();
+    let cgroup = std::fs::read_to_string(format!("/proc/{ct_pid}/cgroup")).unwrap();
+    assert!(
+        cgroup.contains(&id),
+        "podman's cgroup names the id: {cgroup}"
+    );
+
+    let before = proc_udp_drops(ct_pid, inode).unwrap();
+    let pid_s = ct_pid.to_string();
+    assert!(
+        Workload::start(&[
+            "udp-flood",
+            "--port",
+            &ready["ports"],
+            "--count",
+            "2000",
+            "--netns-of",
+            &pid_s
+        ])
+        .wait(),
+        "flood"
+    );
+    let kernel = (proc_udp_drops(ct_pid, inode).unwrap() - before) as f64;
+    assert!(kernel > 0.0, "the kernel dropped nothing");
+    let m = eventually(Duration::from_secs(20), "the container's drops", || {
+        let m = bufscope.scrape();
+        (m.sum("bufscope_socket_drops_total", &[("pid", pid_s.as_str())]) == kernel).then_some(m)
+    });
+    let want = [
+        ("container", id.as_str()),
+        ("pod", pod),
+        ("namespace", ns),
+        ("container_name", cname),
+    ];
+    let by_pid = [("pid", pid_s.as_str())];
+    let series: Vec<_> = m.find("bufscope_socket_drops_total", &by_pid).collect();
+    assert!(!series.is_empty());
+    for s in &series {
+        for (k, v) in want {
+            assert_eq!(s.labels.get(k).map(String::as_str), Some(v), "{k} of {s:?}");
+        }
+    }
+    assert_eq!(
+        m.sum("bufscope_socket_drops_total", &want),
+        kernel,
+        "the kernel's drops column, by pod"
+    );
+    // Host processes carry none of them (bufscope's own series have no pid).
+    for s in m.find("bufscope_socket_drops_total", &[]) {
+        if s.labels["pid"] != pid_s {
+            assert!(!s.labels.contains_key("pod"), "{s:?}");
+        }
+    }
+    // The finding, the status page's document and explain's JSON name the pod too.
+    let finding = eventually(Duration::from_secs(10), "a finding", || {
+        bufscope
+            .scrape()
+            .find("bufscope_finding", &by_pid)
+            .next()
+            .cloned()
+    });
+    for (k, v) in want {
+        assert_eq!(
+            finding.labels.get(k).map(String::as_str),
+            Some(v),
+            "{finding:?}"
+        );
+    }
+    let (status, body) = http_get(&bufscope.addr, "/api/v1/status");
+    assert_eq!(status, 200);
+    let doc: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let row = doc["processes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["pid"] == pid_s.as_str())
+        .unwrap();
+    assert_eq!(
+        (&row["pod"], &row["namespace"], &row["container_name"]),
+        (&pod.into(), &ns.into(), &cname.into())
+    );
+    let (_, body) = http_get(&bufscope.addr, "/api/v1/findings");
+    let doc: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let f = doc["findings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|f| f["process"]["pid"] == ct_pid)
+        .unwrap();
+    assert_eq!(f["process"]["pod"], pod, "{f}");
+    assert_eq!(f["process"]["namespace"], ns, "{f}");
+    eprintln!(
+        "container {}: kernel drops {kernel} = bufscope {kernel} on pod={pod} namespace={ns} container_name={cname}",
+        &id[..12]
+    );
+    drop(recv);
 }

@@ -86,3 +86,263 @@ fn a_disabled_probe_reports_zero_and_the_rest_keep_working() {
     let build = e.scrape().sum("bufscope_build_info", &[]);
     assert_eq!(build, 1.0);
 }
+
+/// Fields of `/proc/<pid>/stat` after the `(comm)`, numbered as in proc(5) (the first is 3).
+fn stat_field(stat: &str, n: usize) -> u64 {
+    let rest = stat.rsplit_once(')').unwrap().1;
+    rest.split_ascii_whitespace()
+        .nth(n - 3)
+        .unwrap()
+        .parse()
+        .unwrap()
+}
+
+fn sysconf(name: libc::c_int) -> u64 {
+    // SAFETY: reads a constant of the C library.
+    u64::try_from(unsafe { libc::sysconf(name) }).unwrap()
+}
+
+#[test]
+#[ignore = "needs root: run via cargo xtask test"]
+fn the_process_metrics_are_the_kernels_figures_for_the_bufscope_process() {
+    let e = Exporter::start(&[]);
+    let pid = e.pid();
+    let hz = sysconf(libc::_SC_CLK_TCK) as f64;
+    let page = sysconf(libc::_SC_PAGESIZE);
+    let btime: u64 = std::fs::read_to_string("/proc/stat")
+        .unwrap()
+        .lines()
+        .find_map(|l| l.strip_prefix("btime "))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    let stat = || std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    let fds = || {
+        std::fs::read_dir(format!("/proc/{pid}/fd"))
+            .unwrap()
+            .count() as f64
+    };
+    // A scrape between two reads of the kernel's figures, until the memory figures did not
+    // move across it (the scrape itself may map a new arena or thread stack).
+    let (before, m, after) = eventually(Duration::from_secs(20), "a steady scrape", || {
+        let before = stat();
+        let m = e.scrape();
+        let after = stat();
+        (stat_field(&before, 23) == stat_field(&after, 23)
+            && stat_field(&before, 24) == stat_field(&after, 24))
+        .then_some((before, m, after))
+    });
+    let cpu = |s: &str| (stat_field(s, 14) + stat_field(s, 15)) as f64 / hz;
+    let v = |name: &str| m.sum(name, &[]);
+    assert!(
+        cpu(&before) <= v("process_cpu_seconds_total")
+            && v("process_cpu_seconds_total") <= cpu(&after),
+        "cpu {} within the kernel's {} ..= {}",
+        v("process_cpu_seconds_total"),
+        cpu(&before),
+        cpu(&after)
+    );
+    assert_eq!(
+        v("process_virtual_memory_bytes"),
+        stat_field(&after, 23) as f64,
+        "vsize"
+    );
+    // The scrape allocates while it reads: its own buffers bound the difference.
+    let rss = stat_field(&after, 24) as f64 * page as f64;
+    assert!(
+        (v("process_resident_memory_bytes") - rss).abs() <= 4.0 * 1024.0 * 1024.0,
+        "rss {} vs the kernel's {rss}",
+        v("process_resident_memory_bytes")
+    );
+    let start = btime as f64 + stat_field(&after, 22) as f64 / hz;
+    assert!(
+        (v("process_start_time_seconds") - start).abs() < 0.01,
+        "start {} vs {start}",
+        v("process_start_time_seconds")
+    );
+    // The scrape's own connection and the directory being listed come and go.
+    let open = v("process_open_fds");
+    let now = fds();
+    assert!(
+        (open - now).abs() <= 4.0,
+        "open fds {open} vs ls /proc/{pid}/fd: {now}"
+    );
+    let limits = std::fs::read_to_string(format!("/proc/{pid}/limits")).unwrap();
+    let soft: f64 = limits
+        .lines()
+        .find(|l| l.starts_with("Max open files"))
+        .unwrap()
+        .split_ascii_whitespace()
+        .nth(3)
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert_eq!(v("process_max_fds"), soft, "soft RLIMIT_NOFILE");
+    // One poll duration per running signal room, named as its probe (the owners probe is
+    // attribution's, read by it, not a room that polls).
+    let mut polled: Vec<String> = m
+        .find("bufscope_signal_poll_duration_seconds", &[])
+        .map(|s| s.labels["signal"].clone())
+        .collect();
+    polled.sort();
+    let mut attached: Vec<String> = m
+        .find("bufscope_probe_attached", &[])
+        .filter(|s| s.value == 1.0 && s.labels["probe"] != "owners")
+        .map(|s| s.labels["probe"].clone())
+        .collect();
+    attached.sort();
+    assert_eq!(polled, attached);
+    eprintln!(
+        "bufscope pid {pid}: cpu {} s (kernel {}..={}), vsize {} (kernel {}), rss {} (kernel {rss}), \
+         start {} (kernel {start}), fds {open} (ls {now}), max fds {soft}",
+        v("process_cpu_seconds_total"),
+        cpu(&before),
+        cpu(&after),
+        v("process_virtual_memory_bytes"),
+        stat_field(&after, 23),
+        v("process_resident_memory_bytes"),
+        v("process_start_time_seconds"),
+    );
+    let (ok, msg) = promtool_check_metrics(&e.scrape_text());
+    assert!(ok, "promtool check metrics failed:\n{msg}");
+}
+
+/// `run_cnt` and `run_time_ns` of BPF program `id`, as bpftool reads them from the kernel.
+fn bpftool_run_stats(id: u32) -> (u64, u64) {
+    let (ok, out, err) = bufscope_integration::output(
+        std::process::Command::new("bpftool").args(["prog", "show", "id", &id.to_string()]),
+        "",
+    );
+    assert!(ok, "bpftool prog show id {id}: {err}");
+    let toks: Vec<&str> = out.split_whitespace().collect();
+    let after = |key: &str| -> u64 {
+        toks.iter()
+            .position(|t| *t == key)
+            .and_then(|i| toks.get(i + 1))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0)
+    };
+    (after("run_cnt"), after("run_time_ns"))
+}
+
+#[test]
+#[ignore = "needs root: run via cargo xtask test"]
+fn run_stats_are_the_kernels_run_count_and_time_of_bufscopes_programs() {
+    // Without the flag: no such family.
+    let e = Exporter::start(&[]);
+    let m = e.scrape();
+    assert_eq!(m.find("bufscope_probe_runs_total", &[]).count(), 0);
+    drop(e);
+
+    let e = Exporter::start(&["--bpf.run-stats"]);
+    let r = Workload::start(&["udp-recv", "--rcvbuf", "4096"]);
+    let port = r.get("ports").to_string();
+    let inode: u64 = r.get("inodes").parse().unwrap();
+    assert!(Workload::start(&["udp-flood", "--port", &port, "--count", "3000"]).wait());
+    let dropped = bufscope_integration::proc_udp_drops(r.pid(), inode).unwrap() as f64;
+    assert!(dropped > 0.0);
+    // Every program bufscope holds (its links and program fds name them in fdinfo).
+    let ids = bufscope_integration::held_bpf_ids(e.pid(), "prog_id:");
+    assert!(!ids.is_empty());
+    let kernel = || {
+        ids.iter()
+            .map(|id| bpftool_run_stats(*id))
+            .fold((0, 0), |a, b| (a.0 + b.0, a.1 + b.1))
+    };
+    let before = kernel();
+    let m = e.scrape();
+    let after = kernel();
+    let runs = m.sum("bufscope_probe_runs_total", &[]);
+    let secs = m.sum("bufscope_probe_run_seconds_total", &[]);
+    assert!(
+        before.0 as f64 <= runs && runs <= after.0 as f64,
+        "runs {runs} within the kernel's {} ..= {}",
+        before.0,
+        after.0
+    );
+    assert!(
+        before.1 as f64 / 1e9 <= secs + 1e-9 && secs <= after.1 as f64 / 1e9 + 1e-9,
+        "run time {secs} s within the kernel's {} ..= {} ns",
+        before.1,
+        after.1
+    );
+    let drops = m.sum("bufscope_probe_runs_total", &[("probe", "drops")]);
+    assert!(
+        drops >= dropped,
+        "the drop probe ran for each of the {dropped} datagrams the kernel dropped: {drops}"
+    );
+    // bufscope top's per-probe ns/run comes from the status document.
+    let (_, body) = e.get("/api/v1/status");
+    let doc: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let row = doc["probes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["probe"] == "drops")
+        .unwrap();
+    assert!(row["run_count"].as_u64().unwrap() >= drops as u64, "{row}");
+    eprintln!(
+        "--bpf.run-stats: {runs} runs, {secs:.6} s (kernel {}..={} runs); drops probe {drops} runs, {:.0} ns/run",
+        before.0,
+        after.0,
+        m.sum("bufscope_probe_run_seconds_total", &[("probe", "drops")]) * 1e9 / drops
+    );
+    let (ok, msg) = promtool_check_metrics(&e.scrape_text());
+    assert!(ok, "promtool check metrics failed:\n{msg}");
+}
+
+#[test]
+#[ignore = "needs root: run via cargo xtask test"]
+fn run_stats_cover_the_programs_adopted_from_the_pins() {
+    let dir = format!("/sys/fs/bpf/bufscope-test-runstats-{}", std::process::id());
+    let cleanup = || {
+        let (ok, out, err) = bufscope_integration::output(
+            std::process::Command::new(bufscope_integration::bufscope_bin()).args([
+                "cleanup",
+                "--bpf.pin-path",
+                &dir,
+            ]),
+            "",
+        );
+        assert!(ok, "bufscope cleanup: {out}{err}");
+    };
+    cleanup();
+    let pin = format!("--bpf.pin-path={dir}");
+    // The first run pins; the second adopts its links (nothing loaded) and reads their
+    // programs' run time through them.
+    let first = Exporter::start(&[&pin]);
+    assert_eq!(first.scrape().sum("bufscope_probe_pinned", &[]), 5.0);
+    let status = first.stop();
+    assert!(status.success(), "{status:?}");
+    let e = Exporter::start(&[&pin, "--bpf.run-stats"]);
+    let m = e.scrape();
+    let info = m.find("bufscope_bpf_pins_info", &[]).next().unwrap();
+    assert_eq!(info.labels["outcome"], "adopted", "{info:?}");
+    let r = Workload::start(&["udp-recv", "--rcvbuf", "4096"]);
+    let inode: u64 = r.get("inodes").parse().unwrap();
+    assert!(Workload::start(&["udp-flood", "--port", r.get("ports"), "--count", "2000"]).wait());
+    let dropped = bufscope_integration::proc_udp_drops(r.pid(), inode).unwrap() as f64;
+    let ids = bufscope_integration::held_bpf_ids(e.pid(), "prog_id:");
+    let kernel = || {
+        ids.iter()
+            .map(|id| bpftool_run_stats(*id))
+            .fold(0, |a, b| a + b.0)
+    };
+    let before = kernel();
+    let m = e.scrape();
+    let after = kernel();
+    let runs = m.sum("bufscope_probe_runs_total", &[]);
+    assert!(
+        before as f64 <= runs && runs <= after as f64,
+        "runs {runs} within the kernel's {before} ..= {after}"
+    );
+    let drops = m.sum("bufscope_probe_runs_total", &[("probe", "drops")]);
+    assert!(
+        drops >= dropped,
+        "adopted drop probe: {drops} runs, {dropped} drops"
+    );
+    eprintln!("adopted pins, --bpf.run-stats: drops probe {drops} runs for {dropped} drops");
+    drop(e);
+    cleanup();
+}

@@ -187,7 +187,7 @@ impl Node {
     }
 
     fn host_path(&self, p: &str) -> PathBuf {
-        if p.starts_with("/var/lib/kubelet/") {
+        if p.starts_with("/var/lib/kubelet/") || p.starts_with("/var/log/") {
             self.dir.path().join(p.trim_start_matches('/'))
         } else if p == "/sys/fs/bpf" {
             self.bpffs.clone()

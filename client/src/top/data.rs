@@ -52,6 +52,9 @@ fn clean_status(s: &mut StatusDocument) {
         clean_in_place(&mut p.pid);
         clean_in_place(&mut p.comm);
         clean_in_place(&mut p.container);
+        clean_in_place(&mut p.pod);
+        clean_in_place(&mut p.namespace);
+        clean_in_place(&mut p.container_name);
         clean_keys(&mut p.drops);
         clean_keys(&mut p.guard);
     }
@@ -69,6 +72,9 @@ fn clean_finding(f: &mut Finding) {
     clean_in_place(&mut f.kind);
     clean_in_place(&mut f.process.comm);
     clean_in_place(&mut f.process.container);
+    clean_in_place(&mut f.process.pod);
+    clean_in_place(&mut f.process.namespace);
+    clean_in_place(&mut f.process.container_name);
     clean_in_place(&mut f.summary);
     clean_in_place(&mut f.fix);
     clean_in_place(&mut f.rule);

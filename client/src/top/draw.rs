@@ -200,7 +200,10 @@ fn cell(col: Col, r: &Row, width: u16) -> Cell<'static> {
         Col::Shrunk => count(p.tcp_wscale_shrunk, w),
         Col::Clamped => count(p.clamped, w),
         Col::Container => {
-            if p.container.is_empty() {
+            if !p.pod.is_empty() {
+                // The pod says more than an id; the detail view has both.
+                p.pod.clone()
+            } else if p.container.is_empty() {
                 "-".to_string()
             } else {
                 p.container.chars().take(12).collect()
@@ -320,6 +323,10 @@ fn probe_line(s: &StatusDocument) -> Vec<Span<'static>> {
                 format!(" {}", p.probe),
                 Style::new().fg(Color::Green),
             ));
+            // With --bpf.run-stats: what each run of its programs costs (kernel run time).
+            if let Some(ns) = p.ns_per_run() {
+                spans.push(Span::raw(format!(" {ns:.0}ns/run")));
+            }
         } else if switched_off(p) {
             spans.push(Span::styled(
                 format!(" {}:off", p.probe),
@@ -492,6 +499,14 @@ fn detail_lines(r: &Row, width: usize) -> Vec<Line<'static>> {
     } else {
         format!("container {}", p.container)
     };
+    let container = if p.pod.is_empty() {
+        container
+    } else {
+        format!(
+            "pod {}/{} {}  {container}",
+            p.namespace, p.pod, p.container_name
+        )
+    };
     out.push(Line::from(vec![
         Span::styled(p.comm.clone(), bold),
         Span::raw(format!(" (pid {pid})  {container}")),
@@ -647,6 +662,7 @@ mod tests {
                 pid,
                 comm: comm.into(),
                 container: String::new(),
+                ..ProcessRef::default()
             },
             kind: kind.into(),
             severity: sev,
@@ -720,6 +736,29 @@ mod tests {
 
     fn press(app: &mut App, code: KeyCode) {
         app.key(KeyEvent::new(code, KeyModifiers::NONE));
+    }
+
+    #[test]
+    fn probe_line_shows_ns_per_run_when_the_exporter_has_run_stats() {
+        let s = StatusDocument {
+            probes: vec![
+                ProbeRow {
+                    probe: "drops".into(),
+                    attached: true,
+                    run_time_ns: Some(2_500_000),
+                    run_count: Some(10_000),
+                    ..ProbeRow::default()
+                },
+                ProbeRow {
+                    probe: "owners".into(),
+                    attached: true,
+                    ..ProbeRow::default()
+                },
+            ],
+            ..StatusDocument::default()
+        };
+        let text: String = probe_line(&s).iter().map(|x| x.content.as_ref()).collect();
+        assert_eq!(text, "probes 2/2: drops 250ns/run owners");
     }
 
     #[test]

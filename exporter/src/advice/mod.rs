@@ -254,6 +254,9 @@ impl Builder<'_> {
             pid: p.tgid,
             comm: m.comm,
             container: m.container,
+            pod: m.pod,
+            namespace: m.namespace,
+            container_name: m.container_name,
         }
     }
 

@@ -16,6 +16,7 @@ fn inputs() -> Inputs {
         ProcMeta {
             comm: "wireguard-go".into(),
             container: String::new(),
+            ..ProcMeta::default()
         },
     );
     Inputs {
@@ -258,6 +259,7 @@ fn findings_rank_by_what_they_cost_now() {
             ProcMeta {
                 comm: comm.into(),
                 container: String::new(),
+                ..ProcMeta::default()
             },
         );
     }

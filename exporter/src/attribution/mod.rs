@@ -1,4 +1,4 @@
-//! Socket → process → container.
+//! Socket → process → container (and its pod: [`kubernetes`]).
 //!
 //! The probes record, in process context, which process created, accepted, connected,
 //! listened on or configured each socket (`OWNERS`, keyed by socket inode). Drops happen in
@@ -23,6 +23,7 @@
 
 pub mod container;
 mod holders;
+pub mod kubernetes;
 pub mod procfs;
 
 use foldhash::{HashMap, HashMapExt as _, HashSet, HashSetExt as _};
@@ -90,6 +91,8 @@ pub struct Attributor {
     /// The last name in a probe's record that differed from a process's labels and made
     /// bufscope read its `comm` again (a thread's name differs without an exec).
     comm_checked: HashMap<ProcRef, [u8; 16]>,
+    /// Pod, namespace and container name of a container (the kubelet's log layout).
+    pods: kubernetes::Pods,
 }
 
 /// State of [`Attributor::new_udp_holders`].
@@ -138,7 +141,14 @@ impl Attributor {
             no_holder: HashMap::new(),
             renamed: Vec::new(),
             comm_checked: HashMap::new(),
+            pods: kubernetes::Pods::new(None),
         }
+    }
+
+    /// Labels processes in Kubernetes pods from the kubelet's layout under `log_dir`.
+    pub fn with_pods(mut self, log_dir: Option<std::path::PathBuf>) -> Self {
+        self.pods = kubernetes::Pods::new(log_dir);
+        self
     }
 
     /// The `/proc` reader.
@@ -189,14 +199,15 @@ impl Attributor {
             .procfs
             .comm(tgid)
             .unwrap_or_else(|| comm_bytes(fallback_comm).to_vec());
-        let container = self
-            .procfs
-            .cgroup(tgid)
-            .and_then(|c| container::container_id(&c))
-            .unwrap_or_default();
+        let cgroup = self.procfs.cgroup(tgid).unwrap_or_default();
+        let container = container::container_id(&cgroup).unwrap_or_default();
+        let pod = self.pods.labels(&container, &cgroup);
         ProcMeta {
             comm: String::from_utf8_lossy(&comm).into_owned(),
             container,
+            pod: pod.pod,
+            namespace: pod.namespace,
+            container_name: pod.container_name,
         }
     }
 

@@ -41,7 +41,7 @@ pub use choice::{BtfNeed, usable};
 pub use hook::{Hook, ProbeSpec, ProbeStatus, Variant, describe};
 pub use maps::{decode, take_map};
 pub use plan::{Attached, LoadHooks, LoadPlan, Purpose};
-pub use stats::Stats;
+pub use stats::{RunStats, Stats};
 
 /// The compiled BPF object.
 pub static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/bufscope"));

@@ -137,6 +137,19 @@ pub fn enable_run_time_stats() -> io::Result<OwnedFd> {
     bpf_fd(bpf_cmd::BPF_ENABLE_STATS, &mut attr)
 }
 
+/// `BPF_OBJ_GET_INFO_BY_FD` of program `prog`: its (`run_time_ns`, `run_cnt`), the kernel's
+/// totals of the runs it counted while run-time stats were on.
+pub fn prog_run_stats(prog: BorrowedFd<'_>) -> io::Result<(u64, u64)> {
+    // SAFETY: `bpf_prog_info` is integer-only: all-zero is a valid value.
+    let mut info: aya_obj::generated::bpf_prog_info = unsafe { std::mem::zeroed() };
+    let mut attr = zeroed();
+    attr.info.bpf_fd = prog.as_raw_fd() as u32;
+    attr.info.info_len = std::mem::size_of_val(&info) as u32;
+    attr.info.info = (&raw mut info) as u64;
+    bpf(bpf_cmd::BPF_OBJ_GET_INFO_BY_FD, &mut attr)?;
+    Ok((info.run_time_ns, info.run_cnt))
+}
+
 /// True when a seccomp filter, not the kernel, answers `bpf()`: a `bpf()` with an unknown
 /// command needs no capability and gets the kernel's `EINVAL`; anything else came from the
 /// filter.

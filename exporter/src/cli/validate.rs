@@ -50,6 +50,24 @@ impl RunArgs {
         if let Some(p) = &self.pins.pin_path {
             check_pin_path(p).map_err(|e| Invalid::new("bpf.pin-path", e))?;
         }
+        if let Some(p) = self
+            .kubernetes_log_dir
+            .as_ref()
+            .filter(|p| !p.as_os_str().is_empty() && !p.is_dir())
+        {
+            return Err(Invalid::new(
+                "kubernetes.log-dir",
+                format!(
+                    "--kubernetes.log-dir {}: not a directory (name where the kubelet's \
+                     /var/log/pods and /var/log/containers are mounted, e.g. /host/var/log, or \
+                     \"\" for no pod labels)",
+                    p.display()
+                ),
+            ));
+        }
+        if self.run_stats {
+            crate::bpf::RunStats::check().map_err(|e| Invalid::new("bpf.run-stats", e))?;
+        }
         let btf = &self.kernel.btf_path;
         if !btf.exists() {
             return Err(Invalid::new(

@@ -1,5 +1,6 @@
 //! Prometheus exposition: families declared as data ([`Spec`]) and built by one builder
-//! ([`Family`]), bufscope's own health ([`selfmetrics`]), and the two text formats with the
+//! ([`Family`]), bufscope's own health ([`selfmetrics`]), the standard `process_*` metrics
+//! and poll durations ([`process`]), and the two text formats with the
 //! OpenMetrics `_created` bookkeeping ([`openmetrics`]).
 //!
 //! Families are built at scrape time from the store (no per-series objects to keep in sync,
@@ -7,6 +8,7 @@
 //! value, whoever asks and however often: nothing in a value depends on earlier scrapes.
 
 pub mod openmetrics;
+pub mod process;
 pub mod selfmetrics;
 
 use prometheus::proto::{Counter, Gauge, LabelPair, Metric, MetricFamily, MetricType};
@@ -17,7 +19,19 @@ pub use openmetrics::{Created, Format, created_times, encode, encode_openmetrics
 pub use selfmetrics::Health;
 
 /// The labels every per-process family starts with.
-pub const PROCESS_LABELS: &[&str] = &["comm", "pid", "container"];
+pub const PROCESS_LABELS: &[&str] = &[
+    "comm",
+    "pid",
+    "container",
+    "pod",
+    "namespace",
+    "container_name",
+];
+
+/// Labels left out of a sample when empty (processes outside Kubernetes pods): Prometheus
+/// reads an absent label as an empty one, and a scrape of 1,000 host processes is no longer
+/// for them.
+pub const OMIT_EMPTY: &[&str] = &["pod", "namespace", "container_name"];
 
 /// Counter or gauge.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -97,6 +111,9 @@ impl Spec {
                 s.meta.comm.as_str(),
                 pid.as_str(),
                 s.meta.container.as_str(),
+                s.meta.pod.as_str(),
+                s.meta.namespace.as_str(),
+                s.meta.container_name.as_str(),
             ];
             f(s, &mut |extra, v| {
                 fam.push_values(base.iter().chain(extra).copied(), v);
@@ -140,7 +157,8 @@ impl Family {
     }
 
     /// Adds a sample whose label values are `values`, in the order of the labels (extra
-    /// values are ignored, missing ones are empty).
+    /// values are ignored, missing ones are empty; an empty one of [`OMIT_EMPTY`] is left
+    /// out).
     pub fn push(&mut self, values: &[&str], value: f64) {
         self.push_values(values.iter().copied(), value);
     }
@@ -151,11 +169,15 @@ impl Family {
         let pairs = self
             .labels
             .iter()
-            .map(|name| {
+            .filter_map(|name| {
+                let value = values.next().unwrap_or("");
+                if value.is_empty() && OMIT_EMPTY.contains(name) {
+                    return None;
+                }
                 let mut l = LabelPair::default();
                 l.set_name((*name).to_string());
-                l.set_value(values.next().unwrap_or("").to_string());
-                l
+                l.set_value(value.to_string());
+                Some(l)
             })
             .collect();
         let mut m = Metric::default();
@@ -199,5 +221,24 @@ mod tests {
         let mut none = Vec::new();
         S.family().done(&mut none);
         assert!(none.is_empty(), "a family without samples is left out");
+    }
+
+    #[test]
+    fn kubernetes_labels_only_when_known() {
+        const K: Spec = Spec::gauge("k", "help", &["kind"]);
+        let mut f = Family::new(&K, [PROCESS_LABELS, K.labels].concat());
+        f.push(&["wg", "1", "ab", "gw-0", "vpn", "wg", "x"], 1.0);
+        f.push(&["sshd", "2", "", "", "", "", "y"], 1.0);
+        let mut out = Vec::new();
+        f.done(&mut out);
+        let text = encode(&out).unwrap();
+        assert!(
+            text.contains(r#"k{comm="wg",pid="1",container="ab",pod="gw-0",namespace="vpn",container_name="wg",kind="x"} 1"#),
+            "{text}"
+        );
+        assert!(
+            text.contains(r#"k{comm="sshd",pid="2",container="",kind="y"} 1"#),
+            "{text}"
+        );
     }
 }

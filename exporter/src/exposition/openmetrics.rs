@@ -464,6 +464,7 @@ mod tests {
         let s = store.proc_mut(who, || ProcMeta {
             comm: "a\"b\\c\nd".into(),
             container: String::new(),
+            ..ProcMeta::default()
         });
         s.parts.0.insert("SOCKET_RCVBUFF", 5);
         let text = encode(&families(&store, &Health::default(), &[])).unwrap();
@@ -486,6 +487,7 @@ mod tests {
         let s = store.proc_mut(who, || ProcMeta {
             comm: comm.into(),
             container: String::new(),
+            ..ProcMeta::default()
         });
         s.parts.0.insert("SOCKET_RCVBUFF", drops);
         store

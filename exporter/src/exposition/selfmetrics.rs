@@ -32,7 +32,16 @@ pub struct Health {
 const FINDING: Spec = Spec::gauge(
     "bufscope_finding",
     "Active findings (1 per process and kind); /api/v1/findings and `bufscope explain` say what to change.",
-    &["comm", "pid", "container", "kind", "severity"],
+    &[
+        "comm",
+        "pid",
+        "container",
+        "pod",
+        "namespace",
+        "container_name",
+        "kind",
+        "severity",
+    ],
 );
 const PROBE_ATTACHED: Spec = Spec::gauge(
     "bufscope_probe_attached",
@@ -131,6 +140,9 @@ pub fn families<P: Parts>(
                 x.process.comm.as_str(),
                 pid.as_str(),
                 x.process.container.as_str(),
+                x.process.pod.as_str(),
+                x.process.namespace.as_str(),
+                x.process.container_name.as_str(),
                 x.kind,
                 x.severity.as_str(),
             ],

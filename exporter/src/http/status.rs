@@ -22,20 +22,29 @@ pub fn document(c: &Collector, probes: &[ProbeStatus]) -> StatusDocument {
                 pid,
                 comm: s.meta.comm.clone(),
                 container: s.meta.container.clone(),
+                pod: s.meta.pod.clone(),
+                namespace: s.meta.namespace.clone(),
+                container_name: s.meta.container_name.clone(),
                 ..ProcessRow::default()
             };
             s.parts.status(&mut row);
             row
         })
         .collect();
+    let runs = c.probe_runs();
     let probes = probes
         .iter()
-        .map(|p| ProbeRow {
-            probe: p.spec.name.to_string(),
-            hooks: p.hooks(),
-            what: p.spec.what.to_string(),
-            attached: p.attached,
-            error: p.error.clone(),
+        .map(|p| {
+            let run = runs.iter().find(|(name, _, _)| *name == p.spec.name);
+            ProbeRow {
+                probe: p.spec.name.to_string(),
+                hooks: p.hooks(),
+                what: p.spec.what.to_string(),
+                attached: p.attached,
+                error: p.error.clone(),
+                run_time_ns: run.map(|r| r.1),
+                run_count: run.map(|r| r.2),
+            }
         })
         .collect();
     StatusDocument {
@@ -130,6 +139,10 @@ mod tests {
                     pid: 1,
                     comm: String::new(),
                     container: String::new(),
+                    // Serialized only when set (a process in a Kubernetes pod).
+                    pod: "p".into(),
+                    namespace: "n".into(),
+                    container_name: "c".into(),
                 },
                 socket: None,
                 summary: String::new(),

@@ -75,6 +75,8 @@ fn run_quiet(cmd: &mut Command) -> anyhow::Result<()> {
 pub(super) enum Variant {
     None,
     Bufscope,
+    /// bufscope with `--bpf.run-stats` (the kernel's run-time stats on: its cost).
+    RunStats,
     DropsOnly,
     /// The drop probe alone with fentry/fexit refused: its zero-per-packet tracepoint
     /// variant, where the best one runs on every received datagram.
@@ -87,6 +89,7 @@ impl Variant {
         Some(match s {
             "none" => Self::None,
             "bufscope" => Self::Bufscope,
+            "run-stats" => Self::RunStats,
             "drops-only" => Self::DropsOnly,
             "drops-tracepoint" => Self::DropsTracepoint,
             "bpftrace" => Self::Bpftrace,
@@ -98,6 +101,7 @@ impl Variant {
         match self {
             Self::None => "no probes",
             Self::Bufscope => "bufscope (all probes)",
+            Self::RunStats => "bufscope --bpf.run-stats",
             Self::DropsOnly => "bufscope, drop probe only",
             Self::DropsTracepoint => "bufscope, drop probe only, fentry/fexit refused",
             Self::Bpftrace => "bpftrace drop counter",
@@ -263,6 +267,10 @@ fn attach(bins: &Bins, v: Variant) -> anyhow::Result<Attached> {
             _exporter: Some(bins.exporter(&[])?),
             _bpftrace: None,
         },
+        Variant::RunStats => Attached {
+            _exporter: Some(bins.exporter(&["--bpf.run-stats"])?),
+            _bpftrace: None,
+        },
         Variant::DropsOnly => Attached {
             _exporter: Some(
                 bins.exporter(&["--probe.disable", "setsockopt,tcp_state,autotune,owners"])?,
@@ -331,6 +339,17 @@ pub(super) fn section(a: &Args, bins: &Bins) -> anyhow::Result<String> {
                     .unwrap_or(f64::NAN)
             };
             let base_rate = base.map(med);
+            // The cost of --bpf.run-stats: the same bufscope with and without it.
+            let plain = variants.iter().position(|v| *v == Variant::Bufscope);
+            let stats = variants.iter().position(|v| *v == Variant::RunStats);
+            if let (Some(p), Some(s)) = (plain, stats) {
+                notes.push(format!(
+                    "- {} / {}: bufscope --bpf.run-stats {:.1}% of bufscope without it",
+                    if *veth { "veth" } else { "loopback" },
+                    case.label(),
+                    med(s) / med(p) * 100.0
+                ));
+            }
             for (vi, v) in variants.iter().enumerate() {
                 let ts = results.get(&(pi, ci, vi)).map(Vec::as_slice).unwrap_or(&[]);
                 let rate = med(vi);

@@ -10,7 +10,9 @@
 //!    the cache lines the other then reads — and each row is the median of `--runs` phases.
 //! 2. **datapath** — UDP packets per second (every datagram dropped; nothing dropped) and TCP
 //!    bulk throughput, on loopback and through a veth pair between two namespaces, without
-//!    probes, with bufscope, with bufscope's drop probe alone, and with a bpftrace drop counter;
+//!    probes, with bufscope, with bufscope and `--bpf.run-stats` (what the kernel's run-time
+//!    stats cost, next to bufscope without them), with bufscope's drop probe alone, and with a
+//!    bpftrace drop counter;
 //!    variants alternate round by round (`--runs` rounds), the table shows medians and each
 //!    variant relative to "no probes".
 //! 3. **syscalls** — the syscall tax: an unrelated syscall (getppid) and a buffer
@@ -81,12 +83,12 @@ pub struct Args {
         default_value = "udp-dropped,udp-read,tcp-bulk"
     )]
     pub cases: Vec<String>,
-    /// Data-path variants: none, bufscope, drops-only, drops-tracepoint (the drop probe with
+    /// Data-path variants: none, bufscope, run-stats (bufscope --bpf.run-stats), drops-only, drops-tracepoint (the drop probe with
     /// fentry/fexit refused), bpftrace.
     #[arg(
         long,
         value_delimiter = ',',
-        default_value = "none,bufscope,drops-only,bpftrace"
+        default_value = "none,bufscope,run-stats,drops-only,bpftrace"
     )]
     pub variants: Vec<String>,
     /// Processes of the exporter-cost population.
@@ -139,7 +141,7 @@ pub fn run(a: &Args) -> anyhow::Result<()> {
     for v in &a.variants {
         if Variant::parse(v).is_none() {
             bail!(
-                "unknown variant {v:?} (variants: none, bufscope, drops-only, drops-tracepoint, bpftrace)"
+                "unknown variant {v:?} (variants: none, bufscope, run-stats, drops-only, drops-tracepoint, bpftrace)"
             );
         }
     }

@@ -35,12 +35,14 @@ enum Variant {
     Tracepoints,
     GuardObserve,
     GuardEnforce,
+    RunStats,
 }
 
 impl Variant {
-    const ALL: [Self; 6] = [
+    const ALL: [Self; 7] = [
         Self::None,
         Self::Default,
+        Self::RunStats,
         Self::NoSockoptOwners,
         Self::Tracepoints,
         Self::GuardObserve,
@@ -55,6 +57,7 @@ impl Variant {
             Self::Tracepoints => "bufscope on syscall tracepoints (no cgroup2: the fallback)",
             Self::GuardObserve => "bufscope --guard.mode observe",
             Self::GuardEnforce => "bufscope --guard.mode enforce",
+            Self::RunStats => "bufscope --bpf.run-stats (kernel BPF run-time stats on)",
         }
     }
 }
@@ -135,6 +138,7 @@ pub(super) fn section(a: &Args, bins: &Bins) -> anyhow::Result<String> {
                 Variant::Tracepoints => Some(bins.exporter_without_cgroup2(&dir)?),
                 Variant::GuardObserve => Some(bins.exporter(&["--guard.mode", "observe"])?),
                 Variant::GuardEnforce => Some(bins.exporter(&["--guard.mode", "enforce"])?),
+                Variant::RunStats => Some(bins.exporter(&["--bpf.run-stats"])?),
             };
             ns[i].push(getppid_ns()?);
             rate[i].push(setsockopt_rate()?);
@@ -172,6 +176,29 @@ pub(super) fn section(a: &Args, bins: &Bins) -> anyhow::Result<String> {
             ]
         })
         .collect();
+    // --bpf.run-stats next to the same bufscope without it: what two clock reads per program
+    // run add to a call that runs one (cgroup/setsockopt) and to a socket+bind+close cycle
+    // (cgroup/sock_create).
+    let per = |v: Variant, xs: &[Vec<f64>]| {
+        Variant::ALL
+            .iter()
+            .position(|x| *x == v)
+            .map(|i| median(&xs[i]))
+            .unwrap_or(f64::NAN)
+    };
+    let (on, off) = (per(Variant::RunStats, &rate), per(Variant::Default, &rate));
+    let (bon, boff) = (
+        per(Variant::RunStats, &binds),
+        per(Variant::Default, &binds),
+    );
+    let run_stats = format!(
+        "--bpf.run-stats vs bufscope without it: setsockopt {:+.0} ns/call ({:.1}% of the \
+         calls/s), UDP socket+bind+close {:+.0} ns/cycle ({:.1}%)",
+        1e9 / on - 1e9 / off,
+        on / off * 100.0,
+        1e9 / bon - 1e9 / boff,
+        bon / boff * 100.0
+    );
     Ok(format!(
         "Syscall tax (median of {} alternating rounds; getppid: `perf bench syscall basic --loop {SYSCALL_LOOPS}`; \
          setsockopt: {SETSOCKOPT_CALLS} SO_RCVBUF/SO_SNDBUF calls on one UDP socket; bind: \
@@ -188,6 +215,7 @@ pub(super) fn section(a: &Args, bins: &Bins) -> anyhow::Result<String> {
                 "vs no bufscope",
             ],
             &rows,
-        )
+        ) + "\n\n"
+            + &run_stats
     ))
 }
