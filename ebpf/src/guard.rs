@@ -13,21 +13,22 @@
 
 use aya_ebpf::{
     helpers::{
-        bpf_get_current_ancestor_cgroup_id, bpf_get_current_comm, bpf_get_current_pid_tgid,
-        bpf_getsockopt, bpf_setsockopt,
+        bpf_get_current_ancestor_cgroup_id, bpf_get_current_pid_tgid, bpf_getsockopt,
+        bpf_setsockopt,
     },
     macros::{cgroup_sock_addr, cgroup_sockopt, map},
-    maps::{HashMap, LruHashMap},
+    maps::{HashMap, LruHashMap, PerCpuArray},
     programs::{SockAddrContext, SockoptContext},
 };
 use bufscope_common::{
-    GuardConfig, GuardEvent, IPPROTO_TCP, Owner, SO_BUF_LOCK, SO_RCVBUF, SO_RCVBUFFORCE, SO_SNDBUF,
-    SO_SNDBUFFORCE, SOCK_BUF_LOCK_MASK, SOL_SOCKET, event_kind, guard, stat,
+    GuardConfig, GuardEvent, IPPROTO_TCP, IPPROTO_UDP, Owner, SO_BUF_LOCK, SO_RCVBUF,
+    SO_RCVBUFFORCE, SO_SNDBUF, SO_SNDBUFFORCE, SOCK_BUF_LOCK_MASK, SOL_SOCKET, event_kind, guard,
+    transport,
 };
 
-use crate::events::{EVENTS, stat_inc, submit_flags};
+use crate::events::{EVENTS, submit_flags};
 use crate::sock::{addr_of, sk_inode};
-use crate::task::{ancestor_cgroup_id, cgroup_owner};
+use crate::task::{ancestor_cgroup_id, cgroup_owner, leader_comm};
 
 /// The guard's settings, patched by userspace before load (see [`GuardConfig`]).
 #[unsafe(no_mangle)]
@@ -51,6 +52,10 @@ macro_rules! guard_cfg {
         unsafe { core::ptr::read_volatile(&raw const GUARD.$f) }
     };
 }
+
+/// The guard's own counters (slots [`guard::STAT_UNREPORTED`], …), per CPU.
+#[map]
+static GUARD_STATS: PerCpuArray<u64> = PerCpuArray::with_max_entries(guard::STAT_COUNT, 0);
 
 /// The comms of `--guard.comm` / `--guard.exclude-comm` (the kernel's 16-byte `comm`).
 #[map]
@@ -79,9 +84,6 @@ pub(crate) fn remember_skipped(inode: u64, optname: i32, requested: i32) {
     let _ = GUARD_ASKED.insert(&inode, &asked, 0);
 }
 
-/// `IPPROTO_UDP`.
-const IPPROTO_UDP: u32 = 17;
-
 /// What the guard decided for one call.
 #[derive(Clone, Copy)]
 pub(crate) struct Decision {
@@ -105,8 +107,9 @@ fn mode() -> u32 {
     guard_cfg!(mode)
 }
 
-/// Whether the calling process (`tgid`; its `comm` and its cgroup2 ancestor at a level read
-/// only when the scope needs them) is in the guard's scope (cgroup subtree and comm lists).
+/// Whether the calling process (`tgid`; its name — the thread-group leader's `comm`, not the
+/// calling thread's — and its cgroup2 ancestor at a level, read only when the scope needs
+/// them) is in the guard's scope (cgroup subtree and comm lists).
 #[inline(always)]
 fn in_scope(
     tgid: u32,
@@ -129,19 +132,29 @@ fn in_scope(
     }
 }
 
-/// The decision for a buffer `setsockopt` of `optname` = `requested` on a socket of `proto`,
-/// called by `owner` (`cgroup/setsockopt`: the scope is read from the task, as the program
-/// type has neither the comm nor the ancestor-cgroup helper before 6.1).
+/// The decision for a buffer `setsockopt` of `optname` = `requested` (`optlen` bytes) on a
+/// socket whose [`transport`] is `proto`, called by `owner` (`net_admin`: it would pass
+/// `capable(CAP_NET_ADMIN)`). `cgroup/setsockopt`: the scope is read from the task, as the
+/// program type has neither the comm nor the ancestor-cgroup helper before 6.1.
+///
+/// A TCP call is skipped only when the kernel would have accepted it (`optlen` >= 4, valid
+/// `SO_BUF_LOCK` bits, the capability for `*FORCE`): otherwise the kernel runs it and the
+/// caller gets the kernel's own error.
 #[inline(always)]
 pub(crate) fn decide_setsockopt(
     owner: &Owner,
-    proto: u32,
+    proto: u8,
     optname: i32,
     requested: i32,
     optlen: i32,
+    net_admin: bool,
 ) -> Decision {
     let mode = mode();
-    if mode == guard::MODE_OFF || !in_scope(owner.tgid, || owner.comm, ancestor_cgroup_id) {
+    if mode == guard::MODE_OFF
+        || (proto != IPPROTO_TCP && proto != IPPROTO_UDP)
+        || optlen < 4
+        || !in_scope(owner.tgid, leader_comm, ancestor_cgroup_id)
+    {
         return Decision::NONE;
     }
     let rules = guard_cfg!(rules);
@@ -154,17 +167,21 @@ pub(crate) fn decide_setsockopt(
         rule: rule as u8,
         applied,
     };
-    if proto == IPPROTO_TCP as u32 && rules & guard::RULE_TCP_AUTOTUNE != 0 {
+    if proto == IPPROTO_TCP && rules & guard::RULE_TCP_AUTOTUNE != 0 {
         let locks = match optname {
-            SO_RCVBUF | SO_SNDBUF | SO_RCVBUFFORCE | SO_SNDBUFFORCE => true,
-            SO_BUF_LOCK => requested & SOCK_BUF_LOCK_MASK as i32 != 0,
+            SO_RCVBUF | SO_SNDBUF => true,
+            SO_RCVBUFFORCE | SO_SNDBUFFORCE => net_admin,
+            SO_BUF_LOCK => {
+                requested & !(SOCK_BUF_LOCK_MASK as i32) == 0
+                    && requested & SOCK_BUF_LOCK_MASK as i32 != 0
+            }
             _ => false,
         };
         if locks {
             return act(guard::RULE_TCP_AUTOTUNE, guard::ACTION_SKIPPED, 0);
         }
     }
-    if proto == IPPROTO_UDP && rules & guard::RULE_UDP_FLOOR != 0 && optlen >= 4 {
+    if proto == IPPROTO_UDP && rules & guard::RULE_UDP_FLOOR != 0 {
         let floor = match optname {
             SO_RCVBUF | SO_RCVBUFFORCE => guard_cfg!(udp_rcv_floor),
             SO_SNDBUF | SO_SNDBUFFORCE => guard_cfg!(udp_snd_floor),
@@ -183,7 +200,9 @@ pub(crate) fn decide_setsockopt(
     Decision::NONE
 }
 
-/// Sends one [`GuardEvent`] of a call by `owner`.
+/// Sends one [`GuardEvent`] of a call by `owner`, after the decision was acted on: when the
+/// ring buffer is full it is counted in `GUARD_STATS` instead (enforcement never waits for
+/// the daemon).
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
 pub(crate) fn report(
@@ -197,7 +216,10 @@ pub(crate) fn report(
     ret: i32,
 ) {
     let Some(mut entry) = EVENTS.reserve::<GuardEvent>(0) else {
-        stat_inc(stat::RINGBUF_FULL);
+        // Acted on already: only the report is lost.
+        if let Some(p) = GUARD_STATS.get_ptr_mut(guard::STAT_UNREPORTED) {
+            unsafe { *p += 1 };
+        }
         return;
     };
     entry.write(GuardEvent {
@@ -225,9 +247,9 @@ fn raise_udp(ctx: &SockAddrContext, hook: u8) -> i32 {
     }
     let sa = unsafe { &*ctx.sock_addr };
     let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
-    let comm = || bpf_get_current_comm().unwrap_or_default();
     let ancestor = |level: u32| unsafe { bpf_get_current_ancestor_cgroup_id(level as i32) };
-    if sa.protocol != IPPROTO_UDP || !in_scope(tgid, comm, ancestor) {
+    let proto = transport(sa.family as u16, sa.type_ as u16, sa.protocol as u16);
+    if proto != IPPROTO_UDP || !in_scope(tgid, leader_comm, ancestor) {
         return 1;
     }
     let mut inode = 0u64;
@@ -282,7 +304,7 @@ fn raise_udp(ctx: &SockAddrContext, hook: u8) -> i32 {
             optname,
             inode,
             0,
-            IPPROTO_UDP as u8,
+            IPPROTO_UDP,
             ret,
         );
     }

@@ -27,7 +27,7 @@ use settings::{Setup, require_enforce, resolve};
 
 use super::{
     AdviceCx, Attached, BuildEnv, Context, Cx, Part, ProcStats, Room, Services, Signal, decode,
-    setsockopt,
+    setsockopt, take_map,
 };
 use crate::advice::{GuardAct, Inputs};
 use crate::bpf::{Hook, LoadPlan, ProbeSpec, Purpose};
@@ -162,6 +162,15 @@ impl Part for ProcGuard {
 /// The guard room.
 pub struct Guard {
     settings: Settings,
+    /// `GUARD_STATS`: decisions acted on but not reported (ring buffer full), per CPU.
+    stats: aya::maps::PerCpuArray<aya::maps::MapData, u64>,
+}
+
+impl Guard {
+    /// `GUARD_STATS[idx]` summed over CPUs (0 when unreadable).
+    fn stat(&self, idx: u32) -> u64 {
+        self.stats.get(&idx, 0).map(|v| v.iter().sum()).unwrap_or(0)
+    }
 }
 
 impl Room for Guard {
@@ -238,13 +247,14 @@ impl Room for Guard {
     /// The room, when the guard is on and its probe attached.
     fn take(
         setup: Setup,
-        _ebpf: &mut Ebpf,
+        ebpf: &mut Ebpf,
         env: &BuildEnv<'_>,
         _services: &mut Services,
     ) -> anyhow::Result<Option<Box<dyn Signal>>> {
         Ok(match setup.0 {
             Some(on) if env.attached(PROBE.name) => Some(Box::new(Self {
                 settings: on.settings,
+                stats: take_map(ebpf, "GUARD_STATS")?,
             })),
             _ => None,
         })
@@ -262,6 +272,13 @@ impl Signal for Guard {
                 emit(&[rule.as_str(), action.as_str()], *v as f64);
             }
         });
+        let mut f = UNREPORTED.family();
+        f.push(&[], self.stat(g::STAT_UNREPORTED) as f64);
+        f.done(out);
+    }
+
+    fn map_counters(&self) -> &'static [&'static str] {
+        &[UNREPORTED.name]
     }
 
     fn event_kinds(&self) -> &'static [u32] {
@@ -320,4 +337,9 @@ const DECISIONS: Spec = Spec::counter(
     "bufscope_guard_decisions_total",
     "Decisions of the guard (--guard.mode): TCP buffer requests skipped so autotuning stays on (rule tcp-autotune), UDP buffers raised to the floor (udp-floor); action observed = what enforce would have done.",
     &["rule", "action"],
+);
+const UNREPORTED: Spec = Spec::counter(
+    "bufscope_guard_unreported_total",
+    "Guard decisions taken and acted on in the kernel that could not be reported (the event ring buffer was full, e.g. while bufscope was stopped): not in bufscope_guard_decisions_total.",
+    &[],
 );
