@@ -4,21 +4,32 @@
 //!   lock) is skipped in `cgroup/setsockopt` (`optlen = -1`: the kernel's handler does not run,
 //!   the caller gets success), so autotuning stays on and a socket configured before
 //!   `connect()`/`listen()` is born with the normal window scale.
-//! - `udp-floor`: a UDP request below the floor is rewritten to the floor; a UDP socket that
-//!   never asks is raised with `bpf_setsockopt` when it binds, connects or first sends.
+//! - `udp-floor`: a UDP request below the floor is rewritten to the floor; a UDP socket is
+//!   raised with `bpf_setsockopt` once, when it is created (`cgroup/sock_create`, where the
+//!   kernel allows `bpf_setsockopt` there) or else at its first bind, connect or unconnected
+//!   send.
+//!
+//! Per-socket state lives in `GUARD_SK` (socket-local storage, freed with the socket): what
+//! was decided for which rule, and what a skipped TCP request asked for. A socket is decided
+//! once per rule; later calls cost one lookup. Each decision is reported once ([`GuardEvent`]
+//! in `EVENTS`), after it was acted on; when the ring buffer is full it is counted in
+//! `GUARD_STATS` instead.
 //!
 //! Settings come from `GUARD` (frozen `.rodata`: with the guard off every branch here is dead
-//! code to the verifier). Observe mode counts the same decisions and changes nothing. Every
-//! decision is a [`GuardEvent`] in `EVENTS`.
+//! code to the verifier). Observe mode counts the same decisions and changes nothing.
+
+use core::ffi::c_void;
 
 use aya_ebpf::{
+    bindings::{BPF_SK_STORAGE_GET_F_CREATE, bpf_sock},
+    btf_maps::SkStorage,
     helpers::{
         bpf_get_current_ancestor_cgroup_id, bpf_get_current_pid_tgid, bpf_getsockopt,
-        bpf_setsockopt,
+        bpf_setsockopt, bpf_sk_storage_get,
     },
-    macros::{cgroup_sock_addr, cgroup_sockopt, map},
-    maps::{HashMap, LruHashMap, PerCpuArray},
-    programs::{SockAddrContext, SockoptContext},
+    macros::{btf_map, cgroup_sock, cgroup_sock_addr, cgroup_sockopt, map},
+    maps::{HashMap, PerCpuArray},
+    programs::{SockAddrContext, SockContext, SockoptContext},
 };
 use bufscope_common::{
     GuardConfig, GuardEvent, IPPROTO_TCP, IPPROTO_UDP, Owner, SO_BUF_LOCK, SO_RCVBUF,
@@ -61,27 +72,78 @@ static GUARD_STATS: PerCpuArray<u64> = PerCpuArray::with_max_entries(guard::STAT
 #[map]
 static GUARD_COMMS: HashMap<[u8; 16], u8> = HashMap::with_max_entries(256, 0);
 
-/// TCP sockets whose `SO_RCVBUF`/`SO_SNDBUF` request the guard skipped: socket inode → the
-/// (receive, send) values asked for (0: not asked). `getsockopt` then reads back at least what
-/// the kernel would have given, so applications that verify their request (iperf3 aborts
-/// with "socket buffer size not set correctly") carry on, while the real buffer stays
-/// unlocked and autotuned.
-#[map]
-static GUARD_ASKED: LruHashMap<u64, [i32; 2]> = LruHashMap::with_max_entries(65536, 0);
+/// What the guard knows about one socket (socket-local storage: freed with the socket, no
+/// eviction, no inode reuse).
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub(crate) struct GuardSk {
+    /// The skipped TCP `SO_RCVBUF`/`SO_SNDBUF` requests (receive, send; 0: not asked):
+    /// `getsockopt` reads back at least what the kernel would have given, so applications that
+    /// verify their request (iperf3 aborts with "socket buffer size not set correctly") carry
+    /// on, while the real buffer stays unlocked and autotuned.
+    asked: [i32; 2],
+    /// Rules with a decision on this socket (bits `guard::RULE_*`): each is reported once.
+    decided: u32,
+    /// Non-zero once the socket was looked at for the UDP floor outside `setsockopt` (at its
+    /// creation, or its first bind/connect/send): never again.
+    raised: u32,
+}
 
-/// Remembers a skipped TCP request of `optname` = `requested` on `inode`.
+/// Per-socket guard state ([`GuardSk`]).
+#[btf_map]
+static GUARD_SK: SkStorage<GuardSk> = SkStorage::new();
+
+/// `GUARD_SK` of `sk` (a socket pointer the verifier knows, or a `cgroup/sock_create`
+/// context), created when `create`; None when absent (or the kernel could not allocate it).
 #[inline(always)]
-pub(crate) fn remember_skipped(inode: u64, optname: i32, requested: i32) {
-    let slot = match optname {
-        SO_RCVBUF | SO_RCVBUFFORCE => 0,
-        SO_SNDBUF | SO_SNDBUFFORCE => 1,
-        _ => return,
+fn guard_sk<'a>(sk: *mut c_void, create: bool) -> Option<&'a mut GuardSk> {
+    let flags = if create {
+        BPF_SK_STORAGE_GET_F_CREATE as u64
+    } else {
+        0
     };
-    let mut asked = unsafe { GUARD_ASKED.get(&inode) }
-        .copied()
-        .unwrap_or([0, 0]);
-    asked[slot] = requested;
-    let _ = GUARD_ASKED.insert(&inode, &asked, 0);
+    let map = (&raw const GUARD_SK).cast_mut().cast::<c_void>();
+    let p = unsafe { bpf_sk_storage_get(map, sk, core::ptr::null_mut(), flags) };
+    unsafe { p.cast::<GuardSk>().as_mut() }
+}
+
+/// Marks `rule` decided in `st`: true the first time (report it), false after (and without
+/// storage: reported every time rather than never).
+#[inline(always)]
+fn first_decision(st: &mut Option<&mut GuardSk>, rule: u8) -> bool {
+    match st {
+        Some(st) => {
+            let bit = rule as u32;
+            let first = st.decided & bit == 0;
+            st.decided |= bit;
+            first
+        }
+        None => true,
+    }
+}
+
+/// After a guard decision in `cgroup/setsockopt` on socket `sk`: remembers a skipped request
+/// of `optname` = `requested` (for the `getsockopt` readback) and whether `rule` was already
+/// decided for this socket. True when this decision is the socket's first for the rule (the
+/// one to report).
+#[inline(always)]
+pub(crate) fn note_setsockopt(
+    sk: *mut bpf_sock,
+    d: Decision,
+    optname: i32,
+    requested: i32,
+) -> bool {
+    let mut st = guard_sk(sk.cast(), true);
+    if d.action == guard::ACTION_SKIPPED
+        && let Some(st) = st.as_mut()
+    {
+        match optname {
+            SO_RCVBUF | SO_RCVBUFFORCE => st.asked[0] = requested,
+            SO_SNDBUF | SO_SNDBUFFORCE => st.asked[1] = requested,
+            _ => {}
+        }
+    }
+    first_decision(&mut st, d.rule)
 }
 
 /// What the guard decided for one call.
@@ -238,22 +300,26 @@ pub(crate) fn report(
     entry.submit(submit_flags());
 }
 
-/// At bind/connect/sendmsg: raises a UDP socket's buffers to the floors when they are below.
+/// Whether the calling process is in scope, from a cgroup socket program (they have the pid
+/// and ancestor-cgroup helpers).
 #[inline(always)]
-fn raise_udp(ctx: &SockAddrContext, hook: u8) -> i32 {
-    let mode = mode();
-    if mode == guard::MODE_OFF || guard_cfg!(rules) & guard::RULE_UDP_FLOOR == 0 {
-        return 1;
-    }
-    let sa = unsafe { &*ctx.sock_addr };
+fn caller_in_scope() -> bool {
     let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
     let ancestor = |level: u32| unsafe { bpf_get_current_ancestor_cgroup_id(level as i32) };
-    let proto = transport(sa.family as u16, sa.type_ as u16, sa.protocol as u16);
-    if proto != IPPROTO_UDP || !in_scope(tgid, leader_comm, ancestor) {
-        return 1;
-    }
-    let mut inode = 0u64;
-    for (optname, floor) in [
+    in_scope(tgid, leader_comm, ancestor)
+}
+
+/// Raises the UDP socket behind `sk` (the program's context: what `bpf_getsockopt`/
+/// `bpf_setsockopt` take in these program types) to the floors where it is below them, and
+/// reports the decision unless one was already reported for the socket (`st`; the inode of
+/// `sk_addr`, seen at `hook`).
+#[inline(always)]
+fn raise_udp(sk: *mut c_void, sk_addr: u64, hook: u8, st: &mut Option<&mut GuardSk>) {
+    let mode = mode();
+    let mut applied = 0;
+    let mut ret = 0;
+    let mut optname = 0;
+    for (opt, floor) in [
         (SO_RCVBUF, guard_cfg!(udp_rcv_floor)),
         (SO_SNDBUF, guard_cfg!(udp_snd_floor)),
     ] {
@@ -261,90 +327,135 @@ fn raise_udp(ctx: &SockAddrContext, hook: u8) -> i32 {
             continue;
         }
         let mut cur: i32 = 0;
-        let got = unsafe {
-            bpf_getsockopt(
-                ctx.sock_addr.cast(),
-                SOL_SOCKET,
-                optname,
-                (&raw mut cur).cast(),
-                4,
-            )
-        };
+        let got = unsafe { bpf_getsockopt(sk, SOL_SOCKET, opt, (&raw mut cur).cast(), 4) };
         // getsockopt reports the doubled size the kernel stores.
         if got != 0 || cur >= floor.saturating_mul(2) {
             continue;
         }
-        if inode == 0 {
-            inode = sk_inode(addr_of(unsafe { sa.__bindgen_anon_1.sk }));
+        if optname == 0 {
+            (optname, applied) = (opt, floor);
         }
-        let (action, ret) = if mode == guard::MODE_ENFORCE {
+        if mode == guard::MODE_ENFORCE {
             let mut v = floor;
-            let r = unsafe {
-                bpf_setsockopt(
-                    ctx.sock_addr.cast(),
-                    SOL_SOCKET,
-                    optname,
-                    (&raw mut v).cast(),
-                    4,
-                )
-            };
-            (guard::ACTION_RAISED, r as i32)
+            let r = unsafe { bpf_setsockopt(sk, SOL_SOCKET, opt, (&raw mut v).cast(), 4) } as i32;
+            if ret == 0 {
+                ret = r;
+            }
+        }
+    }
+    if optname == 0 || !first_decision(st, guard::RULE_UDP_FLOOR as u8) {
+        return;
+    }
+    let d = Decision {
+        action: if mode == guard::MODE_ENFORCE {
+            guard::ACTION_RAISED
         } else {
-            (guard::ACTION_OBSERVED, 0)
-        };
-        let d = Decision {
-            action,
-            rule: guard::RULE_UDP_FLOOR as u8,
-            applied: floor,
-        };
-        report(
-            &cgroup_owner(),
-            d,
-            hook,
-            optname,
-            inode,
-            0,
-            IPPROTO_UDP,
-            ret,
-        );
+            guard::ACTION_OBSERVED
+        },
+        rule: guard::RULE_UDP_FLOOR as u8,
+        applied,
+    };
+    report(
+        &cgroup_owner(),
+        d,
+        hook,
+        optname,
+        sk_inode(sk_addr),
+        0,
+        IPPROTO_UDP,
+        ret,
+    );
+}
+
+/// `cgroup/sock_create`: a new UDP socket of a process in scope is raised to the floors at
+/// once, so nothing needs to run per bind, connect or send. Only kernels that give this
+/// program type `bpf_getsockopt`/`bpf_setsockopt` load it (6.18 does not): elsewhere the
+/// guard takes its other variant.
+#[cgroup_sock(sock_create)]
+pub fn guard_sock_create(ctx: SockContext) -> i32 {
+    if mode() == guard::MODE_OFF || guard_cfg!(rules) & guard::RULE_UDP_FLOOR == 0 {
+        return 1;
+    }
+    let bs = unsafe { &*ctx.sock };
+    if transport(bs.family as u16, bs.type_ as u16, bs.protocol as u16) != IPPROTO_UDP
+        || !caller_in_scope()
+    {
+        return 1;
+    }
+    let mut st = guard_sk(ctx.sock.cast(), true);
+    if let Some(st) = st.as_mut() {
+        st.raised = 1;
+    }
+    raise_udp(
+        ctx.sock.cast(),
+        addr_of(ctx.sock),
+        guard::HOOK_CREATE,
+        &mut st,
+    );
+    1
+}
+
+/// Without `bpf_setsockopt` at socket creation: at bind/connect/sendmsg, a UDP socket is
+/// decided once (its first such call); every later call is one storage lookup.
+#[inline(always)]
+fn raise_udp_once(ctx: &SockAddrContext, hook: u8) -> i32 {
+    if mode() == guard::MODE_OFF || guard_cfg!(rules) & guard::RULE_UDP_FLOOR == 0 {
+        return 1;
+    }
+    let sa = unsafe { &*ctx.sock_addr };
+    if transport(sa.family as u16, sa.type_ as u16, sa.protocol as u16) != IPPROTO_UDP {
+        return 1;
+    }
+    let sk = unsafe { sa.__bindgen_anon_1.sk };
+    if let Some(st) = guard_sk(sk.cast(), false)
+        && st.raised != 0
+    {
+        return 1;
+    }
+    let mut st = guard_sk(sk.cast(), true);
+    if let Some(st) = st.as_mut() {
+        st.raised = 1;
+    }
+    if caller_in_scope() {
+        raise_udp(ctx.sock_addr.cast(), addr_of(sk), hook, &mut st);
     }
     1
 }
 
-/// `cgroup/bind4`.
+/// `cgroup/bind4` (fallback variant).
 #[cgroup_sock_addr(bind4)]
 pub fn guard_bind4(ctx: SockAddrContext) -> i32 {
-    raise_udp(&ctx, guard::HOOK_BIND)
+    raise_udp_once(&ctx, guard::HOOK_BIND)
 }
 
-/// `cgroup/bind6`.
+/// `cgroup/bind6` (fallback variant).
 #[cgroup_sock_addr(bind6)]
 pub fn guard_bind6(ctx: SockAddrContext) -> i32 {
-    raise_udp(&ctx, guard::HOOK_BIND)
+    raise_udp_once(&ctx, guard::HOOK_BIND)
 }
 
-/// `cgroup/connect4`.
+/// `cgroup/connect4` (fallback variant).
 #[cgroup_sock_addr(connect4)]
 pub fn guard_connect4(ctx: SockAddrContext) -> i32 {
-    raise_udp(&ctx, guard::HOOK_CONNECT)
+    raise_udp_once(&ctx, guard::HOOK_CONNECT)
 }
 
-/// `cgroup/connect6`.
+/// `cgroup/connect6` (fallback variant).
 #[cgroup_sock_addr(connect6)]
 pub fn guard_connect6(ctx: SockAddrContext) -> i32 {
-    raise_udp(&ctx, guard::HOOK_CONNECT)
+    raise_udp_once(&ctx, guard::HOOK_CONNECT)
 }
 
-/// `cgroup/sendmsg4` (unconnected sends with an address).
+/// `cgroup/sendmsg4` (fallback variant: unconnected sends with an address).
 #[cgroup_sock_addr(sendmsg4)]
 pub fn guard_sendmsg4(ctx: SockAddrContext) -> i32 {
-    raise_udp(&ctx, guard::HOOK_SENDMSG)
+    raise_udp_once(&ctx, guard::HOOK_SENDMSG)
 }
 
-/// `cgroup/sendmsg6`.
+/// `cgroup/sendmsg6` (fallback variant).
 #[cgroup_sock_addr(sendmsg6)]
 pub fn guard_sendmsg6(ctx: SockAddrContext) -> i32 {
-    raise_udp(&ctx, guard::HOOK_SENDMSG)
+    raise_udp_once(&ctx, guard::HOOK_SENDMSG)
 }
 
 /// `cgroup/getsockopt`: `SO_RCVBUF`/`SO_SNDBUF` of a TCP socket whose request the guard
@@ -367,12 +478,10 @@ pub fn guard_getsockopt(ctx: SockoptContext) -> i32 {
     if so.retval != 0 {
         return 1;
     }
-    let sk = addr_of(unsafe { so.__bindgen_anon_1.sk });
-    let inode = sk_inode(sk);
-    let Some(asked) = (unsafe { GUARD_ASKED.get(&inode) }) else {
+    let Some(st) = guard_sk(unsafe { so.__bindgen_anon_1.sk }.cast(), false) else {
         return 1;
     };
-    let want = asked[slot];
+    let want = st.asked[slot];
     if want <= 0 {
         return 1;
     }

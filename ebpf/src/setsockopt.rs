@@ -145,7 +145,6 @@ fn buffer_setsockopt(ctx: &SockoptContext, so: &mut aya_ebpf::bindings::bpf_sock
             // The kernel's handler does not run; the caller gets success.
             so.optlen = -1;
             flags |= sockopt_flags::GUARD_SKIPPED;
-            guard::remember_skipped(inode, so.optname, requested);
         }
         bufscope_common::guard::ACTION_RAISED => {
             if unsafe { optval.add(4) } <= end {
@@ -158,7 +157,16 @@ fn buffer_setsockopt(ctx: &SockoptContext, so: &mut aya_ebpf::bindings::bpf_sock
         }
         _ => {}
     }
-    if decision.action != 0 {
+    // Each (socket, rule) decision is reported once; the socket-local storage remembers it
+    // (and what a skipped request asked, for the getsockopt readback).
+    if decision.action != 0
+        && guard::note_setsockopt(
+            unsafe { so.__bindgen_anon_1.sk },
+            decision,
+            so.optname,
+            requested,
+        )
+    {
         guard::report(
             &owner,
             decision,
