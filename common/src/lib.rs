@@ -494,8 +494,11 @@ pub struct GuardConfig {
     pub tcp_wmem_ceiling: i32,
     /// bufscope's own process id: never in scope (its measurements and its HTTP socket).
     pub self_tgid: u32,
-    /// Padding.
-    pub _pad: u32,
+    /// A persisted guard's lease (`--guard.lease`, seconds; 0: no lease, the guard lives and
+    /// dies with bufscope): the programs act only while `GUARD_LEASE` (a deadline in
+    /// `bpf_ktime_get_ns` time, renewed by the running bufscope) lies ahead, and fail open
+    /// after it.
+    pub lease_secs: u32,
 }
 
 /// Constants of [`GuardConfig`] and [`GuardEvent`].

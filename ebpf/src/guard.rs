@@ -25,10 +25,10 @@ use aya_ebpf::{
     btf_maps::SkStorage,
     helpers::{
         bpf_get_current_ancestor_cgroup_id, bpf_get_current_pid_tgid, bpf_getsockopt,
-        bpf_setsockopt, bpf_sk_storage_get,
+        bpf_ktime_get_ns, bpf_setsockopt, bpf_sk_storage_get,
     },
     macros::{btf_map, cgroup_sock, cgroup_sock_addr, cgroup_sockopt, map},
-    maps::{HashMap, PerCpuArray},
+    maps::{Array, HashMap, PerCpuArray},
     programs::{SockAddrContext, SockContext, SockoptContext},
 };
 use bufscope_common::{
@@ -54,7 +54,7 @@ static GUARD: GuardConfig = GuardConfig {
     tcp_rmem_ceiling: 0,
     tcp_wmem_ceiling: 0,
     self_tgid: 0,
-    _pad: 0,
+    lease_secs: 0,
 };
 
 /// Reads one `GUARD` field (volatile: the compiler must not fold the compiled-in zero).
@@ -164,9 +164,24 @@ impl Decision {
     };
 }
 
+/// The lease of a persisted guard (`--guard.persist`): the `bpf_ktime_get_ns` time until
+/// which it acts, renewed by the running bufscope. Once it passed (no bufscope for
+/// `--guard.lease`: crashed, uninstalled), the guard is off: it fails open.
+#[map]
+static GUARD_LEASE: Array<u64> = Array::with_max_entries(1, 0);
+
+/// The mode in force: `GUARD.mode` (a constant to the verifier: with the guard off nothing
+/// below it is loaded), or off once a persisted guard's lease expired.
 #[inline(always)]
 fn mode() -> u32 {
-    guard_cfg!(mode)
+    let m = guard_cfg!(mode);
+    if m != guard::MODE_OFF && guard_cfg!(lease_secs) != 0 {
+        let deadline = GUARD_LEASE.get(0).copied().unwrap_or(0);
+        if unsafe { bpf_ktime_get_ns() } > deadline {
+            return guard::MODE_OFF;
+        }
+    }
+    m
 }
 
 /// Whether the calling process (`tgid`; its name — the thread-group leader's `comm`, not the
@@ -460,35 +475,43 @@ pub fn guard_sendmsg6(ctx: SockAddrContext) -> i32 {
 
 /// `cgroup/getsockopt`: `SO_RCVBUF`/`SO_SNDBUF` of a TCP socket whose request the guard
 /// skipped read back as at least what the kernel would have given for it
-/// (`2 * min(value, rmem_max)`, capped like the kernel); everything else is untouched.
+/// (`2 * min(value, rmem_max)`, capped like the kernel); everything else is untouched. An
+/// `optlen` above a page is reset on every path ("keep the kernel's result": before 6.5 the
+/// call fails with EFAULT otherwise).
 #[cgroup_sockopt(getsockopt)]
 pub fn guard_getsockopt(ctx: SockoptContext) -> i32 {
     let so = unsafe { &mut *ctx.sockopt };
-    if mode() != guard::MODE_ENFORCE || so.level != SOL_SOCKET {
-        if so.optlen > 4096 {
-            so.optlen = 0;
-        }
-        return 1;
+    if mode() == guard::MODE_ENFORCE && so.level == SOL_SOCKET {
+        readback(so);
     }
+    if so.optlen > 4096 {
+        so.optlen = 0;
+    }
+    1
+}
+
+/// The readback of a skipped TCP size request, if `so` asks one.
+#[inline(always)]
+fn readback(so: &mut aya_ebpf::bindings::bpf_sockopt) {
     let slot = match so.optname {
         SO_RCVBUF => 0,
         SO_SNDBUF => 1,
-        _ => return 1,
+        _ => return,
     };
     if so.retval != 0 {
-        return 1;
+        return;
     }
     let Some(st) = guard_sk(unsafe { so.__bindgen_anon_1.sk }.cast(), false) else {
-        return 1;
+        return;
     };
     let want = st.asked[slot];
     if want <= 0 {
-        return 1;
+        return;
     }
     let optval = unsafe { so.__bindgen_anon_2.optval } as *mut u8;
     let end = unsafe { so.__bindgen_anon_3.optval_end } as *const u8;
     if so.optlen < 4 || unsafe { optval.add(4) } as *const u8 > end {
-        return 1;
+        return;
     }
     let ceiling = if slot == 0 {
         guard_cfg!(tcp_rmem_ceiling)
@@ -500,5 +523,4 @@ pub fn guard_getsockopt(ctx: SockoptContext) -> i32 {
     if would > actual {
         unsafe { core::ptr::write_unaligned(optval as *mut i32, would) };
     }
-    1
 }

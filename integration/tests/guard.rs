@@ -1200,3 +1200,129 @@ fn unconnected_sender_is_one_decision_per_socket() {
         tried.push(hooks);
     }
 }
+
+/// A pin directory of its own under /sys/fs/bpf, emptied with `bufscope cleanup` before and
+/// after.
+struct PinDir(std::path::PathBuf);
+
+impl PinDir {
+    fn new(tag: &str) -> Self {
+        let p = std::path::PathBuf::from(format!(
+            "/sys/fs/bpf/bufscope-guard-{tag}-{}",
+            std::process::id()
+        ));
+        let d = Self(p);
+        d.cleanup();
+        d
+    }
+
+    fn flag(&self) -> String {
+        format!("--bpf.pin-path={}", self.0.display())
+    }
+
+    fn cleanup(&self) {
+        let _ = Command::new(bufscope_integration::bufscope_bin())
+            .args(["cleanup", "--bpf.pin-path"])
+            .arg(&self.0)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status();
+    }
+}
+
+impl Drop for PinDir {
+    fn drop(&mut self) {
+        self.cleanup();
+    }
+}
+
+/// A persisted guard has a lease: killed (-9), bufscope leaves the pinned guard acting until
+/// `--guard.lease` has passed without renewal, then it fails open (the kernel's lock is back).
+#[test]
+#[ignore = "needs root: run via cargo xtask test"]
+fn persisted_guard_fails_open_after_its_lease() {
+    let pins = PinDir::new("lease");
+    let flag = pins.flag();
+    let e = Exporter::start(&[
+        &flag,
+        "--guard.mode",
+        "enforce",
+        "--guard.persist",
+        "--guard.lease",
+        "3s",
+    ]);
+    let info = e.scrape().sum(
+        "bufscope_guard_scope_info",
+        &[("mode", "enforce"), ("lease_seconds", "3")],
+    );
+    assert_eq!(info, 1.0, "the scope says the lease");
+    assert_eq!(threaded_lock("worker"), 0, "enforced while bufscope runs");
+    e.kill9();
+    assert_eq!(
+        threaded_lock("worker"),
+        0,
+        "still enforced right after bufscope died (persisted, within its lease)"
+    );
+    // No bufscope renews it: after the lease the pinned guard acts no more.
+    std::thread::sleep(Duration::from_secs(4));
+    assert_eq!(threaded_lock("worker"), 2, "failed open after the lease");
+}
+
+/// Changing the comm scope across a pinned restart takes effect: `--guard.comm python3`
+/// then `--guard.exclude-comm python3` (both persisted) leaves python3 untouched, and back.
+#[test]
+#[ignore = "needs root: run via cargo xtask test"]
+fn comm_scope_change_across_a_pinned_restart_takes_effect() {
+    let pins = PinDir::new("comms");
+    let flag = pins.flag();
+    let start = |list: &str| {
+        Exporter::start(&[
+            &flag,
+            "--guard.mode",
+            "enforce",
+            "--guard.persist",
+            list,
+            "python3",
+        ])
+    };
+    let e = start("--guard.comm");
+    assert_eq!(threaded_lock("worker"), 0, "--guard.comm python3: in scope");
+    e.stop();
+    let e = start("--guard.exclude-comm");
+    assert_eq!(
+        threaded_lock("worker"),
+        2,
+        "--guard.exclude-comm python3 after a pinned restart: out of scope"
+    );
+    e.kill9();
+    let e = start("--guard.comm");
+    assert_eq!(threaded_lock("worker"), 0, "and back in scope");
+    drop(e);
+}
+
+/// `enforce` at node scope says so: a warning at start, and `bufscope_guard_scope_info`
+/// names the cgroup2 root; a narrowed scope does not warn.
+#[test]
+#[ignore = "needs root: run via cargo xtask test"]
+fn node_scope_enforce_warns_and_exports_its_scope() {
+    let e = Exporter::start(&["--guard.mode", "enforce"]);
+    let root = bufscope_testkit::cgroup2_mounts().unwrap()[0].clone();
+    let info = e.scrape().sum(
+        "bufscope_guard_scope_info",
+        &[
+            ("mode", "enforce"),
+            ("cgroup", root.as_str()),
+            ("comm_mode", "all"),
+        ],
+    );
+    assert_eq!(info, 1.0, "scope info names the whole node");
+    assert!(e.log().contains("enforce at node scope"), "{}", e.log());
+    drop(e);
+    let e = Exporter::start(&["--guard.mode", "enforce", "--guard.comm", "openvpn"]);
+    let info = e.scrape().sum(
+        "bufscope_guard_scope_info",
+        &[("comm_mode", "only"), ("comms", "openvpn")],
+    );
+    assert_eq!(info, 1.0);
+    assert!(!e.log().contains("enforce at node scope"), "{}", e.log());
+}

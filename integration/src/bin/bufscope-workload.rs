@@ -696,9 +696,8 @@ mod bench {
             while start.elapsed() < limit {
                 for _ in 0..16 {
                     // SAFETY: valid fd and message vector.
-                    let n = unsafe {
-                        libc::sendmmsg(s.as_raw_fd(), msgs.as_mut_ptr(), mmsg as u32, 0)
-                    };
+                    let n =
+                        unsafe { libc::sendmmsg(s.as_raw_fd(), msgs.as_mut_ptr(), mmsg as u32, 0) };
                     if n > 0 {
                         sent += n as u64;
                     } else {

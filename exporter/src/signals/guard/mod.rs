@@ -178,6 +178,32 @@ pub struct Guard {
     settings: Settings,
     /// `GUARD_STATS`: decisions acted on but not reported (ring buffer full), per CPU.
     stats: aya::maps::PerCpuArray<aya::maps::MapData, u64>,
+    /// `GUARD_LEASE` of a persisted guard, renewed on every poll.
+    lease: Option<(
+        aya::maps::Array<aya::maps::MapData, u64>,
+        std::time::Duration,
+    )>,
+}
+
+/// `CLOCK_MONOTONIC` in ns: the clock of `bpf_ktime_get_ns`.
+fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: a valid timespec out-pointer.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+/// Sets a persisted guard's lease to `lease` from now.
+fn renew(
+    map: &mut aya::maps::Array<impl std::borrow::BorrowMut<aya::maps::MapData>, u64>,
+    lease: std::time::Duration,
+) -> anyhow::Result<()> {
+    let deadline = monotonic_ns().saturating_add(lease.as_nanos() as u64);
+    map.set(0, deadline, 0)
+        .context("renewing the guard's lease (GUARD_LEASE)")
 }
 
 impl Guard {
@@ -253,6 +279,14 @@ impl Room for Guard {
         for c in comms {
             map.insert(c, 1, 0).context("filling GUARD_COMMS")?;
         }
+        // A persisted guard acts only while its lease lies ahead: set it before it attaches.
+        if let Some(lease) = setup.0.as_ref().and_then(|on| on.settings.lease) {
+            let mut map: aya::maps::Array<_, u64> = aya::maps::Array::try_from(
+                ebpf.map_mut("GUARD_LEASE")
+                    .context("map GUARD_LEASE missing from the BPF object")?,
+            )?;
+            renew(&mut map, lease)?;
+        }
         Ok(())
     }
 
@@ -273,6 +307,10 @@ impl Room for Guard {
     ) -> anyhow::Result<Option<Box<dyn Signal>>> {
         Ok(match setup.0 {
             Some(on) if env.attached(PROBE.name) => Some(Box::new(Self {
+                lease: match on.settings.lease {
+                    Some(l) => Some((take_map(ebpf, "GUARD_LEASE")?, l)),
+                    None => None,
+                },
                 settings: on.settings,
                 stats: take_map(ebpf, "GUARD_STATS")?,
             })),
@@ -295,6 +333,37 @@ impl Signal for Guard {
         let mut f = UNREPORTED.family();
         f.push(&[], self.stat(g::STAT_UNREPORTED) as f64);
         f.done(out);
+        let (cgroup, comm_mode, comms) = &self.settings.scope;
+        let lease = self
+            .settings
+            .lease
+            .map_or(String::new(), |l| l.as_secs().to_string());
+        let mut f = SCOPE.family();
+        f.push(
+            &[
+                if self.settings.enforce {
+                    "enforce"
+                } else {
+                    "observe"
+                },
+                cgroup,
+                comm_mode,
+                comms,
+                &lease,
+            ],
+            1.0,
+        );
+        f.done(out);
+    }
+
+    /// Renews a persisted guard's lease.
+    fn poll(&mut self, _cx: &mut Cx<'_>) -> bool {
+        if let Some((map, lease)) = &mut self.lease
+            && let Err(e) = renew(map, *lease)
+        {
+            tracing::warn!(error = %e, "guard: could not renew the lease; it fails open when it runs out");
+        }
+        false
     }
 
     fn map_counters(&self) -> &'static [&'static str] {
@@ -362,4 +431,9 @@ const UNREPORTED: Spec = Spec::counter(
     "bufscope_guard_unreported_total",
     "Guard decisions taken and acted on in the kernel that could not be reported (the event ring buffer was full, e.g. while bufscope was stopped): not in bufscope_guard_decisions_total.",
     &[],
+);
+const SCOPE: Spec = Spec::gauge(
+    "bufscope_guard_scope_info",
+    "The guard's scope (1 while it is on): mode, the cgroup whose processes it acts for (the cgroup2 root: the whole node), comm_mode all/only/except with comms, and lease_seconds of a persisted guard (empty: it stops with bufscope).",
+    &["mode", "cgroup", "comm_mode", "comms", "lease_seconds"],
 );

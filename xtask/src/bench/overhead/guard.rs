@@ -3,7 +3,8 @@
 //! own network namespace, with bufscope's guard off, in `observe` and in `enforce`, rounds
 //! alternating in one run; and what one per-socket decision costs.
 //!
-//! The datagrams go to a `dummy` device (no ARP, every packet consumed by the driver), so the
+//! The datagrams go to a loopback port nobody listens on (the kernel drops each as
+//! `NO_SOCKET`, a reason bufscope does not track, and rate-limits its ICMP errors), so the
 //! whole UDP transmit path runs and no receiver competes for the two cores. Every variant
 //! runs bufscope with its default probes: the rows differ by `--guard.mode` alone. Where the
 //! guard's UDP floor runs on `cgroup/sendmsg{4,6}` (kernels that refuse `bpf_setsockopt` in
@@ -26,12 +27,10 @@ use super::bpf_stats::{BpfStats, delta, snapshot};
 use super::harness::{Bins, median};
 use crate::bench::table;
 
-/// The namespace of the sender and its dummy device.
+/// The namespace of the sender.
 const NS: &str = "bsp-ovh-guard";
-const DUMMY: &str = "bspgd0";
-const ADDR: &str = "10.203.78.1/24";
-/// A neighbour on the dummy link (nothing answers: the dummy driver consumes every packet).
-const DEST: &str = "10.203.78.2:9";
+/// A loopback port nobody listens on.
+const DEST: &str = "127.0.0.1:9";
 /// Sockets of the decision-cost pass.
 const FRESH: &str = "20000";
 
@@ -45,9 +44,6 @@ impl SendLab {
         for args in [
             &["netns", "add", NS][..],
             &["-n", NS, "link", "set", "lo", "up"],
-            &["-n", NS, "link", "add", DUMMY, "type", "dummy"],
-            &["-n", NS, "addr", "add", ADDR, "dev", DUMMY],
-            &["-n", NS, "link", "set", DUMMY, "up"],
         ] {
             let o = Command::new("ip")
                 .args(args)
@@ -120,7 +116,15 @@ const SENDERS: [(&str, &[&str]); 2] = [
 /// One blast of `extra` for `secs`: datagrams per second.
 fn blast(bins: &Bins, secs: f64, extra: &[&str]) -> anyhow::Result<f64> {
     let secs_s = format!("{secs}");
-    let mut args = vec!["udp-blast", "--dest", DEST, "--seconds", &secs_s, "--size", "64"];
+    let mut args = vec![
+        "udp-blast",
+        "--dest",
+        DEST,
+        "--seconds",
+        &secs_s,
+        "--size",
+        "64",
+    ];
     args.extend(extra);
     let (mut p, _) = bins.workload(Some(NS), &args)?;
     let line = p.wait_line("SENT", Duration::from_secs_f64(secs + 30.0))?;
@@ -149,7 +153,14 @@ fn guard_prog_cost(
     run()?;
     let after = snapshot(pid)?;
     let (ns, cnt) = delta(&before, &after, |p| p.name.starts_with("guard_"));
-    Ok((if cnt == 0 { f64::NAN } else { ns as f64 / cnt as f64 }, cnt))
+    Ok((
+        if cnt == 0 {
+            f64::NAN
+        } else {
+            ns as f64 / cnt as f64
+        },
+        cnt,
+    ))
 }
 
 /// Runs the section and returns its tables.
@@ -219,10 +230,8 @@ pub(super) fn section(a: &Args, bins: &Bins) -> anyhow::Result<String> {
             let pid = e.pid();
             let (per_send, sends) = guard_prog_cost(pid, || blast(bins, 1.0, &[]).map(|_| ()))?;
             let (per_socket, sockets) = guard_prog_cost(pid, || {
-                let (mut p, _) = bins.workload(
-                    Some(NS),
-                    &["udp-fresh", "--dest", DEST, "--count", FRESH],
-                )?;
+                let (mut p, _) =
+                    bins.workload(Some(NS), &["udp-fresh", "--dest", DEST, "--count", FRESH])?;
                 p.wait_line("DONE", Duration::from_secs(120))?;
                 Ok(())
             })?;
@@ -248,7 +257,7 @@ pub(super) fn section(a: &Args, bins: &Bins) -> anyhow::Result<String> {
     };
     let mut out = format!(
         "### Guard on the send path\n\nUnconnected UDP sender in its own network namespace \
-         (datagrams to a dummy device), median of {} alternating rounds of {} s; the guard's \
+         (datagrams to a closed loopback port), median of {} alternating rounds of {} s; the guard's \
          UDP hooks on this kernel: `{hooks}`.\n\n",
         a.runs, a.seconds
     );
