@@ -35,6 +35,34 @@ pub const SOCK_BUF_LOCK_MASK: u8 = 3;
 pub const IPPROTO_TCP: u8 = 6;
 /// `IPPROTO_UDP`.
 pub const IPPROTO_UDP: u8 = 17;
+/// `IPPROTO_UDPLITE`.
+pub const IPPROTO_UDPLITE: u8 = 136;
+
+/// `AF_INET`.
+pub const AF_INET: u16 = 2;
+/// `AF_INET6`.
+pub const AF_INET6: u16 = 10;
+/// `SOCK_STREAM`.
+pub const SOCK_STREAM: u16 = 1;
+/// `SOCK_DGRAM`.
+pub const SOCK_DGRAM: u16 = 2;
+
+/// The transport a socket is about, from its family, type and protocol: `IPPROTO_TCP` for an
+/// `AF_INET`/`AF_INET6` `SOCK_STREAM` TCP socket, `IPPROTO_UDP` (or `IPPROTO_UDPLITE`) for an
+/// inet `SOCK_DGRAM` one, 0 for every other socket. `sk_protocol` alone is not enough: a
+/// `NETLINK_XFRM` socket has protocol 6 and a raw socket may have 6 or 17.
+#[inline(always)]
+pub const fn transport(family: u16, sk_type: u16, protocol: u16) -> u8 {
+    if family != AF_INET && family != AF_INET6 {
+        return 0;
+    }
+    match (sk_type, protocol) {
+        (SOCK_STREAM, 6) => IPPROTO_TCP,
+        (SOCK_DGRAM, 17) => IPPROTO_UDP,
+        (SOCK_DGRAM, 136) => IPPROTO_UDPLITE,
+        _ => 0,
+    }
+}
 
 /// `TCP_ESTABLISHED` (state numbers are stable kernel ABI of the `inet_sock_set_state` tracepoint).
 pub const TCP_ESTABLISHED: i32 = 1;
@@ -260,6 +288,8 @@ pub struct Config {
     pub cgroup_kn: u32,
     /// `kernfs_node.id` (u64: the cgroup id, the cgroup directory's inode number).
     pub kn_id: u32,
+    /// `sock.sk_type` (u16 on recent kernels, a 16-bit bitfield on older ones).
+    pub sk_type: Field,
 }
 
 /// What the owner of a socket is: the process that created, bound, connected, accepted or
@@ -405,7 +435,8 @@ pub struct SockoptEvent {
     /// `sk_userlocks & SOCK_BUF_LOCK_MASK` after the call (with
     /// [`sockopt_flags::BEFORE_HANDLER`]: before it).
     pub locks_after: u8,
-    /// IP protocol of the socket.
+    /// The socket's transport as [`transport`] says it: `IPPROTO_TCP`/`IPPROTO_UDP` only for
+    /// inet stream/datagram sockets, 0 for any other socket (netlink, raw, unix).
     pub proto: u8,
     /// [`sockopt_flags`].
     pub flags: u8,
@@ -463,8 +494,11 @@ pub struct GuardConfig {
     pub tcp_wmem_ceiling: i32,
     /// bufscope's own process id: never in scope (its measurements and its HTTP socket).
     pub self_tgid: u32,
-    /// Padding.
-    pub _pad: u32,
+    /// A persisted guard's lease (`--guard.lease`, seconds; 0: no lease, the guard lives and
+    /// dies with bufscope): the programs act only while `GUARD_LEASE` (a deadline in
+    /// `bpf_ktime_get_ns` time, renewed by the running bufscope) lies ahead, and fail open
+    /// after it.
+    pub lease_secs: u32,
 }
 
 /// Constants of [`GuardConfig`] and [`GuardEvent`].
@@ -500,6 +534,13 @@ pub mod guard {
     pub const HOOK_CONNECT: u8 = 3;
     /// At `sendmsg` (an unbound, unconnected socket's first send).
     pub const HOOK_SENDMSG: u8 = 4;
+    /// At socket creation (`cgroup/sock_create`).
+    pub const HOOK_CREATE: u8 = 5;
+    /// Slot of `GUARD_STATS` (a per-CPU array): decisions taken (and acted on) that could not
+    /// be reported because the `EVENTS` ring buffer was full.
+    pub const STAT_UNREPORTED: u32 = 0;
+    /// Slots of `GUARD_STATS`.
+    pub const STAT_COUNT: u32 = 1;
 }
 
 /// One guard decision (in process context: the owner is the caller).
@@ -524,7 +565,8 @@ pub struct GuardEvent {
     pub action: u8,
     /// Where: [`guard::HOOK_SETSOCKOPT`], …
     pub hook: u8,
-    /// IP protocol of the socket.
+    /// The socket's transport as [`transport`] says it: `IPPROTO_TCP`/`IPPROTO_UDP` only for
+    /// inet stream/datagram sockets, 0 for any other socket (netlink, raw, unix).
     pub proto: u8,
     /// Return value of `bpf_setsockopt` for raises at bind/connect/sendmsg (0 otherwise).
     pub ret: i32,
@@ -724,7 +766,7 @@ pub struct ReaderVal {
 const _: () = assert!(core::mem::size_of::<CompatConfig>() == 32);
 const _: () = assert!(core::mem::size_of::<SpaceSnap>() == 16);
 const _: () = assert!(core::mem::size_of::<Field>() == 8);
-const _: () = assert!(core::mem::size_of::<Config>() == 296);
+const _: () = assert!(core::mem::size_of::<Config>() == 304);
 const _: () = assert!(core::mem::offset_of!(Config, reason_mask) == 208);
 const _: () = assert!(core::mem::size_of::<Owner>() == 40);
 const _: () = assert!(core::mem::size_of::<DropKey>() == 24);

@@ -21,14 +21,14 @@ use aya_ebpf::{
 use aya_log_ebpf::debug;
 use bufscope_common::{
     SO_BUF_LOCK, SO_RCVBUF, SO_RCVBUFFORCE, SO_SNDBUF, SO_SNDBUFFORCE, SOL_SOCKET, SockoptEvent,
-    event_kind, sockopt_flags, stat,
+    event_kind, sockopt_flags, stat, transport,
 };
 
 use crate::events::{EVENTS, stat_inc, submit_flags};
 use crate::guard;
-use crate::kmem::{kread, kread_field, tp_field};
+use crate::kmem::{kread, tp_field};
 use crate::owners::record_caller_as_owner;
-use crate::sock::{addr_of, sk_inode, sk_netns, sk_userlocks};
+use crate::sock::{addr_of, sk_inode, sk_netns, sk_transport, sk_userlocks};
 use crate::task::{current_owner, fd_file, sockopt_owner};
 
 /// setsockopt calls in flight: `pid_tgid` → what `sys_enter` saw. A plain (preallocated)
@@ -88,16 +88,27 @@ fn caller_net_admin() -> bool {
 const PAGE_SIZE: i32 = 4096;
 
 /// `cgroup/setsockopt`: buffer-size options at `SOL_SOCKET`, before the kernel's handler. The
-/// guard ([`crate::guard`]) decides here too: one program observes and acts.
+/// guard ([`crate::guard`]) decides here too: one program observes and acts. The guard acts
+/// first and reports after, so a full ring buffer never changes what it does; an `optlen`
+/// above a page is reset on every path (the kernel hands the program one page; before 6.5 it
+/// fails the call with EFAULT unless the program says "use the caller's data").
 #[cgroup_sockopt(setsockopt)]
 pub fn cgroup_setsockopt(ctx: SockoptContext) -> i32 {
     let so = unsafe { &mut *ctx.sockopt };
-    if so.level != SOL_SOCKET || !is_buffer_option(so.optname) {
-        if so.optlen > PAGE_SIZE {
-            so.optlen = 0;
-        }
-        return 1;
+    let optlen = so.optlen;
+    if so.level == SOL_SOCKET && is_buffer_option(so.optname) {
+        buffer_setsockopt(&ctx, so);
     }
+    // -1 (skipped) and 4 (rewritten) are never above a page: only an untouched optlen is.
+    if so.optlen > PAGE_SIZE && so.optlen == optlen {
+        so.optlen = 0;
+    }
+    1
+}
+
+/// A buffer-size `setsockopt`: the guard's decision (acted on at once), then the event.
+#[inline(always)]
+fn buffer_setsockopt(ctx: &SockoptContext, so: &mut aya_ebpf::bindings::bpf_sockopt) {
     let optlen = so.optlen;
     let optval = unsafe { so.__bindgen_anon_2.optval } as *const u8;
     let end = unsafe { so.__bindgen_anon_3.optval_end } as *const u8;
@@ -106,32 +117,34 @@ pub fn cgroup_setsockopt(ctx: SockoptContext) -> i32 {
     } else {
         0
     };
+    let bsk = unsafe { &*so.__bindgen_anon_1.sk };
+    let proto = transport(bsk.family as u16, bsk.type_ as u16, bsk.protocol as u16);
     let sk = addr_of(unsafe { so.__bindgen_anon_1.sk });
     if sk == 0 {
-        return 1;
+        return;
     }
     let inode = sk_inode(sk);
     let owner = sockopt_owner();
     record_caller_as_owner(inode, &owner);
-    let Some(mut entry) = EVENTS.reserve::<SockoptEvent>(0) else {
-        stat_inc(stat::RINGBUF_FULL);
-        return 1;
-    };
+    // The state before the call (the handler has not run yet, and the guard's action below
+    // does not run it either).
     let locks = sk_userlocks(sk) as u8;
-    let proto = kread_field(sk, cfg!(sk_protocol));
+    let rcvbuf_before: i32 = kread(sk, cfg!(sk_rcvbuf));
+    let sndbuf_before: i32 = kread(sk, cfg!(sk_sndbuf));
     let mut flags = sockopt_flags::BEFORE_HANDLER;
     // Only the *FORCE options look at the capability (4 reads saved on every other call).
     if matches!(so.optname, SO_RCVBUFFORCE | SO_SNDBUFFORCE) && caller_net_admin() {
         flags |= sockopt_flags::NET_ADMIN;
     }
-    let decision = guard::decide_setsockopt(&owner, proto, so.optname, requested, optlen);
+    let net_admin = flags & sockopt_flags::NET_ADMIN != 0;
+    let decision =
+        guard::decide_setsockopt(&owner, proto, so.optname, requested, optlen, net_admin);
     let mut applied = requested;
     match decision.action {
         bufscope_common::guard::ACTION_SKIPPED => {
             // The kernel's handler does not run; the caller gets success.
             so.optlen = -1;
             flags |= sockopt_flags::GUARD_SKIPPED;
-            guard::remember_skipped(inode, so.optname, requested);
         }
         bufscope_common::guard::ACTION_RAISED => {
             if unsafe { optval.add(4) } <= end {
@@ -144,6 +157,31 @@ pub fn cgroup_setsockopt(ctx: SockoptContext) -> i32 {
         }
         _ => {}
     }
+    // Each (socket, rule) decision is reported once; the socket-local storage remembers it
+    // (and what a skipped request asked, for the getsockopt readback).
+    if decision.action != 0
+        && guard::note_setsockopt(
+            unsafe { so.__bindgen_anon_1.sk },
+            decision,
+            so.optname,
+            requested,
+        )
+    {
+        guard::report(
+            &owner,
+            decision,
+            bufscope_common::guard::HOOK_SETSOCKOPT,
+            so.optname,
+            inode,
+            requested,
+            proto,
+            0,
+        );
+    }
+    let Some(mut entry) = EVENTS.reserve::<SockoptEvent>(0) else {
+        stat_inc(stat::RINGBUF_FULL);
+        return;
+    };
     entry.write(SockoptEvent {
         kind: event_kind::SOCKOPT,
         optname: so.optname,
@@ -153,13 +191,13 @@ pub fn cgroup_setsockopt(ctx: SockoptContext) -> i32 {
         requested,
         ret: 0,
         optlen: optlen.max(0) as u32,
-        rcvbuf_after: kread(sk, cfg!(sk_rcvbuf)),
-        sndbuf_after: kread(sk, cfg!(sk_sndbuf)),
+        rcvbuf_after: rcvbuf_before,
+        sndbuf_after: sndbuf_before,
         locks_before: locks,
         locks_after: locks,
-        proto: proto as u8,
+        proto,
         flags,
-        family: kread(sk, cfg!(sk_family)),
+        family: bsk.family as u16,
         _pad1: 0,
         applied,
         _pad2: 0,
@@ -167,27 +205,14 @@ pub fn cgroup_setsockopt(ctx: SockoptContext) -> i32 {
     entry.submit(submit_flags());
     // The outcome is derived in userspace; this is what the kernel's handler is about to get.
     debug!(
-        &ctx,
+        ctx,
         "setsockopt tgid={} opt={} req={} applied={} rcvbuf_before={}",
         owner.tgid,
         so.optname,
         requested,
         applied,
-        kread::<i32>(sk, cfg!(sk_rcvbuf))
+        rcvbuf_before
     );
-    if decision.action != 0 {
-        guard::report(
-            &owner,
-            decision,
-            bufscope_common::guard::HOOK_SETSOCKOPT,
-            so.optname,
-            inode,
-            requested,
-            proto as u8,
-            0,
-        );
-    }
-    1
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -274,7 +299,7 @@ pub fn sys_exit_setsockopt(ctx: TracePointContext) -> u32 {
         sndbuf_after: kread(sk, cfg!(sk_sndbuf)),
         locks_before: p.locks_before as u8,
         locks_after: sk_userlocks(sk) as u8,
-        proto: kread_field(sk, cfg!(sk_protocol)) as u8,
+        proto: sk_transport(sk),
         flags: 0,
         family: kread(sk, cfg!(sk_family)),
         _pad1: 0,

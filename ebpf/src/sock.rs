@@ -3,7 +3,7 @@
 //! for plain addresses (helper reads); and the plain address of a cgroup program's socket.
 
 use aya_ebpf::{macros::map, maps::PerCpuArray};
-use bufscope_common::SOCK_BUF_LOCK_MASK;
+use bufscope_common::{SOCK_BUF_LOCK_MASK, transport};
 
 use crate::kmem::{kread, kread_field, load, load_field};
 
@@ -58,6 +58,16 @@ pub(crate) fn sk_netns(sk: u64) -> u32 {
 #[inline(always)]
 pub(crate) fn sk_userlocks(sk: u64) -> u32 {
     kread_field(sk, cfg!(sk_userlocks)) & SOCK_BUF_LOCK_MASK as u32
+}
+
+/// [`transport`] of a plain-address `sk`: its family, type and protocol read from the kernel.
+#[inline(always)]
+pub(crate) fn sk_transport(sk: u64) -> u8 {
+    transport(
+        kread::<u16>(sk, cfg!(sk_family)),
+        kread_field(sk, cfg!(sk_type)) as u16,
+        kread_field(sk, cfg!(sk_protocol)) as u16,
+    )
 }
 
 /// One slot per CPU to turn a cgroup program's context pointer into a number: the verifier

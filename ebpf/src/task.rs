@@ -98,6 +98,15 @@ pub(crate) fn sockopt_owner() -> Owner {
     }
 }
 
+/// `current->group_leader->comm`: the process's name, whichever of its threads (a named
+/// worker thread, an io_uring worker) makes the call (cgroup programs: probe reads).
+#[inline(always)]
+pub(crate) fn leader_comm() -> [u8; 16] {
+    let task = unsafe { bpf_get_current_task() };
+    let leader: u64 = kread(task, cfg!(task_group_leader));
+    kread(leader, cfg!(task_comm))
+}
+
 /// `bpf_get_current_ancestor_cgroup_id(level)` from the task (for `cgroup/setsockopt`,
 /// which gets that helper only from 6.1 on): the id of the calling task's cgroup2 ancestor
 /// at `level`, 0 when its cgroup is shallower.

@@ -52,6 +52,7 @@
 //!   udp_floor: 7340032
 //!   raise_sysctl: false
 //!   persist: false           # with bpf.pin_path: keep the guard attached while bufscope is down
+//!   # lease: 5m              # with persist: how long it outlives bufscope before failing open
 //! ```
 
 use std::collections::{BTreeMap, HashMap};

@@ -165,6 +165,12 @@ fn cases(dir: &Path) -> Vec<Case> {
         run(&["--log.level", "loud"], 2, "--log.level"),
         run(&["--guard.mode", "on"], 2, "--guard.mode"),
         run(&["--guard.persist"], 1, "--guard.persist"),
+        run(&["--guard.lease", "0s"], 2, "--guard.lease"),
+        run(
+            &["--guard.mode", "enforce", "--guard.lease", "1m"],
+            1,
+            "--guard.lease",
+        ),
         run(
             &[
                 "--guard.mode",

@@ -106,6 +106,7 @@ pub fn build_config(
     c.sk_rmem_alloc = off("sock", "sk_backlog.rmem_alloc")?;
     c.sk_userlocks = field("sock", "sk_userlocks")?;
     c.sk_protocol = field("sock", "sk_protocol")?;
+    c.sk_type = field("sock", "sk_type")?;
 
     c.tcp_rcv_wscale = field("tcp_sock", "rx_opt.rcv_wscale")?;
     c.tcp_snd_wscale = field("tcp_sock", "rx_opt.snd_wscale")?;

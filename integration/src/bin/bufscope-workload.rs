@@ -28,8 +28,11 @@ const USAGE: &str = "usage: bufscope-workload <command> [--key value …]
 Benchmark and reliability workloads:
   udp-sink   [--bind IP] [--rcvbuf N | --rcvbuf-force N] [--no-read]   one UDP socket read with
              recvmmsg (unless --no-read); stdin \"count\" prints COUNT <datagrams>
-  udp-blast  --dest IP:PORT --seconds S [--size B]   sendto() as fast as possible for S seconds;
+  udp-blast  --dest IP:PORT --seconds S [--size B] [--mmsg N]   sendto() (or sendmmsg() of N
+             addressed datagrams) as fast as possible for S seconds on one unconnected socket;
              prints SENT <datagrams> <errors> <secs>
+  udp-fresh  --dest IP:PORT [--count N]   N times: a new UDP socket sends one datagram, closes;
+             prints DONE <n> <secs>
   udp-spray  --ports-file F --pps R --seconds S [--size B]   round-robin over every port in F
              (loopback) at about R datagrams/s; prints SENT <n>
   tcp-sink   [--bind IP]   accepts connections one after the other and reads each to EOF;
@@ -525,6 +528,7 @@ fn main() {
         "hold-comm" => hold_comm(&a),
         "udp-sink" => bench::udp_sink(&a),
         "udp-blast" => bench::udp_blast(&a),
+        "udp-fresh" => bench::udp_fresh(&a),
         "udp-spray" => bench::udp_spray(&a),
         "tcp-sink" => bench::tcp_sink(&a),
         "tcp-blast" => bench::tcp_blast(&a),
@@ -685,18 +689,55 @@ mod bench {
         Ok(())
     }
 
-    /// `udp-blast`: one `sendto` per datagram, as fast as possible, for `--seconds`.
+    /// `udp-blast`: one `sendto` per datagram (or, with `--mmsg N`, `sendmmsg` of N datagrams
+    /// each addressed, as wireguard-go sends), as fast as possible, for `--seconds`, on one
+    /// unconnected socket.
     pub fn udp_blast(a: &Args) -> anyhow::Result<()> {
         let to = dest(a)?;
         let secs: f64 = a.num("--seconds", 2.0)?;
         let size: usize = a.num("--size", 64)?;
+        let mmsg: usize = a.num("--mmsg", 0)?;
         let s = udp(to.ip())?;
         let to = SockAddr::from(to);
-        let buf = vec![0x5au8; size];
+        let mut buf = vec![0x5au8; size];
         ready(&[("pid", std::process::id().to_string())]);
         let start = Instant::now();
         let limit = Duration::from_secs_f64(secs);
         let (mut sent, mut errors) = (0u64, 0u64);
+        if mmsg > 0 {
+            let mut iov = libc::iovec {
+                iov_base: buf.as_mut_ptr().cast(),
+                iov_len: buf.len(),
+            };
+            // SAFETY: zeroed msghdrs are valid; every pointer below outlives the calls.
+            let mut msgs: Vec<libc::mmsghdr> = (0..mmsg)
+                .map(|_| {
+                    let mut m: libc::mmsghdr = unsafe { std::mem::zeroed() };
+                    m.msg_hdr.msg_name = to.as_ptr() as *mut libc::c_void;
+                    m.msg_hdr.msg_namelen = to.len();
+                    m.msg_hdr.msg_iov = &raw mut iov;
+                    m.msg_hdr.msg_iovlen = 1;
+                    m
+                })
+                .collect();
+            while start.elapsed() < limit {
+                for _ in 0..16 {
+                    // SAFETY: valid fd and message vector.
+                    let n =
+                        unsafe { libc::sendmmsg(s.as_raw_fd(), msgs.as_mut_ptr(), mmsg as u32, 0) };
+                    if n > 0 {
+                        sent += n as u64;
+                    } else {
+                        errors += 1;
+                    }
+                }
+            }
+            say(format!(
+                "SENT {sent} {errors} {:.6}",
+                start.elapsed().as_secs_f64()
+            ));
+            return Ok(());
+        }
         'outer: loop {
             for _ in 0..256 {
                 match s.send_to(&buf, &to) {
@@ -712,6 +753,23 @@ mod bench {
             "SENT {sent} {errors} {:.6}",
             start.elapsed().as_secs_f64()
         ));
+        Ok(())
+    }
+
+    /// `udp-fresh`: `--count` times a new unconnected UDP socket that sends one datagram and
+    /// closes (every send is its socket's first).
+    pub fn udp_fresh(a: &Args) -> anyhow::Result<()> {
+        let to = dest(a)?;
+        let count: u64 = a.num("--count", 10_000)?;
+        let buf = [0x5au8; 64];
+        let addr = SockAddr::from(to);
+        ready(&[("pid", std::process::id().to_string())]);
+        let start = Instant::now();
+        for _ in 0..count {
+            let s = udp(to.ip())?;
+            let _ = s.send_to(&buf, &addr);
+        }
+        say(format!("DONE {count} {:.6}", start.elapsed().as_secs_f64()));
         Ok(())
     }
 

@@ -27,7 +27,7 @@ use settings::{Setup, require_enforce, resolve};
 
 use super::{
     AdviceCx, Attached, BuildEnv, Context, Cx, Part, ProcStats, Room, Services, Signal, decode,
-    setsockopt,
+    setsockopt, take_map,
 };
 use crate::advice::{GuardAct, Inputs};
 use crate::bpf::{Hook, LoadPlan, ProbeSpec, Purpose};
@@ -36,40 +36,54 @@ use crate::labels::Proto;
 use crate::store::Who;
 use crate::values::Invalid;
 
-/// The probe (only the bind/connect/sendmsg part: the setsockopt decisions ride on the
-/// setsockopt room's `cgroup/setsockopt`).
+/// The probe (the setsockopt decisions ride on the setsockopt room's `cgroup/setsockopt`).
+/// Best: UDP sockets raised once at creation (`cgroup/sock_create`, where the kernel allows
+/// `bpf_setsockopt` there): nothing runs per bind, connect or send. Fallback: decided at
+/// their first bind/connect/unconnected send, one storage lookup per later call (and the
+/// kernel takes the socket lock around every unconnected UDP send while a `sendmsg` program
+/// is attached).
 pub const PROBE: ProbeSpec = ProbeSpec {
     name: "guard",
     what: "applies the buffer policy in the kernel: TCP buffer requests skipped (autotuning stays on), UDP buffers raised to the floor",
-    variants: &[&[
-        Hook::CgroupGetsockopt {
-            prog: "guard_getsockopt",
-        },
-        Hook::CgroupSockAddr {
-            prog: "guard_bind4",
-            attach: "bind4",
-        },
-        Hook::CgroupSockAddr {
-            prog: "guard_bind6",
-            attach: "bind6",
-        },
-        Hook::CgroupSockAddr {
-            prog: "guard_connect4",
-            attach: "connect4",
-        },
-        Hook::CgroupSockAddr {
-            prog: "guard_connect6",
-            attach: "connect6",
-        },
-        Hook::CgroupSockAddr {
-            prog: "guard_sendmsg4",
-            attach: "sendmsg4",
-        },
-        Hook::CgroupSockAddr {
-            prog: "guard_sendmsg6",
-            attach: "sendmsg6",
-        },
-    ]],
+    variants: &[
+        &[
+            Hook::CgroupGetsockopt {
+                prog: "guard_getsockopt",
+            },
+            Hook::CgroupSockCreate {
+                prog: "guard_sock_create",
+            },
+        ],
+        &[
+            Hook::CgroupGetsockopt {
+                prog: "guard_getsockopt",
+            },
+            Hook::CgroupSockAddr {
+                prog: "guard_bind4",
+                attach: "bind4",
+            },
+            Hook::CgroupSockAddr {
+                prog: "guard_bind6",
+                attach: "bind6",
+            },
+            Hook::CgroupSockAddr {
+                prog: "guard_connect4",
+                attach: "connect4",
+            },
+            Hook::CgroupSockAddr {
+                prog: "guard_connect6",
+                attach: "connect6",
+            },
+            Hook::CgroupSockAddr {
+                prog: "guard_sendmsg4",
+                attach: "sendmsg4",
+            },
+            Hook::CgroupSockAddr {
+                prog: "guard_sendmsg6",
+                attach: "sendmsg6",
+            },
+        ],
+    ],
     is_drop_probe: false,
     attributed: false,
 };
@@ -162,6 +176,41 @@ impl Part for ProcGuard {
 /// The guard room.
 pub struct Guard {
     settings: Settings,
+    /// `GUARD_STATS`: decisions acted on but not reported (ring buffer full), per CPU.
+    stats: aya::maps::PerCpuArray<aya::maps::MapData, u64>,
+    /// `GUARD_LEASE` of a persisted guard, renewed on every poll.
+    lease: Option<(
+        aya::maps::Array<aya::maps::MapData, u64>,
+        std::time::Duration,
+    )>,
+}
+
+/// `CLOCK_MONOTONIC` in ns: the clock of `bpf_ktime_get_ns`.
+fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: a valid timespec out-pointer.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+/// Sets a persisted guard's lease to `lease` from now.
+fn renew(
+    map: &mut aya::maps::Array<impl std::borrow::BorrowMut<aya::maps::MapData>, u64>,
+    lease: std::time::Duration,
+) -> anyhow::Result<()> {
+    let deadline = monotonic_ns().saturating_add(lease.as_nanos() as u64);
+    map.set(0, deadline, 0)
+        .context("renewing the guard's lease (GUARD_LEASE)")
+}
+
+impl Guard {
+    /// `GUARD_STATS[idx]` summed over CPUs (0 when unreadable).
+    fn stat(&self, idx: u32) -> u64 {
+        self.stats.get(&idx, 0).map(|v| v.iter().sum()).unwrap_or(0)
+    }
 }
 
 impl Room for Guard {
@@ -176,9 +225,15 @@ impl Room for Guard {
 
     fn prepare(flags: &Flags, plan: &mut LoadPlan) -> anyhow::Result<Setup> {
         if plan.purpose == Purpose::Check {
-            // Every hook attaches, in observe mode with no rule on: they change nothing.
+            // Every hook attaches in observe mode (it changes nothing) with the UDP floor on
+            // at 1 byte (no socket is below it), so the verifier sees the socket-option
+            // helpers a kernel may refuse a program type (6.18 refuses `bpf_getsockopt` in
+            // `cgroup/sock_create`) and check names the variant run would use.
             let config = GuardConfig {
                 mode: g::MODE_OBSERVE,
+                rules: g::RULE_UDP_FLOOR,
+                udp_rcv_floor: 1,
+                udp_snd_floor: 1,
                 ..Default::default()
             };
             plan.global("GUARD", &config);
@@ -224,6 +279,14 @@ impl Room for Guard {
         for c in comms {
             map.insert(c, 1, 0).context("filling GUARD_COMMS")?;
         }
+        // A persisted guard acts only while its lease lies ahead: set it before it attaches.
+        if let Some(lease) = setup.0.as_ref().and_then(|on| on.settings.lease) {
+            let mut map: aya::maps::Array<_, u64> = aya::maps::Array::try_from(
+                ebpf.map_mut("GUARD_LEASE")
+                    .context("map GUARD_LEASE missing from the BPF object")?,
+            )?;
+            renew(&mut map, lease)?;
+        }
         Ok(())
     }
 
@@ -238,13 +301,18 @@ impl Room for Guard {
     /// The room, when the guard is on and its probe attached.
     fn take(
         setup: Setup,
-        _ebpf: &mut Ebpf,
+        ebpf: &mut Ebpf,
         env: &BuildEnv<'_>,
         _services: &mut Services,
     ) -> anyhow::Result<Option<Box<dyn Signal>>> {
         Ok(match setup.0 {
             Some(on) if env.attached(PROBE.name) => Some(Box::new(Self {
+                lease: match on.settings.lease {
+                    Some(l) => Some((take_map(ebpf, "GUARD_LEASE")?, l)),
+                    None => None,
+                },
                 settings: on.settings,
+                stats: take_map(ebpf, "GUARD_STATS")?,
             })),
             _ => None,
         })
@@ -262,6 +330,44 @@ impl Signal for Guard {
                 emit(&[rule.as_str(), action.as_str()], *v as f64);
             }
         });
+        let mut f = UNREPORTED.family();
+        f.push(&[], self.stat(g::STAT_UNREPORTED) as f64);
+        f.done(out);
+        let (cgroup, comm_mode, comms) = &self.settings.scope;
+        let lease = self
+            .settings
+            .lease
+            .map_or(String::new(), |l| l.as_secs().to_string());
+        let mut f = SCOPE.family();
+        f.push(
+            &[
+                if self.settings.enforce {
+                    "enforce"
+                } else {
+                    "observe"
+                },
+                cgroup,
+                comm_mode,
+                comms,
+                &lease,
+            ],
+            1.0,
+        );
+        f.done(out);
+    }
+
+    /// Renews a persisted guard's lease.
+    fn poll(&mut self, _cx: &mut Cx<'_>) -> bool {
+        if let Some((map, lease)) = &mut self.lease
+            && let Err(e) = renew(map, *lease)
+        {
+            tracing::warn!(error = %e, "guard: could not renew the lease; it fails open when it runs out");
+        }
+        false
+    }
+
+    fn map_counters(&self) -> &'static [&'static str] {
+        &[UNREPORTED.name]
     }
 
     fn event_kinds(&self) -> &'static [u32] {
@@ -320,4 +426,14 @@ const DECISIONS: Spec = Spec::counter(
     "bufscope_guard_decisions_total",
     "Decisions of the guard (--guard.mode): TCP buffer requests skipped so autotuning stays on (rule tcp-autotune), UDP buffers raised to the floor (udp-floor); action observed = what enforce would have done.",
     &["rule", "action"],
+);
+const UNREPORTED: Spec = Spec::counter(
+    "bufscope_guard_unreported_total",
+    "Guard decisions taken and acted on in the kernel that could not be reported (the event ring buffer was full, e.g. while bufscope was stopped): not in bufscope_guard_decisions_total.",
+    &[],
+);
+const SCOPE: Spec = Spec::gauge(
+    "bufscope_guard_scope_info",
+    "The guard's scope (1 while it is on): mode, the cgroup whose processes it acts for (the cgroup2 root: the whole node), comm_mode all/only/except with comms, and lease_seconds of a persisted guard (empty: it stops with bufscope).",
+    &["mode", "cgroup", "comm_mode", "comms", "lease_seconds"],
 );

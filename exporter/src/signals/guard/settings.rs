@@ -59,7 +59,14 @@ pub struct Flags {
     /// while bufscope is not running. Without it the guard stops with bufscope.
     #[arg(long = "guard.persist")]
     pub persist: bool,
+    /// With --guard.persist: how long the pinned guard keeps acting after the last bufscope
+    /// that renewed it stopped (crashed, uninstalled); then it fails open. Default 5m.
+    #[arg(long = "guard.lease", value_name = "DURATION", value_parser = crate::values::duration_within(std::time::Duration::from_secs(1), std::time::Duration::from_secs(u32::MAX as u64)))]
+    pub lease: Option<std::time::Duration>,
 }
+
+/// `--guard.lease` when not given.
+pub const DEFAULT_LEASE: std::time::Duration = std::time::Duration::from_secs(300);
 
 impl Flags {
     /// Checks the guard flags that clap cannot, with the rest of the command line (`cx`).
@@ -103,6 +110,7 @@ impl Flags {
             ("guard.udp-floor", self.udp_floor.is_some()),
             ("guard.raise-sysctl", self.raise_sysctl),
             ("guard.persist", self.persist),
+            ("guard.lease", self.lease.is_some()),
         ];
         if self.mode == GuardMode::Off
             && let Some((flag, _)) = given.iter().find(|(_, set)| *set)
@@ -136,6 +144,13 @@ impl Flags {
                 ),
             ));
         }
+        if self.lease.is_some() && !self.persist {
+            return Err(Invalid::new(
+                "guard.lease",
+                "--guard.lease is how long a persisted guard outlives bufscope: add \
+                 --guard.persist (with --bpf.pin-path), or drop --guard.lease",
+            ));
+        }
         if self.persist && !cx.pinned {
             return Err(Invalid::new(
                 "guard.persist",
@@ -156,6 +171,11 @@ pub struct Settings {
     pub udp_floor: i64,
     /// The floor actually applied (capped at `rmem_max`/`wmem_max`): (receive, send).
     pub applied_floor: (i64, i64),
+    /// A persisted guard's lease (None: the guard stops with bufscope).
+    pub lease: Option<std::time::Duration>,
+    /// The scope, as `bufscope_guard_scope_info` says it: the cgroup (the cgroup2 root's
+    /// path for every process), `all`/`only`/`except` and the comms.
+    pub scope: (String, &'static str, String),
 }
 
 /// The policy's UDP floor: [`policy::UDP_DEFAULT_BUFFER`] (its plan for UDP on Linux without
@@ -213,7 +233,7 @@ pub fn bpf_config(
             .unwrap_or(i32::MAX as i64)
             .clamp(0, i32::MAX as i64) as i32,
         self_tgid: std::process::id(),
-        _pad: 0,
+        lease_secs: 0,
     }
 }
 
@@ -287,7 +307,8 @@ pub(super) fn resolve(a: &Flags) -> anyhow::Result<Option<(On, Option<PathBuf>)>
         })
         .collect();
     let enforce = a.mode == GuardMode::Enforce;
-    let config = bpf_config(
+    let lease = a.persist.then(|| a.lease.unwrap_or(DEFAULT_LEASE));
+    let mut config = bpf_config(
         enforce,
         floor,
         limits.rmem_max,
@@ -295,6 +316,7 @@ pub(super) fn resolve(a: &Flags) -> anyhow::Result<Option<(On, Option<PathBuf>)>
         cgroup.as_ref().map(|(_, id, level)| (*id, *level)),
         comm_mode,
     );
+    config.lease_secs = lease.map_or(0, |l| l.as_secs().clamp(1, u32::MAX as u64) as u32);
     let applied = (config.udp_rcv_floor as i64, config.udp_snd_floor as i64);
     if applied.0 < floor {
         tracing::warn!(
@@ -304,13 +326,32 @@ pub(super) fn resolve(a: &Flags) -> anyhow::Result<Option<(On, Option<PathBuf>)>
              (sysctl -w net.core.rmem_max={floor}) or run with --guard.raise-sysctl"
         );
     }
+    let cgroup_path = cgroup
+        .as_ref()
+        .map_or(root.display().to_string(), |(p, _, _)| {
+            p.display().to_string()
+        });
+    let comm_scope = match comm_mode {
+        g::COMM_ONLY => "only",
+        g::COMM_EXCEPT => "except",
+        _ => "all",
+    };
+    if enforce && cgroup.is_none() && comm_mode == g::COMM_ALL {
+        tracing::warn!(
+            cgroup = %cgroup_path,
+            "guard: enforce at node scope: every process on this node (kubelet, CoreDNS, the \
+             CNI, …) gets the buffer policy; narrow it with --guard.cgroup, --guard.comm or \
+             --guard.exclude-comm (bufscope_guard_scope_info says which scope is in force)"
+        );
+    }
     tracing::info!(
         mode = if enforce { "enforce" } else { "observe" },
         udp_floor = floor,
         applied_rcv = applied.0,
         applied_snd = applied.1,
-        cgroup = %cgroup.as_ref().map_or(root.display().to_string(), |(p, _, _)| p.display().to_string()),
+        cgroup = %cgroup_path,
         comm = ?names,
+        lease = ?lease,
         "guard on"
     );
     let on = On {
@@ -320,6 +361,8 @@ pub(super) fn resolve(a: &Flags) -> anyhow::Result<Option<(On, Option<PathBuf>)>
             enforce,
             udp_floor: floor,
             applied_floor: applied,
+            lease,
+            scope: (cgroup_path, comm_scope, names.join(",")),
         },
     };
     Ok(Some((on, cgroup.map(|(p, _, _)| p))))

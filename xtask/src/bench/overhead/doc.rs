@@ -51,6 +51,7 @@ pub(super) fn update(a: &Args, r: &Report) -> anyhow::Result<()> {
         ("datapath", &r.datapath),
         ("syscalls", &r.syscalls),
         ("exporter", &r.exporter),
+        ("guard", &r.guard),
     ] {
         if let Some(t) = text {
             parts.push((name, format!("{run_line}\n\n{}", t.trim_end())));

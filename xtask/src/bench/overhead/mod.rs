@@ -1,6 +1,6 @@
 //! `cargo xtask bench overhead`: what bufscope costs, measured side by side in one run.
 //!
-//! Three sections, each printed as a table (and written into the "Overhead" section of
+//! Five sections, each printed as a table (and written into the "Overhead" section of
 //! `docs/benchmarks.md` with `--update-doc`):
 //!
 //! 1. **probes** — cost per event of each BPF program (`run_time_ns / run_cnt` with
@@ -21,6 +21,9 @@
 //! 4. **exporter** — the daemon itself with `--procs` processes holding `--socks-per-proc`
 //!    UDP sockets each, with drops and setsockopt activity: `/metrics` latency p50/p99, RSS and
 //!    CPU at a 1 s poll interval, under load and idle.
+//! 5. **guard** — the guard on a gateway's send path: an unconnected UDP sender (`sendto` and
+//!    `sendmmsg`) in its own network namespace with the guard off, in `observe` and in
+//!    `enforce`, and what a per-socket decision costs.
 //!
 //! The machine is shared (other agents build and test on the same two cores): alternating A/B
 //! phases cancel slow drift; medians cancel short bursts. Nothing here asserts a time: the
@@ -28,12 +31,14 @@
 //!
 //! The code: `harness` (the binaries, child processes, the exporter, bpftrace, statistics),
 //! `bpf_stats` (per-program run time and count), `hooks` (what is compared per probe), one
-//! module per section (`probes`, `datapath`, `exporter`) and `doc` (docs/benchmarks.md).
+//! module per section (`probes`, `datapath`, `syscalls`, `exporter`, `guard`) and `doc`
+//! (docs/benchmarks.md).
 
 mod bpf_stats;
 mod datapath;
 mod doc;
 mod exporter;
+mod guard;
 mod harness;
 mod hooks;
 mod probes;
@@ -51,16 +56,16 @@ use harness::Bins;
 use probes::Load;
 
 /// The sections, in the order they run.
-const SECTIONS: [&str; 4] = ["probes", "datapath", "syscalls", "exporter"];
+const SECTIONS: [&str; 5] = ["probes", "datapath", "syscalls", "exporter", "guard"];
 
 /// Arguments of `cargo xtask bench overhead`.
 #[derive(clap::Args)]
 pub struct Args {
-    /// Sections to run: probes, datapath, syscalls, exporter.
+    /// Sections to run: probes, datapath, syscalls, exporter, guard.
     #[arg(
         long,
         value_delimiter = ',',
-        default_value = "probes,datapath,syscalls,exporter"
+        default_value = "probes,datapath,syscalls,exporter,guard"
     )]
     pub sections: Vec<String>,
     /// Workloads of the probes section: udp-drops, setsockopt, tcp-connect, tcp-bulk.
@@ -176,6 +181,10 @@ pub fn run(a: &Args) -> anyhow::Result<()> {
         out.exporter = Some(exporter::section(a, &bins)?);
         println!("{}", out.exporter.as_deref().unwrap_or(""));
     }
+    if a.sections.iter().any(|s| s == "guard") {
+        out.guard = Some(guard::section(a, &bins)?);
+        println!("{}", out.guard.as_deref().unwrap_or(""));
+    }
     out.elapsed = started.elapsed();
     out.load = (load_before, loadavg());
     if a.update_doc {
@@ -217,6 +226,7 @@ struct Report {
     datapath: Option<String>,
     syscalls: Option<String>,
     exporter: Option<String>,
+    guard: Option<String>,
     elapsed: Duration,
     load: (String, String),
 }
