@@ -39,3 +39,15 @@ pub fn is_root() -> bool {
     }
     unsafe { geteuid() == 0 }
 }
+
+/// `s` as one shell word: unchanged when it needs no quoting, else in single quotes.
+pub fn shell_word(s: &str) -> String {
+    let plain = !s.is_empty()
+        && s.chars()
+            .all(|c| c.is_ascii_alphanumeric() || "_-./:=,+@%".contains(c));
+    if plain {
+        s.to_string()
+    } else {
+        format!("'{}'", s.replace('\'', "'\\''"))
+    }
+}
