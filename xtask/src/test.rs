@@ -103,10 +103,12 @@ pub fn run(a: &Args) -> anyhow::Result<()> {
         }
     }
     stages.push(("total".into(), started.elapsed().as_secs_f64()));
-    print!(
-        "{}",
-        summary(&stages, &host.binaries, &matrix_steps, &failures)
-    );
+    let mut text = String::from("\n== cargo xtask test: the slowest tests ==\n");
+    for (secs, label, name) in &host.slowest {
+        text.push_str(&format!("{secs:>8.1} s  {name} ({label})\n"));
+    }
+    text.push_str(&summary(&stages, &host.binaries, &matrix_steps, &failures));
+    print!("{text}");
     if failures.is_empty() {
         Ok(())
     } else {
@@ -126,6 +128,8 @@ struct HostRun {
     status: ExitStatus,
     /// The cargo selector of each binary (`-p bufscope-integration --test guard`), by index.
     selectors: Vec<Option<String>>,
+    /// The slowest tests: seconds, binary, name.
+    slowest: Vec<(f64, String, String)>,
 }
 
 /// Runs `cargo test` for the workspace (or the packages and targets `a` names), echoing its
@@ -153,8 +157,12 @@ fn host_suite(a: &Args) -> anyhow::Result<HostRun> {
     if a.doc {
         c.arg("--doc");
     }
-    c.args(["--", "--include-ignored", "--test-threads=1"])
-        .args(&a.args);
+    c.args(["--", "--include-ignored", "--test-threads=1"]);
+    if a.no_matrix {
+        // It boots a guest: part of the matrix, not of the fast loop.
+        c.args(["--skip", MATRIX_LOG_TEST]);
+    }
+    c.args(&a.args);
     eprintln!("xtask: {c:?}");
     let (reader, writer) = std::io::pipe().context("creating a pipe for cargo test")?;
     c.stdout(writer.try_clone().context("cloning the pipe")?)
@@ -168,6 +176,8 @@ fn host_suite(a: &Args) -> anyhow::Result<HostRun> {
     let mut r = BufReader::new(reader);
     let mut buf = Vec::new();
     let mut out = std::io::stdout();
+    let mut tests = Vec::new();
+    let mut last_line = Instant::now();
     loop {
         buf.clear();
         if r.read_until(b'\n', &mut buf)
@@ -179,11 +189,25 @@ fn host_suite(a: &Args) -> anyhow::Result<HostRun> {
         // A closed stdout (`| head`) must not stop the tests.
         let _ = out.write_all(&buf).and_then(|()| out.flush());
         let seen = parser.binaries.len();
-        parser.line(&String::from_utf8_lossy(&buf));
+        let line = String::from_utf8_lossy(&buf);
+        parser.line(&line);
         if seen == 0 && !parser.binaries.is_empty() {
             compile_secs = Some(started.elapsed().as_secs_f64());
         }
+        // One test at a time, output captured: a test's line ends when it does, and the line
+        // before it ended when it started.
+        if let Some(name) = finished_test(&line) {
+            let label = parser
+                .binaries
+                .last()
+                .map(|b| b.label.clone())
+                .unwrap_or_default();
+            tests.push((last_line.elapsed().as_secs_f64(), label, name.to_string()));
+        }
+        last_line = Instant::now();
     }
+    tests.sort_by(|a, b| b.0.total_cmp(&a.0));
+    tests.truncate(SLOWEST);
     let status = child.wait().context("waiting for cargo test")?;
     let compile_secs = compile_secs.unwrap_or_else(|| started.elapsed().as_secs_f64());
     let targets = workspace_targets().unwrap_or_else(|e| {
@@ -206,7 +230,21 @@ fn host_suite(a: &Args) -> anyhow::Result<HostRun> {
         compile_secs,
         status,
         selectors,
+        slowest: tests,
     })
+}
+
+/// The test of xtask's own that boots a guest kernel (`xtask/tests/matrix_log.rs`):
+/// `--no-matrix` skips it with the matrix.
+const MATRIX_LOG_TEST: &str = "matrix_output_redirected_to_a_file_keeps_every_byte";
+
+/// How many of the slowest tests the summary names.
+const SLOWEST: usize = 10;
+
+/// The name in a libtest line that ends a test that ran (`test a::b ... ok`).
+fn finished_test(line: &str) -> Option<&str> {
+    let (name, result) = line.trim_end().strip_prefix("test ")?.split_once(" ... ")?;
+    (result == "ok" || result == "FAILED").then_some(name)
 }
 
 /// The failures of the host suite, each with the command that reruns just it.
@@ -471,8 +509,9 @@ mod tests {
                 .map(|(b, s)| (s.clone().unwrap_or_default(), b))
                 .collect(),
             compile_secs: 1.0,
-            status: std::process::Command::new("false").status().unwrap(),
+            status: std::os::unix::process::ExitStatusExt::from_raw(256),
             selectors: sel,
+            slowest: vec![],
         };
         let a = Args {
             no_matrix: true,
