@@ -371,8 +371,10 @@ fn summary(
         s.push_str(&format!("{pa:>7} {fa:>7} {ig:>8} {sec:>8.1}  {name}\n"));
         (p, f, i, secs) = (p + pa, f + fa, i + ig, secs + sec);
     };
+    let mut empty = 0;
     for (label, b) in binaries {
         match &b.counts {
+            Some(c) if c.passed + c.failed + c.ignored == 0 && b.failed.is_empty() => empty += 1,
             Some(c) => row(
                 &mut s,
                 c.passed,
@@ -402,7 +404,8 @@ fn summary(
         );
     }
     s.push_str(&format!(
-        "{p:>7} {f:>7} {i:>8} {secs:>8.1}  total ({} test binaries, {} guest steps)\n",
+        "{p:>7} {f:>7} {i:>8} {secs:>8.1}  total ({} test binaries, {empty} of them without \
+         tests and not shown; {} guest steps)\n",
         binaries.len(),
         steps.len()
     ));
@@ -552,7 +555,7 @@ mod tests {
         );
         assert!(
             s.contains(
-                "      3       1        3     34.5  total (1 test binaries, 1 guest steps)\n"
+                "      3       1        3     34.5  total (1 test binaries, 0 of them without tests and not shown; 1 guest steps)\n"
             ),
             "{s}"
         );
