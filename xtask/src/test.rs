@@ -140,7 +140,7 @@ fn host_suite(a: &Args) -> anyhow::Result<HostRun> {
     c.env("BUFSCOPE_BIN", root.join("target/debug/bufscope"))
         .args(["test", "--no-fail-fast"]);
     if a.packages.is_empty() {
-        c.args(["--workspace", "--exclude", "bufscope-ebpf"]);
+        c.args(["--workspace", "--exclude", EXCLUDED]);
     }
     for p in &a.packages {
         c.args(["-p", p]);
@@ -210,9 +210,17 @@ fn host_suite(a: &Args) -> anyhow::Result<HostRun> {
     tests.truncate(SLOWEST);
     let status = child.wait().context("waiting for cargo test")?;
     let compile_secs = compile_secs.unwrap_or_else(|| started.elapsed().as_secs_f64());
-    let targets = workspace_targets().unwrap_or_else(|e| {
+    let mut targets = workspace_targets().unwrap_or_else(|e| {
         eprintln!("xtask test: cannot name the test binaries' packages ({e:#})");
         Vec::new()
+    });
+    // Only the packages that ran (two packages may have a `bufscope` binary in src/main.rs).
+    targets.retain(|t| {
+        if a.packages.is_empty() {
+            t.package != EXCLUDED
+        } else {
+            a.packages.contains(&t.package)
+        }
     });
     let selectors: Vec<Option<String>> = parser
         .binaries
@@ -233,6 +241,10 @@ fn host_suite(a: &Args) -> anyhow::Result<HostRun> {
         slowest: tests,
     })
 }
+
+/// The package the host suite leaves out: the BPF programs build only for the bpf target
+/// (through the exporter's build script).
+const EXCLUDED: &str = "bufscope-ebpf";
 
 /// The test of xtask's own that boots a guest kernel (`xtask/tests/matrix_log.rs`):
 /// `--no-matrix` skips it with the matrix.
@@ -289,6 +301,7 @@ fn host_failures(a: &Args, host: &HostRun) -> Vec<(String, String)> {
 }
 
 /// A test target of the workspace, from `cargo metadata`.
+#[derive(Clone)]
 struct Target {
     package: String,
     name: String,
@@ -335,10 +348,15 @@ fn selector(targets: &[Target], b: &Binary) -> Option<String> {
     }
     let path = b.label.strip_prefix("unittests ").unwrap_or(&b.label);
     let candidates: Vec<&Target> = targets.iter().filter(named).collect();
-    let t = match candidates.iter().find(|t| t.src_path.ends_with(path)) {
-        Some(t) => *t,
-        None if candidates.len() == 1 => candidates[0],
-        None => return None,
+    let at_path: Vec<&&Target> = candidates
+        .iter()
+        .filter(|t| t.src_path.ends_with(path))
+        .collect();
+    let t = match (&at_path[..], &candidates[..]) {
+        ([t], _) => **t,
+        ([], [t]) => t,
+        // Ambiguous or unknown: better no selector than a wrong one.
+        _ => return None,
     };
     let which = match t.kind.as_str() {
         "test" => format!("--test {}", t.name),
@@ -488,6 +506,15 @@ mod tests {
                 Some("-p bufscope-common --doc".to_string()),
             ]
         );
+        // Another package's `bufscope` binary at the same relative path: no guess.
+        let mut both = targets.to_vec();
+        both.push(target(
+            "bufscope-ebpf",
+            "bufscope",
+            "bin",
+            "ebpf/src/main.rs",
+        ));
+        assert_eq!(selector(&both, &b[2]), None);
     }
 
     #[test]
