@@ -103,7 +103,10 @@ pub fn run(a: &Args) -> anyhow::Result<()> {
         }
     }
     stages.push(("total".into(), started.elapsed().as_secs_f64()));
-    let mut text = String::from("\n== cargo xtask test: the slowest tests ==\n");
+    let mut text = String::new();
+    if !host.slowest.is_empty() {
+        text.push_str("\n== cargo xtask test: the slowest tests ==\n");
+    }
     for (secs, label, name) in &host.slowest {
         text.push_str(&format!("{secs:>8.1} s  {name} ({label})\n"));
     }
@@ -206,6 +209,7 @@ fn host_suite(a: &Args) -> anyhow::Result<HostRun> {
         }
         last_line = Instant::now();
     }
+    tests.retain(|t| t.0 >= 1.0);
     tests.sort_by(|a, b| b.0.total_cmp(&a.0));
     tests.truncate(SLOWEST);
     let status = child.wait().context("waiting for cargo test")?;
@@ -250,7 +254,7 @@ const EXCLUDED: &str = "bufscope-ebpf";
 /// `--no-matrix` skips it with the matrix.
 const MATRIX_LOG_TEST: &str = "matrix_output_redirected_to_a_file_keeps_every_byte";
 
-/// How many of the slowest tests the summary names.
+/// How many of the slowest tests (of those over a second) the summary names.
 const SLOWEST: usize = 10;
 
 /// The name in a libtest line that ends a test that ran (`test a::b ... ok`).
