@@ -303,24 +303,48 @@ struct GuestRun {
     release: String,
     check: Vec<String>,
     check_rc: Option<i32>,
-    steps: Vec<GuestStep>,
+    /// Each step: name, exit code, seconds.
+    steps: Vec<(String, i32, u64)>,
+    /// What each step's test binary reported, in the order of `steps`.
+    step_tests: Vec<StepTests>,
     figures: Vec<String>,
     ended: bool,
     secs: u64,
 }
 
-/// One step as the guest reported it.
-#[derive(Clone, Debug)]
-struct GuestStep {
-    name: String,
-    rc: i32,
-    secs: u64,
+/// What one step's test binary reported.
+#[derive(Clone, Debug, Default)]
+struct StepTests {
     /// Not run: the hook it tests is not the one in use on this kernel.
     skipped: bool,
     /// The `test result:` line of the step's test binary, if it printed one.
     counts: Option<crate::libtest::Counts>,
     /// Tests the step's binary reported failed.
     failed: Vec<String>,
+}
+
+/// One step as the guest reported it.
+struct GuestStep {
+    name: String,
+    rc: i32,
+    secs: u64,
+    tests: StepTests,
+}
+
+impl GuestRun {
+    /// Each step with what its test binary reported.
+    fn guest_steps(&self) -> Vec<GuestStep> {
+        self.steps
+            .iter()
+            .enumerate()
+            .map(|(i, (name, rc, secs))| GuestStep {
+                name: name.clone(),
+                rc: *rc,
+                secs: *secs,
+                tests: self.step_tests.get(i).cloned().unwrap_or_default(),
+            })
+            .collect()
+    }
 }
 
 /// One guest step of one kernel, for `cargo xtask test`'s summary.
@@ -456,10 +480,12 @@ fn boot(k: &kernels::Kernel, script: &Path) -> anyhow::Result<GuestRun> {
                     run.check.push(l);
                 } else if l.starts_with("MATRIX STEP") {
                     let out = std::mem::take(&mut step_output).binaries.pop();
-                    run.steps.push(GuestStep {
-                        name: l.split("name=").nth(1).unwrap_or("").to_string(),
-                        rc: field(&l, "rc").and_then(|x| x.parse().ok()).unwrap_or(-1),
-                        secs: field(&l, "secs").and_then(|x| x.parse().ok()).unwrap_or(0),
+                    run.steps.push((
+                        l.split("name=").nth(1).unwrap_or("").to_string(),
+                        field(&l, "rc").and_then(|x| x.parse().ok()).unwrap_or(-1),
+                        field(&l, "secs").and_then(|x| x.parse().ok()).unwrap_or(0),
+                    ));
+                    run.step_tests.push(StepTests {
                         skipped: field(&l, "skipped").is_some(),
                         counts: out.as_ref().and_then(|b| b.counts.clone()),
                         failed: out.map(|b| b.failed).unwrap_or_default(),
@@ -599,12 +625,13 @@ pub fn stage(kernels: &[String], steps: &[String]) -> anyhow::Result<Outcome> {
                 None,
             );
         }
-        for st in &run.steps {
+        let steps = run.guest_steps();
+        for st in &steps {
             if st.rc != 0 {
-                let tests = if st.failed.is_empty() {
+                let tests = if st.tests.failed.is_empty() {
                     String::new()
                 } else {
-                    format!(": {}", st.failed.join(", "))
+                    format!(": {}", st.tests.failed.join(", "))
                 };
                 fail(
                     format!("step '{}' failed (exit {}){tests}", st.name, st.rc),
@@ -618,8 +645,8 @@ pub fn stage(kernels: &[String], steps: &[String]) -> anyhow::Result<Outcome> {
                 None,
             );
         }
-        for st in &run.steps {
-            let (passed, failed, ignored) = match (&st.counts, st.skipped, st.rc) {
+        for st in &steps {
+            let (passed, failed, ignored) = match (&st.tests.counts, st.tests.skipped, st.rc) {
                 (_, true, _) => (0, 0, 1),
                 (Some(c), _, rc) => (c.passed, c.failed.max(u32::from(rc != 0)), c.ignored),
                 (None, _, 0) => (1, 0, 0),
@@ -649,9 +676,9 @@ pub fn stage(kernels: &[String], steps: &[String]) -> anyhow::Result<Outcome> {
         for (probe, hooks) in online {
             println!("  {probe:<11} {hooks}");
         }
-        for st in &run.steps {
+        for st in run.guest_steps() {
             let tag = if st.rc == 0 { "ok  " } else { "FAIL" };
-            let skipped = if st.skipped {
+            let skipped = if st.tests.skipped {
                 " (skipped: not the hook in use here)"
             } else {
                 ""
