@@ -54,6 +54,9 @@ pub fn run(a: &Args) -> anyhow::Result<()> {
     if !is_root() {
         bail!("cargo xtask test runs privileged tests (BPF, namespaces): run it as root");
     }
+    if !a.no_matrix {
+        crate::matrix::check_filters(&a.kernels, &a.steps)?;
+    }
     let started = Instant::now();
     let mut stages: Vec<(String, f64)> = Vec::new();
     let t = Instant::now();
@@ -95,10 +98,14 @@ pub fn run(a: &Args) -> anyhow::Result<()> {
             }
             Err(e) => {
                 stages.push(("kernel matrix".into(), t.elapsed().as_secs_f64()));
-                failures.push((
-                    format!("kernel matrix: {e:#}"),
-                    "cargo xtask matrix".to_string(),
-                ));
+                let mut again = String::from("cargo xtask matrix");
+                for k in &a.kernels {
+                    again.push_str(&format!(" --kernel {}", shell_word(k)));
+                }
+                for st in &a.steps {
+                    again.push_str(&format!(" --step {}", shell_word(st)));
+                }
+                failures.push((format!("kernel matrix: {e:#}"), again));
             }
         }
     }

@@ -78,6 +78,7 @@ pub fn run(a: &Args) -> anyhow::Result<()> {
     if !is_root() {
         bail!("cargo xtask matrix boots guests that load BPF programs: run it as root");
     }
+    check_filters(&a.kernels, &a.steps)?;
     if !a.no_build {
         crate::setup::run(&crate::setup::Args::default())?;
         if a.setup_only {
@@ -189,12 +190,37 @@ fn selected_steps(filters: &[String]) -> anyhow::Result<Vec<&'static Step>> {
         .filter(|s| wanted.is_empty() || wanted.iter().any(|w| s.name.to_lowercase().contains(w)))
         .collect();
     if steps.is_empty() {
-        let names: Vec<&str> = STEPS.iter().map(|s| s.name).collect();
+        let names: Vec<String> = STEPS.iter().map(|s| format!("'{}'", s.name)).collect();
         bail!(
-            "no guest step matches --step {filters:?}: give part of a step's name, one of {names:#?}"
+            "no guest step matches --step {filters:?}: give part of one of {}",
+            names.join(", ")
         );
     }
     Ok(steps)
+}
+
+/// The pinned kernels `only` names (all when empty); an error naming the pinned ones when it
+/// names one that is not pinned.
+fn selected_pins(only: &[String]) -> anyhow::Result<Vec<kernels::Pin>> {
+    let pins = kernels::pins()?;
+    if let Some(bad) = only.iter().find(|k| !pins.iter().any(|p| &p.name == *k)) {
+        let names: Vec<&str> = pins.iter().map(|p| p.name.as_str()).collect();
+        bail!(
+            "no pinned kernel {bad:?} (--kernel): use one of {}",
+            names.join(", ")
+        );
+    }
+    Ok(pins
+        .into_iter()
+        .filter(|p| only.is_empty() || only.contains(&p.name))
+        .collect())
+}
+
+/// Checks `--kernel` and `--step` before anything runs.
+pub fn check_filters(kernels: &[String], steps: &[String]) -> anyhow::Result<()> {
+    selected_pins(kernels)?;
+    selected_steps(steps)?;
+    Ok(())
 }
 
 /// The integration test binaries the steps run (cargo's JSON: target name → executable).
@@ -548,14 +574,7 @@ fn chosen_hooks(text: &str) -> Vec<(String, String)> {
 pub fn stage(kernels: &[String], steps: &[String]) -> anyhow::Result<Outcome> {
     let started = Instant::now();
     setup()?;
-    let pins: Vec<_> = kernels::pins()?
-        .into_iter()
-        .filter(|p| kernels.is_empty() || kernels.contains(&p.name))
-        .collect();
-    if pins.is_empty() {
-        let names: Vec<String> = kernels::pins()?.into_iter().map(|p| p.name).collect();
-        bail!("no pinned kernel matches --kernel {kernels:?}: use one of {names:?}");
-    }
+    let pins = selected_pins(kernels)?;
     let selected = selected_steps(steps)?;
     let bins = test_binaries(&selected)?;
     let dir = cache_dir().join("run");
@@ -701,4 +720,25 @@ pub fn stage(kernels: &[String], steps: &[String]) -> anyhow::Result<Outcome> {
         }
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_steps_full_name_reruns_that_step_alone() {
+        for st in STEPS {
+            let got = selected_steps(&[st.name.to_string()])
+                .map(|v| v.iter().map(|s| s.name).collect::<Vec<_>>());
+            assert_eq!(got.ok(), Some(vec![st.name]), "--step {:?}", st.name);
+        }
+        assert_eq!(selected_steps(&[]).map(|v| v.len()).ok(), Some(STEPS.len()));
+        assert!(selected_steps(&["no such step".into()]).is_err());
+        assert!(selected_pins(&["no such kernel".into()]).is_err());
+        assert_eq!(
+            rerun("6.1", Some("TCP lock")),
+            "cargo xtask matrix --kernel 6.1 --step 'TCP lock'"
+        );
+    }
 }
