@@ -8,6 +8,7 @@ mod bench;
 mod build;
 mod image;
 mod lab;
+mod libtest;
 mod matrix;
 mod run;
 mod setup;

@@ -13,6 +13,8 @@
 //! One guest at a time (TCG is CPU-heavy on 2 cores), 2 GiB and 2 vCPUs as measured.
 
 mod kernels;
+#[cfg(test)]
+mod tests;
 
 use std::os::unix::process::CommandExt as _;
 use std::path::{Path, PathBuf};
@@ -54,6 +56,10 @@ pub struct Args {
     /// Only these kernels (names from kernels.pin, e.g. `6.1`); repeatable.
     #[arg(long = "kernel")]
     pub kernels: Vec<String>,
+    /// Only the guest steps whose name contains this text (case-insensitive, e.g. `check`
+    /// or `UDP drops`); repeatable. The guest's own `bufscope check` always runs.
+    #[arg(long = "step")]
+    pub steps: Vec<String>,
     /// Rewrite kernels.pin with the newest image each pinned meta package depends on, then
     /// exit (commit it with the matrix's new figures).
     #[arg(long)]
@@ -74,6 +80,7 @@ pub fn run(a: &Args) -> anyhow::Result<()> {
     if !is_root() {
         bail!("cargo xtask matrix boots guests that load BPF programs: run it as root");
     }
+    check_filters(&a.kernels, &a.steps)?;
     if !a.no_build {
         crate::setup::run(&crate::setup::Args::default())?;
         if a.setup_only {
@@ -81,7 +88,12 @@ pub fn run(a: &Args) -> anyhow::Result<()> {
         }
         crate::build::build(false)?;
     }
-    stage(&a.kernels)
+    let out = stage(&a.kernels, &a.steps)?;
+    if out.failures.is_empty() {
+        Ok(())
+    } else {
+        bail!("kernel matrix: {} failure(s)", out.failures.len())
+    }
 }
 
 /// What `cargo xtask setup` adds for the matrix: packages, virtme-ng, the pinned kernels.
@@ -171,9 +183,51 @@ const STEPS: &[Step] = &[
     },
 ];
 
+/// The steps `filters` select (every step when empty): a step is selected when its name
+/// contains one of them, case-insensitively.
+fn selected_steps(filters: &[String]) -> anyhow::Result<Vec<&'static Step>> {
+    let wanted: Vec<String> = filters.iter().map(|f| f.to_lowercase()).collect();
+    let steps: Vec<&Step> = STEPS
+        .iter()
+        .filter(|s| wanted.is_empty() || wanted.iter().any(|w| s.name.to_lowercase().contains(w)))
+        .collect();
+    if steps.is_empty() {
+        let names: Vec<String> = STEPS.iter().map(|s| format!("'{}'", s.name)).collect();
+        bail!(
+            "no guest step matches --step {filters:?}: give part of one of {}",
+            names.join(", ")
+        );
+    }
+    Ok(steps)
+}
+
+/// The pinned kernels `only` names (all when empty); an error naming the pinned ones when it
+/// names one that is not pinned.
+fn selected_pins(only: &[String]) -> anyhow::Result<Vec<kernels::Pin>> {
+    let pins = kernels::pins()?;
+    if let Some(bad) = only.iter().find(|k| !pins.iter().any(|p| &p.name == *k)) {
+        let names: Vec<&str> = pins.iter().map(|p| p.name.as_str()).collect();
+        bail!(
+            "no pinned kernel {bad:?} (--kernel): use one of {}",
+            names.join(", ")
+        );
+    }
+    Ok(pins
+        .into_iter()
+        .filter(|p| only.is_empty() || only.contains(&p.name))
+        .collect())
+}
+
+/// Checks `--kernel` and `--step` before anything runs.
+pub fn check_filters(kernels: &[String], steps: &[String]) -> anyhow::Result<()> {
+    selected_pins(kernels)?;
+    selected_steps(steps)?;
+    Ok(())
+}
+
 /// The integration test binaries the steps run (cargo's JSON: target name → executable).
-fn test_binaries() -> anyhow::Result<Vec<(String, PathBuf)>> {
-    let mut tests: Vec<&str> = STEPS.iter().map(|s| s.test).collect();
+fn test_binaries(steps: &[&Step]) -> anyhow::Result<Vec<(String, PathBuf)>> {
+    let mut tests: Vec<&str> = steps.iter().map(|s| s.test).collect();
     tests.sort_unstable();
     tests.dedup();
     let mut c = cargo();
@@ -228,7 +282,7 @@ fn sh_quote(s: &str) -> String {
 }
 
 /// The script the guest runs (the host's filesystem is the guest's, read-only).
-fn guest_script(bins: &[(String, PathBuf)]) -> anyhow::Result<String> {
+fn guest_script(bins: &[(String, PathBuf)], steps: &[&Step]) -> anyhow::Result<String> {
     let root = workspace_root();
     let bufscope = root.join(BUFSCOPE);
     let mut s = format!(
@@ -245,7 +299,7 @@ fn guest_script(bins: &[(String, PathBuf)]) -> anyhow::Result<String> {
         sh_quote(&bufscope.to_string_lossy()),
         sh_quote(&root.to_string_lossy()),
     );
-    for st in STEPS {
+    for st in steps {
         let exe = &bins
             .iter()
             .find(|(n, _)| n == st.test)
@@ -277,10 +331,116 @@ struct GuestRun {
     release: String,
     check: Vec<String>,
     check_rc: Option<i32>,
+    /// Each step: name, exit code, seconds.
     steps: Vec<(String, i32, u64)>,
+    /// What each step's test binary reported, in the order of `steps`.
+    step_tests: Vec<StepTests>,
     figures: Vec<String>,
     ended: bool,
     secs: u64,
+}
+
+/// What one step's test binary reported.
+#[derive(Clone, Debug, Default)]
+struct StepTests {
+    /// Not run: the hook it tests is not the one in use on this kernel.
+    skipped: bool,
+    /// The `test result:` line of the step's test binary, if it printed one.
+    counts: Option<crate::libtest::Counts>,
+    /// Tests the step's binary reported failed.
+    failed: Vec<String>,
+}
+
+/// One step as the guest reported it.
+struct GuestStep {
+    name: String,
+    rc: i32,
+    secs: u64,
+    tests: StepTests,
+}
+
+impl GuestRun {
+    /// Each step with what its test binary reported.
+    fn guest_steps(&self) -> Vec<GuestStep> {
+        self.steps
+            .iter()
+            .enumerate()
+            .map(|(i, (name, rc, secs))| GuestStep {
+                name: name.clone(),
+                rc: *rc,
+                secs: *secs,
+                tests: self.step_tests.get(i).cloned().unwrap_or_default(),
+            })
+            .collect()
+    }
+}
+
+/// One guest step of one kernel, for `cargo xtask test`'s summary.
+pub struct StepResult {
+    /// The kernel's name in kernels.pin.
+    pub kernel: String,
+    /// The step's name.
+    pub name: String,
+    /// Tests passed, failed and ignored (a skipped step counts as one ignored test; a step
+    /// that printed no result counts from its exit code).
+    pub passed: u32,
+    /// See `passed`.
+    pub failed: u32,
+    /// See `passed`.
+    pub ignored: u32,
+    /// Seconds the step took in the guest.
+    pub secs: u64,
+}
+
+/// What the matrix stage found.
+pub struct Outcome {
+    /// Every step that reported, kernel by kernel.
+    pub steps: Vec<StepResult>,
+    /// Each failure and the command that reruns just it.
+    pub failures: Vec<(String, String)>,
+    /// Wall seconds per kernel (boot included).
+    pub kernel_secs: Vec<(String, u64)>,
+}
+
+/// `cargo xtask matrix` for one kernel and, when given, one step.
+fn rerun(kernel: &str, step: Option<&str>) -> String {
+    let mut c = format!("cargo xtask matrix --kernel {kernel}");
+    if let Some(s) = step {
+        c.push_str(&format!(" --step {}", crate::util::shell_word(s)));
+    }
+    c
+}
+
+/// A line of the guest's output or of vng's own stderr (the guest's kernel log), in the order
+/// they arrived.
+enum GuestLine {
+    Out(String),
+    Err(String),
+}
+
+/// Reads `r` line by line (invalid UTF-8 kept as replacement characters) into `tx`.
+fn forward(
+    r: impl std::io::Read + Send + 'static,
+    tx: std::sync::mpsc::Sender<GuestLine>,
+    wrap: fn(String) -> GuestLine,
+) {
+    std::thread::spawn(move || {
+        let mut r = std::io::BufReader::new(r);
+        let mut buf = Vec::new();
+        loop {
+            buf.clear();
+            match std::io::BufRead::read_until(&mut r, b'\n', &mut buf) {
+                Ok(0) | Err(_) => break,
+                Ok(_) => {
+                    let l = String::from_utf8_lossy(&buf);
+                    let l = l.trim_end_matches(['\n', '\r']).to_string();
+                    if tx.send(wrap(l)).is_err() {
+                        break;
+                    }
+                }
+            }
+        }
+    });
 }
 
 fn field<'a>(l: &'a str, key: &str) -> Option<&'a str> {
@@ -289,6 +449,10 @@ fn field<'a>(l: &'a str, key: &str) -> Option<&'a str> {
 }
 
 /// Boots `k` and runs `script` in it, streaming its output with a `[name]` prefix.
+///
+/// Both of vng's output streams are pipes read here, never this process's own stdout and
+/// stderr: QEMU opens `/proc/self/fd/{1,2}` afresh for the guest's consoles, which truncates
+/// a regular file there (the log of `cargo xtask test > file` would lose all it held).
 fn boot(k: &kernels::Kernel, script: &Path) -> anyhow::Result<GuestRun> {
     let venv = cache_dir().join("venv/bin");
     let path = format!(
@@ -304,21 +468,35 @@ fn boot(k: &kernels::Kernel, script: &Path) -> anyhow::Result<GuestRun> {
         .arg(format!("sh {}", script.display()))
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
+        .stderr(Stdio::piped())
         .process_group(0)
         .spawn()
         .context("starting vng (cargo xtask setup installs virtme-ng)")?;
     let pgid = child.id() as i32;
-    let rx = bufscope_testkit::line_channel(child.stdout.take().context("vng stdout")?);
+    let (tx, rx) = std::sync::mpsc::channel();
+    forward(
+        child.stdout.take().context("vng stdout")?,
+        tx.clone(),
+        GuestLine::Out,
+    );
+    forward(
+        child.stderr.take().context("vng stderr")?,
+        tx,
+        GuestLine::Err,
+    );
     let started = Instant::now();
     let mut run = GuestRun::default();
     let mut in_check = false;
+    let mut step_output = crate::libtest::Parser::default();
+    // When vng has exited: a process it left behind may hold a pipe open, so stop reading
+    // once the pipes have been quiet for a few seconds after that.
+    let mut exited: Option<Instant> = None;
     loop {
         let left = GUEST_TIMEOUT.saturating_sub(started.elapsed());
-        match rx.recv_timeout(left) {
-            Ok(l) => {
+        match rx.recv_timeout(left.min(Duration::from_secs(1))) {
+            Ok(GuestLine::Err(l)) => eprintln!("[{}] {l}", k.pin.name),
+            Ok(GuestLine::Out(l)) => {
                 println!("[{}] {l}", k.pin.name);
-                let l = l.trim_end_matches('\r').to_string();
                 if let Some(r) = l.strip_prefix("MATRIX BEGIN ") {
                     run.release = r.trim().to_string();
                 } else if l == "MATRIX CHECK-BEGIN" {
@@ -329,13 +507,17 @@ fn boot(k: &kernels::Kernel, script: &Path) -> anyhow::Result<GuestRun> {
                 } else if in_check {
                     run.check.push(l);
                 } else if l.starts_with("MATRIX STEP") {
-                    let rc = field(&l, "rc").and_then(|x| x.parse().ok()).unwrap_or(-1);
-                    let secs = field(&l, "secs").and_then(|x| x.parse().ok()).unwrap_or(0);
-                    let mut name = l.split("name=").nth(1).unwrap_or("").to_string();
-                    if field(&l, "skipped").is_some() {
-                        name.push_str(" (skipped: not the hook in use here)");
-                    }
-                    run.steps.push((name, rc, secs));
+                    let out = std::mem::take(&mut step_output).binaries.pop();
+                    run.steps.push((
+                        l.split("name=").nth(1).unwrap_or("").to_string(),
+                        field(&l, "rc").and_then(|x| x.parse().ok()).unwrap_or(-1),
+                        field(&l, "secs").and_then(|x| x.parse().ok()).unwrap_or(0),
+                    ));
+                    run.step_tests.push(StepTests {
+                        skipped: field(&l, "skipped").is_some(),
+                        counts: out.as_ref().and_then(|b| b.counts.clone()),
+                        failed: out.map(|b| b.failed).unwrap_or_default(),
+                    });
                 } else if l.starts_with("MATRIX END") {
                     run.ended = true;
                     run.secs = field(&l, "secs").and_then(|x| x.parse().ok()).unwrap_or(0);
@@ -343,7 +525,18 @@ fn boot(k: &kernels::Kernel, script: &Path) -> anyhow::Result<GuestRun> {
                     || l.contains("independent grow count")
                     || l.contains("pid -> (established, shrunk, locks)")
                 {
+                    step_output.line(&l);
                     run.figures.push(l);
+                } else {
+                    step_output.line(&l);
+                }
+            }
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) if !left.is_zero() => {
+                if exited.is_none() && child.try_wait().is_ok_and(|s| s.is_some()) {
+                    exited = Some(Instant::now());
+                }
+                if exited.is_some_and(|t| t.elapsed() > Duration::from_secs(3)) {
+                    break;
                 }
             }
             Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
@@ -377,27 +570,33 @@ fn chosen_hooks(text: &str) -> Vec<(String, String)> {
         .collect()
 }
 
-/// Runs the matrix for `only` (all pinned kernels when empty); fails when any step failed.
-pub fn stage(only: &[String]) -> anyhow::Result<()> {
+/// Runs the matrix for `kernels` (all pinned kernels when empty) and the guest steps `steps`
+/// select (all when empty; see `--step`); the outcome lists every failure, each with the
+/// command that reruns it.
+pub fn stage(kernels: &[String], steps: &[String]) -> anyhow::Result<Outcome> {
     let started = Instant::now();
     setup()?;
-    let pins: Vec<_> = kernels::pins()?
-        .into_iter()
-        .filter(|p| only.is_empty() || only.contains(&p.name))
-        .collect();
-    if pins.is_empty() {
-        bail!("no pinned kernel matches {only:?}");
-    }
-    let bins = test_binaries()?;
+    let pins = selected_pins(kernels)?;
+    let selected = selected_steps(steps)?;
+    let bins = test_binaries(&selected)?;
     let dir = cache_dir().join("run");
     std::fs::create_dir_all(&dir)?;
     let script = dir.join("guest.sh");
-    std::fs::write(&script, guest_script(&bins)?)?;
+    std::fs::write(&script, guest_script(&bins, &selected)?)?;
     crate::build::build_packages(true, &["bufscope"])?;
     let bufscope = workspace_root().join(BUFSCOPE);
-    let mut failures = Vec::new();
+    let mut out = Outcome {
+        steps: Vec::new(),
+        failures: Vec::new(),
+        kernel_secs: Vec::new(),
+    };
     let mut report = Vec::new();
     for pin in &pins {
+        let name = &pin.name;
+        let mut fail = |what: String, step: Option<&str>| {
+            out.failures
+                .push((format!("[{name}] {what}"), rerun(name, step)));
+        };
         let k = kernels::ensure(pin)?;
         // Offline choice from the guest's BTF, on the host.
         let off = Command::new(&bufscope)
@@ -418,51 +617,72 @@ pub fn stage(only: &[String]) -> anyhow::Result<()> {
         let run = match boot(&k, &script) {
             Ok(r) => r,
             Err(e) => {
-                failures.push(format!("{}: {e:#}", pin.name));
+                fail(format!("{e:#}"), None);
+                out.kernel_secs.push((name.clone(), t.elapsed().as_secs()));
                 continue;
             }
         };
         let wall = t.elapsed().as_secs();
         if !run.ended {
-            failures.push(format!("{}: the guest stopped before the end", pin.name));
+            fail("the guest stopped before the end".into(), None);
         }
         if run.check_rc != Some(0) {
-            failures.push(format!(
-                "{}: bufscope check exited {:?}",
-                pin.name, run.check_rc
-            ));
+            fail(format!("bufscope check exited {:?}", run.check_rc), None);
         }
         let online = chosen_hooks(&run.check.join("\n"));
         for (probe, hooks) in &online {
             match offline.iter().find(|(p, _)| p == probe) {
                 Some((_, off)) if off == hooks => {}
-                Some((_, off)) => failures.push(format!(
-                    "{}: {probe}: check --btf chose {off}, the guest attached {hooks}",
-                    pin.name
-                )),
-                None => failures.push(format!("{}: check --btf has no {probe}", pin.name)),
+                Some((_, off)) => fail(
+                    format!("{probe}: check --btf chose {off}, the guest attached {hooks}"),
+                    None,
+                ),
+                None => fail(format!("check --btf has no {probe}"), None),
             }
         }
         if online.len() < 5 {
-            failures.push(format!(
-                "{}: bufscope check listed {} probes",
-                pin.name,
-                online.len()
-            ));
+            fail(
+                format!("bufscope check listed {} probes", online.len()),
+                None,
+            );
         }
-        for (name, rc, _) in &run.steps {
-            if *rc != 0 {
-                failures.push(format!("{}: step '{name}' failed (exit {rc})", pin.name));
+        let steps = run.guest_steps();
+        for st in &steps {
+            if st.rc != 0 {
+                let tests = if st.tests.failed.is_empty() {
+                    String::new()
+                } else {
+                    format!(": {}", st.tests.failed.join(", "))
+                };
+                fail(
+                    format!("step '{}' failed (exit {}){tests}", st.name, st.rc),
+                    Some(&st.name),
+                );
             }
         }
-        if run.steps.len() != STEPS.len() {
-            failures.push(format!(
-                "{}: {} of {} steps ran",
-                pin.name,
-                run.steps.len(),
-                STEPS.len()
-            ));
+        if run.steps.len() != selected.len() {
+            fail(
+                format!("{} of {} steps ran", run.steps.len(), selected.len()),
+                None,
+            );
         }
+        for st in &steps {
+            let (passed, failed, ignored) = match (&st.tests.counts, st.tests.skipped, st.rc) {
+                (_, true, _) => (0, 0, 1),
+                (Some(c), _, rc) => (c.passed, c.failed.max(u32::from(rc != 0)), c.ignored),
+                (None, _, 0) => (1, 0, 0),
+                (None, _, _) => (0, 1, 0),
+            };
+            out.steps.push(StepResult {
+                kernel: name.clone(),
+                name: st.name.clone(),
+                passed,
+                failed,
+                ignored,
+                secs: st.secs,
+            });
+        }
+        out.kernel_secs.push((name.clone(), wall));
         report.push((pin.clone(), run, online, wall));
     }
     println!(
@@ -477,26 +697,31 @@ pub fn stage(only: &[String]) -> anyhow::Result<()> {
         for (probe, hooks) in online {
             println!("  {probe:<11} {hooks}");
         }
-        for (name, rc, secs) in &run.steps {
-            let tag = if *rc == 0 { "ok  " } else { "FAIL" };
-            println!("  [{tag}] {secs:>4} s  {name}");
+        for st in run.guest_steps() {
+            let tag = if st.rc == 0 { "ok  " } else { "FAIL" };
+            let skipped = if st.tests.skipped {
+                " (skipped: not the hook in use here)"
+            } else {
+                ""
+            };
+            println!("  [{tag}] {:>4} s  {}{skipped}", st.secs, st.name);
         }
         for f in &run.figures {
             println!("  {f}");
         }
     }
-    if failures.is_empty() {
+    if out.failures.is_empty() {
         println!(
-            "kernel matrix: all steps passed on {} kernels",
+            "kernel matrix: all {} steps passed on {} kernels",
+            selected.len(),
             report.len()
         );
-        Ok(())
     } else {
-        for f in &failures {
-            eprintln!("kernel matrix FAIL: {f}");
+        for (f, again) in &out.failures {
+            eprintln!("kernel matrix FAIL: {f}\n  rerun: {again}");
         }
-        bail!("kernel matrix: {} failure(s)", failures.len())
     }
+    Ok(out)
 }
 
 /// Boots the pinned kernel `name` (a `kernels.pin` name) and runs the shell line `command` in
