@@ -4,7 +4,7 @@
 //! exposition). It names no signal: each one is a [`Signal`] room under [`crate::signals`].
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use foldhash::HashSet;
 use std::time::{Duration, Instant, SystemTime};
@@ -14,6 +14,7 @@ use aya::maps::{MapData, RingBuf};
 use crate::advice::{self, Finding, Inputs, Report};
 use crate::attribution::{Attributor, Procfs};
 use crate::bpf::Stats;
+use crate::bpf::pins::LinkWatch;
 use crate::exposition::{self, Created, Format, Health, selfmetrics};
 use crate::kernel::BufferLimits;
 use crate::signals::{self, AdviceCx, Cx, GcCx, ProcStats, Signal, Store};
@@ -68,7 +69,12 @@ pub struct Collector {
     findings_cache: Option<(Instant, Arc<Vec<Finding>>)>,
     /// Something the advice rules read changed since `findings_cache` was computed.
     advice_dirty: bool,
+    /// With `--bpf.pin-path`: the pinned links, and when they were last checked.
+    links: Option<(LinkWatch, Instant)>,
 }
+
+/// How often the pinned links are checked to still be this bufscope's.
+const LINK_CHECK_EVERY: Duration = Duration::from_secs(1);
 
 impl Collector {
     /// Assembles a collector.
@@ -97,6 +103,34 @@ impl Collector {
             events: None,
             findings_cache: None,
             advice_dirty: true,
+            links: None,
+        }
+    }
+
+    /// With `--bpf.pin-path`: the pinned links to check on every poll ([`LinkWatch`]); a probe
+    /// that lost one is reported detached from then on.
+    pub fn watch_links(&mut self, links: LinkWatch) {
+        self.links = Some((links, Instant::now()));
+    }
+
+    /// Checks the pinned links (at most every [`LINK_CHECK_EVERY`]): a probe whose link is
+    /// gone or replaced no longer counts, so `bufscope_probe_attached` says 0 and the log why.
+    fn check_links(&mut self) {
+        let Some((watch, at)) = self.links.as_mut() else {
+            return;
+        };
+        if at.elapsed() < LINK_CHECK_EVERY {
+            return;
+        }
+        *at = Instant::now();
+        for (probe, why) in watch.check() {
+            tracing::warn!(
+                probe,
+                "probe detached: {why}; it no longer counts (restart bufscope to attach it again)"
+            );
+            for p in self.health.probes.iter_mut().filter(|p| p.0 == probe) {
+                p.2 = false;
+            }
         }
     }
 
@@ -165,6 +199,7 @@ impl Collector {
     /// Reads every room's maps into the store.
     pub fn poll(&mut self) {
         self.last_poll = Some(Instant::now());
+        self.check_links();
         self.drain_events();
         let limits = BufferLimits::read();
         if limits.rmem_max.is_none() && !self.warned_limits {
@@ -363,6 +398,20 @@ impl Collector {
                 let created = exposition::created_times(&mut self.created, &self.store, &fams);
                 exposition::encode_openmetrics(&fams, &created)
             }
+        }
+    }
+}
+
+/// Locks the collector shared by the daemon's tasks. A poisoned lock means a thread panicked
+/// in the middle of an update (the daemon's panic hook ends the process before that can be
+/// seen; this is the second line): the state cannot be trusted, so the process exits for its
+/// supervisor to restart it instead of serving errors forever.
+pub fn lock(c: &Mutex<Collector>) -> MutexGuard<'_, Collector> {
+    match c.lock() {
+        Ok(g) => g,
+        Err(_) => {
+            tracing::error!("the collector's state was left half-updated by a panic: exiting");
+            std::process::abort();
         }
     }
 }

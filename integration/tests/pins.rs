@@ -464,3 +464,156 @@ fn drop_keys(map: &Path) -> Vec<(u64, u32, u8)> {
         })
         .collect()
 }
+
+/// `bufscope <args>` under `timeout 30` (a bufscope that wrongly starts is killed, exit 124,
+/// instead of hanging the test); returns (exit code, stderr).
+fn refused(args: &[&str]) -> (Option<i32>, String) {
+    let out = Command::new("timeout")
+        .arg("30")
+        .arg(bufscope_bin())
+        .args(args)
+        .env("NO_COLOR", "1")
+        .env("RUST_BACKTRACE", "0")
+        .output()
+        .expect("timeout(1)");
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+#[ignore = "needs root (BPF, bpffs); run by `cargo xtask test`"]
+fn one_bufscope_per_pin_directory() {
+    let dir = PinDir::new("owner");
+    let flag = dir.flag();
+    let receiver = Workload::start(&["udp-recv", "--rcvbuf", "4096"]);
+    let (pid, inode) = (
+        receiver.pid(),
+        receiver.get("inodes").parse::<u64>().unwrap(),
+    );
+    let port = receiver.get("ports").to_string();
+    let e = Exporter::start(&[flag.as_str()]);
+    let holder = format!("pid {}", e.pid());
+    let pinned = pinned_prog_ids(&dir.0);
+    assert!(pinned.len() >= 4, "links pinned: {pinned:?}");
+
+    // A second daemon on the same directory (an overlapping rolling update, a local debug
+    // run) is refused before it loads anything, naming the holder.
+    let (code, err) = refused(&[
+        "run",
+        flag.as_str(),
+        "--max-processes",
+        "50",
+        "--web.listen-address",
+        "127.0.0.1:0",
+    ]);
+    assert_eq!(code, Some(1), "the second daemon must refuse: {err}");
+    eprintln!("second daemon: {}", err.trim());
+    assert!(
+        err.lines().count() == 1 && err.contains("in use by") && err.contains(&holder),
+        "one line naming {holder}: {err}"
+    );
+    // cleanup while it runs is refused too, and removes nothing.
+    let (code, err) = refused(&["cleanup", "--bpf.pin-path", dir.0.to_str().unwrap()]);
+    assert_eq!(code, Some(1), "cleanup while running must refuse: {err}");
+    eprintln!("cleanup while running: {}", err.trim());
+    assert!(err.contains(&holder), "names {holder}: {err}");
+    assert_eq!(pinned_prog_ids(&dir.0), pinned, "nothing removed");
+
+    // The first daemon still counts every drop of a flooded receiver.
+    flood(&port, 3000);
+    let kernel = equals_kernel(
+        &e,
+        pid,
+        inode,
+        "after the refused second daemon and cleanup",
+    );
+    assert!(kernel > 500, "the flood overflows the buffer ({kernel})");
+    assert_eq!(
+        e.scrape()
+            .sum("bufscope_probe_attached", &[("probe", "drops")]),
+        1.0
+    );
+
+    // `cleanup --force` removes the pins anyway: the daemon notices on its next poll that its
+    // links are gone and says the probe is detached (it no longer counts).
+    let (code, err) = refused(&[
+        "cleanup",
+        "--force",
+        "--bpf.pin-path",
+        dir.0.to_str().unwrap(),
+    ]);
+    assert_eq!(code, Some(0), "cleanup --force: {err}");
+    assert!(err.contains(&holder), "the warning names {holder}: {err}");
+    eventually(Duration::from_secs(10), "drops reported detached", || {
+        (e.scrape()
+            .sum("bufscope_probe_attached", &[("probe", "drops")])
+            == 0.0)
+            .then_some(())
+    });
+    assert!(
+        e.log().contains("probe detached") && e.log().contains("is gone"),
+        "{}",
+        e.log()
+    );
+    assert!(
+        pinned.is_disjoint(&linked_prog_ids()),
+        "the forced cleanup detached the links"
+    );
+    assert!(e.stop().success());
+    // A holder that is gone holds nothing: the next start owns the directory again.
+    let e = Exporter::start(&[flag.as_str()]);
+    assert_eq!(
+        e.scrape()
+            .sum("bufscope_probe_attached", &[("probe", "drops")]),
+        1.0
+    );
+    e.kill9();
+    cleanup(&dir.0);
+}
+
+#[test]
+#[ignore = "needs root (BPF, bpffs); run by `cargo xtask test`"]
+fn symlinks_in_the_pin_directory_are_refused() {
+    let dir = PinDir::new("symlink");
+    let elsewhere = PathBuf::from(format!("{}-elsewhere", dir.0.display()));
+    std::fs::create_dir_all(&dir.0).unwrap();
+    std::fs::create_dir_all(&elsewhere).unwrap();
+    std::os::unix::fs::symlink(&elsewhere, dir.0.join("maps")).unwrap();
+    let before = linked_prog_ids();
+    let (code, err) = refused(&[
+        "run",
+        dir.flag().as_str(),
+        "--web.listen-address",
+        "127.0.0.1:0",
+    ]);
+    assert_eq!(code, Some(1), "{err}");
+    assert!(
+        err.lines().count() == 1 && err.contains("maps is a symlink"),
+        "one line naming the symlink: {err}"
+    );
+    let (code, err) = refused(&["cleanup", "--bpf.pin-path", dir.0.to_str().unwrap()]);
+    assert_eq!(code, Some(1), "cleanup refuses the symlink too: {err}");
+    assert!(err.contains("symlink"), "{err}");
+    eprintln!("symlinked maps/: {}", err.trim());
+    assert!(
+        std::fs::read_dir(&elsewhere).unwrap().next().is_none(),
+        "nothing pinned through the symlink"
+    );
+    assert!(linked_prog_ids().is_subset(&before), "no link made");
+    // The pin directory itself a symlink: refused as well.
+    std::fs::remove_file(dir.0.join("maps")).unwrap();
+    std::fs::remove_dir(&dir.0).unwrap();
+    std::os::unix::fs::symlink(&elsewhere, &dir.0).unwrap();
+    let (code, err) = refused(&[
+        "run",
+        dir.flag().as_str(),
+        "--web.listen-address",
+        "127.0.0.1:0",
+    ]);
+    assert_eq!(code, Some(1), "{err}");
+    assert!(err.contains("is a symlink"), "{err}");
+    std::fs::remove_file(&dir.0).unwrap();
+    std::fs::remove_dir(&elsewhere).unwrap();
+}

@@ -109,7 +109,7 @@ async fn with_fresh<T: Send + 'static>(
     let collector = app.collector.clone();
     let arrived = Instant::now();
     tokio::task::spawn_blocking(move || {
-        let mut c = collector.lock().ok()?;
+        let mut c = crate::collector::lock(&collector);
         if c.last_poll_started().is_none_or(|t| t < arrived) {
             c.poll();
         }
