@@ -4,7 +4,10 @@
 //! exposition). It names no signal: each one is a [`Signal`] room under [`crate::signals`].
 
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
+
+use axum::body::Bytes;
 
 use foldhash::HashSet;
 use std::time::{Duration, Instant, SystemTime};
@@ -71,6 +74,96 @@ pub struct Collector {
     advice_dirty: bool,
     /// With `--bpf.pin-path`: the pinned links, and when they were last checked.
     links: Option<(LinkWatch, Instant)>,
+    /// When the last poll and drain completed, for `/healthz` (read without the lock).
+    heartbeat: Arc<Heartbeat>,
+    /// Bumped by everything that changes what [`Collector::render`] shows (a poll, a drain
+    /// that read events, GC): concurrent scrapes of one generation share one body.
+    generation: u64,
+    /// The last body rendered: its generation, format and text.
+    rendered: Option<(u64, Format, Bytes)>,
+}
+
+/// When the collector last completed a poll of the maps and a drain of the ring buffer,
+/// readable without the collector's lock: `/healthz` must answer while a stuck collector
+/// holds it.
+#[derive(Debug)]
+pub struct Heartbeat {
+    start: Instant,
+    /// Milliseconds after `start` when the last poll completed (0: none yet).
+    poll_ms: AtomicU64,
+    /// Likewise for the last drain of the ring buffer (every poll drains too).
+    drain_ms: AtomicU64,
+}
+
+impl Default for Heartbeat {
+    fn default() -> Self {
+        Self {
+            start: Instant::now(),
+            poll_ms: AtomicU64::new(0),
+            drain_ms: AtomicU64::new(0),
+        }
+    }
+}
+
+impl Heartbeat {
+    fn beat(&self, which: &AtomicU64) {
+        let ms = u64::try_from(self.start.elapsed().as_millis()).unwrap_or(u64::MAX);
+        which.store(ms.max(1), Ordering::Relaxed);
+    }
+
+    /// Why the collector looks stuck: its last completed poll or drain (or its start, before
+    /// the first) is more than `stale` ago. None while both are fresh.
+    pub fn stale(&self, stale: Duration) -> Option<String> {
+        let now = self.start.elapsed();
+        [
+            ("poll of the probes' maps", &self.poll_ms),
+            ("drain of the event ring buffer", &self.drain_ms),
+        ]
+        .into_iter()
+        .find_map(|(what, at)| {
+            let ago = now.saturating_sub(Duration::from_millis(at.load(Ordering::Relaxed)));
+            (ago > stale).then(|| {
+                format!(
+                    "the last successful {what} {} {:.1}s ago (more than {:.0}s): the collector \
+                     is stuck",
+                    if at.load(Ordering::Relaxed) == 0 {
+                        "was never; bufscope started"
+                    } else {
+                        "ended"
+                    },
+                    ago.as_secs_f64(),
+                    stale.as_secs_f64()
+                )
+            })
+        })
+    }
+}
+
+/// Fault injection for the integration tests, compiled into debug builds only (release
+/// builds have none): `BUFSCOPE_DEBUG_FAULT=wedge-poll:SECS` makes the first poll that starts
+/// SECS after start-up hang forever holding the collector's lock (as a hung `/proc` read or a
+/// deadlock would); `panic-poll:SECS` makes it panic.
+#[cfg(debug_assertions)]
+fn debug_fault(since_start: Duration) {
+    static FAULT: std::sync::OnceLock<Option<(String, Duration)>> = std::sync::OnceLock::new();
+    let fault = FAULT.get_or_init(|| {
+        let v = std::env::var("BUFSCOPE_DEBUG_FAULT").ok()?;
+        let (kind, secs) = v.split_once(':')?;
+        Some((kind.to_string(), Duration::from_secs(secs.parse().ok()?)))
+    });
+    match fault {
+        Some((kind, after)) if since_start >= *after => match kind.as_str() {
+            "wedge-poll" => {
+                tracing::warn!("BUFSCOPE_DEBUG_FAULT: this poll never returns");
+                loop {
+                    std::thread::sleep(Duration::from_secs(3600));
+                }
+            }
+            "panic-poll" => std::panic::panic_any("BUFSCOPE_DEBUG_FAULT: a panic in a poll"),
+            _ => {}
+        },
+        _ => {}
+    }
 }
 
 /// How often the pinned links are checked to still be this bufscope's.
@@ -104,7 +197,15 @@ impl Collector {
             findings_cache: None,
             advice_dirty: true,
             links: None,
+            heartbeat: Arc::default(),
+            generation: 0,
+            rendered: None,
         }
+    }
+
+    /// When the last poll and drain completed (for `/healthz`).
+    pub fn heartbeat(&self) -> Arc<Heartbeat> {
+        self.heartbeat.clone()
     }
 
     /// With `--bpf.pin-path`: the pinned links to check on every poll ([`LinkWatch`]); a probe
@@ -163,7 +264,9 @@ impl Collector {
         self.events = Some(rb);
         if n > 0 {
             self.advice_dirty = true;
+            self.generation += 1;
         }
+        self.heartbeat.beat(&self.heartbeat.drain_ms);
         n
     }
 
@@ -198,7 +301,10 @@ impl Collector {
 
     /// Reads every room's maps into the store.
     pub fn poll(&mut self) {
+        #[cfg(debug_assertions)]
+        debug_fault(self.heartbeat.start.elapsed());
         self.last_poll = Some(Instant::now());
+        self.generation += 1;
         self.check_links();
         self.drain_events();
         let limits = BufferLimits::read();
@@ -230,6 +336,7 @@ impl Collector {
         }
         self.health.rmem_max = self.limits.rmem_max;
         self.health.wmem_max = self.limits.wmem_max;
+        self.heartbeat.beat(&self.heartbeat.poll_ms);
     }
 
     /// Whether GC is due (the poll task runs it, see [`Collector::gc_plan`]).
@@ -341,6 +448,7 @@ impl Collector {
     /// Applies what [`GcPlan::scan`] found.
     pub fn gc_apply(&mut self, scan: GcScan) {
         self.advice_dirty = true;
+        self.generation += 1;
         let dead: HashSet<ProcRef> = scan.dead.into_iter().collect();
         self.store.expire(|p| !dead.contains(p));
         if let Some(live) = scan.live {
@@ -366,6 +474,20 @@ impl Collector {
         if removed > 0 {
             tracing::debug!(removed, "garbage-collected map entries of closed sockets");
         }
+    }
+
+    /// [`Collector::render`], shared: scrapes that find nothing changed since the last body in
+    /// this format was rendered (they queued behind one poll) get that body, not a new one.
+    pub fn render_shared(&mut self, format: Format) -> Bytes {
+        if let Some((generation, f, body)) = &self.rendered
+            && *generation == self.generation
+            && *f == format
+        {
+            return body.clone();
+        }
+        let body = Bytes::from(self.render(format));
+        self.rendered = Some((self.generation, format, body.clone()));
+        body
     }
 
     /// The exposition in `format`. Every sample is the counter's current value for every

@@ -76,6 +76,7 @@ pub async fn run(args: RunArgs, addrs: Vec<std::net::SocketAddr>) -> anyhow::Res
     let (collector, events, mut loaded) = load(&args, pin_dir)?;
     forward_bpf_log(&mut loaded)?;
     let any_attached = loaded.any_attached();
+    let heartbeat = collector.heartbeat();
     let collector = Arc::new(Mutex::new(collector));
     let events_task = spawn_event_task(collector.clone(), events)?;
     let poll_task = spawn_poll_task(collector.clone(), args.poll_interval);
@@ -84,6 +85,10 @@ pub async fn run(args: RunArgs, addrs: Vec<std::net::SocketAddr>) -> anyhow::Res
         collector,
         any_attached,
         probes: Arc::new(loaded.status.clone()),
+        heartbeat,
+        stale_after: (args.poll_interval.max(EVENTS_DRAIN_EVERY) * http::STALE_INTERVALS)
+            .max(http::STALE_AT_LEAST),
+        in_flight: Arc::new(tokio::sync::Semaphore::new(http::MAX_IN_FLIGHT)),
     };
     let router = http::router(app, &args.telemetry_path, auth);
     let local = listener
@@ -99,12 +104,13 @@ pub async fn run(args: RunArgs, addrs: Vec<std::net::SocketAddr>) -> anyhow::Res
         "serving metrics on {scheme}://{local}{}",
         args.telemetry_path
     );
+    let permits = http::serve::connection_permits();
     match tls {
         Some(cfg) => {
-            let l = TlsListener::new(listener, cfg).context("TLS listener")?;
-            http::serve::serve(l, router, shutdown_signal()).await;
+            let l = TlsListener::new(listener, cfg, permits.clone()).context("TLS listener")?;
+            http::serve::serve(l, router, permits, shutdown_signal()).await;
         }
-        None => http::serve::serve(listener, router, shutdown_signal()).await,
+        None => http::serve::serve(listener, router, permits, shutdown_signal()).await,
     }
     events_task.abort();
     poll_task.abort();

@@ -209,6 +209,9 @@ fn cases(dir: &Path) -> Vec<Case> {
         run(&["--bpf.pin-path", "relative"], 2, "--bpf.pin-path"),
         run(&["--bpf.pin-path", &garbage], 1, "--bpf.pin-path"),
         run(&["--bpf.pin-path", &pins], 1, "--bpf.pin-path"),
+        // The bpffs itself: its root would get bufscope's maps/, links/ and META.
+        run(&["--bpf.pin-path", "/sys/fs/bpf"], 1, "--bpf.pin-path"),
+        run(&["--bpf.pin-path", "/sys/fs/bpf/"], 1, "--bpf.pin-path"),
         // The config file: missing, a directory, not text, not a mapping, bad keys and values.
         run(
             &["--config.file", "/nonexistent/bufscope.yaml"],
@@ -238,6 +241,11 @@ fn cases(dir: &Path) -> Vec<Case> {
             "--bpf.pin-path",
         ),
         case(&["cleanup", "--bpf.pin-path", &sub], 1, "not on a bpffs"),
+        case(
+            &["cleanup", "--bpf.pin-path", "/sys/fs/bpf"],
+            1,
+            "the root of a bpffs",
+        ),
         case(&["explain", "--url", "garbage"], 1, "--url"),
         case(&["explain", "--pid", "99999999999"], 2, "--pid"),
         case(

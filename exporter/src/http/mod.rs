@@ -5,7 +5,7 @@
 //! | path | handler |
 //! |---|---|
 //! | `--web.telemetry-path` (`/metrics`) | Prometheus text 0.0.4, or OpenMetrics 1.0.0 with `_created` samples when `Accept` prefers it |
-//! | `/healthz` | 200 while any probe is attached (never behind auth) |
+//! | `/healthz` | 200 while any probe is attached and the collector polls and drains; 503 with the reason otherwise (never behind auth) |
 //! | `/api/v1/findings` | findings as JSON (docs/findings.md) |
 //! | `/api/v1/status` | the status page's data |
 //! | `/` | the status page |
@@ -17,7 +17,9 @@ pub mod tls;
 pub mod web_config;
 
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
+use std::time::{Duration, Instant};
+
+use tokio::sync::Semaphore;
 
 use axum::Router;
 use axum::extract::State;
@@ -26,7 +28,7 @@ use axum::response::{Html, IntoResponse, Response};
 use axum::routing::get;
 
 use crate::bpf::ProbeStatus;
-use crate::collector::Collector;
+use crate::collector::{Collector, Heartbeat};
 use crate::exposition::Format;
 
 /// Shared between the HTTP handlers and the background tasks.
@@ -38,7 +40,25 @@ pub struct App {
     pub any_attached: bool,
     /// Per-probe outcome, for the status page.
     pub probes: Arc<Vec<ProbeStatus>>,
+    /// The collector's last poll and drain (`/healthz`, read without the collector's lock).
+    pub heartbeat: Arc<Heartbeat>,
+    /// `/healthz` fails when the last poll or drain is older than this.
+    pub stale_after: Duration,
+    /// Requests that need the collector (metrics, findings, status) at once: beyond
+    /// [`MAX_IN_FLIGHT`] they are refused (503) instead of queueing on its lock.
+    pub in_flight: Arc<Semaphore>,
 }
+
+/// Most requests waiting for or using the collector at once (Prometheus servers, dashboards
+/// and `bufscope top`s together); more are refused at once with 503 and `Retry-After`.
+pub const MAX_IN_FLIGHT: usize = 16;
+
+/// How many poll intervals (or ring-buffer drain periods, whichever is longer) the collector
+/// may go without a completed poll or drain before `/healthz` fails: at least
+/// [`STALE_AT_LEAST`].
+pub const STALE_INTERVALS: u32 = 5;
+/// The shortest staleness `/healthz` reports (a long scrape may hold the collector a while).
+pub const STALE_AT_LEAST: Duration = Duration::from_secs(10);
 
 const HEALTHZ: &str = "/healthz";
 const FINDINGS: &str = "/api/v1/findings";
@@ -65,6 +85,15 @@ fn unavailable() -> Response {
     (StatusCode::INTERNAL_SERVER_ERROR, "collector unavailable\n").into_response()
 }
 
+fn busy() -> Response {
+    (
+        StatusCode::SERVICE_UNAVAILABLE,
+        [(header::RETRY_AFTER, "1")],
+        format!("too many requests in flight (at most {MAX_IN_FLIGHT}): retry\n"),
+    )
+        .into_response()
+}
+
 /// `/metrics`, in the format the client's `Accept` header prefers ([`Format::negotiate`]).
 async fn metrics_handler(State(app): State<App>, headers: HeaderMap) -> Response {
     let accept = headers
@@ -74,24 +103,28 @@ async fn metrics_handler(State(app): State<App>, headers: HeaderMap) -> Response
         .collect::<Vec<_>>()
         .join(",");
     let format = Format::negotiate((!accept.is_empty()).then_some(accept.as_str()));
-    match with_fresh(&app, move |c| c.render(format)).await {
-        Some(text) => (
+    match with_fresh(&app, move |c| c.render_shared(format)).await {
+        Ok(body) => (
             [
                 (header::CONTENT_TYPE, format.content_type()),
                 (header::VARY, "Accept"),
             ],
-            text,
+            body,
         )
             .into_response(),
-        None => unavailable(),
+        Err(r) => r,
     }
 }
 
+/// 200 while a probe is attached and the collector keeps polling and draining (for kubelet's
+/// liveness probe: a stuck daemon is restarted); 503 with the reason otherwise.
 async fn healthz(State(app): State<App>) -> Response {
-    if app.any_attached {
-        (StatusCode::OK, "ok\n").into_response()
-    } else {
-        (StatusCode::SERVICE_UNAVAILABLE, "no probe attached\n").into_response()
+    if !app.any_attached {
+        return (StatusCode::SERVICE_UNAVAILABLE, "no probe attached\n").into_response();
+    }
+    match app.heartbeat.stale(app.stale_after) {
+        None => (StatusCode::OK, "ok\n").into_response(),
+        Some(why) => (StatusCode::SERVICE_UNAVAILABLE, format!("{why}\n")).into_response(),
     }
 }
 
@@ -101,36 +134,41 @@ async fn index() -> Html<&'static str> {
 
 /// Runs `f` on the collector in a blocking thread after a poll that started after this request
 /// arrived: a scrape always reflects everything that happened before it. Concurrent requests
-/// share one poll (they queue on the lock and find it already done).
+/// share one poll (they queue on the lock and find it already done) and, for `/metrics`, one
+/// body. Beyond [`MAX_IN_FLIGHT`] requests are refused at once (the error response).
 async fn with_fresh<T: Send + 'static>(
     app: &App,
     f: impl FnOnce(&mut Collector) -> T + Send + 'static,
-) -> Option<T> {
+) -> Result<T, Response> {
+    let Ok(permit) = app.in_flight.clone().try_acquire_owned() else {
+        return Err(busy());
+    };
     let collector = app.collector.clone();
     let arrived = Instant::now();
-    tokio::task::spawn_blocking(move || {
+    let done = tokio::task::spawn_blocking(move || {
         let mut c = crate::collector::lock(&collector);
         if c.last_poll_started().is_none_or(|t| t < arrived) {
             c.poll();
         }
-        Some(f(&mut c))
+        f(&mut c)
     })
     .await
-    .ok()
-    .flatten()
+    .map_err(|_| unavailable());
+    drop(permit);
+    done
 }
 
 async fn findings_handler(State(app): State<App>) -> Response {
     match with_fresh(&app, |c| c.report()).await {
-        Some(r) => axum::Json(r).into_response(),
-        None => unavailable(),
+        Ok(r) => axum::Json(r).into_response(),
+        Err(r) => r,
     }
 }
 
 async fn status_handler(State(app): State<App>) -> Response {
     let probes = app.probes.clone();
     match with_fresh(&app, move |c| status::document(c, &probes)).await {
-        Some(v) => axum::Json(v).into_response(),
-        None => unavailable(),
+        Ok(v) => axum::Json(v).into_response(),
+        Err(r) => r,
     }
 }

@@ -52,6 +52,19 @@ pub fn ensure(dir: &Path) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Whether `p` is the root of a mount (its device differs from its parent's), or `/`: pins
+/// need a directory of their own, e.g. `/sys/fs/bpf/bufscope`, never the bpffs itself.
+pub fn is_mount_root(p: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt as _;
+    let Some(parent) = p.parent() else {
+        return true;
+    };
+    match (std::fs::metadata(p), std::fs::metadata(parent)) {
+        (Ok(a), Ok(b)) => a.dev() != b.dev() || a.ino() == b.ino(),
+        _ => false,
+    }
+}
+
 /// Whether `p` is on a bpffs.
 pub fn is_bpffs(p: &Path) -> bool {
     crate::kernel::fs_magic(p).ok() == Some(crate::kernel::BPF_FS_MAGIC)
@@ -230,6 +243,13 @@ impl PinLock {
     /// Refuses, naming the holder's pid, while another bufscope holds it.
     pub fn acquire(dir: &Path) -> anyhow::Result<Self> {
         ensure(dir)?;
+        if is_mount_root(dir) {
+            bail!(
+                "--bpf.pin-path {}: the root of a bpffs, not a directory of its own (name one \
+                 below it, e.g. {BPFFS}/bufscope)",
+                dir.display()
+            );
+        }
         match Self::open(dir, true, None)? {
             Some(l) => Ok(l),
             None => bail!("--bpf.pin-path {}: no such directory", dir.display()),
@@ -358,6 +378,13 @@ pub fn cleanup(dir: &Path, force: bool) -> anyhow::Result<Removed> {
     if !is_bpffs(dir) {
         bail!(
             "{} is not on a bpffs: not a bufscope pin directory",
+            dir.display()
+        );
+    }
+    if is_mount_root(dir) {
+        bail!(
+            "{} is the root of a bpffs, not a pin directory of its own: name the directory \
+             `bufscope run --bpf.pin-path` used (e.g. {BPFFS}/bufscope)",
             dir.display()
         );
     }
