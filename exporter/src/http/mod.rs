@@ -145,7 +145,10 @@ async fn with_fresh<T: Send + 'static>(
     };
     let collector = app.collector.clone();
     let arrived = Instant::now();
-    let done = tokio::task::spawn_blocking(move || {
+    tokio::task::spawn_blocking(move || {
+        // Held by the blocking thread, not the request: a client that hangs up does not free
+        // its place while the thread still waits for the collector.
+        let _permit = permit;
         let mut c = crate::collector::lock(&collector);
         if c.last_poll_started().is_none_or(|t| t < arrived) {
             c.poll();
@@ -153,9 +156,7 @@ async fn with_fresh<T: Send + 'static>(
         f(&mut c)
     })
     .await
-    .map_err(|_| unavailable());
-    drop(permit);
-    done
+    .map_err(|_| unavailable())
 }
 
 async fn findings_handler(State(app): State<App>) -> Response {
