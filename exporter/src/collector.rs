@@ -4,7 +4,7 @@
 //! exposition). It names no signal: each one is a [`Signal`] room under [`crate::signals`].
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use axum::body::Bytes;
@@ -74,6 +74,8 @@ pub struct Collector {
     advice_dirty: bool,
     /// With `--bpf.pin-path`: the pinned links, and when they were last checked.
     links: Option<(LinkWatch, Instant)>,
+    /// Probes whose pinned link was removed or replaced since start, with why.
+    lost: BTreeMap<&'static str, String>,
     /// When the last poll and drain completed, for `/healthz` (read without the lock).
     heartbeat: Arc<Heartbeat>,
     /// Bumped by everything that changes what [`Collector::render`] shows (a poll, a drain
@@ -93,6 +95,8 @@ pub struct Heartbeat {
     poll_ms: AtomicU64,
     /// Likewise for the last drain of the ring buffer (every poll drains too).
     drain_ms: AtomicU64,
+    /// Every probe that was attached lost its pinned link since.
+    none_attached: AtomicBool,
 }
 
 impl Default for Heartbeat {
@@ -101,6 +105,7 @@ impl Default for Heartbeat {
             start: Instant::now(),
             poll_ms: AtomicU64::new(0),
             drain_ms: AtomicU64::new(0),
+            none_attached: AtomicBool::new(false),
         }
     }
 }
@@ -109,6 +114,11 @@ impl Heartbeat {
     fn beat(&self, which: &AtomicU64) {
         let ms = u64::try_from(self.start.elapsed().as_millis()).unwrap_or(u64::MAX);
         which.store(ms.max(1), Ordering::Relaxed);
+    }
+
+    /// Whether every probe that attached has since lost its pinned link.
+    pub fn none_attached(&self) -> bool {
+        self.none_attached.load(Ordering::Relaxed)
     }
 
     /// Why the collector looks stuck: its last completed poll or drain (or its start, before
@@ -197,6 +207,7 @@ impl Collector {
             findings_cache: None,
             advice_dirty: true,
             links: None,
+            lost: BTreeMap::new(),
             heartbeat: Arc::default(),
             generation: 0,
             rendered: None,
@@ -224,7 +235,11 @@ impl Collector {
             return;
         }
         *at = Instant::now();
-        for (probe, why) in watch.check() {
+        let lost = watch.check();
+        if lost.is_empty() {
+            return;
+        }
+        for (probe, why) in lost {
             tracing::warn!(
                 probe,
                 "probe detached: {why}; it no longer counts (restart bufscope to attach it again)"
@@ -232,7 +247,18 @@ impl Collector {
             for p in self.health.probes.iter_mut().filter(|p| p.0 == probe) {
                 p.2 = false;
             }
+            self.lost.insert(probe, why);
         }
+        let attached = self.health.probes.iter().any(|p| p.2);
+        self.heartbeat
+            .none_attached
+            .store(!attached, Ordering::Relaxed);
+    }
+
+    /// Why probe `name` stopped counting since start (its pinned link was removed or
+    /// replaced), if it did.
+    pub fn lost_probe(&self, name: &str) -> Option<&str> {
+        self.lost.get(name).map(String::as_str)
     }
 
     /// With adopted pins (counting went on since `since`, Unix seconds): the series read from

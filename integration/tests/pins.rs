@@ -561,6 +561,23 @@ fn one_bufscope_per_pin_directory() {
         pinned.is_disjoint(&linked_prog_ids()),
         "the forced cleanup detached the links"
     );
+    // The status page says the same, and with every probe gone /healthz fails.
+    let (_, status) = e.get("/api/v1/status");
+    let status: serde_json::Value = serde_json::from_str(&status).unwrap();
+    let drops = status["probes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["probe"] == "drops")
+        .unwrap();
+    assert_eq!(drops["attached"], false, "{drops}");
+    assert!(
+        drops["error"].as_str().unwrap_or("").contains("is gone"),
+        "{drops}"
+    );
+    let (code, body) = e.get("/healthz");
+    assert_eq!(code, 503, "{body}");
+    assert!(body.contains("no probe attached"), "{body}");
     assert!(e.stop().success());
     // A holder that is gone holds nothing: the next start owns the directory again.
     let e = Exporter::start(&[flag.as_str()]);

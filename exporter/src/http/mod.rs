@@ -122,6 +122,13 @@ async fn healthz(State(app): State<App>) -> Response {
     if !app.any_attached {
         return (StatusCode::SERVICE_UNAVAILABLE, "no probe attached\n").into_response();
     }
+    if app.heartbeat.none_attached() {
+        return (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "no probe attached: every pinned link was removed or replaced (see the log)\n",
+        )
+            .into_response();
+    }
     match app.heartbeat.stale(app.stale_after) {
         None => (StatusCode::OK, "ok\n").into_response(),
         Some(why) => (StatusCode::SERVICE_UNAVAILABLE, format!("{why}\n")).into_response(),

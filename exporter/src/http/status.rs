@@ -34,8 +34,11 @@ pub fn document(c: &Collector, probes: &[ProbeStatus]) -> StatusDocument {
             probe: p.spec.name.to_string(),
             hooks: p.hooks(),
             what: p.spec.what.to_string(),
-            attached: p.attached,
-            error: p.error.clone(),
+            attached: p.attached && c.lost_probe(p.spec.name).is_none(),
+            error: c
+                .lost_probe(p.spec.name)
+                .map(str::to_string)
+                .or_else(|| p.error.clone()),
         })
         .collect();
     StatusDocument {
