@@ -634,3 +634,49 @@ fn symlinks_in_the_pin_directory_are_refused() {
     std::fs::remove_file(&dir.0).unwrap();
     std::fs::remove_dir(&elsewhere).unwrap();
 }
+
+#[test]
+#[ignore = "needs root (BPF, bpffs, mount namespaces); run by `cargo xtask test`"]
+fn a_bpffs_bufscope_mounts_is_private_to_root() {
+    // In a mount namespace of its own, with no bpffs at /sys/fs/bpf: bufscope mounts one, and
+    // it and the directories bufscope makes there are rwx for root only. (The namespace's
+    // bpffs, and with it what was pinned there, goes with the namespace.)
+    let d = bufscope_integration::TempDir::new("bpffs-mode");
+    let log = d.path().join("log");
+    let script = format!(
+        "set -e\n\
+         while [ \"$(stat -f -c %T /sys/fs/bpf)\" = bpf_fs ]; do umount /sys/fs/bpf; done\n\
+         {bin} run --web.listen-address 127.0.0.1:0 --bpf.pin-path /sys/fs/bpf/bufscope \
+           >/dev/null 2>{log} &\n\
+         pid=$!\n\
+         for i in $(seq 1 300); do grep -q 'serving metrics' {log} && break; sleep 0.1; done\n\
+         stat -f -c 'fs %T' /sys/fs/bpf\n\
+         stat -c 'mode %a %n' /sys/fs/bpf /sys/fs/bpf/bufscope /sys/fs/bpf/bufscope/maps \
+           /sys/fs/bpf/bufscope/links\n\
+         kill $pid; wait $pid || true\n\
+         {bin} cleanup --bpf.pin-path /sys/fs/bpf/bufscope\n",
+        bin = bufscope_bin().display(),
+        log = log.display(),
+    );
+    let (ok, out, err) = output(
+        Command::new("unshare").args(["-m", "--propagation", "private", "sh", "-c", &script]),
+        "",
+    );
+    let daemon = std::fs::read_to_string(&log).unwrap_or_default();
+    assert!(ok, "{out}{err}\n{daemon}");
+    assert!(
+        daemon.contains("mounted bpffs at /sys/fs/bpf (mode 0700)"),
+        "{daemon}"
+    );
+    assert!(out.contains("fs bpf_fs"), "{out}");
+    let modes: Vec<&str> = out.lines().filter(|l| l.starts_with("mode ")).collect();
+    assert_eq!(modes.len(), 4, "{out}");
+    // rwx for root only (the kernel always sets the sticky bit on a bpffs root: 1700).
+    assert!(
+        modes
+            .iter()
+            .all(|l| l.starts_with("mode 700 ") || l.starts_with("mode 1700 /sys/fs/bpf")),
+        "{out}"
+    );
+    eprintln!("{}", modes.join("\n"));
+}
