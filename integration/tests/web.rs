@@ -215,12 +215,11 @@ fn curl(args: &[&str]) -> (i32, String) {
     (code.trim().parse().unwrap_or(0), body.to_string())
 }
 
-#[test]
-#[ignore = "needs root: run via cargo xtask test"]
-fn tls_and_basic_auth_with_a_real_client() {
-    let d = TempDir::new("tls");
+/// A CA (`ca.crt`) and a certificate for localhost and 127.0.0.1 it signed (`server.crt`,
+/// `server.key`) in `dir`.
+fn make_certs(dir: &Path) {
     openssl(
-        &d.0,
+        dir,
         &[
             "req",
             "-x509",
@@ -238,7 +237,7 @@ fn tls_and_basic_auth_with_a_real_client() {
         ],
     );
     openssl(
-        &d.0,
+        dir,
         &[
             "req",
             "-newkey",
@@ -253,12 +252,12 @@ fn tls_and_basic_auth_with_a_real_client() {
         ],
     );
     std::fs::write(
-        d.path("ext.cnf"),
+        dir.join("ext.cnf"),
         "subjectAltName=DNS:localhost,IP:127.0.0.1\n",
     )
     .unwrap();
     openssl(
-        &d.0,
+        dir,
         &[
             "x509",
             "-req",
@@ -277,6 +276,67 @@ fn tls_and_basic_auth_with_a_real_client() {
             "server.crt",
         ],
     );
+}
+
+#[test]
+#[ignore = "needs root: run via cargo xtask test"]
+fn tls_handshakes_count_against_the_connection_cap() {
+    let d = TempDir::new("tls-cap");
+    make_certs(&d.0);
+    std::fs::write(
+        d.path("web.yml"),
+        "tls_server_config:\n  cert_file: server.crt\n  key_file: server.key\n",
+    )
+    .unwrap();
+    let web = d.path("web.yml");
+    let e = Exporter::start(&["--web.config.file", web.to_str().unwrap()]);
+    let ca = d.path("ca.crt");
+    let ca = ca.to_str().unwrap();
+    let url = format!("https://{}/healthz", e.addr);
+    assert_eq!(curl(&["--cacert", ca, &url]).0, 200);
+    // 2048 (the cap) clients that connect and never start their handshake.
+    let mut rl = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit/setrlimit with a valid struct.
+    unsafe {
+        libc::getrlimit(libc::RLIMIT_NOFILE, &mut rl);
+        rl.rlim_cur = rl.rlim_max;
+        libc::setrlimit(libc::RLIMIT_NOFILE, &rl);
+    }
+    // Paced, so that the kernel's accept queue (1024) never overflows: each one is accepted.
+    let mut silent = Vec::new();
+    for _ in 0..32 {
+        for _ in 0..64 {
+            silent.push(std::net::TcpStream::connect(&e.addr).unwrap());
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // (Time for the listener to accept them; their handshakes time out after 10 s.)
+    std::thread::sleep(Duration::from_secs(1));
+    let (code, _) = curl(&["--cacert", ca, &url]);
+    assert_eq!(
+        code, 0,
+        "with 2048 handshakes pending the next connection is closed at once"
+    );
+    drop(silent);
+    eventually(Duration::from_secs(10), "served again", || {
+        (curl(&["--cacert", ca, &url]).0 == 200).then_some(())
+    });
+    assert!(
+        e.log()
+            .contains("connections (handshakes included) already open"),
+        "{}",
+        e.log()
+    );
+}
+
+#[test]
+#[ignore = "needs root: run via cargo xtask test"]
+fn tls_and_basic_auth_with_a_real_client() {
+    let d = TempDir::new("tls");
+    make_certs(&d.0);
     let hash = bcrypt::hash("s3cret", 6).unwrap();
     std::fs::write(
         d.path("web.yml"),
