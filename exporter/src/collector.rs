@@ -595,3 +595,48 @@ impl GcPlan {
         GcScan { dead, live, at }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn collector() -> Collector {
+        Collector::new(
+            Store::new(10, Duration::from_secs(300)),
+            Attributor::new(Procfs::new(std::path::Path::new("/proc")), None),
+            Vec::new(),
+            None,
+            Health::default(),
+            Timing {
+                gc_every: Duration::from_secs(60),
+                idle: Duration::from_secs(30),
+            },
+        )
+    }
+
+    #[test]
+    fn scrapes_of_one_generation_share_one_body() {
+        let mut c = collector();
+        let a = c.render_shared(Format::Text);
+        let b = c.render_shared(Format::Text);
+        assert_eq!(a.as_ptr(), b.as_ptr(), "the same body, not a copy");
+        let om = c.render_shared(Format::OpenMetrics { v1: true });
+        assert_ne!(om.as_ptr(), a.as_ptr(), "another format is rendered");
+        c.poll();
+        let after = c.render_shared(Format::Text);
+        assert_ne!(after.as_ptr(), a.as_ptr(), "a poll renders anew");
+    }
+
+    #[test]
+    fn heartbeat_names_what_stopped() {
+        let c = collector();
+        let h = c.heartbeat();
+        assert_eq!(h.stale(Duration::from_secs(10)), None, "fresh at start");
+        std::thread::sleep(Duration::from_millis(20));
+        let why = h.stale(Duration::from_millis(10)).unwrap_or_default();
+        assert!(why.contains("poll") && why.contains("was never"), "{why}");
+        h.beat(&h.poll_ms);
+        let why = h.stale(Duration::from_millis(10)).unwrap_or_default();
+        assert!(why.contains("drain of the event ring buffer"), "{why}");
+    }
+}
