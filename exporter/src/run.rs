@@ -89,6 +89,7 @@ pub async fn run(args: RunArgs, addrs: Vec<std::net::SocketAddr>) -> anyhow::Res
         stale_after: (args.poll_interval.max(EVENTS_DRAIN_EVERY) * http::STALE_INTERVALS)
             .max(http::STALE_AT_LEAST),
         in_flight: Arc::new(tokio::sync::Semaphore::new(http::MAX_IN_FLIGHT)),
+        queued: Arc::default(),
     };
     let router = http::router(app, &args.telemetry_path, auth);
     let local = listener

@@ -118,9 +118,10 @@ fn healthz_fails_when_the_collector_is_wedged() {
         "says which: {body}"
     );
     eprintln!("wedged collector: /healthz {status}: {}", body.trim());
-    // Requests that need the collector now wait for it: at most MAX_IN_FLIGHT (16) do; the
-    // next is refused at once instead of adding a blocked thread.
-    let waiting: Vec<std::net::TcpStream> = (0..16)
+    // Requests that need the collector now wait for it: at most MAX_IN_FLIGHT (16) on a
+    // thread each and MAX_QUEUED (256) more in the queue; the next is refused at once instead
+    // of adding to them.
+    let waiting: Vec<std::net::TcpStream> = (0..16 + 256)
         .map(|_| {
             let mut s = std::net::TcpStream::connect(&e.addr).unwrap();
             s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
@@ -128,13 +129,13 @@ fn healthz_fails_when_the_collector_is_wedged() {
             s
         })
         .collect();
-    // (Time for the 16 to reach their handlers; without the cap the next would wait forever
+    // (Time for them to reach their handlers; without the cap the next would wait forever
     // and the client give up after 30 s.)
-    std::thread::sleep(Duration::from_secs(1));
+    std::thread::sleep(Duration::from_secs(2));
     let (status, body) = e.get("/api/v1/status");
     assert_eq!(status, 503, "{body}");
     assert!(body.contains("too many requests in flight"), "{body}");
-    eprintln!("17th request while 16 wait: {status}: {}", body.trim());
+    eprintln!("a request while 272 wait: {status}: {}", body.trim());
     drop(waiting);
 }
 

@@ -16,6 +16,7 @@ pub mod status;
 pub mod tls;
 pub mod web_config;
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -44,14 +45,39 @@ pub struct App {
     pub heartbeat: Arc<Heartbeat>,
     /// `/healthz` fails when the last poll or drain is older than this.
     pub stale_after: Duration,
-    /// Requests that need the collector (metrics, findings, status) at once: beyond
-    /// [`MAX_IN_FLIGHT`] they are refused (503) instead of queueing on its lock.
+    /// Requests that need the collector (metrics, findings, status) at once: at most
+    /// [`MAX_IN_FLIGHT`] hold a blocking thread and wait for its lock.
     pub in_flight: Arc<Semaphore>,
+    /// Requests queued (cheaply, without a thread) for a place in flight: beyond
+    /// [`MAX_QUEUED`] they are refused at once (503).
+    pub queued: Arc<AtomicUsize>,
 }
 
-/// Most requests waiting for or using the collector at once (Prometheus servers, dashboards
-/// and `bufscope top`s together); more are refused at once with 503 and `Retry-After`.
+/// Most requests using the collector or waiting for its lock, each on a blocking thread.
 pub const MAX_IN_FLIGHT: usize = 16;
+/// Most requests queued for a place in flight (Prometheus servers, dashboards and
+/// `bufscope top`s together); more are refused at once with 503 and `Retry-After`.
+pub const MAX_QUEUED: usize = 256;
+
+/// A place in the queue for a place in flight, given back when dropped (also when the request
+/// is dropped while it waits).
+struct Queued(Arc<AtomicUsize>);
+
+impl Queued {
+    fn take(n: &Arc<AtomicUsize>) -> Option<Self> {
+        if n.fetch_add(1, Ordering::AcqRel) >= MAX_QUEUED {
+            n.fetch_sub(1, Ordering::AcqRel);
+            return None;
+        }
+        Some(Self(n.clone()))
+    }
+}
+
+impl Drop for Queued {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
 
 /// How many poll intervals (or ring-buffer drain periods, whichever is longer) the collector
 /// may go without a completed poll or drain before `/healthz` fails: at least
@@ -89,7 +115,7 @@ fn busy() -> Response {
     (
         StatusCode::SERVICE_UNAVAILABLE,
         [(header::RETRY_AFTER, "1")],
-        format!("too many requests in flight (at most {MAX_IN_FLIGHT}): retry\n"),
+        format!("too many requests in flight ({MAX_IN_FLIGHT}, and {MAX_QUEUED} queued): retry\n"),
     )
         .into_response()
 }
@@ -142,13 +168,27 @@ async fn index() -> Html<&'static str> {
 /// Runs `f` on the collector in a blocking thread after a poll that started after this request
 /// arrived: a scrape always reflects everything that happened before it. Concurrent requests
 /// share one poll (they queue on the lock and find it already done) and, for `/metrics`, one
-/// body. Beyond [`MAX_IN_FLIGHT`] requests are refused at once (the error response).
+/// body. At most [`MAX_IN_FLIGHT`] run at once, [`MAX_QUEUED`] more wait for their turn; more
+/// are refused at once (the error response).
 async fn with_fresh<T: Send + 'static>(
     app: &App,
     f: impl FnOnce(&mut Collector) -> T + Send + 'static,
 ) -> Result<T, Response> {
-    let Ok(permit) = app.in_flight.clone().try_acquire_owned() else {
-        return Err(busy());
+    let permit = match app.in_flight.clone().try_acquire_owned() {
+        Ok(p) => p,
+        Err(_) => {
+            let Some(queued) = Queued::take(&app.queued) else {
+                return Err(busy());
+            };
+            let p = app
+                .in_flight
+                .clone()
+                .acquire_owned()
+                .await
+                .map_err(|_| unavailable())?;
+            drop(queued);
+            p
+        }
     };
     let collector = app.collector.clone();
     let arrived = Instant::now();
