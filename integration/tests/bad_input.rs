@@ -64,6 +64,25 @@ fn cases(dir: &Path) -> Vec<Case> {
     let typo = file("typo.yaml", b"cardinality:\n  max_procs: 3\n");
     let probe = file("probe.yaml", b"probes:\n  disable: [dorps]\n");
     let broken = file("broken.yaml", b"web: {listen_address: ':1'\n");
+    // Aliases that expand a thousandfold per level (a "billion laughs"), nesting deeper than
+    // any parser should follow, a key given twice.
+    let mut bomb = String::from("a: &a [x, x, x, x, x, x, x, x, x, x]\n");
+    for (prev, name) in ["a", "b", "c", "d", "e", "f", "g", "h"]
+        .iter()
+        .zip(["b", "c", "d", "e", "f", "g", "h", "i"])
+    {
+        let refs = vec![format!("*{prev}"); 10].join(", ");
+        bomb.push_str(&format!("{name}: &{name} [{refs}]\n"));
+    }
+    let bomb = file("bomb.yaml", bomb.as_bytes());
+    let deep = file(
+        "deep.yaml",
+        format!("a: {}{}\n", "[".repeat(5000), "]".repeat(5000)).as_bytes(),
+    );
+    let twice = file(
+        "twice.yaml",
+        b"web:\n  listen_address: ':1'\nweb:\n  listen_address: ':2'\n",
+    );
     let pins = dir.join("pins").display().to_string();
     let mut v = vec![
         // The telemetry path: bufscope's own routes and paths no route can have.
@@ -223,6 +242,9 @@ fn cases(dir: &Path) -> Vec<Case> {
         run(&["--config.file", &list], 1, "--config.file"),
         run(&["--config.file", &scalar], 1, "--config.file"),
         run(&["--config.file", &broken], 1, "--config.file"),
+        run(&["--config.file", &bomb], 1, "--config.file"),
+        run(&["--config.file", &deep], 1, "--config.file"),
+        run(&["--config.file", &twice], 1, "--config.file"),
         run(&["--config.file", &typo], 1, "cardinality.max_processes"),
         run(&["--config.file", &huge], 1, "cardinality.retention"),
         run(&["--config.file", &probe], 1, "probes.disable"),
