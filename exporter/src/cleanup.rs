@@ -7,7 +7,7 @@ use crate::cli::CleanupArgs;
 
 /// Runs the command; returns the exit code.
 pub fn run(args: &CleanupArgs) -> i32 {
-    match dir::cleanup(&args.pin_path) {
+    match dir::cleanup(&args.pin_path, args.force) {
         Ok(r) if r.links == 0 && r.maps == 0 => {
             println!("nothing pinned in {}", args.pin_path.display());
             0

@@ -82,6 +82,11 @@ pub struct CleanupArgs {
         value_parser = absolute_path()
     )]
     pub pin_path: PathBuf,
+    /// Remove the pins even while a running bufscope holds the directory (refused otherwise,
+    /// naming its pid): that bufscope's pinned probes stop counting and it reports them
+    /// detached. For a holder that cannot be stopped; one that died holds nothing.
+    #[arg(long)]
+    pub force: bool,
 }
 
 /// Flags of `bufscope top`.

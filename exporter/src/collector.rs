@@ -4,7 +4,10 @@
 //! exposition). It names no signal: each one is a [`Signal`] room under [`crate::signals`].
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use axum::body::Bytes;
 
 use foldhash::HashSet;
 use std::time::{Duration, Instant, SystemTime};
@@ -13,6 +16,7 @@ use aya::maps::{MapData, RingBuf};
 
 use crate::advice::{self, Finding, Inputs, Report};
 use crate::attribution::{Attributor, Procfs};
+use crate::bpf::pins::LinkWatch;
 use crate::bpf::{RunStats, Stats};
 use crate::exposition::{self, Created, Format, Health, selfmetrics};
 use crate::kernel::BufferLimits;
@@ -76,7 +80,112 @@ pub struct Collector {
     poll_durations: Vec<(&'static str, Duration)>,
     /// `--bpf.run-stats`: the kernel's run time and count of each probe's programs.
     run_stats: Option<RunStats>,
+    /// With `--bpf.pin-path`: the pinned links, and when they were last checked.
+    links: Option<(LinkWatch, Instant)>,
+    /// Probes whose pinned link was removed or replaced since start, with why.
+    lost: BTreeMap<&'static str, String>,
+    /// When the last poll and drain completed, for `/healthz` (read without the lock).
+    heartbeat: Arc<Heartbeat>,
+    /// Bumped by everything that changes what [`Collector::render`] shows (a poll, a drain
+    /// that read events, GC): concurrent scrapes of one generation share one body.
+    generation: u64,
+    /// The last body rendered: its generation, format and text.
+    rendered: Option<(u64, Format, Bytes)>,
 }
+
+/// When the collector last completed a poll of the maps and a drain of the ring buffer,
+/// readable without the collector's lock: `/healthz` must answer while a stuck collector
+/// holds it.
+#[derive(Debug)]
+pub struct Heartbeat {
+    start: Instant,
+    /// Milliseconds after `start` when the last poll completed (0: none yet).
+    poll_ms: AtomicU64,
+    /// Likewise for the last drain of the ring buffer (every poll drains too).
+    drain_ms: AtomicU64,
+    /// Every probe that was attached lost its pinned link since.
+    none_attached: AtomicBool,
+}
+
+impl Default for Heartbeat {
+    fn default() -> Self {
+        Self {
+            start: Instant::now(),
+            poll_ms: AtomicU64::new(0),
+            drain_ms: AtomicU64::new(0),
+            none_attached: AtomicBool::new(false),
+        }
+    }
+}
+
+impl Heartbeat {
+    fn beat(&self, which: &AtomicU64) {
+        let ms = u64::try_from(self.start.elapsed().as_millis()).unwrap_or(u64::MAX);
+        which.store(ms.max(1), Ordering::Relaxed);
+    }
+
+    /// Whether every probe that attached has since lost its pinned link.
+    pub fn none_attached(&self) -> bool {
+        self.none_attached.load(Ordering::Relaxed)
+    }
+
+    /// Why the collector looks stuck: its last completed poll or drain (or its start, before
+    /// the first) is more than `stale` ago. None while both are fresh.
+    pub fn stale(&self, stale: Duration) -> Option<String> {
+        let now = self.start.elapsed();
+        [
+            ("poll of the probes' maps", &self.poll_ms),
+            ("drain of the event ring buffer", &self.drain_ms),
+        ]
+        .into_iter()
+        .find_map(|(what, at)| {
+            let ago = now.saturating_sub(Duration::from_millis(at.load(Ordering::Relaxed)));
+            (ago > stale).then(|| {
+                format!(
+                    "the last successful {what} {} {:.1}s ago (more than {:.0}s): the collector \
+                     is stuck",
+                    if at.load(Ordering::Relaxed) == 0 {
+                        "was never; bufscope started"
+                    } else {
+                        "ended"
+                    },
+                    ago.as_secs_f64(),
+                    stale.as_secs_f64()
+                )
+            })
+        })
+    }
+}
+
+/// Fault injection for the integration tests, compiled into debug builds only (release
+/// builds have none): `BUFSCOPE_DEBUG_FAULT=wedge-poll:SECS` makes the first poll that starts
+/// SECS after start-up hang forever holding the collector's lock (as a hung `/proc` read or a
+/// deadlock would); `panic-poll:SECS` makes it panic.
+#[cfg(debug_assertions)]
+fn debug_fault(since_start: Duration) {
+    static FAULT: std::sync::OnceLock<Option<(String, Duration)>> = std::sync::OnceLock::new();
+    let fault = FAULT.get_or_init(|| {
+        let v = std::env::var("BUFSCOPE_DEBUG_FAULT").ok()?;
+        let (kind, secs) = v.split_once(':')?;
+        Some((kind.to_string(), Duration::from_secs(secs.parse().ok()?)))
+    });
+    match fault {
+        Some((kind, after)) if since_start >= *after => match kind.as_str() {
+            "wedge-poll" => {
+                tracing::warn!("BUFSCOPE_DEBUG_FAULT: this poll never returns");
+                loop {
+                    std::thread::sleep(Duration::from_secs(3600));
+                }
+            }
+            "panic-poll" => std::panic::panic_any("BUFSCOPE_DEBUG_FAULT: a panic in a poll"),
+            _ => {}
+        },
+        _ => {}
+    }
+}
+
+/// How often the pinned links are checked to still be this bufscope's.
+const LINK_CHECK_EVERY: Duration = Duration::from_secs(1);
 
 impl Collector {
     /// Assembles a collector.
@@ -108,6 +217,11 @@ impl Collector {
             totals: None,
             poll_durations: Vec::new(),
             run_stats: None,
+            links: None,
+            lost: BTreeMap::new(),
+            heartbeat: Arc::default(),
+            generation: 0,
+            rendered: None,
         }
     }
 
@@ -153,6 +267,53 @@ impl Collector {
             .filter(|(_, s)| since.is_none_or(|at| s.last_active >= at))
             .map(|(p, s)| (*p, s.parts.totals()));
         t.flush(changed, now);
+    }
+
+    /// When the last poll and drain completed (for `/healthz`).
+    pub fn heartbeat(&self) -> Arc<Heartbeat> {
+        self.heartbeat.clone()
+    }
+
+    /// With `--bpf.pin-path`: the pinned links to check on every poll ([`LinkWatch`]); a probe
+    /// that lost one is reported detached from then on.
+    pub fn watch_links(&mut self, links: LinkWatch) {
+        self.links = Some((links, Instant::now()));
+    }
+
+    /// Checks the pinned links (at most every [`LINK_CHECK_EVERY`]): a probe whose link is
+    /// gone or replaced no longer counts, so `bufscope_probe_attached` says 0 and the log why.
+    fn check_links(&mut self) {
+        let Some((watch, at)) = self.links.as_mut() else {
+            return;
+        };
+        if at.elapsed() < LINK_CHECK_EVERY {
+            return;
+        }
+        *at = Instant::now();
+        let lost = watch.check();
+        if lost.is_empty() {
+            return;
+        }
+        for (probe, why) in lost {
+            tracing::warn!(
+                probe,
+                "probe detached: {why}; it no longer counts (restart bufscope to attach it again)"
+            );
+            for p in self.health.probes.iter_mut().filter(|p| p.0 == probe) {
+                p.2 = false;
+            }
+            self.lost.insert(probe, why);
+        }
+        let attached = self.health.probes.iter().any(|p| p.2);
+        self.heartbeat
+            .none_attached
+            .store(!attached, Ordering::Relaxed);
+    }
+
+    /// Why probe `name` stopped counting since start (its pinned link was removed or
+    /// replaced), if it did.
+    pub fn lost_probe(&self, name: &str) -> Option<&str> {
+        self.lost.get(name).map(String::as_str)
     }
 
     /// With adopted pins (counting went on since `since`, Unix seconds): the series read from
@@ -201,7 +362,9 @@ impl Collector {
             self.attr.apply_renames(&mut self.store);
             // Right after the records left the ring buffer: a restart loses none of them.
             self.flush_totals();
+            self.generation += 1;
         }
+        self.heartbeat.beat(&self.heartbeat.drain_ms);
         n
     }
 
@@ -236,7 +399,11 @@ impl Collector {
 
     /// Reads every room's maps into the store.
     pub fn poll(&mut self) {
+        #[cfg(debug_assertions)]
+        debug_fault(self.heartbeat.start.elapsed());
         self.last_poll = Some(Instant::now());
+        self.generation += 1;
+        self.check_links();
         self.drain_events();
         let limits = BufferLimits::read();
         if limits.rmem_max.is_none() && !self.warned_limits {
@@ -271,6 +438,7 @@ impl Collector {
         }
         self.health.rmem_max = self.limits.rmem_max;
         self.health.wmem_max = self.limits.wmem_max;
+        self.heartbeat.beat(&self.heartbeat.poll_ms);
     }
 
     /// Whether GC is due (the poll task runs it, see [`Collector::gc_plan`]).
@@ -382,6 +550,7 @@ impl Collector {
     /// Applies what [`GcPlan::scan`] found.
     pub fn gc_apply(&mut self, scan: GcScan) {
         self.advice_dirty = true;
+        self.generation += 1;
         let dead: HashSet<ProcRef> = scan.dead.into_iter().collect();
         self.store.expire(|p| !dead.contains(p));
         if let Some(live) = scan.live {
@@ -411,6 +580,20 @@ impl Collector {
         if removed > 0 {
             tracing::debug!(removed, "garbage-collected map entries of closed sockets");
         }
+    }
+
+    /// [`Collector::render`], shared: scrapes that find nothing changed since the last body in
+    /// this format was rendered (they queued behind one poll) get that body, not a new one.
+    pub fn render_shared(&mut self, format: Format) -> Bytes {
+        if let Some((generation, f, body)) = &self.rendered
+            && *generation == self.generation
+            && *f == format
+        {
+            return body.clone();
+        }
+        let body = Bytes::from(self.render(format));
+        self.rendered = Some((self.generation, format, body.clone()));
+        body
     }
 
     /// The exposition in `format`. Every sample is the counter's current value for every
@@ -453,6 +636,20 @@ impl Collector {
     }
 }
 
+/// Locks the collector shared by the daemon's tasks. A poisoned lock means a thread panicked
+/// in the middle of an update (the daemon's panic hook ends the process before that can be
+/// seen; this is the second line): the state cannot be trusted, so the process exits for its
+/// supervisor to restart it instead of serving errors forever.
+pub fn lock(c: &Mutex<Collector>) -> MutexGuard<'_, Collector> {
+    match c.lock() {
+        Ok(g) => g,
+        Err(_) => {
+            tracing::error!("the collector's state was left half-updated by a panic: exiting");
+            std::process::abort();
+        }
+    }
+}
+
 /// The `/proc` lookups one GC pass needs (see [`Collector::gc_plan`]).
 pub struct GcPlan {
     procfs: Procfs,
@@ -482,5 +679,50 @@ impl GcPlan {
             .scan_sockets
             .then(|| self.procfs.all_socket_holders().into_keys().collect());
         GcScan { dead, live, at }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn collector() -> Collector {
+        Collector::new(
+            Store::new(10, Duration::from_secs(300)),
+            Attributor::new(Procfs::new(std::path::Path::new("/proc")), None),
+            Vec::new(),
+            None,
+            Health::default(),
+            Timing {
+                gc_every: Duration::from_secs(60),
+                idle: Duration::from_secs(30),
+            },
+        )
+    }
+
+    #[test]
+    fn scrapes_of_one_generation_share_one_body() {
+        let mut c = collector();
+        let a = c.render_shared(Format::Text);
+        let b = c.render_shared(Format::Text);
+        assert_eq!(a.as_ptr(), b.as_ptr(), "the same body, not a copy");
+        let om = c.render_shared(Format::OpenMetrics { v1: true });
+        assert_ne!(om.as_ptr(), a.as_ptr(), "another format is rendered");
+        c.poll();
+        let after = c.render_shared(Format::Text);
+        assert_ne!(after.as_ptr(), a.as_ptr(), "a poll renders anew");
+    }
+
+    #[test]
+    fn heartbeat_names_what_stopped() {
+        let c = collector();
+        let h = c.heartbeat();
+        assert_eq!(h.stale(Duration::from_secs(10)), None, "fresh at start");
+        std::thread::sleep(Duration::from_millis(20));
+        let why = h.stale(Duration::from_millis(10)).unwrap_or_default();
+        assert!(why.contains("poll") && why.contains("was never"), "{why}");
+        h.beat(&h.poll_ms);
+        let why = h.stale(Duration::from_millis(10)).unwrap_or_default();
+        assert!(why.contains("drain of the event ring buffer"), "{why}");
     }
 }

@@ -50,6 +50,19 @@ fn default_sigpipe() {
     }
 }
 
+/// In the daemon a panic on any thread ends the process (after the usual message): a thread
+/// that died holding the collector's lock would leave a daemon that answers 500 forever and
+/// looks healthy, while a dead one is restarted by its supervisor (kubelet, systemd). Pinned
+/// probes keep counting meanwhile; unpinned ones detach with the process.
+fn die_on_panic() {
+    let report = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        report(info);
+        eprintln!("bufscope: error: the daemon hit a bug (the panic above) and exits");
+        std::process::abort();
+    }));
+}
+
 fn main() {
     let argv: Vec<std::ffi::OsString> = std::env::args_os().collect();
     let cmd = Cli::command();
@@ -71,6 +84,7 @@ fn main() {
                 Err(e) => fail(&origins.explain(&e)),
             };
             init_logging(&args.kernel);
+            die_on_panic();
             let rt = match tokio::runtime::Builder::new_multi_thread()
                 .worker_threads(2)
                 .enable_all()

@@ -12,7 +12,7 @@ use tokio::io::unix::AsyncFd;
 use crate::attribution::{Attributor, Procfs};
 use crate::bpf::{self, LoadPlan, Probes, Purpose, Stats, take_map};
 use crate::cli::RunArgs;
-use crate::collector::{Collector, Timing};
+use crate::collector::{self, Collector, Timing};
 use crate::exposition::Health;
 use crate::http::{self, App, auth::Auth, tls::TlsListener, web_config::WebConfig};
 use crate::kernel::{self, KernelInfo, caps};
@@ -65,13 +65,19 @@ pub async fn run(args: RunArgs, addrs: Vec<std::net::SocketAddr>) -> anyhow::Res
     };
     let tls = web.rustls()?;
     let auth = Auth::new(&web);
+    // One bufscope per pin directory: taken before anything else, held until the end.
+    let pin_dir = match args.pins.pin_path.as_deref() {
+        Some(dir) => Some(bpf::pins::dir::PinLock::acquire(dir)?),
+        None => None,
+    };
     // Bind before loading anything: a busy port is the most common operator error.
     let listener = bind(&addrs).await?;
     kernel::ensure_tracefs()?;
 
-    let (collector, events, mut loaded) = load(&args)?;
+    let (collector, events, mut loaded) = load(&args, pin_dir)?;
     forward_bpf_log(&mut loaded)?;
     let any_attached = loaded.any_attached();
+    let heartbeat = collector.heartbeat();
     let collector = Arc::new(Mutex::new(collector));
     let events_task = spawn_event_task(collector.clone(), events)?;
     let poll_task = spawn_poll_task(collector.clone(), args.poll_interval);
@@ -80,6 +86,11 @@ pub async fn run(args: RunArgs, addrs: Vec<std::net::SocketAddr>) -> anyhow::Res
         collector,
         any_attached,
         probes: Arc::new(loaded.status.clone()),
+        heartbeat,
+        stale_after: (args.poll_interval.max(EVENTS_DRAIN_EVERY) * http::STALE_INTERVALS)
+            .max(http::STALE_AT_LEAST),
+        in_flight: Arc::new(tokio::sync::Semaphore::new(http::MAX_IN_FLIGHT)),
+        queued: Arc::default(),
     };
     let router = http::router(app, &args.telemetry_path, auth);
     let local = listener
@@ -95,12 +106,13 @@ pub async fn run(args: RunArgs, addrs: Vec<std::net::SocketAddr>) -> anyhow::Res
         "serving metrics on {scheme}://{local}{}",
         args.telemetry_path
     );
+    let permits = http::serve::connection_permits();
     match tls {
         Some(cfg) => {
-            let l = TlsListener::new(listener, cfg).context("TLS listener")?;
-            http::serve::serve(l, router, shutdown_signal()).await;
+            let l = TlsListener::new(listener, cfg, permits.clone()).context("TLS listener")?;
+            http::serve::serve(l, router, permits, shutdown_signal()).await;
         }
-        None => http::serve::serve(listener, router, shutdown_signal()).await,
+        None => http::serve::serve(listener, router, permits, shutdown_signal()).await,
     }
     events_task.abort();
     poll_task.abort();
@@ -113,7 +125,10 @@ pub async fn run(args: RunArgs, addrs: Vec<std::net::SocketAddr>) -> anyhow::Res
 /// Loads the object, attaches the probes and builds the collector over the attached rooms.
 /// Returns the collector, the event ring buffer and the loaded object (its programs stay
 /// attached while it lives).
-fn load(args: &RunArgs) -> anyhow::Result<(Collector, RingBuf<MapData>, Probes)> {
+fn load(
+    args: &RunArgs,
+    pin_dir: Option<bpf::pins::dir::PinLock>,
+) -> anyhow::Result<(Collector, RingBuf<MapData>, Probes)> {
     let kinfo = KernelInfo::load(&args.kernel.btf_path, &args.kernel.reasons)?;
     let mut plan = LoadPlan::new(Purpose::Run, &args.kernel.disable, args.kernel.log_level);
     plan.map_entries("EVENTS", args.events_ring_bytes);
@@ -124,7 +139,7 @@ fn load(args: &RunArgs) -> anyhow::Result<(Collector, RingBuf<MapData>, Probes)>
         signals::PROBES,
         &plan,
         &mut setups,
-        args.pins.pin_path.as_deref(),
+        pin_dir,
     )?;
     if !loaded.any_attached() {
         bail!("no probe could attach (see the warnings above; `bufscope check` explains each)");
@@ -194,6 +209,9 @@ fn load(args: &RunArgs) -> anyhow::Result<(Collector, RingBuf<MapData>, Probes)>
     if let Some(p) = loaded.pins.as_ref().filter(|p| p.outcome.kept_maps()) {
         collector.pinned_since(p.meta.created_unix as f64);
     }
+    if let Some(p) = loaded.pins.as_ref() {
+        collector.watch_links(p.watch(signals::PROBES));
+    }
     Ok((collector, events, loaded))
 }
 
@@ -235,9 +253,7 @@ fn spawn_event_task(
         .as_fd()
         .try_clone_to_owned()
         .context("duplicating the ring buffer fd")?;
-    if let Ok(mut c) = collector.lock() {
-        c.set_events(events);
-    }
+    collector::lock(&collector).set_events(events);
     let mut fd = register(events_fd).context("polling the BPF ring buffer")?;
     Ok(tokio::spawn(async move {
         let mut tick = tokio::time::interval(EVENTS_DRAIN_EVERY);
@@ -258,9 +274,7 @@ fn spawn_event_task(
             }
             let collector = collector.clone();
             let r = tokio::task::spawn_blocking(move || {
-                if let Ok(mut c) = collector.lock() {
-                    c.drain_events();
-                }
+                collector::lock(&collector).drain_events();
             })
             .await;
             if let Err(e) = r {
@@ -284,9 +298,7 @@ fn spawn_poll_task(
             let collector = collector.clone();
             let _ = tokio::task::spawn_blocking(move || {
                 let plan = {
-                    let Ok(mut c) = collector.lock() else {
-                        return;
-                    };
+                    let mut c = collector::lock(&collector);
                     c.poll();
                     if !c.gc_due() {
                         return;
@@ -295,9 +307,7 @@ fn spawn_poll_task(
                 };
                 // `/proc` is read without the lock: scrapes go on meanwhile.
                 let scan = plan.scan();
-                if let Ok(mut c) = collector.lock() {
-                    c.gc_apply(scan);
-                }
+                collector::lock(&collector).gc_apply(scan);
                 // What churn freed (exited processes, closed sockets) goes back to the kernel
                 // instead of staying in the allocator's arenas.
                 bpf::trim_heap();

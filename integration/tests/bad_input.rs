@@ -64,6 +64,25 @@ fn cases(dir: &Path) -> Vec<Case> {
     let typo = file("typo.yaml", b"cardinality:\n  max_procs: 3\n");
     let probe = file("probe.yaml", b"probes:\n  disable: [dorps]\n");
     let broken = file("broken.yaml", b"web: {listen_address: ':1'\n");
+    // Aliases that expand a thousandfold per level (a "billion laughs"), nesting deeper than
+    // any parser should follow, a key given twice.
+    let mut bomb = String::from("a: &a [x, x, x, x, x, x, x, x, x, x]\n");
+    for (prev, name) in ["a", "b", "c", "d", "e", "f", "g", "h"]
+        .iter()
+        .zip(["b", "c", "d", "e", "f", "g", "h", "i"])
+    {
+        let refs = vec![format!("*{prev}"); 10].join(", ");
+        bomb.push_str(&format!("{name}: &{name} [{refs}]\n"));
+    }
+    let bomb = file("bomb.yaml", bomb.as_bytes());
+    let deep = file(
+        "deep.yaml",
+        format!("a: {}{}\n", "[".repeat(5000), "]".repeat(5000)).as_bytes(),
+    );
+    let twice = file(
+        "twice.yaml",
+        b"web:\n  listen_address: ':1'\nweb:\n  listen_address: ':2'\n",
+    );
     let pins = dir.join("pins").display().to_string();
     let mut v = vec![
         // Pod labels from a directory that is not there.
@@ -221,6 +240,9 @@ fn cases(dir: &Path) -> Vec<Case> {
         run(&["--bpf.pin-path", "relative"], 2, "--bpf.pin-path"),
         run(&["--bpf.pin-path", &garbage], 1, "--bpf.pin-path"),
         run(&["--bpf.pin-path", &pins], 1, "--bpf.pin-path"),
+        // The bpffs itself: its root would get bufscope's maps/, links/ and META.
+        run(&["--bpf.pin-path", "/sys/fs/bpf"], 1, "--bpf.pin-path"),
+        run(&["--bpf.pin-path", "/sys/fs/bpf/"], 1, "--bpf.pin-path"),
         // The config file: missing, a directory, not text, not a mapping, bad keys and values.
         run(
             &["--config.file", "/nonexistent/bufscope.yaml"],
@@ -232,6 +254,9 @@ fn cases(dir: &Path) -> Vec<Case> {
         run(&["--config.file", &list], 1, "--config.file"),
         run(&["--config.file", &scalar], 1, "--config.file"),
         run(&["--config.file", &broken], 1, "--config.file"),
+        run(&["--config.file", &bomb], 1, "--config.file"),
+        run(&["--config.file", &deep], 1, "--config.file"),
+        run(&["--config.file", &twice], 1, "--config.file"),
         run(&["--config.file", &typo], 1, "cardinality.max_processes"),
         run(&["--config.file", &huge], 1, "cardinality.retention"),
         run(&["--config.file", &probe], 1, "probes.disable"),
@@ -250,6 +275,11 @@ fn cases(dir: &Path) -> Vec<Case> {
             "--bpf.pin-path",
         ),
         case(&["cleanup", "--bpf.pin-path", &sub], 1, "not on a bpffs"),
+        case(
+            &["cleanup", "--bpf.pin-path", "/sys/fs/bpf"],
+            1,
+            "the root of a bpffs",
+        ),
         case(&["explain", "--url", "garbage"], 1, "--url"),
         case(&["explain", "--pid", "99999999999"], 2, "--pid"),
         case(

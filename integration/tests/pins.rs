@@ -669,3 +669,219 @@ fn event_counters_go_on_across_a_kill9_restart() {
     assert!(e.stop().success());
     let _ = std::fs::remove_file(&script);
 }
+
+/// `bufscope <args>` under `timeout 30` (a bufscope that wrongly starts is killed, exit 124,
+/// instead of hanging the test); returns (exit code, stderr).
+fn refused(args: &[&str]) -> (Option<i32>, String) {
+    let out = Command::new("timeout")
+        .arg("30")
+        .arg(bufscope_bin())
+        .args(args)
+        .env("NO_COLOR", "1")
+        .env("RUST_BACKTRACE", "0")
+        .output()
+        .expect("timeout(1)");
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+#[ignore = "needs root (BPF, bpffs); run by `cargo xtask test`"]
+fn one_bufscope_per_pin_directory() {
+    let dir = PinDir::new("owner");
+    let flag = dir.flag();
+    let receiver = Workload::start(&["udp-recv", "--rcvbuf", "4096"]);
+    let (pid, inode) = (
+        receiver.pid(),
+        receiver.get("inodes").parse::<u64>().unwrap(),
+    );
+    let port = receiver.get("ports").to_string();
+    let e = Exporter::start(&[flag.as_str()]);
+    let holder = format!("pid {}", e.pid());
+    let pinned = pinned_prog_ids(&dir.0);
+    assert!(pinned.len() >= 4, "links pinned: {pinned:?}");
+
+    // A second daemon on the same directory (an overlapping rolling update, a local debug
+    // run) is refused before it loads anything, naming the holder.
+    let (code, err) = refused(&[
+        "run",
+        flag.as_str(),
+        "--max-processes",
+        "50",
+        "--web.listen-address",
+        "127.0.0.1:0",
+    ]);
+    assert_eq!(code, Some(1), "the second daemon must refuse: {err}");
+    eprintln!("second daemon: {}", err.trim());
+    assert!(
+        err.lines().count() == 1 && err.contains("in use by") && err.contains(&holder),
+        "one line naming {holder}: {err}"
+    );
+    // cleanup while it runs is refused too, and removes nothing.
+    let (code, err) = refused(&["cleanup", "--bpf.pin-path", dir.0.to_str().unwrap()]);
+    assert_eq!(code, Some(1), "cleanup while running must refuse: {err}");
+    eprintln!("cleanup while running: {}", err.trim());
+    assert!(err.contains(&holder), "names {holder}: {err}");
+    assert_eq!(pinned_prog_ids(&dir.0), pinned, "nothing removed");
+
+    // The first daemon still counts every drop of a flooded receiver.
+    flood(&port, 3000);
+    let kernel = equals_kernel(
+        &e,
+        pid,
+        inode,
+        "after the refused second daemon and cleanup",
+    );
+    assert!(kernel > 500, "the flood overflows the buffer ({kernel})");
+    assert_eq!(
+        e.scrape()
+            .sum("bufscope_probe_attached", &[("probe", "drops")]),
+        1.0
+    );
+
+    // `cleanup --force` removes the pins anyway: the daemon notices on its next poll that its
+    // links are gone and says the probe is detached (it no longer counts).
+    let (code, err) = refused(&[
+        "cleanup",
+        "--force",
+        "--bpf.pin-path",
+        dir.0.to_str().unwrap(),
+    ]);
+    assert_eq!(code, Some(0), "cleanup --force: {err}");
+    assert!(err.contains(&holder), "the warning names {holder}: {err}");
+    eventually(Duration::from_secs(10), "drops reported detached", || {
+        (e.scrape()
+            .sum("bufscope_probe_attached", &[("probe", "drops")])
+            == 0.0)
+            .then_some(())
+    });
+    assert!(
+        e.log().contains("probe detached") && e.log().contains("is gone"),
+        "{}",
+        e.log()
+    );
+    assert!(
+        pinned.is_disjoint(&linked_prog_ids()),
+        "the forced cleanup detached the links"
+    );
+    // The status page says the same, and with every probe gone /healthz fails.
+    let (_, status) = e.get("/api/v1/status");
+    let status: serde_json::Value = serde_json::from_str(&status).unwrap();
+    let drops = status["probes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["probe"] == "drops")
+        .unwrap();
+    assert_eq!(drops["attached"], false, "{drops}");
+    assert!(
+        drops["error"].as_str().unwrap_or("").contains("is gone"),
+        "{drops}"
+    );
+    let (code, body) = e.get("/healthz");
+    assert_eq!(code, 503, "{body}");
+    assert!(body.contains("no probe attached"), "{body}");
+    assert!(e.stop().success());
+    // A holder that is gone holds nothing: the next start owns the directory again.
+    let e = Exporter::start(&[flag.as_str()]);
+    assert_eq!(
+        e.scrape()
+            .sum("bufscope_probe_attached", &[("probe", "drops")]),
+        1.0
+    );
+    e.kill9();
+    cleanup(&dir.0);
+}
+
+#[test]
+#[ignore = "needs root (BPF, bpffs); run by `cargo xtask test`"]
+fn symlinks_in_the_pin_directory_are_refused() {
+    let dir = PinDir::new("symlink");
+    let elsewhere = PathBuf::from(format!("{}-elsewhere", dir.0.display()));
+    std::fs::create_dir_all(&dir.0).unwrap();
+    std::fs::create_dir_all(&elsewhere).unwrap();
+    std::os::unix::fs::symlink(&elsewhere, dir.0.join("maps")).unwrap();
+    let before = linked_prog_ids();
+    let (code, err) = refused(&[
+        "run",
+        dir.flag().as_str(),
+        "--web.listen-address",
+        "127.0.0.1:0",
+    ]);
+    assert_eq!(code, Some(1), "{err}");
+    assert!(
+        err.lines().count() == 1 && err.contains("maps is a symlink"),
+        "one line naming the symlink: {err}"
+    );
+    let (code, err) = refused(&["cleanup", "--bpf.pin-path", dir.0.to_str().unwrap()]);
+    assert_eq!(code, Some(1), "cleanup refuses the symlink too: {err}");
+    assert!(err.contains("symlink"), "{err}");
+    eprintln!("symlinked maps/: {}", err.trim());
+    assert!(
+        std::fs::read_dir(&elsewhere).unwrap().next().is_none(),
+        "nothing pinned through the symlink"
+    );
+    assert!(linked_prog_ids().is_subset(&before), "no link made");
+    // The pin directory itself a symlink: refused as well.
+    std::fs::remove_file(dir.0.join("maps")).unwrap();
+    std::fs::remove_dir(&dir.0).unwrap();
+    std::os::unix::fs::symlink(&elsewhere, &dir.0).unwrap();
+    let (code, err) = refused(&[
+        "run",
+        dir.flag().as_str(),
+        "--web.listen-address",
+        "127.0.0.1:0",
+    ]);
+    assert_eq!(code, Some(1), "{err}");
+    assert!(err.contains("is a symlink"), "{err}");
+    std::fs::remove_file(&dir.0).unwrap();
+    std::fs::remove_dir(&elsewhere).unwrap();
+}
+
+#[test]
+#[ignore = "needs root (BPF, bpffs, mount namespaces); run by `cargo xtask test`"]
+fn a_bpffs_bufscope_mounts_is_private_to_root() {
+    // In a mount namespace of its own, with no bpffs at /sys/fs/bpf: bufscope mounts one, and
+    // it and the directories bufscope makes there are rwx for root only. (The namespace's
+    // bpffs, and with it what was pinned there, goes with the namespace.)
+    let d = bufscope_integration::TempDir::new("bpffs-mode");
+    let log = d.path().join("log");
+    let script = format!(
+        "set -e\n\
+         while [ \"$(stat -f -c %T /sys/fs/bpf)\" = bpf_fs ]; do umount /sys/fs/bpf; done\n\
+         {bin} run --web.listen-address 127.0.0.1:0 --bpf.pin-path /sys/fs/bpf/bufscope \
+           >/dev/null 2>{log} &\n\
+         pid=$!\n\
+         for i in $(seq 1 300); do grep -q 'serving metrics' {log} && break; sleep 0.1; done\n\
+         stat -f -c 'fs %T' /sys/fs/bpf\n\
+         stat -c 'mode %a %n' /sys/fs/bpf /sys/fs/bpf/bufscope /sys/fs/bpf/bufscope/maps \
+           /sys/fs/bpf/bufscope/links\n\
+         kill $pid; wait $pid || true\n\
+         {bin} cleanup --bpf.pin-path /sys/fs/bpf/bufscope\n",
+        bin = bufscope_bin().display(),
+        log = log.display(),
+    );
+    let (ok, out, err) = output(
+        Command::new("unshare").args(["-m", "--propagation", "private", "sh", "-c", &script]),
+        "",
+    );
+    let daemon = std::fs::read_to_string(&log).unwrap_or_default();
+    assert!(ok, "{out}{err}\n{daemon}");
+    assert!(
+        daemon.contains("mounted bpffs at /sys/fs/bpf (mode 0700)"),
+        "{daemon}"
+    );
+    assert!(out.contains("fs bpf_fs"), "{out}");
+    let modes: Vec<&str> = out.lines().filter(|l| l.starts_with("mode ")).collect();
+    assert_eq!(modes.len(), 4, "{out}");
+    // rwx for root only (the kernel always sets the sticky bit on a bpffs root: 1700).
+    assert!(
+        modes
+            .iter()
+            .all(|l| l.starts_with("mode 700 ") || l.starts_with("mode 1700 /sys/fs/bpf")),
+        "{out}"
+    );
+    eprintln!("{}", modes.join("\n"));
+}

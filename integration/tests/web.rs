@@ -215,12 +215,11 @@ fn curl(args: &[&str]) -> (i32, String) {
     (code.trim().parse().unwrap_or(0), body.to_string())
 }
 
-#[test]
-#[ignore = "needs root: run via cargo xtask test"]
-fn tls_and_basic_auth_with_a_real_client() {
-    let d = TempDir::new("tls");
+/// A CA (`ca.crt`) and a certificate for localhost and 127.0.0.1 it signed (`server.crt`,
+/// `server.key`) in `dir`.
+fn make_certs(dir: &Path) {
     openssl(
-        &d.0,
+        dir,
         &[
             "req",
             "-x509",
@@ -238,7 +237,7 @@ fn tls_and_basic_auth_with_a_real_client() {
         ],
     );
     openssl(
-        &d.0,
+        dir,
         &[
             "req",
             "-newkey",
@@ -253,12 +252,12 @@ fn tls_and_basic_auth_with_a_real_client() {
         ],
     );
     std::fs::write(
-        d.path("ext.cnf"),
+        dir.join("ext.cnf"),
         "subjectAltName=DNS:localhost,IP:127.0.0.1\n",
     )
     .unwrap();
     openssl(
-        &d.0,
+        dir,
         &[
             "x509",
             "-req",
@@ -277,6 +276,67 @@ fn tls_and_basic_auth_with_a_real_client() {
             "server.crt",
         ],
     );
+}
+
+#[test]
+#[ignore = "needs root: run via cargo xtask test"]
+fn tls_handshakes_count_against_the_connection_cap() {
+    let d = TempDir::new("tls-cap");
+    make_certs(&d.0);
+    std::fs::write(
+        d.path("web.yml"),
+        "tls_server_config:\n  cert_file: server.crt\n  key_file: server.key\n",
+    )
+    .unwrap();
+    let web = d.path("web.yml");
+    let e = Exporter::start(&["--web.config.file", web.to_str().unwrap()]);
+    let ca = d.path("ca.crt");
+    let ca = ca.to_str().unwrap();
+    let url = format!("https://{}/healthz", e.addr);
+    assert_eq!(curl(&["--cacert", ca, &url]).0, 200);
+    // 2048 (the cap) clients that connect and never start their handshake.
+    let mut rl = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit/setrlimit with a valid struct.
+    unsafe {
+        libc::getrlimit(libc::RLIMIT_NOFILE, &mut rl);
+        rl.rlim_cur = rl.rlim_max;
+        libc::setrlimit(libc::RLIMIT_NOFILE, &rl);
+    }
+    // Paced, so that the kernel's accept queue (1024) never overflows: each one is accepted.
+    let mut silent = Vec::new();
+    for _ in 0..32 {
+        for _ in 0..64 {
+            silent.push(std::net::TcpStream::connect(&e.addr).unwrap());
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // (Time for the listener to accept them; their handshakes time out after 10 s.)
+    std::thread::sleep(Duration::from_secs(1));
+    let (code, _) = curl(&["--cacert", ca, &url]);
+    assert_eq!(
+        code, 0,
+        "with 2048 handshakes pending the next connection is closed at once"
+    );
+    drop(silent);
+    eventually(Duration::from_secs(10), "served again", || {
+        (curl(&["--cacert", ca, &url]).0 == 200).then_some(())
+    });
+    assert!(
+        e.log()
+            .contains("connections (handshakes included) already open"),
+        "{}",
+        e.log()
+    );
+}
+
+#[test]
+#[ignore = "needs root: run via cargo xtask test"]
+fn tls_and_basic_auth_with_a_real_client() {
+    let d = TempDir::new("tls");
+    make_certs(&d.0);
     let hash = bcrypt::hash("s3cret", 6).unwrap();
     std::fs::write(
         d.path("web.yml"),
@@ -539,4 +599,138 @@ fn status_page_renders_and_updates_in_headless_chromium() {
         png.len()
     );
     eprintln!("status page screenshot: {}", shot.display());
+}
+
+/// Standard base64 (for a Basic `Authorization` header).
+fn base64(bytes: &[u8]) -> String {
+    const T: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = String::new();
+    for c in bytes.chunks(3) {
+        let n = (u32::from(c[0]) << 16)
+            | (u32::from(*c.get(1).unwrap_or(&0)) << 8)
+            | u32::from(*c.get(2).unwrap_or(&0));
+        for i in 0..4 {
+            if i <= c.len() {
+                out.push(T[(n >> (18 - 6 * i) & 63) as usize] as char);
+            } else {
+                out.push('=');
+            }
+        }
+    }
+    out
+}
+
+/// The status of `GET path` with basic-auth `user:pass` (0 when no answer within 10 s).
+fn get_as(addr: &str, path: &str, user: &str, pass: &str) -> u16 {
+    use std::io::{Read as _, Write as _};
+    let Ok(mut s) = std::net::TcpStream::connect(addr) else {
+        return 0;
+    };
+    let _ = s.set_read_timeout(Some(Duration::from_secs(10)));
+    let auth = base64(format!("{user}:{pass}").as_bytes());
+    let req = format!(
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nAuthorization: Basic {auth}\r\n\r\n"
+    );
+    if s.write_all(req.as_bytes()).is_err() {
+        return 0;
+    }
+    let mut head = [0u8; 12];
+    if s.read_exact(&mut head).is_err() {
+        return 0;
+    }
+    std::str::from_utf8(&head[9..12])
+        .ok()
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0)
+}
+
+/// utime + stime of `pid` in seconds.
+fn cpu_seconds(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    let after = stat.rsplit_once(')').unwrap().1;
+    let f: Vec<&str> = after.split_whitespace().collect();
+    // Fields 14 and 15 of stat: the 12th and 13th after the comm.
+    let ticks: f64 = f[11].parse::<f64>().unwrap() + f[12].parse::<f64>().unwrap();
+    // SAFETY: sysconf has no preconditions.
+    ticks / unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64
+}
+
+#[test]
+#[ignore = "needs root: run via cargo xtask test"]
+fn wrong_passwords_cannot_starve_the_daemon() {
+    let d = TempDir::new("bcrypt");
+    let hash = bcrypt::hash("s3cret", 8).unwrap();
+    std::fs::write(
+        d.path("web.yml"),
+        format!("basic_auth_users:\n  prom: {hash}\n"),
+    )
+    .unwrap();
+    let web = d.path("web.yml");
+    let e = Exporter::start(&["--web.config.file", web.to_str().unwrap()]);
+    // The scraper authenticates once before the flood.
+    assert_eq!(get_as(&e.addr, "/metrics", "prom", "s3cret"), 200);
+    let cpu0 = cpu_seconds(e.pid());
+    let t0 = std::time::Instant::now();
+    let flood = Duration::from_secs(6);
+    let attackers: Vec<_> = (0..16)
+        .map(|t| {
+            let addr = e.addr.clone();
+            std::thread::spawn(move || {
+                let mut codes = std::collections::BTreeMap::<u16, u32>::new();
+                let start = std::time::Instant::now();
+                let mut i = 0u32;
+                while start.elapsed() < flood {
+                    i += 1;
+                    let pass = format!("wrong-{t}-{i}");
+                    *codes
+                        .entry(get_as(&addr, "/metrics", "prom", &pass))
+                        .or_default() += 1;
+                }
+                codes
+            })
+        })
+        .collect();
+    // Meanwhile: kubelet's probe and the scraper that authenticated.
+    let mut healthz = Vec::new();
+    let mut scrapes = Vec::new();
+    while t0.elapsed() < flood {
+        healthz.push(e.get("/healthz").0);
+        scrapes.push(get_as(&e.addr, "/metrics", "prom", "s3cret"));
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let mut codes = std::collections::BTreeMap::<u16, u32>::new();
+    for a in attackers {
+        for (c, n) in a.join().unwrap() {
+            *codes.entry(c).or_default() += n;
+        }
+    }
+    let wall = t0.elapsed().as_secs_f64();
+    let cpu = cpu_seconds(e.pid()) - cpu0;
+    eprintln!(
+        "16 clients with wrong passwords for {wall:.1} s: answers {codes:?} (401: checked, 429: \
+         over the bcrypt budget); bufscope used {cpu:.2} s of CPU ({:.0}% of a core); /healthz \
+         {} of {} answered 200; the authenticated scraper {} of {}",
+        100.0 * cpu / wall,
+        healthz.iter().filter(|c| **c == 200).count(),
+        healthz.len(),
+        scrapes.iter().filter(|c| **c == 200).count(),
+        scrapes.len()
+    );
+    assert!(
+        codes.get(&401).is_some_and(|n| *n > 0),
+        "wrong passwords are checked: {codes:?}"
+    );
+    assert!(
+        codes.get(&429).is_some_and(|n| *n > 0),
+        "checks beyond the budget are refused: {codes:?}"
+    );
+    assert!(
+        codes.keys().all(|c| *c == 401 || *c == 429),
+        "only 401 and 429: {codes:?}"
+    );
+    assert!(healthz.iter().all(|c| *c == 200), "/healthz: {healthz:?}");
+    assert!(
+        scrapes.iter().all(|c| *c == 200),
+        "the authenticated scraper: {scrapes:?}"
+    );
 }

@@ -125,7 +125,7 @@ fn open_cgroup(path: &Path) -> anyhow::Result<std::fs::File> {
 
 /// Loads the object with this kernel's layout and the plan's settings, and attaches every
 /// probe of `probes` the plan leaves on (each all-or-nothing, best variant first). With
-/// `pin_path`, pins (or adopts) the persistent maps and the probes' links ([`pins`]). The
+/// `pin_dir` (locked by [`pins::dir::PinLock::acquire`]), pins (or adopts) the persistent maps and the probes' links ([`pins`]). The
 /// rooms' `hooks` run before anything is attached and after everything is.
 pub fn load(
     kernel: &KernelInfo,
@@ -133,7 +133,7 @@ pub fn load(
     probes: &[ProbeSpec],
     plan: &LoadPlan,
     hooks: &mut dyn LoadHooks,
-    pin_path: Option<&Path>,
+    pin_dir: Option<pins::dir::PinLock>,
 ) -> anyhow::Result<Probes> {
     let btf = Btf::parse_file(btf_path, aya::Endianness::default())
         .with_context(|| format!("parsing {}", btf_path.display()))?;
@@ -144,9 +144,9 @@ pub fn load(
         bufscope_common::CompatConfig::zeroed()
     });
     let cgroup_root = crate::kernel::cgroup2_root();
-    let mut pins = match pin_path {
+    let mut pins = match pin_dir {
         None => None,
-        Some(dir) => {
+        Some(lock) => {
             let maps = pins::persistent_maps(OBJECT, plan.sizes())?;
             let mut fp = pins::Fingerprint::default();
             let settings = format!(
@@ -158,7 +158,7 @@ pub fn load(
             for m in &maps {
                 fp.add(format!("{m:?}").as_bytes());
             }
-            Some(pins::prepare(dir, &maps, fp.value())?)
+            Some(pins::prepare(lock, &maps, fp.value())?)
         }
     };
     let mut loader = EbpfLoader::new();
@@ -365,14 +365,14 @@ fn pinnable(hooks: &[Hook], perf_links: bool, probe: &str) -> bool {
 fn pin_links(pins: &pins::PinDir, probe: &str, links: &[Link]) -> anyhow::Result<()> {
     let result = links.iter().enumerate().try_for_each(|(k, l)| {
         let path = pins.link_path(probe, k);
-        if path.exists() {
-            pins::dir::remove(&path)?;
+        if std::fs::symlink_metadata(&path).is_ok() {
+            pins.lock.remove_link(&format!("{probe}_{k}"))?;
         }
         l.pin(&path)
     });
     if result.is_err() {
         for k in 0..links.len() {
-            let _ = std::fs::remove_file(pins.link_path(probe, k));
+            let _ = pins.lock.remove_link(&format!("{probe}_{k}"));
         }
     }
     result

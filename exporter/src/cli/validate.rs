@@ -125,6 +125,13 @@ fn check_pin_path(p: &std::path::Path) -> Result<(), String> {
             p.display()
         ));
     }
+    if p.exists() && crate::bpf::pins::dir::is_mount_root(p) {
+        return Err(format!(
+            "--bpf.pin-path {}: the root of a file system, not a directory of its own (name \
+             one below it, e.g. {BPFFS}/bufscope)",
+            p.display()
+        ));
+    }
     // The nearest existing directory decides where the pin directory would be created.
     let existing = p.ancestors().find(|a| a.exists()).unwrap_or(p);
     if crate::kernel::fs_magic(existing).ok() != Some(BPF_FS_MAGIC) && !p.starts_with(BPFFS) {

@@ -5,7 +5,7 @@
 //! | path | handler |
 //! |---|---|
 //! | `--web.telemetry-path` (`/metrics`) | Prometheus text 0.0.4, or OpenMetrics 1.0.0 with `_created` samples when `Accept` prefers it |
-//! | `/healthz` | 200 while any probe is attached (never behind auth) |
+//! | `/healthz` | 200 while any probe is attached and the collector polls and drains; 503 with the reason otherwise (never behind auth) |
 //! | `/api/v1/findings` | findings as JSON (docs/findings.md) |
 //! | `/api/v1/status` | the status page's data |
 //! | `/` | the status page |
@@ -16,8 +16,11 @@ pub mod status;
 pub mod tls;
 pub mod web_config;
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
+use std::time::{Duration, Instant};
+
+use tokio::sync::Semaphore;
 
 use axum::Router;
 use axum::extract::State;
@@ -26,7 +29,7 @@ use axum::response::{Html, IntoResponse, Response};
 use axum::routing::get;
 
 use crate::bpf::ProbeStatus;
-use crate::collector::Collector;
+use crate::collector::{Collector, Heartbeat};
 use crate::exposition::Format;
 
 /// Shared between the HTTP handlers and the background tasks.
@@ -38,7 +41,50 @@ pub struct App {
     pub any_attached: bool,
     /// Per-probe outcome, for the status page.
     pub probes: Arc<Vec<ProbeStatus>>,
+    /// The collector's last poll and drain (`/healthz`, read without the collector's lock).
+    pub heartbeat: Arc<Heartbeat>,
+    /// `/healthz` fails when the last poll or drain is older than this.
+    pub stale_after: Duration,
+    /// Requests that need the collector (metrics, findings, status) at once: at most
+    /// [`MAX_IN_FLIGHT`] hold a blocking thread and wait for its lock.
+    pub in_flight: Arc<Semaphore>,
+    /// Requests queued (cheaply, without a thread) for a place in flight: beyond
+    /// [`MAX_QUEUED`] they are refused at once (503).
+    pub queued: Arc<AtomicUsize>,
 }
+
+/// Most requests using the collector or waiting for its lock, each on a blocking thread.
+pub const MAX_IN_FLIGHT: usize = 16;
+/// Most requests queued for a place in flight (Prometheus servers, dashboards and
+/// `bufscope top`s together); more are refused at once with 503 and `Retry-After`.
+pub const MAX_QUEUED: usize = 256;
+
+/// A place in the queue for a place in flight, given back when dropped (also when the request
+/// is dropped while it waits).
+struct Queued(Arc<AtomicUsize>);
+
+impl Queued {
+    fn take(n: &Arc<AtomicUsize>) -> Option<Self> {
+        if n.fetch_add(1, Ordering::AcqRel) >= MAX_QUEUED {
+            n.fetch_sub(1, Ordering::AcqRel);
+            return None;
+        }
+        Some(Self(n.clone()))
+    }
+}
+
+impl Drop for Queued {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// How many poll intervals (or ring-buffer drain periods, whichever is longer) the collector
+/// may go without a completed poll or drain before `/healthz` fails: at least
+/// [`STALE_AT_LEAST`].
+pub const STALE_INTERVALS: u32 = 5;
+/// The shortest staleness `/healthz` reports (a long scrape may hold the collector a while).
+pub const STALE_AT_LEAST: Duration = Duration::from_secs(10);
 
 const HEALTHZ: &str = "/healthz";
 const FINDINGS: &str = "/api/v1/findings";
@@ -65,6 +111,15 @@ fn unavailable() -> Response {
     (StatusCode::INTERNAL_SERVER_ERROR, "collector unavailable\n").into_response()
 }
 
+fn busy() -> Response {
+    (
+        StatusCode::SERVICE_UNAVAILABLE,
+        [(header::RETRY_AFTER, "1")],
+        format!("too many requests in flight ({MAX_IN_FLIGHT}, and {MAX_QUEUED} queued): retry\n"),
+    )
+        .into_response()
+}
+
 /// `/metrics`, in the format the client's `Accept` header prefers ([`Format::negotiate`]).
 async fn metrics_handler(State(app): State<App>, headers: HeaderMap) -> Response {
     let accept = headers
@@ -74,24 +129,35 @@ async fn metrics_handler(State(app): State<App>, headers: HeaderMap) -> Response
         .collect::<Vec<_>>()
         .join(",");
     let format = Format::negotiate((!accept.is_empty()).then_some(accept.as_str()));
-    match with_fresh(&app, move |c| c.render(format)).await {
-        Some(text) => (
+    match with_fresh(&app, move |c| c.render_shared(format)).await {
+        Ok(body) => (
             [
                 (header::CONTENT_TYPE, format.content_type()),
                 (header::VARY, "Accept"),
             ],
-            text,
+            body,
         )
             .into_response(),
-        None => unavailable(),
+        Err(r) => r,
     }
 }
 
+/// 200 while a probe is attached and the collector keeps polling and draining (for kubelet's
+/// liveness probe: a stuck daemon is restarted); 503 with the reason otherwise.
 async fn healthz(State(app): State<App>) -> Response {
-    if app.any_attached {
-        (StatusCode::OK, "ok\n").into_response()
-    } else {
-        (StatusCode::SERVICE_UNAVAILABLE, "no probe attached\n").into_response()
+    if !app.any_attached {
+        return (StatusCode::SERVICE_UNAVAILABLE, "no probe attached\n").into_response();
+    }
+    if app.heartbeat.none_attached() {
+        return (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "no probe attached: every pinned link was removed or replaced (see the log)\n",
+        )
+            .into_response();
+    }
+    match app.heartbeat.stale(app.stale_after) {
+        None => (StatusCode::OK, "ok\n").into_response(),
+        Some(why) => (StatusCode::SERVICE_UNAVAILABLE, format!("{why}\n")).into_response(),
     }
 }
 
@@ -101,36 +167,56 @@ async fn index() -> Html<&'static str> {
 
 /// Runs `f` on the collector in a blocking thread after a poll that started after this request
 /// arrived: a scrape always reflects everything that happened before it. Concurrent requests
-/// share one poll (they queue on the lock and find it already done).
+/// share one poll (they queue on the lock and find it already done) and, for `/metrics`, one
+/// body. At most [`MAX_IN_FLIGHT`] run at once, [`MAX_QUEUED`] more wait for their turn; more
+/// are refused at once (the error response).
 async fn with_fresh<T: Send + 'static>(
     app: &App,
     f: impl FnOnce(&mut Collector) -> T + Send + 'static,
-) -> Option<T> {
+) -> Result<T, Response> {
+    let permit = match app.in_flight.clone().try_acquire_owned() {
+        Ok(p) => p,
+        Err(_) => {
+            let Some(queued) = Queued::take(&app.queued) else {
+                return Err(busy());
+            };
+            let p = app
+                .in_flight
+                .clone()
+                .acquire_owned()
+                .await
+                .map_err(|_| unavailable())?;
+            drop(queued);
+            p
+        }
+    };
     let collector = app.collector.clone();
     let arrived = Instant::now();
     tokio::task::spawn_blocking(move || {
-        let mut c = collector.lock().ok()?;
+        // Held by the blocking thread, not the request: a client that hangs up does not free
+        // its place while the thread still waits for the collector.
+        let _permit = permit;
+        let mut c = crate::collector::lock(&collector);
         if c.last_poll_started().is_none_or(|t| t < arrived) {
             c.poll();
         }
-        Some(f(&mut c))
+        f(&mut c)
     })
     .await
-    .ok()
-    .flatten()
+    .map_err(|_| unavailable())
 }
 
 async fn findings_handler(State(app): State<App>) -> Response {
     match with_fresh(&app, |c| c.report()).await {
-        Some(r) => axum::Json(r).into_response(),
-        None => unavailable(),
+        Ok(r) => axum::Json(r).into_response(),
+        Err(r) => r,
     }
 }
 
 async fn status_handler(State(app): State<App>) -> Response {
     let probes = app.probes.clone();
     match with_fresh(&app, move |c| status::document(c, &probes)).await {
-        Some(v) => axum::Json(v).into_response(),
-        None => unavailable(),
+        Ok(v) => axum::Json(v).into_response(),
+        Err(r) => r,
     }
 }

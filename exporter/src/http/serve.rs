@@ -10,7 +10,7 @@ use axum::serve::Listener;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
-use tokio::sync::Semaphore;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 /// A client must send a complete request head within this long (also bounds idle keep-alive).
 pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
@@ -19,13 +19,38 @@ pub const MAX_CONNECTIONS: usize = 2048;
 /// How long shutdown waits for in-flight requests.
 pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// Serves `router` on `listener` until `shutdown` resolves.
-pub async fn serve<L>(mut listener: L, router: Router, shutdown: impl Future<Output = ()>)
-where
+/// A connection's place under [`MAX_CONNECTIONS`]. The TLS listener takes it before the
+/// handshake (a handshake costs more than a plain connection and must count), a plain
+/// connection when accepted.
+pub trait Admission {
+    /// The permit the listener already took for this connection, if any.
+    fn take_permit(&mut self) -> Option<OwnedSemaphorePermit>;
+}
+
+impl Admission for tokio::net::TcpStream {
+    fn take_permit(&mut self) -> Option<OwnedSemaphorePermit> {
+        None
+    }
+}
+
+/// The cap on open connections, shared by [`serve`] and a listener that admits connections
+/// itself (TLS).
+pub fn connection_permits() -> Arc<Semaphore> {
+    Arc::new(Semaphore::new(MAX_CONNECTIONS))
+}
+
+/// Serves `router` on `listener` until `shutdown` resolves; at most [`MAX_CONNECTIONS`]
+/// connections (`permits`) are open at once.
+pub async fn serve<L>(
+    mut listener: L,
+    router: Router,
+    permits: Arc<Semaphore>,
+    shutdown: impl Future<Output = ()>,
+) where
     L: Listener,
+    L::Io: Admission,
     L::Addr: std::fmt::Debug,
 {
-    let permits = Arc::new(Semaphore::new(MAX_CONNECTIONS));
     let graceful = GracefulShutdown::new();
     let mut http = hyper::server::conn::http1::Builder::new();
     http.timer(TokioTimer::new())
@@ -34,11 +59,14 @@ where
     tokio::pin!(shutdown);
     let mut refused: u64 = 0;
     loop {
-        let (io, addr) = tokio::select! {
+        let (mut io, addr) = tokio::select! {
             conn = listener.accept() => conn,
             () = &mut shutdown => break,
         };
-        let Ok(permit) = permits.clone().try_acquire_owned() else {
+        let Some(permit) = io
+            .take_permit()
+            .or_else(|| permits.clone().try_acquire_owned().ok())
+        else {
             refused += 1;
             if refused.is_power_of_two() {
                 tracing::warn!(

@@ -36,12 +36,13 @@ pub fn document(c: &Collector, probes: &[ProbeStatus]) -> StatusDocument {
         .iter()
         .map(|p| {
             let run = runs.iter().find(|(name, _, _)| *name == p.spec.name);
+            let lost = c.lost_probe(p.spec.name);
             ProbeRow {
                 probe: p.spec.name.to_string(),
                 hooks: p.hooks(),
                 what: p.spec.what.to_string(),
-                attached: p.attached,
-                error: p.error.clone(),
+                attached: p.attached && lost.is_none(),
+                error: lost.map(str::to_string).or_else(|| p.error.clone()),
                 run_time_ns: run.map(|r| r.1),
                 run_count: run.map(|r| r.2),
             }

@@ -1,32 +1,94 @@
 //! The TLS listener (`tls_server_config` of `--web.config.file`).
 
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_rustls::TlsAcceptor;
 use tokio_rustls::rustls;
 
-/// A TLS listener for `axum::serve`: TCP accepts run in one task, handshakes in their own
-/// tasks with a timeout, so a slow or silent client cannot stall other connections.
+use super::serve::{Admission, MAX_CONNECTIONS};
+
+/// A TLS listener for [`super::serve::serve`]: TCP accepts run in one task, handshakes in
+/// their own tasks with a timeout, so a slow or silent client cannot stall other connections.
+/// A connection takes its place under the connection cap before its handshake.
 pub struct TlsListener {
-    rx: tokio::sync::mpsc::Receiver<(
-        tokio_rustls::server::TlsStream<TcpStream>,
-        std::net::SocketAddr,
-    )>,
+    rx: tokio::sync::mpsc::Receiver<(TlsConn, std::net::SocketAddr)>,
     local: std::net::SocketAddr,
+}
+
+/// A TLS connection with the place under the connection cap it took before its handshake.
+pub struct TlsConn {
+    tls: tokio_rustls::server::TlsStream<TcpStream>,
+    permit: Option<OwnedSemaphorePermit>,
+}
+
+impl Admission for TlsConn {
+    fn take_permit(&mut self) -> Option<OwnedSemaphorePermit> {
+        self.permit.take()
+    }
+}
+
+impl AsyncRead for TlsConn {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.tls).poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for TlsConn {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.tls).poll_write(cx, buf)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.tls).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.tls).poll_shutdown(cx)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.tls).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.tls.is_write_vectored()
+    }
 }
 
 /// How long a TLS handshake may take.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
 impl TlsListener {
-    /// Wraps `tcp` with `cfg`.
-    pub fn new(tcp: TcpListener, cfg: Arc<rustls::ServerConfig>) -> std::io::Result<Self> {
+    /// Wraps `tcp` with `cfg`; each connection takes a permit of `permits` (the connection
+    /// cap) before its handshake, and is closed at once when there is none.
+    pub fn new(
+        tcp: TcpListener,
+        cfg: Arc<rustls::ServerConfig>,
+        permits: Arc<Semaphore>,
+    ) -> std::io::Result<Self> {
         let local = tcp.local_addr()?;
         let acceptor = TlsAcceptor::from(cfg);
         let (tx, rx) = tokio::sync::mpsc::channel(64);
         tokio::spawn(async move {
+            let mut refused: u64 = 0;
             loop {
                 let (stream, addr) = match tcp.accept().await {
                     Ok(x) => x,
@@ -36,12 +98,29 @@ impl TlsListener {
                         continue;
                     }
                 };
+                let Ok(permit) = permits.clone().try_acquire_owned() else {
+                    refused += 1;
+                    if refused.is_power_of_two() {
+                        tracing::warn!(
+                            peer = %addr,
+                            refused,
+                            "{MAX_CONNECTIONS} connections (handshakes included) already open: \
+                             closing new ones"
+                        );
+                    }
+                    drop(stream);
+                    continue;
+                };
                 let acceptor = acceptor.clone();
                 let conn_tx = tx.clone();
                 tokio::spawn(async move {
                     match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {
                         Ok(Ok(tls)) => {
-                            let _ = conn_tx.send((tls, addr)).await;
+                            let conn = TlsConn {
+                                tls,
+                                permit: Some(permit),
+                            };
+                            let _ = conn_tx.send((conn, addr)).await;
                         }
                         Ok(Err(e)) => tracing::debug!(peer = %addr, "TLS handshake failed: {e}"),
                         Err(_) => tracing::debug!(peer = %addr, "TLS handshake timed out"),
@@ -57,7 +136,7 @@ impl TlsListener {
 }
 
 impl axum::serve::Listener for TlsListener {
-    type Io = tokio_rustls::server::TlsStream<TcpStream>;
+    type Io = TlsConn;
     type Addr = std::net::SocketAddr;
 
     async fn accept(&mut self) -> (Self::Io, Self::Addr) {

@@ -24,7 +24,7 @@
 pub mod dir;
 pub mod meta;
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use anyhow::Context as _;
 use aya::maps::MapInfo;
@@ -175,6 +175,8 @@ pub struct PinDir {
     pub meta: PinMeta,
     /// When adopting: the variants whose links the last run pinned (`PinMeta::variants`).
     adopt: [u8; MAX_PROBES],
+    /// The directory, locked for this run's life.
+    pub lock: dir::PinLock,
 }
 
 impl PinDir {
@@ -226,7 +228,9 @@ impl PinDir {
             });
             if !keep {
                 let path = self.dir.join("links").join(&name);
-                dir::remove(&path).context("removing a stale link")?;
+                self.lock
+                    .remove_link(&name)
+                    .context("removing a stale link")?;
                 tracing::info!(link = %path.display(), "removed a pinned link of an earlier run");
             }
         }
@@ -256,10 +260,104 @@ impl PinDir {
     }
 }
 
-/// Decides what to do with what is pinned in `dir` (see the module documentation) and
-/// removes what must not be read: maps of another layout.
-pub fn prepare(dir: &Path, maps: &[MapDef], programs: u64) -> anyhow::Result<PinDir> {
-    dir::ensure(dir)?;
+/// The pinned links of this run, re-read on every poll: a link whose pin was removed (`bufscope
+/// cleanup --force`, by hand) is detached, and one pinned anew at its path belongs to someone
+/// else; either way the probe no longer counts for this bufscope.
+#[derive(Debug, Default)]
+pub struct LinkWatch {
+    links: Vec<WatchedLink>,
+}
+
+#[derive(Debug)]
+struct WatchedLink {
+    probe: &'static str,
+    path: PathBuf,
+    /// The link's id when this run attached or adopted it.
+    id: u32,
+    lost: bool,
+}
+
+/// The id of the link pinned at `path`.
+fn link_id(path: &std::path::Path) -> anyhow::Result<u32> {
+    let l = aya::programs::links::PinnedLink::from_pin(path)?;
+    Ok(aya::programs::links::FdLink::from(l).info()?.id())
+}
+
+impl LinkWatch {
+    /// Re-reads every watched pin; returns the probes that lost a link since the last check,
+    /// each with why.
+    pub fn check(&mut self) -> Vec<(&'static str, String)> {
+        let mut lost = Vec::new();
+        for l in self.links.iter_mut().filter(|l| !l.lost) {
+            let why = match link_id(&l.path) {
+                Ok(id) if id == l.id => continue,
+                Ok(id) => format!(
+                    "{} now holds link {id}, not this bufscope's link {}: another process                      replaced it",
+                    l.path.display(),
+                    l.id
+                ),
+                Err(e) => format!(
+                    "the pin of its link {} at {} is gone ({e}): the link was detached (by                      `bufscope cleanup --force` or by hand)",
+                    l.id,
+                    l.path.display()
+                ),
+            };
+            l.lost = true;
+            if !lost.iter().any(|(p, _)| *p == l.probe) {
+                lost.push((l.probe, why));
+            }
+        }
+        lost
+    }
+
+    /// How many links are watched.
+    pub fn len(&self) -> usize {
+        self.links.len()
+    }
+
+    /// Whether no link is watched.
+    pub fn is_empty(&self) -> bool {
+        self.links.is_empty()
+    }
+}
+
+impl PinDir {
+    /// The links this run pinned or adopted (`probes`: the probe list), with their ids now.
+    pub fn watch(&self, probes: &[ProbeSpec]) -> LinkWatch {
+        let mut links = Vec::new();
+        for (i, p) in probes.iter().enumerate() {
+            let Some(v) = self
+                .meta
+                .variants
+                .get(i)
+                .and_then(|v| usize::from(*v).checked_sub(1))
+            else {
+                continue;
+            };
+            let hooks = p.variants.get(v).map_or(0, |h| h.len());
+            for n in 0..hooks {
+                let path = self.link_path(p.name, n);
+                let id = link_id(&path).unwrap_or_else(|e| {
+                    tracing::warn!(probe = p.name, "cannot read back {}: {e}", path.display());
+                    0
+                });
+                links.push(WatchedLink {
+                    probe: p.name,
+                    path,
+                    id,
+                    lost: false,
+                });
+            }
+        }
+        LinkWatch { links }
+    }
+}
+
+/// Decides what to do with what is pinned in the locked directory (see the module
+/// documentation) and removes what must not be read: maps of another layout.
+pub fn prepare(lock: dir::PinLock, maps: &[MapDef], programs: u64) -> anyhow::Result<PinDir> {
+    let dir = lock.path().to_path_buf();
+    let dir = dir.as_path();
     let pinned_maps = dir::list(&dir.join("maps"))?;
     let meta = match meta::read(dir) {
         Ok(m) => m,
@@ -287,7 +385,7 @@ pub fn prepare(dir: &Path, maps: &[MapDef], programs: u64) -> anyhow::Result<Pin
             },
         };
         if let Some(why) = why {
-            dir::remove(&path).context("removing a stale map pin")?;
+            lock.remove_map(name).context("removing a stale map pin")?;
             replaced.push((name.clone(), why));
         }
     }
@@ -337,6 +435,7 @@ pub fn prepare(dir: &Path, maps: &[MapDef], programs: u64) -> anyhow::Result<Pin
         replaced,
         meta: new,
         adopt,
+        lock,
     })
 }
 
