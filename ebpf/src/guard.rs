@@ -5,9 +5,7 @@
 //!   the caller gets success), so autotuning stays on and a socket configured before
 //!   `connect()`/`listen()` is born with the normal window scale.
 //! - `udp-floor`: a UDP request below the floor is rewritten to the floor; a UDP socket is
-//!   raised with `bpf_setsockopt` once, when it is created (`cgroup/sock_create`, where the
-//!   kernel allows `bpf_setsockopt` there) or else at its first bind, connect or unconnected
-//!   send.
+//!   raised with `bpf_setsockopt` once, at its first bind, connect or unconnected send.
 //!
 //! Per-socket state lives in `GUARD_SK` (socket-local storage, freed with the socket): what
 //! was decided for which rule, and what a skipped TCP request asked for. A socket is decided
@@ -27,9 +25,9 @@ use aya_ebpf::{
         bpf_get_current_ancestor_cgroup_id, bpf_get_current_pid_tgid, bpf_getsockopt,
         bpf_ktime_get_ns, bpf_setsockopt, bpf_sk_storage_get,
     },
-    macros::{btf_map, cgroup_sock, cgroup_sock_addr, cgroup_sockopt, map},
+    macros::{btf_map, cgroup_sock_addr, cgroup_sockopt, map},
     maps::{Array, HashMap, PerCpuArray},
-    programs::{SockAddrContext, SockContext, SockoptContext},
+    programs::{SockAddrContext, SockoptContext},
 };
 use bufscope_common::{
     GuardConfig, GuardEvent, IPPROTO_TCP, IPPROTO_UDP, Owner, SO_BUF_LOCK, SO_RCVBUF,
@@ -93,7 +91,7 @@ pub(crate) struct GuardSk {
 #[btf_map]
 static GUARD_SK: SkStorage<GuardSk> = SkStorage::new();
 
-/// `GUARD_SK` of `sk` (a socket pointer the verifier knows, or a `cgroup/sock_create`
+/// `GUARD_SK` of `sk` (a socket pointer the verifier knows, or a
 /// context), created when `create`; None when absent (or the kernel could not allocate it).
 #[inline(always)]
 fn guard_sk<'a>(sk: *mut c_void, create: bool) -> Option<&'a mut GuardSk> {
@@ -380,34 +378,6 @@ fn raise_udp(sk: *mut c_void, sk_addr: u64, hook: u8, st: &mut Option<&mut Guard
         IPPROTO_UDP,
         ret,
     );
-}
-
-/// `cgroup/sock_create`: a new UDP socket of a process in scope is raised to the floors at
-/// once, so nothing needs to run per bind, connect or send. Only kernels that give this
-/// program type `bpf_getsockopt`/`bpf_setsockopt` load it (6.18 does not): elsewhere the
-/// guard takes its other variant.
-#[cgroup_sock(sock_create)]
-pub fn guard_sock_create(ctx: SockContext) -> i32 {
-    if mode() == guard::MODE_OFF || guard_cfg!(rules) & guard::RULE_UDP_FLOOR == 0 {
-        return 1;
-    }
-    let bs = unsafe { &*ctx.sock };
-    if transport(bs.family as u16, bs.type_ as u16, bs.protocol as u16) != IPPROTO_UDP
-        || !caller_in_scope()
-    {
-        return 1;
-    }
-    let mut st = guard_sk(ctx.sock.cast(), true);
-    if let Some(st) = st.as_mut() {
-        st.raised = 1;
-    }
-    raise_udp(
-        ctx.sock.cast(),
-        addr_of(ctx.sock),
-        guard::HOOK_CREATE,
-        &mut st,
-    );
-    1
 }
 
 /// Without `bpf_setsockopt` at socket creation: at bind/connect/sendmsg, a UDP socket is

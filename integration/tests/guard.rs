@@ -1119,20 +1119,6 @@ fn enforce_keeps_the_kernels_errors() {
     assert_eq!(run(), off, "enforce: the same errors");
 }
 
-/// `bufscope` with `BUFSCOPE_REFUSE_HOOKS=refuse`: a script that sets it and `exec`s the
-/// binary under test (for [`Exporter::start_bin`]).
-fn refusing_bufscope(refuse: &str) -> std::path::PathBuf {
-    use std::os::unix::fs::PermissionsExt as _;
-    let path = std::env::temp_dir().join(format!("bufscope-guard-refusing-{}", std::process::id()));
-    let script = format!(
-        "#!/bin/sh\nBUFSCOPE_REFUSE_HOOKS='{refuse}' exec '{}' \"$@\"\n",
-        bufscope_integration::bufscope_bin().display()
-    );
-    std::fs::write(&path, script).unwrap();
-    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
-    path
-}
-
 /// `python3` program: one unconnected UDP socket (never bound, never sized) sending 100,000
 /// datagrams with `sendto()`; prints its SO_RCVBUF and SO_SNDBUF at the end.
 const UNCONNECTED_SENDER: &str = r#"
@@ -1152,53 +1138,37 @@ print(s.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF), s.getsockopt(socket.SOL
 "#;
 
 /// Decide once per socket: an unconnected sender making 100,000 `sendto()` calls (plus its
-/// receiver) is at most one udp-floor decision per socket, raised to the floor, with the
-/// variant this kernel allows — at socket creation (no per-send hook at all) where the kernel
-/// lets `cgroup/sock_create` call `bpf_setsockopt`, else decided at the first bind/send, one
-/// storage lookup per later send — and with that fallback forced.
+/// receiver) is at most one udp-floor decision per socket (decided at its first bind/send,
+/// one storage lookup per later send), raised to the floor.
 #[test]
 #[ignore = "needs root: run via cargo xtask test"]
 fn unconnected_sender_is_one_decision_per_socket() {
     let floor = 1 << 20;
     let want = 2 * floor.min(sysctl("rmem_max"));
-    let fallback = refusing_bufscope("cgroup/sock_create");
-    let mut tried = Vec::new();
-    for bin in [bufscope_integration::bufscope_bin(), fallback] {
-        let e = Exporter::start_bin(
-            &bin,
-            &["--guard.mode", "enforce", "--guard.udp-floor", "1048576"],
-        );
-        let m = e.scrape();
-        let hooks = m
-            .find("bufscope_probe_attached", &[("probe", "guard")])
-            .filter(|s| s.value == 1.0)
-            .map(|s| s.labels.get("hook").cloned().unwrap_or_default())
-            .collect::<Vec<_>>()
-            .join(" ");
-        if tried.contains(&hooks) {
-            continue;
-        }
-        assert!(
-            hooks.contains("cgroup/sock_create") || hooks.contains("cgroup/sendmsg4"),
-            "guard hooks: {hooks}"
-        );
-        let out = Command::new("python3")
-            .args(["-c", UNCONNECTED_SENDER])
-            .output()
-            .unwrap();
-        let text = String::from_utf8_lossy(&out.stdout);
-        let rb: i32 = text.split_whitespace().next().unwrap().parse().unwrap();
-        assert_eq!(rb, want, "the sender got the floor ({hooks})");
-        // Both sockets: the receiver at its creation or bind, the sender at its creation or
-        // first send. 100,000 sends are still two decisions.
-        let n = eventually(Duration::from_secs(10), "two decisions", || {
-            let n = decisions(&e, "python3", "udp-floor", "raised");
-            (n >= 2.0).then_some(n)
-        });
-        eprintln!("{hooks}: 100,000 sendto() -> {n} udp-floor decisions, SO_RCVBUF {rb}");
-        assert_eq!(n, 2.0, "one decision per socket ({hooks})");
-        tried.push(hooks);
-    }
+    let e = Exporter::start(&["--guard.mode", "enforce", "--guard.udp-floor", "1048576"]);
+    let m = e.scrape();
+    let hooks = m
+        .find("bufscope_probe_attached", &[("probe", "guard")])
+        .filter(|s| s.value == 1.0)
+        .map(|s| s.labels.get("hook").cloned().unwrap_or_default())
+        .collect::<Vec<_>>()
+        .join(" ");
+    assert!(hooks.contains("cgroup/sendmsg4"), "guard hooks: {hooks}");
+    let out = Command::new("python3")
+        .args(["-c", UNCONNECTED_SENDER])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    let rb: i32 = text.split_whitespace().next().unwrap().parse().unwrap();
+    assert_eq!(rb, want, "the sender got the floor ({hooks})");
+    // Both sockets: the receiver at its creation or bind, the sender at its creation or
+    // first send. 100,000 sends are still two decisions.
+    let n = eventually(Duration::from_secs(10), "two decisions", || {
+        let n = decisions(&e, "python3", "udp-floor", "raised");
+        (n >= 2.0).then_some(n)
+    });
+    eprintln!("{hooks}: 100,000 sendto() -> {n} udp-floor decisions, SO_RCVBUF {rb}");
+    assert_eq!(n, 2.0, "one decision per socket ({hooks})");
 }
 
 /// A pin directory of its own under /sys/fs/bpf, emptied with `bufscope cleanup` before and

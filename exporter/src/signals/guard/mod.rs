@@ -37,53 +37,43 @@ use crate::store::Who;
 use crate::values::Invalid;
 
 /// The probe (the setsockopt decisions ride on the setsockopt room's `cgroup/setsockopt`).
-/// Best: UDP sockets raised once at creation (`cgroup/sock_create`, where the kernel allows
-/// `bpf_setsockopt` there): nothing runs per bind, connect or send. Fallback: decided at
-/// their first bind/connect/unconnected send, one storage lookup per later call (and the
-/// kernel takes the socket lock around every unconnected UDP send while a `sendmsg` program
-/// is attached).
+/// UDP sockets are decided at their first bind/connect/unconnected send, one storage lookup
+/// per later call (and the kernel takes the socket lock around every unconnected UDP send
+/// while a `sendmsg` program is attached). Raising them at creation instead would need
+/// `bpf_setsockopt` in `cgroup/sock_create`, which neither 6.1 nor 6.18 gives that program
+/// type (measured: both refuse the socket-option helpers there).
 pub const PROBE: ProbeSpec = ProbeSpec {
     name: "guard",
     what: "applies the buffer policy in the kernel: TCP buffer requests skipped (autotuning stays on), UDP buffers raised to the floor",
-    variants: &[
-        &[
-            Hook::CgroupGetsockopt {
-                prog: "guard_getsockopt",
-            },
-            Hook::CgroupSockCreate {
-                prog: "guard_sock_create",
-            },
-        ],
-        &[
-            Hook::CgroupGetsockopt {
-                prog: "guard_getsockopt",
-            },
-            Hook::CgroupSockAddr {
-                prog: "guard_bind4",
-                attach: "bind4",
-            },
-            Hook::CgroupSockAddr {
-                prog: "guard_bind6",
-                attach: "bind6",
-            },
-            Hook::CgroupSockAddr {
-                prog: "guard_connect4",
-                attach: "connect4",
-            },
-            Hook::CgroupSockAddr {
-                prog: "guard_connect6",
-                attach: "connect6",
-            },
-            Hook::CgroupSockAddr {
-                prog: "guard_sendmsg4",
-                attach: "sendmsg4",
-            },
-            Hook::CgroupSockAddr {
-                prog: "guard_sendmsg6",
-                attach: "sendmsg6",
-            },
-        ],
-    ],
+    variants: &[&[
+        Hook::CgroupGetsockopt {
+            prog: "guard_getsockopt",
+        },
+        Hook::CgroupSockAddr {
+            prog: "guard_bind4",
+            attach: "bind4",
+        },
+        Hook::CgroupSockAddr {
+            prog: "guard_bind6",
+            attach: "bind6",
+        },
+        Hook::CgroupSockAddr {
+            prog: "guard_connect4",
+            attach: "connect4",
+        },
+        Hook::CgroupSockAddr {
+            prog: "guard_connect6",
+            attach: "connect6",
+        },
+        Hook::CgroupSockAddr {
+            prog: "guard_sendmsg4",
+            attach: "sendmsg4",
+        },
+        Hook::CgroupSockAddr {
+            prog: "guard_sendmsg6",
+            attach: "sendmsg6",
+        },
+    ]],
     is_drop_probe: false,
     attributed: false,
 };
@@ -227,8 +217,7 @@ impl Room for Guard {
         if plan.purpose == Purpose::Check {
             // Every hook attaches in observe mode (it changes nothing) with the UDP floor on
             // at 1 byte (no socket is below it), so the verifier sees the socket-option
-            // helpers a kernel may refuse a program type (6.18 refuses `bpf_getsockopt` in
-            // `cgroup/sock_create`) and check names the variant run would use.
+            // helpers a kernel may refuse a program type and check names what run would use.
             let config = GuardConfig {
                 mode: g::MODE_OBSERVE,
                 rules: g::RULE_UDP_FLOOR,

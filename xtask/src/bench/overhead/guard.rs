@@ -6,10 +6,9 @@
 //! The datagrams go to a loopback port nobody listens on (the kernel drops each as
 //! `NO_SOCKET`, a reason bufscope does not track, and rate-limits its ICMP errors), so the
 //! whole UDP transmit path runs and no receiver competes for the two cores. Every variant
-//! runs bufscope with its default probes: the rows differ by `--guard.mode` alone. Where the
-//! guard's UDP floor runs on `cgroup/sendmsg{4,6}` (kernels that refuse `bpf_setsockopt` in
-//! `cgroup/sock_create`, 6.18 among them), every unconnected send pays one socket-storage
-//! lookup, and the kernel takes the socket lock around the program.
+//! runs bufscope with its default probes: the rows differ by `--guard.mode` alone. The guard's
+//! UDP floor runs on `cgroup/sendmsg{4,6}` (among others): every unconnected send pays one
+//! socket-storage lookup, and the kernel takes the socket lock around the program.
 //!
 //! The decision cost comes from the kernel's own counters (`kernel.bpf_stats_enabled=1`,
 //! measured apart from the rates): the guard's programs' `run_time_ns / run_cnt` while a
