@@ -75,7 +75,17 @@ fn check_names_the_hook_each_probe_uses_and_the_metrics_agree() {
         assert!(online.contains_key(p), "no line for {p}:\n{text}");
     }
     for (p, (ok, hooks)) in &online {
-        assert!(ok, "{p} did not attach ({hooks}):\n{text}");
+        if PROBES.contains(&p.as_str()) {
+            assert!(ok, "{p} did not attach ({hooks}):\n{text}");
+        } else if !ok {
+            // The guard is configuration, not a signal: a kernel whose cgroup programs lack
+            // the socket-option helpers it needs (5.10) runs without it, and check says why.
+            assert!(
+                text.contains("unknown func") || text.contains("cannot use helper"),
+                "{p} did not attach, and not for a missing helper ({hooks}):\n{text}"
+            );
+            eprintln!("{p}: not available on this kernel ({hooks})");
+        }
     }
     // drops: kfree_skb alone only where it carries rx_sk (4 arguments); else it needs a UDP
     // hook that knows the socket beside it; without drop reasons (2 arguments, before 5.17)
@@ -102,7 +112,7 @@ fn check_names_the_hook_each_probe_uses_and_the_metrics_agree() {
     let (code, text) = run_check(&["--btf", "/sys/kernel/btf/vmlinux"]);
     assert_eq!(code, 0, "{text}");
     let offline = check_lines(&text);
-    for (p, (_, on)) in &online {
+    for (p, (_, on)) in online.iter().filter(|(_, (ok, _))| *ok) {
         let off = &offline
             .get(p)
             .unwrap_or_else(|| panic!("offline: no {p}"))

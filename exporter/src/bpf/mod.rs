@@ -280,6 +280,25 @@ pub fn load(
     })
 }
 
+/// A load error with the verifier's log cut to its verdict: the log's last statement before
+/// its statistics (e.g. `unknown func bpf_getsockopt#57`), which is what names the reason; the
+/// whole log is hundreds of lines of register states.
+fn verifier_reason(e: &str) -> String {
+    let Some((head, log)) = e.split_once("Verifier output:") else {
+        return e.to_string();
+    };
+    let verdict = log
+        .lines()
+        .map(str::trim)
+        .take_while(|l| !l.starts_with("verification time") && !l.starts_with("processed "))
+        .filter(|l| !l.is_empty())
+        .last();
+    match verdict {
+        Some(v) => format!("{head}verifier: {v}"),
+        None => e.to_string(),
+    }
+}
+
 /// Tries the variants of `spec` best first; returns its status and, when one attached, its
 /// links.
 fn attach_probe(
@@ -322,8 +341,9 @@ fn attach_probe(
                 return (status, Some(done));
             }
             Err(e) => {
-                errors.push(format!("{}: {e:#}", describe(hooks)));
-                skipped.push((i, format!("{e:#}")));
+                let e = verifier_reason(&format!("{e:#}"));
+                errors.push(format!("{}: {e}", describe(hooks)));
+                skipped.push((i, e));
             }
         }
     }
@@ -409,4 +429,20 @@ fn fast_path_config(kernel: &KernelInfo) -> bufscope_common::Config {
         _ => 0,
     };
     c
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn verifier_reason_is_the_logs_verdict() {
+        let e = "loading cgroup/bind4: the BPF_PROG_LOAD syscall returned Invalid argument \
+                 (os error 22). Verifier output: ; #[cgroup_sock_addr(bind4)]\n0: (bf) r6 = r1\n\
+                 235: (85) call bpf_getsockopt#57\nunknown func bpf_getsockopt#57\n\
+                 verification time 1530 usec\nstack depth 96+0\nprocessed 93 insns\n: Invalid argument";
+        assert_eq!(
+            super::verifier_reason(e),
+            "loading cgroup/bind4: the BPF_PROG_LOAD syscall returned Invalid argument (os error 22). verifier: unknown func bpf_getsockopt#57"
+        );
+        assert_eq!(super::verifier_reason("no log"), "no log");
+    }
 }
