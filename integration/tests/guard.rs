@@ -1145,7 +1145,46 @@ print(s.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF), s.getsockopt(socket.SOL
 fn unconnected_sender_is_one_decision_per_socket() {
     let floor = 1 << 20;
     let want = 2 * floor.min(sysctl("rmem_max"));
-    let e = Exporter::start(&["--guard.mode", "enforce", "--guard.udp-floor", "1048576"]);
+    let default_rcvbuf = sysctl("rmem_default");
+    {
+        // By default nothing runs per send: a socket that sends before any bind or connect
+        // keeps the kernel's default (its receiver, which binds, is raised).
+        let e = Exporter::start(&["--guard.mode", "enforce", "--guard.udp-floor", "1048576"]);
+        let hooks = e
+            .scrape()
+            .find("bufscope_probe_attached", &[("probe", "guard")])
+            .filter(|s| s.value == 1.0)
+            .map(|s| s.labels.get("hook").cloned().unwrap_or_default())
+            .collect::<Vec<_>>()
+            .join(" ");
+        assert!(
+            hooks.contains("cgroup/bind4") && !hooks.contains("sendmsg"),
+            "default guard hooks: {hooks}"
+        );
+        let out = Command::new("python3")
+            .args(["-c", UNCONNECTED_SENDER])
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        let rb: i32 = text.split_whitespace().next().unwrap().parse().unwrap();
+        assert_eq!(
+            rb, default_rcvbuf,
+            "an unbound sender is left alone by default"
+        );
+        let n = eventually(Duration::from_secs(10), "the receiver's decision", || {
+            let n = decisions(&e, "python3", "udp-floor", "raised");
+            (n >= 1.0).then_some(n)
+        });
+        eprintln!("default ({hooks}): unbound sender SO_RCVBUF {rb}, {n} udp-floor decision");
+        assert_eq!(n, 1.0, "the bound receiver only");
+    }
+    let e = Exporter::start(&[
+        "--guard.mode",
+        "enforce",
+        "--guard.udp-floor",
+        "1048576",
+        "--guard.udp-unbound-senders",
+    ]);
     let m = e.scrape();
     let hooks = m
         .find("bufscope_probe_attached", &[("probe", "guard")])

@@ -232,7 +232,7 @@ pub fn load(
             perf_links,
             tracefs: tracefs.as_deref(),
         };
-        let (mut s, done) = attach_probe(&mut ebpf, spec, kernel, &env, &mut loaded);
+        let (mut s, done) = attach_probe(&mut ebpf, spec, kernel, &env, plan, &mut loaded);
         let Some(done) = done else {
             status.push(s);
             continue;
@@ -306,11 +306,17 @@ fn attach_probe(
     spec: &ProbeSpec,
     kernel: &KernelInfo,
     env: &AttachEnv<'_>,
+    plan: &LoadPlan,
     loaded: &mut HashSet<&'static str>,
 ) -> (ProbeStatus, Option<Vec<Link>>) {
     let mut errors = Vec::new();
     let mut skipped = Vec::new();
     for (i, hooks) in spec.variants.iter().enumerate() {
+        if let Some(why) = plan.passed_over(spec.name, i) {
+            // A setting, not the kernel: not an error of the variant finally used.
+            skipped.push((i, why.to_string()));
+            continue;
+        }
         if let Err(why) = usable(hooks, &kernel.btf) {
             errors.push(format!("{}: {why}", describe(hooks)));
             skipped.push((i, why));

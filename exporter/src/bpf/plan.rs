@@ -30,6 +30,8 @@ struct ProbePlan {
     cgroup: Option<PathBuf>,
     /// Never pinned, even with `--bpf.pin-path`.
     unpinned: bool,
+    /// Variants (by index) its room's settings rule out, with why.
+    passed_over: Vec<(usize, String)>,
 }
 
 /// The loader's instructions.
@@ -88,6 +90,33 @@ impl LoadPlan {
     pub fn cgroup(&mut self, probe: &'static str, cgroup: PathBuf) -> &mut Self {
         self.probes.entry(probe).or_default().cgroup = Some(cgroup);
         self
+    }
+
+    /// Variant `variant` of probe `probe` is not tried (`why`: the setting that rules it out),
+    /// for probes whose variants differ in what they cover rather than in what a kernel
+    /// allows; the loader goes on to the next.
+    pub fn pass_over(
+        &mut self,
+        probe: &'static str,
+        variant: usize,
+        why: impl Into<String>,
+    ) -> &mut Self {
+        self.probes
+            .entry(probe)
+            .or_default()
+            .passed_over
+            .push((variant, why.into()));
+        self
+    }
+
+    /// Why variant `variant` of probe `probe` is not tried, when its room ruled it out.
+    pub fn passed_over(&self, probe: &str, variant: usize) -> Option<&str> {
+        self.probes.get(probe).and_then(|p| {
+            p.passed_over
+                .iter()
+                .find(|(v, _)| *v == variant)
+                .map(|(_, why)| why.as_str())
+        })
     }
 
     /// Probe `probe` is never pinned: it stops with bufscope even with `--bpf.pin-path`.

@@ -28,10 +28,10 @@ const USAGE: &str = "usage: bufscope-workload <command> [--key value …]
 Benchmark and reliability workloads:
   udp-sink   [--bind IP] [--rcvbuf N | --rcvbuf-force N] [--no-read]   one UDP socket read with
              recvmmsg (unless --no-read); stdin \"count\" prints COUNT <datagrams>
-  udp-blast  --dest IP:PORT --seconds S [--size B] [--mmsg N]   sendto() (or sendmmsg() of N
+  udp-blast  --dest IP:PORT --seconds S [--size B] [--mmsg N] [--bind-any]   sendto() (or sendmmsg() of N
              addressed datagrams) as fast as possible for S seconds on one unconnected socket;
              prints SENT <datagrams> <errors> <secs>
-  udp-fresh  --dest IP:PORT [--count N]   N times: a new UDP socket sends one datagram, closes;
+  udp-fresh  --dest IP:PORT [--count N] [--bind-any]   N times: a new UDP socket sends one datagram, closes;
              prints DONE <n> <secs>
   udp-spray  --ports-file F --pps R --seconds S [--size B]   round-robin over every port in F
              (loopback) at about R datagrams/s; prints SENT <n>
@@ -698,6 +698,10 @@ mod bench {
         let size: usize = a.num("--size", 64)?;
         let mmsg: usize = a.num("--mmsg", 0)?;
         let s = udp(to.ip())?;
+        if a.flag("--bind-any") {
+            // As a tunnel's or a DNS forwarder's socket: bound before it sends.
+            bind_any(&s, &to)?;
+        }
         let to = SockAddr::from(to);
         let mut buf = vec![0x5au8; size];
         ready(&[("pid", std::process::id().to_string())]);
@@ -756,8 +760,20 @@ mod bench {
         Ok(())
     }
 
+    /// Binds `s` to the wildcard address of `to`'s family, port 0.
+    fn bind_any(s: &Socket, to: &SocketAddr) -> anyhow::Result<()> {
+        let any = if to.is_ipv4() {
+            std::net::IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED)
+        } else {
+            std::net::IpAddr::V6(std::net::Ipv6Addr::UNSPECIFIED)
+        };
+        s.bind(&SockAddr::from(SocketAddr::new(any, 0)))?;
+        Ok(())
+    }
+
     /// `udp-fresh`: `--count` times a new unconnected UDP socket that sends one datagram and
-    /// closes (every send is its socket's first).
+    /// closes (every send is its socket's first; with `--bind-any` it binds first, so its
+    /// bind is its first call).
     pub fn udp_fresh(a: &Args) -> anyhow::Result<()> {
         let to = dest(a)?;
         let count: u64 = a.num("--count", 10_000)?;
@@ -765,8 +781,12 @@ mod bench {
         let addr = SockAddr::from(to);
         ready(&[("pid", std::process::id().to_string())]);
         let start = Instant::now();
+        let bind = a.flag("--bind-any");
         for _ in 0..count {
             let s = udp(to.ip())?;
+            if bind {
+                bind_any(&s, &to)?;
+            }
             let _ = s.send_to(&buf, &addr);
         }
         say(format!("DONE {count} {:.6}", start.elapsed().as_secs_f64()));

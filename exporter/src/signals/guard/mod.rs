@@ -37,46 +37,74 @@ use crate::store::Who;
 use crate::values::Invalid;
 
 /// The probe (the setsockopt decisions ride on the setsockopt room's `cgroup/setsockopt`).
-/// UDP sockets are decided at their first bind/connect/unconnected send, one storage lookup
-/// per later call (and the kernel takes the socket lock around every unconnected UDP send
-/// while a `sendmsg` program is attached). Raising them at creation instead would need
-/// `bpf_setsockopt` in `cgroup/sock_create`, which neither 6.1 nor 6.18 gives that program
-/// type (measured: both refuse the socket-option helpers there).
+/// UDP sockets that never ask are decided at their first bind or connect, one storage lookup
+/// per later call; nothing runs per send. Sockets that send before any bind or connect (bound
+/// by the kernel at their first `sendto`) are raised only with `--guard.udp-unbound-senders`,
+/// the second variant: `cgroup/sendmsg{4,6}` then run on every unconnected UDP send on the
+/// node, and the kernel takes the socket lock around them (measured 0.92 of the guard-off
+/// `sendto` rate on 6.18). Raising sockets at creation instead would need `bpf_setsockopt` in
+/// `cgroup/sock_create`, which neither 6.1 nor 6.18 gives that program type.
 pub const PROBE: ProbeSpec = ProbeSpec {
     name: "guard",
     what: "applies the buffer policy in the kernel: TCP buffer requests skipped (autotuning stays on), UDP buffers raised to the floor",
-    variants: &[&[
-        Hook::CgroupGetsockopt {
-            prog: "guard_getsockopt",
-        },
-        Hook::CgroupSockAddr {
-            prog: "guard_bind4",
-            attach: "bind4",
-        },
-        Hook::CgroupSockAddr {
-            prog: "guard_bind6",
-            attach: "bind6",
-        },
-        Hook::CgroupSockAddr {
-            prog: "guard_connect4",
-            attach: "connect4",
-        },
-        Hook::CgroupSockAddr {
-            prog: "guard_connect6",
-            attach: "connect6",
-        },
-        Hook::CgroupSockAddr {
-            prog: "guard_sendmsg4",
-            attach: "sendmsg4",
-        },
-        Hook::CgroupSockAddr {
-            prog: "guard_sendmsg6",
-            attach: "sendmsg6",
-        },
-    ]],
+    variants: &[BIND_CONNECT, WITH_SENDMSG],
     is_drop_probe: false,
     attributed: false,
 };
+
+/// The default variant: UDP sockets decided at their first bind or connect.
+const BIND_CONNECT: &[Hook] = &[
+    Hook::CgroupGetsockopt {
+        prog: "guard_getsockopt",
+    },
+    Hook::CgroupSockAddr {
+        prog: "guard_bind4",
+        attach: "bind4",
+    },
+    Hook::CgroupSockAddr {
+        prog: "guard_bind6",
+        attach: "bind6",
+    },
+    Hook::CgroupSockAddr {
+        prog: "guard_connect4",
+        attach: "connect4",
+    },
+    Hook::CgroupSockAddr {
+        prog: "guard_connect6",
+        attach: "connect6",
+    },
+];
+
+/// `--guard.udp-unbound-senders`: also at the first unconnected send of a socket never bound.
+const WITH_SENDMSG: &[Hook] = &[
+    Hook::CgroupGetsockopt {
+        prog: "guard_getsockopt",
+    },
+    Hook::CgroupSockAddr {
+        prog: "guard_bind4",
+        attach: "bind4",
+    },
+    Hook::CgroupSockAddr {
+        prog: "guard_bind6",
+        attach: "bind6",
+    },
+    Hook::CgroupSockAddr {
+        prog: "guard_connect4",
+        attach: "connect4",
+    },
+    Hook::CgroupSockAddr {
+        prog: "guard_connect6",
+        attach: "connect6",
+    },
+    Hook::CgroupSockAddr {
+        prog: "guard_sendmsg4",
+        attach: "sendmsg4",
+    },
+    Hook::CgroupSockAddr {
+        prog: "guard_sendmsg6",
+        attach: "sendmsg6",
+    },
+];
 
 /// A guard rule, as the `rule` label says it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -242,6 +270,13 @@ impl Room for Guard {
         if !flags.persist {
             plan.unpinned(PROBE.name);
             plan.unpinned(setsockopt::PROBE.name);
+        }
+        if flags.udp_unbound_senders {
+            plan.pass_over(
+                PROBE.name,
+                0,
+                "--guard.udp-unbound-senders needs cgroup/sendmsg{4,6}",
+            );
         }
         // The comms are part of what the programs do (pinned programs are adopted only when
         // the same).
