@@ -52,29 +52,6 @@ pub const PROBE: ProbeSpec = ProbeSpec {
     attributed: false,
 };
 
-/// The default variant: UDP sockets decided at their first bind or connect.
-const BIND_CONNECT: &[Hook] = &[
-    Hook::CgroupGetsockopt {
-        prog: "guard_getsockopt",
-    },
-    Hook::CgroupSockAddr {
-        prog: "guard_bind4",
-        attach: "bind4",
-    },
-    Hook::CgroupSockAddr {
-        prog: "guard_bind6",
-        attach: "bind6",
-    },
-    Hook::CgroupSockAddr {
-        prog: "guard_connect4",
-        attach: "connect4",
-    },
-    Hook::CgroupSockAddr {
-        prog: "guard_connect6",
-        attach: "connect6",
-    },
-];
-
 /// `--guard.udp-unbound-senders`: also at the first unconnected send of a socket never bound.
 const WITH_SENDMSG: &[Hook] = &[
     Hook::CgroupGetsockopt {
@@ -105,6 +82,10 @@ const WITH_SENDMSG: &[Hook] = &[
         attach: "sendmsg6",
     },
 ];
+
+/// The default variant: UDP sockets decided at their first bind or connect (the hooks of
+/// [`WITH_SENDMSG`] but the last two).
+const BIND_CONNECT: &[Hook] = WITH_SENDMSG.split_at(WITH_SENDMSG.len() - 2).0;
 
 /// A guard rule, as the `rule` label says it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
