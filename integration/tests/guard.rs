@@ -1137,6 +1137,16 @@ for i in range(100000):
 print(s.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF), s.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF))
 "#;
 
+/// The hooks the guard attached, as `bufscope_probe_attached` names them, space-separated.
+fn guard_hooks(e: &Exporter) -> String {
+    e.scrape()
+        .find("bufscope_probe_attached", &[("probe", "guard")])
+        .filter(|s| s.value == 1.0)
+        .map(|s| s.labels.get("hook").cloned().unwrap_or_default())
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
 /// Decide once per socket: an unconnected sender making 100,000 `sendto()` calls (plus its
 /// receiver) is at most one udp-floor decision per socket (decided at its first bind/send,
 /// one storage lookup per later send), raised to the floor.
@@ -1150,13 +1160,7 @@ fn unconnected_sender_is_one_decision_per_socket() {
         // By default nothing runs per send: a socket that sends before any bind or connect
         // keeps the kernel's default (its receiver, which binds, is raised).
         let e = Exporter::start(&["--guard.mode", "enforce", "--guard.udp-floor", "1048576"]);
-        let hooks = e
-            .scrape()
-            .find("bufscope_probe_attached", &[("probe", "guard")])
-            .filter(|s| s.value == 1.0)
-            .map(|s| s.labels.get("hook").cloned().unwrap_or_default())
-            .collect::<Vec<_>>()
-            .join(" ");
+        let hooks = guard_hooks(&e);
         assert!(
             hooks.contains("cgroup/bind4") && !hooks.contains("sendmsg"),
             "default guard hooks: {hooks}"
@@ -1185,13 +1189,7 @@ fn unconnected_sender_is_one_decision_per_socket() {
         "1048576",
         "--guard.udp-unbound-senders",
     ]);
-    let m = e.scrape();
-    let hooks = m
-        .find("bufscope_probe_attached", &[("probe", "guard")])
-        .filter(|s| s.value == 1.0)
-        .map(|s| s.labels.get("hook").cloned().unwrap_or_default())
-        .collect::<Vec<_>>()
-        .join(" ");
+    let hooks = guard_hooks(&e);
     assert!(hooks.contains("cgroup/sendmsg4"), "guard hooks: {hooks}");
     let out = Command::new("python3")
         .args(["-c", UNCONNECTED_SENDER])

@@ -59,7 +59,8 @@ impl Drop for VethLab {
     }
 }
 
-fn run_quiet(cmd: &mut Command) -> anyhow::Result<()> {
+/// Runs `cmd`, failing with its stderr when it fails.
+pub(super) fn run_quiet(cmd: &mut Command) -> anyhow::Result<()> {
     let o = cmd.output().with_context(|| format!("running {cmd:?}"))?;
     if !o.status.success() {
         bail!(

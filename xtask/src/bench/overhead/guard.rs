@@ -19,10 +19,11 @@
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use anyhow::{Context as _, bail};
+use anyhow::bail;
 
 use super::Args;
 use super::bpf_stats::{BpfStats, delta, snapshot};
+use super::datapath::run_quiet;
 use super::harness::{Bins, median};
 use crate::bench::table;
 
@@ -40,22 +41,8 @@ impl SendLab {
     fn create() -> anyhow::Result<Self> {
         Self::cleanup();
         let lab = Self;
-        for args in [
-            &["netns", "add", NS][..],
-            &["-n", NS, "link", "set", "lo", "up"],
-        ] {
-            let o = Command::new("ip")
-                .args(args)
-                .output()
-                .context("running ip")?;
-            if !o.status.success() {
-                bail!(
-                    "ip {}: {}",
-                    args.join(" "),
-                    String::from_utf8_lossy(&o.stderr).trim()
-                );
-            }
-        }
+        run_quiet(Command::new("ip").args(["netns", "add", NS]))?;
+        run_quiet(Command::new("ip").args(["-n", NS, "link", "set", "lo", "up"]))?;
         Ok(lab)
     }
 
