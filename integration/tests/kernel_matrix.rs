@@ -9,11 +9,11 @@
 //! datagrams each socket dropped; bpftrace (a tracepoint, or a kprobe pair where the
 //! tracepoint does not exist) counts autotuning's grow events.
 //!
-//! `BUFSCOPE_REFUSE_HOOKS` (read by bufscope; see `exporter/src/probes/choice.rs`) is passed
+//! `BUFSCOPE_REFUSE_HOOKS` (read by bufscope; see `exporter/src/bpf/choice.rs`) is passed
 //! through, so the matrix runs these tests again with the better hooks refused.
 #![allow(clippy::unwrap_used)]
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::Duration;
@@ -453,4 +453,107 @@ fn autotune_suppressed_matches_an_independent_count_on_this_kernel() {
             );
         }
     }
+}
+
+/// Every network namespace inode some process is in now.
+fn live_netns() -> BTreeSet<String> {
+    let mut out = BTreeSet::new();
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
+            continue;
+        };
+        if let Ok(l) = std::fs::read_link(format!("/proc/{pid}/ns/net")) {
+            let l = l.to_string_lossy();
+            out.insert(
+                l.trim_start_matches("net:[")
+                    .trim_end_matches(']')
+                    .to_string(),
+            );
+        }
+    }
+    out
+}
+
+/// Namespaces that come and go (an IPv6 receiver in a new namespace each round, flooded, then
+/// gone), where this kernel's hooks count IPv6 UDP queue drops per namespace: each round's
+/// `bufscope_netns_drops_total{netns}` grows by exactly the kernel's drops column; the series of
+/// a namespace that is gone leaves after `--retention` (a new namespace may reuse a gone one's
+/// inode number; its series then goes on counting from the old total, as a counter must);
+/// the series stay as many as the namespaces that dropped.
+#[test]
+#[ignore = "needs root: run via cargo xtask test"]
+fn netns_series_leave_with_their_namespace() {
+    let e = Exporter::start(&["--retention", "4s"]);
+    let hooks = e
+        .scrape()
+        .find("bufscope_probe_attached", &[("probe", "drops")])
+        .find(|s| s.value == 1.0)
+        .map(|s| s.labels["hook"].clone())
+        .expect("the drops probe attached");
+    if v6_on_socket(&hooks) || !v6_in_netns(&hooks) {
+        eprintln!("skipped: IPv6 UDP drops are not counted per namespace here (drops via {hooks})");
+        return;
+    }
+    let netns_drops = |m: &bufscope_integration::Metrics, netns: &str| {
+        m.sum(
+            "bufscope_netns_drops_total",
+            &[("netns", netns), ("reason", "SOCKET_RCVBUFF")],
+        )
+    };
+    let mut used = BTreeSet::new();
+    for round in 0..4 {
+        let r = receiver(true, true, false);
+        let inode: u64 = r.w.get("inodes").parse().unwrap();
+        let port = r.w.get("ports").to_string();
+        let pid = r.w.pid().to_string();
+        let netns = netns_inode(r.w.pid());
+        let before = netns_drops(&e.scrape(), &netns);
+        let flood = [
+            "udp-flood",
+            "--v6",
+            "--port",
+            &port,
+            "--count",
+            "3000",
+            "--netns-of",
+            &pid,
+        ];
+        assert!(Workload::start(&flood).wait(), "flooder failed");
+        let kernel = proc_udp_drops(r.w.pid(), inode).unwrap() as f64;
+        assert!(kernel > 1000.0, "the flood overflowed nothing ({kernel})");
+        let got = eventually(Duration::from_secs(15), "drops to be counted", || {
+            let d = netns_drops(&e.scrape(), &netns) - before;
+            (d >= kernel).then_some(d)
+        });
+        // Nothing more may arrive later.
+        std::thread::sleep(Duration::from_secs(2));
+        let after = netns_drops(&e.scrape(), &netns) - before;
+        eprintln!(
+            "round {round}: netns {netns}: kernel drops column {kernel}, bufscope {got} then {after} (was {before})"
+        );
+        assert_eq!(after, kernel, "netns {netns}: counted once each");
+        used.insert(netns);
+        drop(r);
+    }
+    let stale = eventually(
+        Duration::from_secs(40),
+        "gone namespaces' series to leave",
+        || {
+            let live = live_netns();
+            let listed: BTreeSet<String> = e
+                .scrape()
+                .find("bufscope_netns_drops_total", &[])
+                .map(|s| s.labels["netns"].clone())
+                .collect();
+            let stale: Vec<&String> = listed
+                .iter()
+                .filter(|ns| used.contains(*ns) && !live.contains(*ns))
+                .collect();
+            stale.is_empty().then_some(listed.len())
+        },
+    );
+    eprintln!(
+        "{} namespaces dropped; {stale} netns series left",
+        used.len()
+    );
 }

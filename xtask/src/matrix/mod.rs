@@ -161,6 +161,13 @@ const STEPS: &[Step] = &[
         when: Some(("drops", "fexit/")),
     },
     Step {
+        name: "netns drops with fexit refused: exact per namespace, series leave with their namespace",
+        test: "kernel_matrix",
+        env: "BUFSCOPE_REFUSE_HOOKS=fexit",
+        args: &["netns_series_leave_with_their_namespace"],
+        when: Some(("drops", "fexit/")),
+    },
+    Step {
         name: "TCP lock + wscale vs ss -tni",
         test: "tcp",
         env: "",
