@@ -406,24 +406,24 @@ pub(super) fn autotune(b: &mut Builder<'_>) {
         let wan_cap = t.rcvbuf.max(0) as f64 / 2.0 * 8.0 / WAN_RTT.as_secs_f64();
         let summary = match c.severity {
             Severity::Critical => format!(
-                "costs throughput now: the connection runs at the ~{} its locked {buf} receive                  buffer allows at the measured RTT of {} (observed {}); the kernel wanted to                  grow the buffer {total} time(s); {grow}",
+                "costs throughput now: the connection runs at the ~{} its locked {buf} receive buffer allows at the measured RTT of {} (observed {}); the kernel wanted to grow the buffer {total} time(s); {grow}",
                 mbit(c.cap_bps),
                 rtt_text(t.rtt_us),
                 mbit(c.observed_bps),
             ),
             Severity::Warning => format!(
-                "not at its ceiling now: a locked {buf} TCP receive buffer allows ~{} at the                  measured RTT of {} (observed {}); it limits the connection once traffic grows;                  the kernel wanted to grow it {total} time(s); {grow}",
+                "not at its ceiling now: a locked {buf} TCP receive buffer allows ~{} at the measured RTT of {} (observed {}); it limits the connection once traffic grows; the kernel wanted to grow it {total} time(s); {grow}",
                 mbit(c.cap_bps),
                 rtt_text(t.rtt_us),
                 mbit(c.observed_bps),
             ),
             Severity::Info if c.observed_bps <= 0.0 => format!(
-                "costs nothing now (idle): a locked {buf} TCP receive buffer, which the kernel                  wanted to grow {total} time(s); on a {} ms path it would cap a connection at                  ~{}",
+                "costs nothing now (idle): a locked {buf} TCP receive buffer, which the kernel wanted to grow {total} time(s); on a {} ms path it would cap a connection at ~{}",
                 WAN_RTT.as_millis(),
                 mbit(wan_cap)
             ),
             Severity::Info => format!(
-                "costs nothing at this RTT ({}, the same host): a locked {buf} TCP receive                  buffer is not what limits this connection (observed {}); on a {} ms path it                  would cap it at ~{}; the kernel wanted to grow it {total} time(s)",
+                "costs nothing at this RTT ({}, the same host): a locked {buf} TCP receive buffer is not what limits this connection (observed {}); on a {} ms path it would cap it at ~{}; the kernel wanted to grow it {total} time(s)",
                 rtt_text(t.rtt_us),
                 mbit(c.observed_bps),
                 WAN_RTT.as_millis(),

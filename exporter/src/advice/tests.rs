@@ -144,6 +144,11 @@ fn autotune_reports_cap_at_rtt() {
         a.summary
     );
     assert!(
+        !a.summary.contains("  "),
+        "one space between words: {}",
+        a.summary
+    );
+    assert!(
         a.summary.contains("(48x)"),
         "6 MiB / 128 KiB: {}",
         a.summary
@@ -206,6 +211,11 @@ fn an_idle_locked_socket_costs_nothing_now() {
         "{}",
         f.summary
     );
+    assert!(
+        !f.summary.contains("  "),
+        "one space between words: {}",
+        f.summary
+    );
     assert_eq!(f.evidence["observed_bps"], 0.0);
 }
 
@@ -217,6 +227,11 @@ fn a_lock_below_its_ceiling_is_latent() {
     assert!(
         f.summary.starts_with("not at its ceiling now"),
         "{}",
+        f.summary
+    );
+    assert!(
+        !f.summary.contains("  "),
+        "one space between words: {}",
         f.summary
     );
     assert!(f.summary.contains("40.0 ms"), "{}", f.summary);

@@ -292,12 +292,12 @@ impl LinkWatch {
             let why = match link_id(&l.path) {
                 Ok(id) if id == l.id => continue,
                 Ok(id) => format!(
-                    "{} now holds link {id}, not this bufscope's link {}: another process                      replaced it",
+                    "{} now holds link {id}, not this bufscope's link {}: another process replaced it",
                     l.path.display(),
                     l.id
                 ),
                 Err(e) => format!(
-                    "the pin of its link {} at {} is gone ({e}): the link was detached (by                      `bufscope cleanup --force` or by hand)",
+                    "the pin of its link {} at {} is gone ({e}): the link was detached (by `bufscope cleanup --force` or by hand)",
                     l.id,
                     l.path.display()
                 ),
