@@ -795,6 +795,64 @@ fn one_bufscope_per_pin_directory() {
     cleanup(&dir.0);
 }
 
+/// A pinned link replaced behind bufscope's back (its pin removed, another link pinned in its
+/// place, as a second tool or a careless operator would): the next poll sees the id change,
+/// says which probe is detached and why, and the other probes stay attached.
+#[test]
+#[ignore = "needs root (BPF, bpffs); run by `cargo xtask test`"]
+fn a_replaced_link_pin_is_reported_detached() {
+    let dir = PinDir::new("replaced");
+    let e = Exporter::start(&[dir.flag().as_str()]);
+    let pin = dir.0.join("links").join("drops_0");
+    assert!(
+        pin.exists(),
+        "the drops probe's first link is pinned at {}",
+        pin.display()
+    );
+    let attached = |e: &Exporter| {
+        e.scrape()
+            .find("bufscope_probe_attached", &[])
+            .filter(|s| s.value == 1.0)
+            .map(|s| s.labels["probe"].clone())
+            .collect::<BTreeSet<String>>()
+    };
+    let before = attached(&e);
+    assert!(before.contains("drops"), "{before:?}");
+    // Another bufscope without pins holds links of its own: one of them takes the pin's place.
+    let other = Exporter::start(&[]);
+    let theirs = bufscope_integration::held_bpf_ids(other.pid(), "link_id:");
+    let foreign = *theirs
+        .iter()
+        .next()
+        .expect("the other bufscope holds links");
+    std::fs::remove_file(&pin).unwrap();
+    let (ok, out, err) = output(
+        Command::new("bpftool")
+            .args(["link", "pin", "id", &foreign.to_string()])
+            .arg(&pin),
+        "",
+    );
+    assert!(ok, "bpftool link pin: {out}{err}");
+    eventually(Duration::from_secs(10), "drops reported detached", || {
+        (!attached(&e).contains("drops")).then_some(())
+    });
+    let log = e.log();
+    assert!(
+        log.contains("another process replaced it") && log.contains(&format!("link {foreign}")),
+        "the log names the pin and the link now in it: {log}"
+    );
+    let after = attached(&e);
+    let mut want = before.clone();
+    want.remove("drops");
+    assert_eq!(after, want, "only the replaced probe is detached");
+    let (code, body) = e.get("/healthz");
+    assert_eq!(code, 200, "other probes still attached: {body}");
+    std::fs::remove_file(&pin).unwrap();
+    drop(other);
+    e.kill9();
+    cleanup(&dir.0);
+}
+
 #[test]
 #[ignore = "needs root (BPF, bpffs); run by `cargo xtask test`"]
 fn symlinks_in_the_pin_directory_are_refused() {
