@@ -265,15 +265,19 @@ mod tests {
 
     /// Writes `packets` for [`KEY`] as the probe would (all on CPU 0).
     fn set(map: &mut PerCpuHashMap<MapData, DropKey, DropVal>, packets: u64) {
-        let cpus = aya::util::nr_cpus().unwrap();
+        let cpus = aya::util::nr_cpus().expect("possible CPUs");
         let mut values = vec![DropVal::default(); cpus];
         values[0] = DropVal {
             packets,
             skbs: packets,
             ..DropVal::default()
         };
-        map.insert(KEY, aya::maps::PerCpuValues::try_from(values).unwrap(), 0)
-            .unwrap();
+        map.insert(
+            KEY,
+            aya::maps::PerCpuValues::try_from(values).expect("one value per CPU"),
+            0,
+        )
+        .expect("writing the map");
     }
 
     fn counted(d: &Drops) -> u64 {
