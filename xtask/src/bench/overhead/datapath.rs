@@ -9,7 +9,7 @@ use anyhow::{Context as _, bail};
 use bufscope_testkit::{Exporter, proc_udp_drops};
 
 use super::Args;
-use super::harness::{Bins, Bpftrace, median};
+use super::harness::{Bins, Bpftrace, median, percentile};
 use super::hooks::hooks;
 use crate::bench::table;
 
@@ -373,6 +373,29 @@ pub(super) fn section(a: &Args, bins: &Bins) -> anyhow::Result<String> {
                         drops.join(" ")
                     },
                 ]);
+                // Paired: each round's rate over the same round's no-probe rate (the rounds
+                // alternate, so slow drift of a shared machine cancels within a round).
+                if let Some(b) = base.filter(|b| *b != vi) {
+                    let none = results.get(&(pi, ci, b)).map(Vec::as_slice).unwrap_or(&[]);
+                    let paired: Vec<f64> = ts
+                        .iter()
+                        .zip(none)
+                        .map(|(t, n)| t.rate / n.rate)
+                        .filter(|r| r.is_finite())
+                        .collect();
+                    if !paired.is_empty() {
+                        notes.push(format!(
+                            "- {} / {}: {} per round over no probes: median {:.1}%, middle half {:.1}–{:.1}% ({} rounds)",
+                            if *veth { "veth" } else { "loopback" },
+                            case.label(),
+                            v.label(),
+                            median(&paired) * 100.0,
+                            percentile(&paired, 25.0) * 100.0,
+                            percentile(&paired, 75.0) * 100.0,
+                            paired.len()
+                        ));
+                    }
+                }
                 if *v == Variant::Bufscope
                     && let Some(r) = rel
                 {
