@@ -460,7 +460,7 @@ fn field<'a>(l: &'a str, key: &str) -> Option<&'a str> {
 /// Both of vng's output streams are pipes read here, never this process's own stdout and
 /// stderr: QEMU opens `/proc/self/fd/{1,2}` afresh for the guest's consoles, which truncates
 /// a regular file there (the log of `cargo xtask test > file` would lose all it held).
-fn boot(k: &kernels::Kernel, script: &Path) -> anyhow::Result<GuestRun> {
+fn boot(k: &kernels::Kernel, script: &Path, timeout: Duration) -> anyhow::Result<GuestRun> {
     let venv = cache_dir().join("venv/bin");
     let path = format!(
         "{}:{}",
@@ -499,7 +499,7 @@ fn boot(k: &kernels::Kernel, script: &Path) -> anyhow::Result<GuestRun> {
     // once the pipes have been quiet for a few seconds after that.
     let mut exited: Option<Instant> = None;
     loop {
-        let left = GUEST_TIMEOUT.saturating_sub(started.elapsed());
+        let left = timeout.saturating_sub(started.elapsed());
         match rx.recv_timeout(left.min(Duration::from_secs(1))) {
             Ok(GuestLine::Err(l)) => eprintln!("[{}] {l}", k.pin.name),
             Ok(GuestLine::Out(l)) => {
@@ -553,7 +553,7 @@ fn boot(k: &kernels::Kernel, script: &Path) -> anyhow::Result<GuestRun> {
                 bail!(
                     "{}: the guest did not finish within {:?}",
                     k.pin.name,
-                    GUEST_TIMEOUT
+                    timeout
                 );
             }
             Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => break,
@@ -621,7 +621,7 @@ pub fn stage(kernels: &[String], steps: &[String]) -> anyhow::Result<Outcome> {
         );
         let offline = chosen_hooks(&off_text);
         let t = Instant::now();
-        let run = match boot(&k, &script) {
+        let run = match boot(&k, &script, GUEST_TIMEOUT) {
             Ok(r) => r,
             Err(e) => {
                 fail(format!("{e:#}"), None);
@@ -733,8 +733,9 @@ pub fn stage(kernels: &[String], steps: &[String]) -> anyhow::Result<Outcome> {
 
 /// Boots the pinned kernel `name` (a `kernels.pin` name) and runs the shell line `command` in
 /// it from the workspace root, its output echoed with a `[name]` prefix; fails when the guest
-/// did not finish or the command failed. The benchmarks use it to measure inside a guest.
-pub fn run_in_guest(name: &str, command: &str) -> anyhow::Result<()> {
+/// did not finish within `timeout` or the command failed. The benchmarks use it to measure
+/// inside a guest.
+pub fn run_in_guest(name: &str, command: &str, timeout: Duration) -> anyhow::Result<()> {
     setup()?;
     let pin = kernels::pins()?
         .into_iter()
@@ -759,7 +760,7 @@ pub fn run_in_guest(name: &str, command: &str) -> anyhow::Result<()> {
             sh_quote(&workspace_root().to_string_lossy()),
         ),
     )?;
-    let run = boot(&k, &script)?;
+    let run = boot(&k, &script, timeout)?;
     if !run.ended {
         bail!("{name}: the guest stopped before the end");
     }

@@ -216,7 +216,11 @@ fn in_guest(a: &Args, kernel: &str) -> anyhow::Result<()> {
         .iter()
         .map(|w| format!("'{}'", w.replace('\'', "'\\''")))
         .collect();
-    crate::matrix::run_in_guest(kernel, &line.join(" "))
+    // Under TCG an exporter start takes 10–40 s: each round of each variant gets 2 minutes
+    // (a timed-out guest loses every round, so err on the long side).
+    let per_round = Duration::from_secs(120) * a.variants.len().max(1) as u32;
+    let timeout = Duration::from_secs(600) + per_round * a.runs as u32;
+    crate::matrix::run_in_guest(kernel, &line.join(" "), timeout)
 }
 
 /// What one invocation produced.
