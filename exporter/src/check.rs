@@ -54,7 +54,7 @@ const ONLINE: &[Check] = &[
 ];
 
 /// The checks of another kernel from its BTF (`--btf`): nothing is loaded.
-const OFFLINE: &[Check] = &[kernel_btf_offline, probes_offline];
+const OFFLINE: &[Check] = &[kernel_btf_offline, room_lines, probes_offline];
 
 fn capabilities(cx: &mut Cx<'_>) {
     cx.missing = caps::missing_for_probes();

@@ -112,6 +112,25 @@ fn check_names_the_hook_each_probe_uses_and_the_metrics_agree() {
     let (code, text) = run_check(&["--btf", "/sys/kernel/btf/vmlinux"]);
     assert_eq!(code, 0, "{text}");
     let offline = check_lines(&text);
+    // The price per datagram, and the way out of it, where the drops hook pays one.
+    let per_packet = text
+        .lines()
+        .find(|l| l.contains("per-packet cost"))
+        .unwrap_or_else(|| panic!("no per-packet line:\n{text}"));
+    if offline["drops"]
+        .1
+        .contains("fexit/__udp_enqueue_schedule_skb")
+    {
+        assert!(
+            per_packet.contains("--drops.zero-per-packet"),
+            "{per_packet}"
+        );
+    } else {
+        assert!(
+            per_packet.contains("nothing runs per datagram"),
+            "{per_packet}"
+        );
+    }
     for (p, (_, on)) in online.iter().filter(|(_, (ok, _))| *ok) {
         let off = &offline
             .get(p)
@@ -172,6 +191,15 @@ fn netns_inode(pid: u32) -> String {
         .to_string()
 }
 
+/// `bufscope run` with `extra` and the flags of `BUFSCOPE_TEST_ARGS` (whitespace-separated: the
+/// matrix runs a step again with, e.g., `--drops.zero-per-packet`).
+fn exporter(extra: &[&str]) -> Exporter {
+    let env = std::env::var("BUFSCOPE_TEST_ARGS").unwrap_or_default();
+    let mut args: Vec<&str> = env.split_whitespace().collect();
+    args.extend_from_slice(extra);
+    Exporter::start(&args)
+}
+
 /// A UDP receiver for [`udp_drops_before_and_after_bufscope_are_exact`].
 struct Receiver {
     w: Workload,
@@ -204,7 +232,7 @@ fn receiver(v6: bool, netns: bool, before: bool) -> Receiver {
 #[ignore = "needs root: run via cargo xtask test"]
 fn udp_drops_before_and_after_bufscope_are_exact() {
     let mut rx = vec![receiver(false, false, true), receiver(true, true, true)];
-    let e = Exporter::start(&[]);
+    let e = exporter(&[]);
     rx.extend([receiver(false, true, false), receiver(true, false, false)]);
     let hooks = e
         .scrape()
@@ -212,6 +240,9 @@ fn udp_drops_before_and_after_bufscope_are_exact() {
         .find(|s| s.value == 1.0)
         .map(|s| s.labels["hook"].clone())
         .expect("the drops probe attached");
+    if std::env::var("BUFSCOPE_TEST_ARGS").is_ok_and(|a| a.contains("--drops.zero-per-packet")) {
+        assert!(!hooks.contains("fexit"), "no per-packet hook: {hooks}");
+    }
     let netns_drops = |m: &bufscope_integration::Metrics, netns: &str| {
         m.sum(
             "bufscope_netns_drops_total",
@@ -483,7 +514,7 @@ fn live_netns() -> BTreeSet<String> {
 #[test]
 #[ignore = "needs root: run via cargo xtask test"]
 fn netns_series_leave_with_their_namespace() {
-    let e = Exporter::start(&["--retention", "4s"]);
+    let e = exporter(&["--retention", "4s"]);
     let hooks = e
         .scrape()
         .find("bufscope_probe_attached", &[("probe", "drops")])

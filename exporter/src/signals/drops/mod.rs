@@ -146,7 +146,18 @@ pub struct Flags {
     /// counted under `comm="_unknown"`.
     #[arg(id = "attribution_hold", long = "attribution.hold", default_value = "10s", value_parser = crate::values::parse_duration, value_name = "DURATION")]
     pub hold: Duration,
+    /// Never attach a drops hook that runs for every received datagram
+    /// (`fexit/__udp_enqueue_schedule_skb`, chosen where the kernel has neither `kfree_skb`'s
+    /// `rx_sk` (6.11+) nor an IPv6 `udp_fail_queue_rcv_skb` (≈6.4+), e.g. Debian 12's 6.1):
+    /// IPv6 UDP buffer-full drops are then counted per network namespace
+    /// (`bufscope_netns_drops_total`, kernels with drop reasons, 5.17+) instead of per process,
+    /// and not at all before 5.17. `bufscope check` says whether this kernel needs it.
+    #[arg(id = "drops_zero_per_packet", long = "drops.zero-per-packet")]
+    pub zero_per_packet: bool,
 }
+
+/// The variants of [`PROBE`] with a hook that runs for every received UDP datagram.
+const PER_PACKET_VARIANTS: [usize; 2] = [2, 4];
 
 /// What the drops room resolved before loading.
 pub struct Setup {
@@ -349,6 +360,16 @@ impl Room for Drops {
 
     fn prepare(flags: &Flags, plan: &mut LoadPlan) -> anyhow::Result<Setup> {
         plan.map_entries("DROPS", flags.entries);
+        if flags.zero_per_packet {
+            for v in PER_PACKET_VARIANTS {
+                plan.pass_over(
+                    PROBE.name,
+                    v,
+                    "--drops.zero-per-packet: fexit/__udp_enqueue_schedule_skb runs for every \
+                     received UDP datagram",
+                );
+            }
+        }
         Ok(Setup {
             flags: flags.clone(),
             reader: false,
@@ -400,11 +421,14 @@ impl Room for Drops {
                 format!("unavailable ({why}): a shared socket's drops go to its newest holder"),
             ),
         };
-        vec![CheckLine {
-            ok,
-            what: "reader hook",
-            detail,
-        }]
+        vec![
+            CheckLine {
+                ok,
+                what: "reader hook",
+                detail,
+            },
+            per_packet_line(kernel),
+        ]
     }
 }
 
@@ -555,6 +579,41 @@ impl Signal for Drops {
             }
         }));
     }
+}
+
+/// What the drops probe costs per received datagram on `kernel`, and the trade-off of
+/// `--drops.zero-per-packet`.
+fn per_packet_line(kernel: &KernelBtf) -> CheckLine {
+    let first_usable = PROBE
+        .variants
+        .iter()
+        .position(|hooks| crate::bpf::usable(hooks, kernel).is_ok());
+    let detail = match first_usable {
+        Some(v) if PER_PACKET_VARIANTS.contains(&v) => {
+            let without = if kernel_has_reasons(kernel) {
+                "are counted per network namespace (bufscope_netns_drops_total)"
+            } else {
+                "are not counted at all (no drop reasons before 5.17)"
+            };
+            format!(
+                "fexit/__udp_enqueue_schedule_skb runs for every received UDP datagram: the \
+                 price of IPv6 UDP drops per process on this kernel; with \
+                 --drops.zero-per-packet they {without}"
+            )
+        }
+        Some(_) => "none: drops are seen when they happen, nothing runs per datagram".into(),
+        None => "no variant of the drops probe is usable".into(),
+    };
+    CheckLine {
+        ok: true,
+        what: "per-packet cost",
+        detail,
+    }
+}
+
+/// Whether `kfree_skb` carries a drop reason on this kernel (5.17+).
+fn kernel_has_reasons(kernel: &KernelBtf) -> bool {
+    crate::bpf::usable(&[KFREE_SKB_NOKS], kernel).is_ok()
 }
 
 const SOCKET_DROPS: Spec = Spec::counter(
