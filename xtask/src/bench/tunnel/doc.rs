@@ -66,6 +66,9 @@ pub(super) fn update(
     if a.transports != ["udp", "tcp", "quic"] {
         let _ = write!(args, " --transports {}", a.transports.join(","));
     }
+    if a.policies != ["recommended", "fixed", "os-default"] {
+        let _ = write!(args, " --policies {}", a.policies.join(","));
+    }
     if a.no_wireguard_go {
         args.push_str(" --no-wireguard-go");
     }

@@ -3,14 +3,14 @@
 
 use std::collections::HashMap;
 use std::path::Path;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
 use bufscope_netlab::measure::{self, BackgroundPing};
 use bufscope_netlab::{Lab, Netns};
 use bufscope_testkit::skmem_rb;
 
-use super::report::opt_ms;
+use super::report::{opt_cores, opt_ms};
 use super::setup::{Keys, start_tunnel};
 use super::{
     Args, INNER_B, IPERF_PORT, Measured, QuicFigures, TUNNEL_PORT, Transfer, Transport, Variant,
@@ -38,19 +38,27 @@ pub(super) fn measure_variant(
     } else {
         (a.seconds, a.omit, 1)
     };
+    let pids = tunnel.pids();
     let transfer = |reverse: bool| -> anyhow::Result<Transfer> {
         // The outer receiver: the client for a download, the server for an upload.
         let receiver = if reverse { lab.a() } else { lab.b() };
         let before = counter(receiver, drop_key)?;
         let ping = BackgroundPing::start(lab.a(), INNER_B, Duration::from_millis(200))?;
-        let r = measure::iperf3_client(lab.a(), INNER_B, IPERF_PORT, secs, omit, reverse, &[])
-            .with_context(|| {
-                format!(
-                    "iperf3 {}{}",
-                    if reverse { "download" } else { "upload" },
-                    tunnel.log_tail()
-                )
-            })?;
+        // Both tunnel processes' CPU time over the part of the transfer iperf3 reports (after
+        // the omitted seconds), sampled on a thread while iperf3 runs.
+        let cpu = std::thread::scope(|scope| {
+            let sampler = scope.spawn(|| cpu_over(&pids, omit, secs));
+            let r = measure::iperf3_client(lab.a(), INNER_B, IPERF_PORT, secs, omit, reverse, &[]);
+            (r, sampler.join().ok().flatten())
+        });
+        let (r, cpu) = cpu;
+        let r = r.with_context(|| {
+            format!(
+                "iperf3 {}{}",
+                if reverse { "download" } else { "upload" },
+                tunnel.log_tail()
+            )
+        })?;
         let latency = ping.finish().ok().and_then(|p| p.avg_ms);
         let after = counter(receiver, drop_key)?;
         Ok(Transfer {
@@ -58,6 +66,10 @@ pub(super) fn measure_variant(
             latency_ms: latency,
             retransmits: r.retransmits,
             drops: after.saturating_sub(before),
+            cores_per_gbps: cpu
+                .filter(|_| r.received_mbit > 0.0)
+                .map(|cores| cores / (r.received_mbit / 1000.0)),
+            spread: (r.received_mbit, r.received_mbit),
         })
     };
     // The median of `repeats` transfers (by throughput), with that transfer's other figures.
@@ -66,9 +78,10 @@ pub(super) fn measure_variant(
         for _ in 0..repeats {
             let t = transfer(reverse)?;
             eprintln!(
-                "bench tunnel:   {} {:.1} Mbit/s, latency {} ms, {} retransmits, {} outer rcvbuf drops",
+                "bench tunnel:   {} {:.1} Mbit/s, {} cores per Gbit/s, latency {} ms, {} retransmits, {} outer rcvbuf drops",
                 if reverse { "down" } else { "up" },
                 t.mbit,
+                opt_cores(t.cores_per_gbps),
                 opt_ms(t.latency_ms),
                 t.retransmits,
                 t.drops
@@ -76,7 +89,12 @@ pub(super) fn measure_variant(
             runs.push(t);
         }
         runs.sort_by(|x, y| x.mbit.total_cmp(&y.mbit));
-        runs.get(runs.len() / 2).copied().context("no transfer")
+        let mut m = runs.get(runs.len() / 2).copied().context("no transfer")?;
+        m.spread = (
+            runs.first().map_or(m.mbit, |t| t.mbit),
+            runs.last().map_or(m.mbit, |t| t.mbit),
+        );
+        Ok(m)
     };
     let down = median(true)?;
     let rcvbuf = outer_rcvbuf(lab.a(), v.transport());
@@ -94,6 +112,41 @@ pub(super) fn measure_variant(
         up,
         quic,
     })
+}
+
+/// Cores both tunnel processes used on average (user + system CPU time from
+/// `/proc/<pid>/stat` ÷ wall time) from `omit` s + 0.1 s after the call until `omit + secs` s
+/// after it: the part of an iperf3 transfer started at the call that iperf3 reports. `None`
+/// if a process could not be read at either end.
+fn cpu_over(pids: &[u32], omit: u32, secs: u32) -> Option<f64> {
+    let start = Instant::now();
+    let from = Duration::from_secs(u64::from(omit)) + Duration::from_millis(100);
+    let to = Duration::from_secs(u64::from(omit + secs));
+    std::thread::sleep(from);
+    let (t0, c0) = (Instant::now(), cpu_seconds(pids)?);
+    std::thread::sleep(to.saturating_sub(start.elapsed()));
+    let (t1, c1) = (Instant::now(), cpu_seconds(pids)?);
+    let wall = (t1 - t0).as_secs_f64();
+    (wall > 0.0).then(|| (c1 - c0) / wall)
+}
+
+/// User + system CPU seconds of the processes `pids` (all their threads, exited ones too).
+fn cpu_seconds(pids: &[u32]) -> Option<f64> {
+    // SAFETY: sysconf has no preconditions.
+    let tick = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    let tick = if tick > 0 { tick as f64 } else { 100.0 };
+    let mut total = 0.0;
+    for pid in pids {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+        // Fields after the command name (which may hold spaces): state is field 3, utime 14,
+        // stime 15.
+        let rest = &stat[stat.rfind(')')? + 1..];
+        let f: Vec<&str> = rest.split_whitespace().collect();
+        let utime: f64 = f.get(11)?.parse().ok()?;
+        let stime: f64 = f.get(12)?.parse().ok()?;
+        total += (utime + stime) / tick;
+    }
+    Some(total)
 }
 
 /// The number (digits and one dot) right after `key` in `text`.

@@ -52,6 +52,14 @@ pub struct Args {
     /// Congestion controller of the QUIC rows (cubic, bbr).
     #[arg(long, default_value = "cubic")]
     pub quic_congestion: String,
+    /// bufscope-tunnel's buffer policies to measure: recommended, fixed, os-default (each
+    /// transport has its own set; this keeps only the named ones).
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "recommended,fixed,os-default"
+    )]
+    pub policies: Vec<String>,
     /// Buffer size of the `fixed` policy (the anti-pattern), bytes.
     #[arg(long, default_value_t = 65536)]
     pub fixed_bytes: u64,
@@ -162,6 +170,15 @@ enum Policy {
 }
 
 impl Policy {
+    /// The name `--policies` selects it by.
+    fn name(self) -> &'static str {
+        match self {
+            Policy::Recommended => "recommended",
+            Policy::Fixed(_) => "fixed",
+            Policy::OsDefault => "os-default",
+        }
+    }
+
     fn flag(self) -> String {
         match self {
             Policy::Recommended => "recommended".into(),
@@ -220,6 +237,11 @@ struct Transfer {
     latency_ms: Option<f64>,
     retransmits: u64,
     drops: u64,
+    /// CPU time of both tunnel processes (user + system, `/proc/<pid>/stat`) per Gbit the
+    /// inner flow carried over the measured part of the transfer: cores per Gbit/s.
+    cores_per_gbps: Option<f64>,
+    /// The lowest and highest throughput of the transfers this one is the median of.
+    spread: (f64, f64),
 }
 
 /// One table row.
@@ -298,6 +320,11 @@ pub fn run(a: &Args) -> anyhow::Result<()> {
             a.quic_congestion
         );
     }
+    for p in &a.policies {
+        if !matches!(p.as_str(), "recommended" | "fixed" | "os-default") {
+            bail!("unknown policy {p:?} (recommended, fixed, os-default)");
+        }
+    }
     let tunnel_bin = if a.no_bufscope {
         None
     } else {
@@ -314,6 +341,9 @@ pub fn run(a: &Args) -> anyhow::Result<()> {
     if tunnel_bin.is_some() {
         for &t in &transports {
             for p in t.policies(a.fixed_bytes) {
+                if !a.policies.iter().any(|n| *n == p.name()) {
+                    continue;
+                }
                 variants.push(Variant::Bufscope(t, p));
             }
         }

@@ -90,6 +90,11 @@ impl Tunnel {
             .collect()
     }
 
+    /// The process ids of both ends (their CPU time is read from `/proc/<pid>/stat`).
+    pub(super) fn pids(&self) -> Vec<u32> {
+        self.procs.iter().map(Process::pid).collect()
+    }
+
     /// The last lines of the logs, for error messages.
     pub(super) fn log_tail(&self) -> String {
         let mut s = String::new();
