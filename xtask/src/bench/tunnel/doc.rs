@@ -69,6 +69,15 @@ pub(super) fn update(
     if a.policies != ["recommended", "fixed", "os-default"] {
         let _ = write!(args, " --policies {}", a.policies.join(","));
     }
+    if a.pin != super::Pin::None {
+        args.push_str(" --pin ends");
+    }
+    if a.compare_bin.is_some() {
+        args.push_str(" --compare-bin …");
+    }
+    if a.no_boringtun {
+        args.push_str(" --no-boringtun");
+    }
     if a.no_wireguard_go {
         args.push_str(" --no-wireguard-go");
     }

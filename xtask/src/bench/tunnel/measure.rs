@@ -13,7 +13,8 @@ use bufscope_testkit::skmem_rb;
 use super::report::{opt_cores, opt_ms};
 use super::setup::{Keys, start_tunnel};
 use super::{
-    Args, INNER_B, IPERF_PORT, Measured, QuicFigures, TUNNEL_PORT, Transfer, Transport, Variant,
+    Args, INNER_B, IPERF_PORT, Measured, Pin, QuicFigures, TUNNEL_PORT, Transfer, Transport,
+    Variant,
 };
 
 /// Sets up `v`, measures idle latency, download and upload.
@@ -25,19 +26,28 @@ pub(super) fn measure_variant(
     bin: Option<&Path>,
     keys: &Keys,
     work: &Path,
+    repeats: u32,
 ) -> anyhow::Result<Measured> {
-    let mut tunnel = start_tunnel(lab, v, bin, keys, work, &a.quic_congestion)?;
+    // `--pin ends` on the ≈0 rows: namespace a's tunnel end and iperf3 on CPU 0, b's on CPU 1.
+    let pin = (rtt == 0 && a.pin == Pin::Ends).then_some([0, 1]);
+    let iperf3_pin: &[&str] = if pin.is_some() { &["-A", "0,1"] } else { &[] };
+    let bin = match v {
+        Variant::BufscopeOther(..) => a.compare_bin.as_deref(),
+        _ => bin,
+    };
+    let mut tunnel = start_tunnel(lab, v, bin, keys, work, &a.quic_congestion, pin)?;
     let idle = measure::ping(lab.a(), INNER_B, 5, Duration::from_millis(200))?;
     let _server = measure::iperf3_server(lab.b(), INNER_B, IPERF_PORT)?;
     let drop_key = match v.transport() {
         Transport::Udp | Transport::QuicDatagram | Transport::QuicStream => "Udp:RcvbufErrors",
         Transport::Tcp => "TcpExt:TCPRcvQDrop",
     };
-    let (secs, omit, repeats) = if rtt == 0 {
-        (a.veth_seconds, 1, a.veth_repeats.max(1))
+    let (secs, omit) = if rtt == 0 {
+        (a.veth_seconds, 1)
     } else {
-        (a.seconds, a.omit, 1)
+        (a.seconds, a.omit)
     };
+    let repeats = repeats.max(1);
     let pids = tunnel.pids();
     let transfer = |reverse: bool| -> anyhow::Result<Transfer> {
         // The outer receiver: the client for a download, the server for an upload.
@@ -48,7 +58,15 @@ pub(super) fn measure_variant(
         // the omitted seconds), sampled on a thread while iperf3 runs.
         let cpu = std::thread::scope(|scope| {
             let sampler = scope.spawn(|| cpu_over(&pids, omit, secs));
-            let r = measure::iperf3_client(lab.a(), INNER_B, IPERF_PORT, secs, omit, reverse, &[]);
+            let r = measure::iperf3_client(
+                lab.a(),
+                INNER_B,
+                IPERF_PORT,
+                secs,
+                omit,
+                reverse,
+                iperf3_pin,
+            );
             (r, sampler.join().ok().flatten())
         });
         let (r, cpu) = cpu;
@@ -88,13 +106,7 @@ pub(super) fn measure_variant(
             );
             runs.push(t);
         }
-        runs.sort_by(|x, y| x.mbit.total_cmp(&y.mbit));
-        let mut m = runs.get(runs.len() / 2).copied().context("no transfer")?;
-        m.spread = (
-            runs.first().map_or(m.mbit, |t| t.mbit),
-            runs.last().map_or(m.mbit, |t| t.mbit),
-        );
-        Ok(m)
+        median_transfer(runs).context("no transfer")
     };
     let down = median(true)?;
     let rcvbuf = outer_rcvbuf(lab.a(), v.transport());
@@ -111,6 +123,38 @@ pub(super) fn measure_variant(
         down,
         up,
         quic,
+    })
+}
+
+/// The median of `runs` by throughput, with that transfer's other figures and the range of
+/// all of them.
+pub(super) fn median_transfer(mut runs: Vec<Transfer>) -> Option<Transfer> {
+    runs.sort_by(|x, y| x.mbit.total_cmp(&y.mbit));
+    let mut m = runs.get(runs.len() / 2).copied()?;
+    m.spread = (
+        runs.first().map_or(m.mbit, |t| t.spread.0),
+        runs.last().map_or(m.mbit, |t| t.spread.1),
+    );
+    Some(m)
+}
+
+/// One row from several rounds of the same variant (each [`measure_variant`] with its own
+/// tunnel): the median transfer each way with the range of all, the median idle latency, the
+/// first round's buffer and the last round's QUIC figures (reconnects summed).
+pub(super) fn merge_rounds(rounds: Vec<Measured>) -> Option<Measured> {
+    let last = rounds.last()?.clone();
+    let mut idle: Vec<f64> = rounds.iter().filter_map(|m| m.idle_ms).collect();
+    idle.sort_by(f64::total_cmp);
+    let reconnects = rounds
+        .iter()
+        .filter_map(|m| m.quic.as_ref().map(|q| q.reconnects))
+        .sum();
+    Some(Measured {
+        rcvbuf: rounds.first()?.rcvbuf,
+        idle_ms: idle.get(idle.len() / 2).copied(),
+        down: median_transfer(rounds.iter().map(|m| m.down).collect())?,
+        up: median_transfer(rounds.iter().map(|m| m.up).collect())?,
+        quic: last.quic.map(|q| QuicFigures { reconnects, ..q }),
     })
 }
 

@@ -31,7 +31,7 @@ use bufscope_netlab::{Lab, LabConfig, LinkParams};
 use super::{loadavg, release_dir};
 use crate::setup::peers;
 use crate::util::{cargo, is_root, run_cmd};
-use measure::measure_variant;
+use measure::{measure_variant, merge_rounds};
 use report::{human_bytes, render_summary, render_table};
 use setup::Keys;
 
@@ -70,15 +70,25 @@ pub struct Args {
     #[arg(long, default_value_t = 2)]
     pub omit: u32,
     /// Transfers per direction on the RTT ≈0 rows, where the CPU is the bottleneck and other
-    /// tenants of the machine add noise; the row shows the median one.
+    /// tenants of the machine add noise: as many rounds over all variants, each with a fresh
+    /// tunnel; the row shows the median transfer and the range.
     #[arg(long, default_value_t = 3)]
     pub veth_repeats: u32,
     /// Length of each transfer on the RTT ≈0 rows (1 s of it omitted).
     #[arg(long, default_value_t = 5)]
     pub veth_seconds: u32,
+    /// CPU placement on the RTT ≈0 rows: `none` (the scheduler's choice) or `ends` (each
+    /// namespace a machine of one CPU: a's tunnel end and iperf3 on CPU 0, b's on CPU 1; the
+    /// same for every tunnel).
+    #[arg(long, value_enum, default_value = "none")]
+    pub pin: Pin,
     /// The bufscope-tunnel binary (default: build it with `cargo build --release`).
     #[arg(long)]
     pub tunnel_bin: Option<PathBuf>,
+    /// Another bufscope-tunnel binary (e.g. a build of another commit), measured next to the
+    /// first on every transport and policy, in the same rounds: an A/B in one run.
+    #[arg(long)]
+    pub compare_bin: Option<PathBuf>,
     /// Skip bufscope-tunnel (only the wireguard-go rows).
     #[arg(long)]
     pub no_bufscope: bool,
@@ -89,9 +99,21 @@ pub struct Args {
     /// left out with a note when they are not).
     #[arg(long)]
     pub no_peers: bool,
+    /// Skip the boringtun-cli row (keep upstream wireguard-go's).
+    #[arg(long)]
+    pub no_boringtun: bool,
     /// Rewrite the "Tunnel" section of docs/benchmarks.md with this run's results.
     #[arg(long)]
     pub update_doc: bool,
+}
+
+/// CPU placement of the RTT ≈0 rows (`--pin`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Pin {
+    /// No affinity: the scheduler places every process.
+    None,
+    /// Namespace a's tunnel end and iperf3 on CPU 0, b's on CPU 1.
+    Ends,
 }
 
 /// Inner (tunnel) addresses of the client (namespace a) and server (namespace b).
@@ -192,6 +214,8 @@ impl Policy {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Variant {
     Bufscope(Transport, Policy),
+    /// bufscope-tunnel from `--compare-bin`.
+    BufscopeOther(Transport, Policy),
     WireguardGo,
     /// Upstream wireguard-go, built by `cargo xtask setup` (xtask/src/setup_peers.rs).
     WireguardGoUpstream,
@@ -202,7 +226,7 @@ enum Variant {
 impl Variant {
     fn transport(self) -> Transport {
         match self {
-            Variant::Bufscope(t, _) => t,
+            Variant::Bufscope(t, _) | Variant::BufscopeOther(t, _) => t,
             Variant::WireguardGo | Variant::WireguardGoUpstream | Variant::BoringtunCli => {
                 Transport::Udp
             }
@@ -219,6 +243,9 @@ impl Variant {
                 "bufscope os-default (quinn windows)".into()
             }
             Variant::Bufscope(_, p) => format!("bufscope {}", p.flag()),
+            Variant::BufscopeOther(t, p) => {
+                format!("{} (--compare-bin)", Variant::Bufscope(t, p).label())
+            }
             Variant::WireguardGo => "wireguard-go (Debian)".into(),
             Variant::WireguardGoUpstream => format!(
                 "wireguard-go {} (upstream {})",
@@ -345,6 +372,9 @@ pub fn run(a: &Args) -> anyhow::Result<()> {
                     continue;
                 }
                 variants.push(Variant::Bufscope(t, p));
+                if a.compare_bin.is_some() {
+                    variants.push(Variant::BufscopeOther(t, p));
+                }
             }
         }
     }
@@ -358,6 +388,9 @@ pub fn run(a: &Args) -> anyhow::Result<()> {
             (Variant::WireguardGoUpstream, peers::wireguard_go()),
             (Variant::BoringtunCli, peers::boringtun_cli()),
         ] {
+            if v == Variant::BoringtunCli && a.no_boringtun {
+                continue;
+            }
             if bin.exists() {
                 variants.push(v);
             } else {
@@ -383,21 +416,40 @@ pub fn run(a: &Args) -> anyhow::Result<()> {
             )
         };
         let lab = Lab::new(config).context("building the lab")?;
-        for &v in &variants {
-            eprintln!(
-                "bench tunnel: RTT {rtt} ms, {} {} …",
-                v.transport().name(),
-                v.label()
-            );
-            let result = measure_variant(&lab, rtt, v, a, tunnel_bin.as_deref(), &keys, &work)
-                .map_err(|e| format!("{e:#}"));
-            if let Err(e) = &result {
-                eprintln!("bench tunnel:   failed: {e}");
+        // RTT ≈0: `--veth-repeats` rounds, each measuring every variant once with a fresh
+        // tunnel, so that what else runs on the machine falls on all variants alike instead of
+        // on whichever one it overlaps (one transfer each way per round). Other RTTs: one
+        // round, the link is the bottleneck.
+        let rounds = if rtt == 0 { a.veth_repeats.max(1) } else { 1 };
+        let mut results: Vec<Result<Vec<Measured>, String>> = vec![Ok(Vec::new()); variants.len()];
+        for round in 0..rounds {
+            for (&v, result) in variants.iter().zip(&mut results) {
+                let Ok(done) = result else { continue };
+                eprintln!(
+                    "bench tunnel: RTT {rtt} ms, {} {}{} …",
+                    v.transport().name(),
+                    v.label(),
+                    if rounds > 1 {
+                        format!(", round {}/{rounds}", round + 1)
+                    } else {
+                        String::new()
+                    }
+                );
+                match measure_variant(&lab, rtt, v, a, tunnel_bin.as_deref(), &keys, &work, 1) {
+                    Ok(m) => done.push(m),
+                    Err(e) => {
+                        let e = format!("{e:#}");
+                        eprintln!("bench tunnel:   failed: {e}");
+                        *result = Err(e);
+                    }
+                }
             }
+        }
+        for (&v, result) in variants.iter().zip(results) {
             rows.push(Row {
                 rtt_ms: rtt,
                 variant: v,
-                result,
+                result: result.and_then(|r| merge_rounds(r).ok_or_else(|| "no transfer".into())),
             });
         }
     }
