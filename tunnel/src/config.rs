@@ -17,7 +17,7 @@
 //! [Bufscope]
 //! Transport = udp                  # udp | tcp | quic
 //! QuicMode = datagram              # quic: datagram | stream
-//! Congestion = cubic               # quic: cubic | bbr
+//! Congestion = inner               # quic: inner (datagram default) | cubic (stream default) | bbr
 //! BufferPolicy = recommended       # recommended | fixed=<bytes> | os-default
 //! TargetBandwidth = 1G             # optional, bits/s, sizes UDP buffers from the BDP
 //! TargetRtt = 190ms                # optional
@@ -130,13 +130,16 @@ impl FromStr for QuicMode {
     }
 }
 
-/// QUIC congestion controller (quinn's).
+/// QUIC congestion controller.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum Congestion {
-    /// CUBIC, quinn's default and Linux TCP's.
+    /// CUBIC, quinn's default and Linux TCP's (stream mode's default).
     Cubic,
     /// BBR (quinn's experimental BBRv1).
     Bbr,
+    /// CUBIC that leaves losses to the tunnelled flows' own congestion control, as WireGuard
+    /// over UDP does (datagram mode's default; see `quic::congestion`).
+    Inner,
 }
 
 impl fmt::Display for Congestion {
@@ -144,6 +147,7 @@ impl fmt::Display for Congestion {
         f.write_str(match self {
             Congestion::Cubic => "cubic",
             Congestion::Bbr => "bbr",
+            Congestion::Inner => "inner",
         })
     }
 }
@@ -154,8 +158,9 @@ impl FromStr for Congestion {
         match s.trim().to_ascii_lowercase().as_str() {
             "cubic" => Ok(Congestion::Cubic),
             "bbr" => Ok(Congestion::Bbr),
+            "inner" => Ok(Congestion::Inner),
             other => Err(format!(
-                "unknown congestion controller {other:?} (expected cubic or bbr)"
+                "unknown congestion controller {other:?} (expected cubic, bbr or inner)"
             )),
         }
     }
@@ -318,7 +323,8 @@ pub struct Cli {
     /// must use the same.
     #[arg(long = "quic.mode")]
     pub quic_mode: Option<QuicMode>,
-    /// QUIC transport: congestion controller (default cubic).
+    /// QUIC transport: congestion controller (default: inner in datagram mode, cubic in stream
+    /// mode).
     #[arg(long)]
     pub congestion: Option<Congestion>,
     /// Outer socket buffers: recommended | fixed=<bytes> | os-default. QUIC: `recommended` also
@@ -647,10 +653,15 @@ impl Cli {
             .quic_mode
             .or(file.quic_mode)
             .unwrap_or(QuicMode::Datagram);
+        // Datagram mode leaves losses to the inner flows (`quic::congestion`); stream mode
+        // retransmits inside QUIC, so its own controller must react to them.
         let congestion = self
             .congestion
             .or(file.congestion)
-            .unwrap_or(Congestion::Cubic);
+            .unwrap_or(match quic_mode {
+                QuicMode::Datagram => Congestion::Inner,
+                QuicMode::Stream => Congestion::Cubic,
+            });
         if transport != TransportKind::Quic
             && (self.quic_mode.or(file.quic_mode).is_some()
                 || self.congestion.or(file.congestion).is_some())
@@ -796,7 +807,7 @@ mod tests {
         let s = cli.settings().unwrap();
         assert_eq!(s.transport, TransportKind::Quic);
         assert_eq!(s.quic_mode, QuicMode::Datagram);
-        assert_eq!(s.congestion, Congestion::Cubic);
+        assert_eq!(s.congestion, Congestion::Inner);
         assert_eq!(s.mtu, DEFAULT_QUIC_DATAGRAM_MTU);
         let (cli, _p) = cli_with(&format!("{base}QuicMode = stream\nCongestion = BBR\n"));
         let s = cli.settings().unwrap();
@@ -806,6 +817,9 @@ mod tests {
             s.mtu, DEFAULT_TCP_MTU,
             "stream mode: jumbo inner MTU as over TCP"
         );
+        // Stream mode's default controller is CUBIC.
+        let (cli, _p) = cli_with(&format!("{base}QuicMode = stream\n"));
+        assert_eq!(cli.settings().unwrap().congestion, Congestion::Cubic);
         // Flags override the file.
         let (mut cli, _p) = cli_with(&format!("{base}QuicMode = stream\n"));
         cli.quic_mode = Some(QuicMode::Datagram);

@@ -17,7 +17,7 @@ use super::{
     Variant,
 };
 
-/// Sets up `v`, measures idle latency, download and upload.
+/// Sets up `v`, measures idle latency, one download and one upload.
 pub(super) fn measure_variant(
     lab: &Lab,
     rtt: u64,
@@ -26,7 +26,6 @@ pub(super) fn measure_variant(
     bin: Option<&Path>,
     keys: &Keys,
     work: &Path,
-    repeats: u32,
 ) -> anyhow::Result<Measured> {
     // `--pin ends` on the ≈0 rows: namespace a's tunnel end and iperf3 on CPU 0, b's on CPU 1.
     let pin = (rtt == 0 && a.pin == Pin::Ends).then_some([0, 1]);
@@ -47,7 +46,6 @@ pub(super) fn measure_variant(
     } else {
         (a.seconds, a.omit)
     };
-    let repeats = repeats.max(1);
     let pids = tunnel.pids();
     let transfer = |reverse: bool| -> anyhow::Result<Transfer> {
         // The outer receiver: the client for a download, the server for an upload.
@@ -90,27 +88,23 @@ pub(super) fn measure_variant(
             spread: (r.received_mbit, r.received_mbit),
         })
     };
-    // The median of `repeats` transfers (by throughput), with that transfer's other figures.
-    let median = |reverse: bool| -> anyhow::Result<Transfer> {
-        let mut runs = Vec::new();
-        for _ in 0..repeats {
-            let t = transfer(reverse)?;
-            eprintln!(
-                "bench tunnel:   {} {:.1} Mbit/s, {} cores per Gbit/s, latency {} ms, {} retransmits, {} outer rcvbuf drops",
-                if reverse { "down" } else { "up" },
-                t.mbit,
-                opt_cores(t.cores_per_gbps),
-                opt_ms(t.latency_ms),
-                t.retransmits,
-                t.drops
-            );
-            runs.push(t);
-        }
-        median_transfer(runs).context("no transfer")
+    // One transfer each way (the ≈0 rows repeat in rounds over all variants, see `run`).
+    let logged = |reverse: bool| -> anyhow::Result<Transfer> {
+        let t = transfer(reverse)?;
+        eprintln!(
+            "bench tunnel:   {} {:.1} Mbit/s, {} cores per Gbit/s, latency {} ms, {} retransmits, {} outer rcvbuf drops",
+            if reverse { "down" } else { "up" },
+            t.mbit,
+            opt_cores(t.cores_per_gbps),
+            opt_ms(t.latency_ms),
+            t.retransmits,
+            t.drops
+        );
+        Ok(t)
     };
-    let down = median(true)?;
+    let down = logged(true)?;
     let rcvbuf = outer_rcvbuf(lab.a(), v.transport());
-    let up = median(false)?;
+    let up = logged(false)?;
     let logs = tunnel.stop();
     let quic = v
         .transport()

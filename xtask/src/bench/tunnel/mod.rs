@@ -49,8 +49,9 @@ pub struct Args {
     /// quic-stream), quic-dgram, quic-stream.
     #[arg(long, value_delimiter = ',', default_value = "udp,tcp,quic")]
     pub transports: Vec<String>,
-    /// Congestion controller of the QUIC rows (cubic, bbr).
-    #[arg(long, default_value = "cubic")]
+    /// Congestion controller of the QUIC rows (cubic, bbr, inner), or `default`: the tunnel's
+    /// own choice per mode (inner in datagram mode, cubic in stream mode).
+    #[arg(long, default_value = "default")]
     pub quic_congestion: String,
     /// bufscope-tunnel's buffer policies to measure: recommended, fixed, os-default (each
     /// transport has its own set; this keeps only the named ones).
@@ -341,9 +342,12 @@ pub fn run(a: &Args) -> anyhow::Result<()> {
             }
         }
     }
-    if !matches!(a.quic_congestion.as_str(), "cubic" | "bbr") {
+    if !matches!(
+        a.quic_congestion.as_str(),
+        "default" | "cubic" | "bbr" | "inner"
+    ) {
         bail!(
-            "unknown --quic-congestion {:?} (cubic, bbr)",
+            "unknown --quic-congestion {:?} (default, cubic, bbr, inner)",
             a.quic_congestion
         );
     }
@@ -435,7 +439,7 @@ pub fn run(a: &Args) -> anyhow::Result<()> {
                         String::new()
                     }
                 );
-                match measure_variant(&lab, rtt, v, a, tunnel_bin.as_deref(), &keys, &work, 1) {
+                match measure_variant(&lab, rtt, v, a, tunnel_bin.as_deref(), &keys, &work) {
                     Ok(m) => done.push(m),
                     Err(e) => {
                         let e = format!("{e:#}");

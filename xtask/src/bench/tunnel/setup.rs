@@ -176,7 +176,7 @@ pub(super) fn start_tunnel(
                     .args(["--listen-port", &TUNNEL_PORT.to_string()])
                     .args(transport.flags())
                     .args(["--buffer-policy", &policy.flag()]);
-                if transport.is_quic() {
+                if transport.is_quic() && quic_congestion != "default" {
                     c.args(["--congestion", quic_congestion]);
                 }
                 // UDP: both ends know each other; TCP and QUIC: the client connects, the
