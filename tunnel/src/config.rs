@@ -17,7 +17,7 @@
 //! [Bufscope]
 //! Transport = udp                  # udp | tcp | quic
 //! QuicMode = datagram              # quic: datagram | stream
-//! Congestion = inner               # quic: inner (datagram default) | cubic (stream default) | bbr
+//! Congestion = cubic               # quic: cubic | bbr | inner
 //! BufferPolicy = recommended       # recommended | fixed=<bytes> | os-default
 //! TargetBandwidth = 1G             # optional, bits/s, sizes UDP buffers from the BDP
 //! TargetRtt = 190ms                # optional
@@ -138,7 +138,7 @@ pub enum Congestion {
     /// BBR (quinn's experimental BBRv1).
     Bbr,
     /// CUBIC that leaves losses to the tunnelled flows' own congestion control, as WireGuard
-    /// over UDP does (datagram mode's default; see `quic::congestion`).
+    /// over UDP does (see `quic::congestion`; measured worse than CUBIC at 190 ms).
     Inner,
 }
 
@@ -323,8 +323,7 @@ pub struct Cli {
     /// must use the same.
     #[arg(long = "quic.mode")]
     pub quic_mode: Option<QuicMode>,
-    /// QUIC transport: congestion controller (default: inner in datagram mode, cubic in stream
-    /// mode).
+    /// QUIC transport: congestion controller (default cubic).
     #[arg(long)]
     pub congestion: Option<Congestion>,
     /// Outer socket buffers: recommended | fixed=<bytes> | os-default. QUIC: `recommended` also
@@ -653,15 +652,12 @@ impl Cli {
             .quic_mode
             .or(file.quic_mode)
             .unwrap_or(QuicMode::Datagram);
-        // Datagram mode leaves losses to the inner flows (`quic::congestion`); stream mode
-        // retransmits inside QUIC, so its own controller must react to them.
+        // CUBIC in both modes: `inner` (losses left to the tunnelled flows) was measured worse
+        // at 190 ms (docs/tunnel.md).
         let congestion = self
             .congestion
             .or(file.congestion)
-            .unwrap_or(match quic_mode {
-                QuicMode::Datagram => Congestion::Inner,
-                QuicMode::Stream => Congestion::Cubic,
-            });
+            .unwrap_or(Congestion::Cubic);
         if transport != TransportKind::Quic
             && (self.quic_mode.or(file.quic_mode).is_some()
                 || self.congestion.or(file.congestion).is_some())
@@ -807,7 +803,7 @@ mod tests {
         let s = cli.settings().unwrap();
         assert_eq!(s.transport, TransportKind::Quic);
         assert_eq!(s.quic_mode, QuicMode::Datagram);
-        assert_eq!(s.congestion, Congestion::Inner);
+        assert_eq!(s.congestion, Congestion::Cubic);
         assert_eq!(s.mtu, DEFAULT_QUIC_DATAGRAM_MTU);
         let (cli, _p) = cli_with(&format!("{base}QuicMode = stream\nCongestion = BBR\n"));
         let s = cli.settings().unwrap();
@@ -817,9 +813,8 @@ mod tests {
             s.mtu, DEFAULT_TCP_MTU,
             "stream mode: jumbo inner MTU as over TCP"
         );
-        // Stream mode's default controller is CUBIC.
-        let (cli, _p) = cli_with(&format!("{base}QuicMode = stream\n"));
-        assert_eq!(cli.settings().unwrap().congestion, Congestion::Cubic);
+        let (cli, _p) = cli_with(&format!("{base}Congestion = inner\n"));
+        assert_eq!(cli.settings().unwrap().congestion, Congestion::Inner);
         // Flags override the file.
         let (mut cli, _p) = cli_with(&format!("{base}QuicMode = stream\n"));
         cli.quic_mode = Some(QuicMode::Datagram);

@@ -99,9 +99,8 @@ fn datagram_mode_handshake_ping_iperf3_and_outer_socket() {
         t.wait_log("handshake completed", Duration::from_secs(5));
         let log = t.log();
         assert!(log.contains("mode datagram"), "{log}");
-        // Datagram mode's default: CUBIC that leaves losses to the inner flows.
         assert!(
-            log.contains("congestion controller inner in effect"),
+            log.contains("congestion controller cubic in effect"),
             "{log}"
         );
     }

@@ -1,21 +1,22 @@
-//! `--congestion inner`: datagram mode's default controller. It leaves congestion control to the
-//! tunnelled flows, as WireGuard over UDP does.
+//! `--congestion inner`: CUBIC that leaves losses to the tunnelled flows' own congestion
+//! control, as WireGuard over UDP does. An experiment for datagram mode, not its default: it was
+//! measured worse than CUBIC at 190 ms (docs/tunnel.md, "QUIC transport").
 //!
-//! In datagram mode every inner packet may be lost, and the inner TCP flows run their own
-//! congestion control on exactly the same losses. A second controller in QUIC that also backs off
-//! on them (CUBIC to 0.7× of its window) nests two control loops. After a loss burst the inner
-//! flow has filled the bottleneck's queue and the RTT is up to twice the base RTT, so the link
-//! needs two BDPs in flight, and the outer window falls below that. quinn then paces below the
-//! link for a second or two, and the tunnel loses a few percent of a 200 Mbit/s link at
-//! 50/190 ms (docs/benchmarks.md).
+//! The idea: in datagram mode every inner packet may be lost, and the inner TCP flows run their
+//! own congestion control on exactly the same losses. A second controller in QUIC that also backs
+//! off on them (CUBIC to 0.7× of its window) nests two control loops. After a loss burst the
+//! inner flow has filled the bottleneck's queue and the RTT is up to twice the base RTT, so the
+//! link needs two BDPs in flight, and the outer window falls below that; quinn then paces below
+//! the link for a second or two.
 //!
 //! This controller is CUBIC in everything except losses. It starts with CUBIC's initial window
-//! and slow start, so a new connection does not burst. Its window grows with every byte
-//! acknowledged while the tunnel has data to send, as in CUBIC's slow start. Losses do not shrink
-//! it: the inner flows react to them. Persistent congestion still does. When every packet over
-//! several PTOs is lost, the path is gone, and CUBIC's reset to the minimum window applies. QUIC
-//! stream mode keeps CUBIC. Its inner packets are retransmitted by QUIC, so the outer controller
-//! is the one that sees the losses.
+//! and slow start, so a new connection does not burst, and its window grows with every byte
+//! acknowledged while the tunnel has data to send. Losses do not shrink it. Persistent
+//! congestion still does: when every packet over several PTOs is lost the path is gone, and
+//! CUBIC's reset to the minimum window applies. What the measurement showed: without CUBIC's
+//! back-off and the pacing at its window, the inner flows' bursts reach the bottleneck unpaced,
+//! and at 190 ms they lost more (8–13k inner retransmits per transfer against CUBIC's 5–6k) and
+//! recovered more slowly.
 
 use std::any::Any;
 use std::sync::Arc;
