@@ -233,7 +233,7 @@ pub(super) fn render_quic_summary(rows: &[Row], a: &Args) -> String {
             .and_then(|r| r.result.as_ref().ok())
     };
     let mark = |ok: bool| if ok { "✓" } else { "✗" };
-    let mut s = String::from("\nTargets (issue 17, QUIC):\n");
+    let mut s = String::from("\nTargets (QUIC transport: windows, link share, ≈0 throughput):\n");
     if let Some(r) = get(190, Transport::QuicStream, Policy::Recommended) {
         let vs = get(190, Transport::QuicStream, Policy::OsDefault).map(|o| {
             (
@@ -309,7 +309,9 @@ pub(super) fn render_summary(rows: &[Row], a: &Args) -> String {
             .and_then(|r| r.result.as_ref().ok())
     };
     let mark = |ok: bool| if ok { "✓" } else { "✗" };
-    let mut s = String::from("Targets (issue 5):\n");
+    let mut s = String::from(
+        "Targets (buffer policy vs the Lightway seed, bufscope-tunnel vs the other tunnels):\n",
+    );
     for t in [Transport::Udp, Transport::Tcp] {
         if let Some(m) = get(50, Variant::Bufscope(t, Policy::Recommended)) {
             link_share(
