@@ -21,6 +21,8 @@ const TCP_ACK: u8 = 0x10;
 const TCP_CWR: u8 = 0x80;
 /// Largest IP packet (IPv4 total length / IPv6 payload length field).
 const MAX_IP: usize = 65535;
+/// Longest IP + TCP headers (IPv4 with options 60 + TCP with options 60).
+const MAX_HEADERS: usize = 120;
 /// Most segments glued into one write.
 const MAX_COALESCE: usize = 64;
 
@@ -112,8 +114,6 @@ fn pseudo_sum(packet: &[u8], proto: u8, len: usize) -> u64 {
 pub enum OffloadError {
     /// Headers do not parse or do not fit.
     Malformed,
-    /// A segment would not fit the output buffer.
-    TooBig,
 }
 
 /// IP/TCP layout of a TCP packet: (IP header length, TCP header length).
@@ -163,11 +163,14 @@ fn ipv4_header_checksum(p: &mut [u8], ihl: usize) {
 /// Turns one packet read from the TUN (`hdr` + `packet`) into wire-ready IP packets, passed to
 /// `emit` one by one: a TSO burst is cut into `gso_size` segments with their own IP/TCP headers
 /// and checksums; a packet with a partial checksum gets it completed; others pass unchanged.
-/// `scratch` holds one segment at a time and must be at least the MTU.
+///
+/// A burst is cut in place, with no copy of its payload: segment `i`'s headers are written
+/// over the last header-length bytes of segment `i − 1`'s payload, which `emit` has consumed
+/// by then, so each segment is contiguous in `packet` right where its payload already lies.
+/// `packet` is therefore clobbered.
 pub fn segment(
     hdr: &VnetHdr,
     packet: &mut [u8],
-    scratch: &mut [u8],
     mut emit: impl FnMut(&[u8]),
 ) -> Result<(), OffloadError> {
     let gso = hdr.gso_type & !GSO_ECN;
@@ -198,20 +201,23 @@ pub fn segment(
         emit(packet);
         return Ok(());
     }
-    if hlen + mss > scratch.len() {
-        return Err(OffloadError::TooBig);
-    }
+    // The burst's headers, copied before the first segment's are edited in place.
+    let mut headers = [0u8; MAX_HEADERS];
+    let headers = headers.get_mut(..hlen).ok_or(OffloadError::Malformed)?;
+    headers.copy_from_slice(&packet[..hlen]);
     let v4 = packet[0] >> 4 == 4;
     let seq0 = get_u32(packet, ip_hlen + 4);
     let id0 = get_u16(packet, 4);
     let flags0 = packet[ip_hlen + 13];
-    let (headers, payload) = packet.split_at(hlen);
     let count = payload_len.div_ceil(mss);
-    for (i, chunk) in payload.chunks(mss).enumerate() {
-        let len = hlen + chunk.len();
-        let seg = &mut scratch[..len];
-        seg[..hlen].copy_from_slice(headers);
-        seg[hlen..].copy_from_slice(chunk);
+    for i in 0..count {
+        // Segment i's payload starts at hlen + i·mss, so its headers start at i·mss.
+        let start = i * mss;
+        let len = hlen + mss.min(payload_len - i * mss);
+        let seg = &mut packet[start..start + len];
+        if i > 0 {
+            seg[..hlen].copy_from_slice(headers);
+        }
         if v4 {
             put_u16(seg, 2, len as u16);
             put_u16(seg, 4, id0.wrapping_add(i as u16));
@@ -616,9 +622,8 @@ mod tests {
             csum_start: 20,
             csum_offset: 16,
         };
-        let mut scratch = vec![0u8; 1500];
         let mut segs: Vec<Vec<u8>> = Vec::new();
-        segment(&hdr, &mut burst, &mut scratch, |s| segs.push(s.to_vec())).unwrap();
+        segment(&hdr, &mut burst, |s| segs.push(s.to_vec())).unwrap();
         assert_eq!(segs.len(), 4); // 1368 * 3 + 896
         let mut data = Vec::new();
         for (i, s) in segs.iter().enumerate() {
@@ -648,7 +653,7 @@ mod tests {
             ..VnetHdr::default()
         };
         let mut out = Vec::new();
-        segment(&hdr, &mut p, &mut [0u8; 1500], |s| out.push(s.to_vec())).unwrap();
+        segment(&hdr, &mut p, |s| out.push(s.to_vec())).unwrap();
         assert_eq!(out.len(), 1);
         assert!(tcp_checksum_ok(&out[0], 20));
     }
@@ -676,10 +681,9 @@ mod tests {
             gso_size: 100,
             ..VnetHdr::default()
         };
-        let mut scratch = [0u8; 1500];
         for mut junk in [vec![], vec![0x45], vec![0x45; 30], vec![0x60; 50]] {
             assert_eq!(
-                segment(&hdr, &mut junk, &mut scratch, |_| {}),
+                segment(&hdr, &mut junk, |_| {}),
                 Err(OffloadError::Malformed)
             );
         }
@@ -690,7 +694,7 @@ mod tests {
             ..VnetHdr::default()
         };
         assert_eq!(
-            segment(&hdr, &mut [0x45; 30], &mut scratch, |_| {}),
+            segment(&hdr, &mut [0x45; 30], |_| {}),
             Err(OffloadError::Malformed)
         );
     }

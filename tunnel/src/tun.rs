@@ -194,7 +194,6 @@ pub struct TunReader {
     buf: Vec<u8>,
     len: usize,
     pending: bool,
-    scratch: Vec<u8>,
 }
 
 impl Default for TunReader {
@@ -210,7 +209,6 @@ impl TunReader {
             buf: vec![0u8; VNET_HDR_LEN + 65536],
             len: 0,
             pending: false,
-            scratch: vec![0u8; 65536],
         }
     }
 
@@ -230,14 +228,13 @@ impl TunReader {
         }
     }
 
-    fn split(&mut self, vnet: bool) -> (VnetHdr, &mut [u8], &mut [u8]) {
-        let (hdr, body) = if vnet {
+    fn split(&mut self, vnet: bool) -> (VnetHdr, &mut [u8]) {
+        if vnet {
             let hdr = VnetHdr::parse(&self.buf).unwrap_or_default();
             (hdr, &mut self.buf[VNET_HDR_LEN..self.len])
         } else {
             (VnetHdr::default(), &mut self.buf[..self.len])
-        };
-        (hdr, body, &mut self.scratch)
+        }
     }
 
     /// How many wire packets the pending packet will give (1 unless it is a TSO burst).
@@ -258,7 +255,7 @@ impl TunReader {
             return Ok(());
         }
         self.pending = false;
-        let (hdr, body, scratch) = self.split(tun.vnet);
-        segment(&hdr, body, scratch, emit)
+        let (hdr, body) = self.split(tun.vnet);
+        segment(&hdr, body, emit)
     }
 }

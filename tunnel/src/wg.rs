@@ -135,17 +135,18 @@ impl Ends {
 }
 
 /// Encrypts what the TUN read pending in `reader` holds (one packet, or the segments of a
-/// GSO super-packet) under one lock of `peer`'s noise state: `each` gets the state and every
-/// packet. A read that cannot be split into packets is counted as not allowed.
+/// GSO super-packet): `each` gets `peer`'s noise state and every packet. The state is locked
+/// per packet, not per burst, so that the receiving thread (which needs it to decrypt the
+/// inner flow's ACKs) never waits for a whole 64 KiB burst to be encrypted; on a CPU shared
+/// by both threads a burst-long hold also meant a context switch to a thread that could only
+/// block again. A read that cannot be split into packets is counted as not allowed.
 pub fn encrypt_read(
     peer: &Peer,
     tun: &Tun,
     reader: &mut TunReader,
     mut each: impl FnMut(&mut Tunn, &[u8]),
 ) {
-    let mut tunn = peer.tunn();
-    let r = reader.emit(tun, |packet| each(&mut tunn, packet));
-    drop(tunn);
+    let r = reader.emit(tun, |packet| each(&mut peer.tunn(), packet));
     if let Err(e) = r {
         tracing::debug!("unusable packet from the TUN: {e:?}");
         Stats::add(&peer.stats.not_allowed, 1);

@@ -14,6 +14,7 @@
 //! waits for quinn's buffers with `block_on`, so a full congestion window or flow-control window
 //! pushes back on the TUN), and boringtun's timers.
 
+mod congestion;
 mod datapath;
 mod socket;
 mod tls;
@@ -302,6 +303,9 @@ fn transport_config(s: &Settings) -> Result<TransportConfig> {
         Congestion::Bbr => {
             t.congestion_controller_factory(Arc::new(quinn::congestion::BbrConfig::default()))
         }
+        Congestion::Inner => {
+            t.congestion_controller_factory(Arc::new(congestion::InnerControlledConfig::default()))
+        }
     };
     Ok(t)
 }
@@ -313,6 +317,8 @@ fn controller_name(conn: &Connection) -> &'static str {
         "cubic"
     } else if any.is::<quinn::congestion::Bbr>() {
         "bbr"
+    } else if any.is::<congestion::InnerControlled>() {
+        "inner"
     } else if any.is::<quinn::congestion::NewReno>() {
         "newreno"
     } else {

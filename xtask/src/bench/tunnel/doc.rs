@@ -66,10 +66,22 @@ pub(super) fn update(
     if a.transports != ["udp", "tcp", "quic"] {
         let _ = write!(args, " --transports {}", a.transports.join(","));
     }
+    if a.policies != ["recommended", "fixed", "os-default"] {
+        let _ = write!(args, " --policies {}", a.policies.join(","));
+    }
+    if a.pin != super::Pin::None {
+        args.push_str(" --pin ends");
+    }
+    if a.compare_bin.is_some() {
+        args.push_str(" --compare-bin …");
+    }
+    if a.no_boringtun {
+        args.push_str(" --no-boringtun");
+    }
     if a.no_wireguard_go {
         args.push_str(" --no-wireguard-go");
     }
-    if a.quic_congestion != "cubic" {
+    if a.quic_congestion != "default" {
         let _ = write!(args, " --quic-congestion {}", a.quic_congestion);
     }
     let generated = format!(
@@ -80,7 +92,11 @@ pub(super) fn update(
          (load average {load_before} before, {load_after} after).\n\n\
          Link: RTT ≈0 rows over a plain veth pair (no emulation: the host is the bottleneck); 50 and 190 ms rows \
          over the netlab WAN link at {} Mbit/s with a one-BDP bottleneck buffer. One iperf3 TCP flow per cell, \
-         {} s with the first {} s left out (RTT ≈0 rows: median of {} transfers of {} s, 1 s left out); latency = average of a 5/s ping during the transfer; drops = \
+         {} s with the first {} s left out (RTT ≈0 rows: {} rounds, each measuring every row once with a fresh tunnel so that \
+         other load on the machine falls on all rows alike; one transfer of {} s each way per round, 1 s left out; the cell is the \
+         median transfer with the range of all in parentheses); cores/Gbit/s = user + system CPU time of both tunnel processes \
+         (`/proc/<pid>/stat`, all threads) over the part of the transfer iperf3 reports, ÷ wall time ÷ the inner flow's Gbit/s \
+         (iperf3 and the kernel's work in other tasks not counted); latency = average of a 5/s ping during the transfer; drops = \
          `Udp:RcvbufErrors` (UDP, QUIC) or `TcpExt:TCPRcvQDrop` (TCP) delta in the receiving namespace; outer rcvbuf = \
          `ss -m` `rb` of the client's outer socket after the download. QUIC rows: quic-dgram = `--quic.mode datagram`, \
          quic-stream = `--quic.mode stream`; \"policy windows\" = `--buffer-policy recommended`, \"quinn windows\" = \

@@ -3,20 +3,21 @@
 
 use std::collections::HashMap;
 use std::path::Path;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
 use bufscope_netlab::measure::{self, BackgroundPing};
 use bufscope_netlab::{Lab, Netns};
 use bufscope_testkit::skmem_rb;
 
-use super::report::opt_ms;
+use super::report::{opt_cores, opt_ms};
 use super::setup::{Keys, start_tunnel};
 use super::{
-    Args, INNER_B, IPERF_PORT, Measured, QuicFigures, TUNNEL_PORT, Transfer, Transport, Variant,
+    Args, INNER_B, IPERF_PORT, Measured, Pin, QuicFigures, TUNNEL_PORT, Transfer, Transport,
+    Variant,
 };
 
-/// Sets up `v`, measures idle latency, download and upload.
+/// Sets up `v`, measures idle latency, one download and one upload.
 pub(super) fn measure_variant(
     lab: &Lab,
     rtt: u64,
@@ -26,31 +27,54 @@ pub(super) fn measure_variant(
     keys: &Keys,
     work: &Path,
 ) -> anyhow::Result<Measured> {
-    let mut tunnel = start_tunnel(lab, v, bin, keys, work, &a.quic_congestion)?;
+    // `--pin ends` on the ≈0 rows: namespace a's tunnel end and iperf3 on CPU 0, b's on CPU 1.
+    let pin = (rtt == 0 && a.pin == Pin::Ends).then_some([0, 1]);
+    let iperf3_pin: &[&str] = if pin.is_some() { &["-A", "0,1"] } else { &[] };
+    let bin = match v {
+        Variant::BufscopeOther(..) => a.compare_bin.as_deref(),
+        _ => bin,
+    };
+    let mut tunnel = start_tunnel(lab, v, bin, keys, work, &a.quic_congestion, pin)?;
     let idle = measure::ping(lab.a(), INNER_B, 5, Duration::from_millis(200))?;
     let _server = measure::iperf3_server(lab.b(), INNER_B, IPERF_PORT)?;
     let drop_key = match v.transport() {
         Transport::Udp | Transport::QuicDatagram | Transport::QuicStream => "Udp:RcvbufErrors",
         Transport::Tcp => "TcpExt:TCPRcvQDrop",
     };
-    let (secs, omit, repeats) = if rtt == 0 {
-        (a.veth_seconds, 1, a.veth_repeats.max(1))
+    let (secs, omit) = if rtt == 0 {
+        (a.veth_seconds, 1)
     } else {
-        (a.seconds, a.omit, 1)
+        (a.seconds, a.omit)
     };
+    let pids = tunnel.pids();
     let transfer = |reverse: bool| -> anyhow::Result<Transfer> {
         // The outer receiver: the client for a download, the server for an upload.
         let receiver = if reverse { lab.a() } else { lab.b() };
         let before = counter(receiver, drop_key)?;
         let ping = BackgroundPing::start(lab.a(), INNER_B, Duration::from_millis(200))?;
-        let r = measure::iperf3_client(lab.a(), INNER_B, IPERF_PORT, secs, omit, reverse, &[])
-            .with_context(|| {
-                format!(
-                    "iperf3 {}{}",
-                    if reverse { "download" } else { "upload" },
-                    tunnel.log_tail()
-                )
-            })?;
+        // Both tunnel processes' CPU time over the part of the transfer iperf3 reports (after
+        // the omitted seconds), sampled on a thread while iperf3 runs.
+        let cpu = std::thread::scope(|scope| {
+            let sampler = scope.spawn(|| cpu_over(&pids, omit, secs));
+            let r = measure::iperf3_client(
+                lab.a(),
+                INNER_B,
+                IPERF_PORT,
+                secs,
+                omit,
+                reverse,
+                iperf3_pin,
+            );
+            (r, sampler.join().ok().flatten())
+        });
+        let (r, cpu) = cpu;
+        let r = r.with_context(|| {
+            format!(
+                "iperf3 {}{}",
+                if reverse { "download" } else { "upload" },
+                tunnel.log_tail()
+            )
+        })?;
         let latency = ping.finish().ok().and_then(|p| p.avg_ms);
         let after = counter(receiver, drop_key)?;
         Ok(Transfer {
@@ -58,29 +82,29 @@ pub(super) fn measure_variant(
             latency_ms: latency,
             retransmits: r.retransmits,
             drops: after.saturating_sub(before),
+            cores_per_gbps: cpu
+                .filter(|_| r.received_mbit > 0.0)
+                .map(|cores| cores / (r.received_mbit / 1000.0)),
+            spread: (r.received_mbit, r.received_mbit),
         })
     };
-    // The median of `repeats` transfers (by throughput), with that transfer's other figures.
-    let median = |reverse: bool| -> anyhow::Result<Transfer> {
-        let mut runs = Vec::new();
-        for _ in 0..repeats {
-            let t = transfer(reverse)?;
-            eprintln!(
-                "bench tunnel:   {} {:.1} Mbit/s, latency {} ms, {} retransmits, {} outer rcvbuf drops",
-                if reverse { "down" } else { "up" },
-                t.mbit,
-                opt_ms(t.latency_ms),
-                t.retransmits,
-                t.drops
-            );
-            runs.push(t);
-        }
-        runs.sort_by(|x, y| x.mbit.total_cmp(&y.mbit));
-        runs.get(runs.len() / 2).copied().context("no transfer")
+    // One transfer each way (the ≈0 rows repeat in rounds over all variants, see `run`).
+    let logged = |reverse: bool| -> anyhow::Result<Transfer> {
+        let t = transfer(reverse)?;
+        eprintln!(
+            "bench tunnel:   {} {:.1} Mbit/s, {} cores per Gbit/s, latency {} ms, {} retransmits, {} outer rcvbuf drops",
+            if reverse { "down" } else { "up" },
+            t.mbit,
+            opt_cores(t.cores_per_gbps),
+            opt_ms(t.latency_ms),
+            t.retransmits,
+            t.drops
+        );
+        Ok(t)
     };
-    let down = median(true)?;
+    let down = logged(true)?;
     let rcvbuf = outer_rcvbuf(lab.a(), v.transport());
-    let up = median(false)?;
+    let up = logged(false)?;
     let logs = tunnel.stop();
     let quic = v
         .transport()
@@ -94,6 +118,73 @@ pub(super) fn measure_variant(
         up,
         quic,
     })
+}
+
+/// The median of `runs` by throughput, with that transfer's other figures and the range of
+/// all of them.
+pub(super) fn median_transfer(mut runs: Vec<Transfer>) -> Option<Transfer> {
+    runs.sort_by(|x, y| x.mbit.total_cmp(&y.mbit));
+    let mut m = runs.get(runs.len() / 2).copied()?;
+    m.spread = (
+        runs.first().map_or(m.mbit, |t| t.spread.0),
+        runs.last().map_or(m.mbit, |t| t.spread.1),
+    );
+    Some(m)
+}
+
+/// One row from several rounds of the same variant (each [`measure_variant`] with its own
+/// tunnel): the median transfer each way with the range of all, the median idle latency, the
+/// first round's buffer and the last round's QUIC figures (reconnects summed).
+pub(super) fn merge_rounds(rounds: Vec<Measured>) -> Option<Measured> {
+    let last = rounds.last()?.clone();
+    let mut idle: Vec<f64> = rounds.iter().filter_map(|m| m.idle_ms).collect();
+    idle.sort_by(f64::total_cmp);
+    let reconnects = rounds
+        .iter()
+        .filter_map(|m| m.quic.as_ref().map(|q| q.reconnects))
+        .sum();
+    Some(Measured {
+        rcvbuf: rounds.first()?.rcvbuf,
+        idle_ms: idle.get(idle.len() / 2).copied(),
+        down: median_transfer(rounds.iter().map(|m| m.down).collect())?,
+        up: median_transfer(rounds.iter().map(|m| m.up).collect())?,
+        quic: last.quic.map(|q| QuicFigures { reconnects, ..q }),
+    })
+}
+
+/// Cores both tunnel processes used on average (user + system CPU time from
+/// `/proc/<pid>/stat` ÷ wall time) from `omit` s + 0.1 s after the call until `omit + secs` s
+/// after it: the part of an iperf3 transfer started at the call that iperf3 reports. `None`
+/// if a process could not be read at either end.
+fn cpu_over(pids: &[u32], omit: u32, secs: u32) -> Option<f64> {
+    let start = Instant::now();
+    let from = Duration::from_secs(u64::from(omit)) + Duration::from_millis(100);
+    let to = Duration::from_secs(u64::from(omit + secs));
+    std::thread::sleep(from);
+    let (t0, c0) = (Instant::now(), cpu_seconds(pids)?);
+    std::thread::sleep(to.saturating_sub(start.elapsed()));
+    let (t1, c1) = (Instant::now(), cpu_seconds(pids)?);
+    let wall = (t1 - t0).as_secs_f64();
+    (wall > 0.0).then(|| (c1 - c0) / wall)
+}
+
+/// User + system CPU seconds of the processes `pids` (all their threads, exited ones too).
+fn cpu_seconds(pids: &[u32]) -> Option<f64> {
+    // SAFETY: sysconf has no preconditions.
+    let tick = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    let tick = if tick > 0 { tick as f64 } else { 100.0 };
+    let mut total = 0.0;
+    for pid in pids {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+        // Fields after the command name (which may hold spaces): state is field 3, utime 14,
+        // stime 15.
+        let rest = &stat[stat.rfind(')')? + 1..];
+        let f: Vec<&str> = rest.split_whitespace().collect();
+        let utime: f64 = f.get(11)?.parse().ok()?;
+        let stime: f64 = f.get(12)?.parse().ok()?;
+        total += (utime + stime) / tick;
+    }
+    Some(total)
 }
 
 /// The number (digits and one dot) right after `key` in `text`.

@@ -31,7 +31,7 @@ use bufscope_netlab::{Lab, LabConfig, LinkParams};
 use super::{loadavg, release_dir};
 use crate::setup::peers;
 use crate::util::{cargo, is_root, run_cmd};
-use measure::measure_variant;
+use measure::{measure_variant, merge_rounds};
 use report::{human_bytes, render_summary, render_table};
 use setup::Keys;
 
@@ -49,9 +49,18 @@ pub struct Args {
     /// quic-stream), quic-dgram, quic-stream.
     #[arg(long, value_delimiter = ',', default_value = "udp,tcp,quic")]
     pub transports: Vec<String>,
-    /// Congestion controller of the QUIC rows (cubic, bbr).
-    #[arg(long, default_value = "cubic")]
+    /// Congestion controller of the QUIC rows (cubic, bbr, inner), or `default`: the tunnel's
+    /// own choice per mode (inner in datagram mode, cubic in stream mode).
+    #[arg(long, default_value = "default")]
     pub quic_congestion: String,
+    /// bufscope-tunnel's buffer policies to measure: recommended, fixed, os-default (each
+    /// transport has its own set; this keeps only the named ones).
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "recommended,fixed,os-default"
+    )]
+    pub policies: Vec<String>,
     /// Buffer size of the `fixed` policy (the anti-pattern), bytes.
     #[arg(long, default_value_t = 65536)]
     pub fixed_bytes: u64,
@@ -62,15 +71,25 @@ pub struct Args {
     #[arg(long, default_value_t = 2)]
     pub omit: u32,
     /// Transfers per direction on the RTT ≈0 rows, where the CPU is the bottleneck and other
-    /// tenants of the machine add noise; the row shows the median one.
+    /// tenants of the machine add noise: as many rounds over all variants, each with a fresh
+    /// tunnel; the row shows the median transfer and the range.
     #[arg(long, default_value_t = 3)]
     pub veth_repeats: u32,
     /// Length of each transfer on the RTT ≈0 rows (1 s of it omitted).
     #[arg(long, default_value_t = 5)]
     pub veth_seconds: u32,
+    /// CPU placement on the RTT ≈0 rows: `none` (the scheduler's choice) or `ends` (each
+    /// namespace a machine of one CPU: a's tunnel end and iperf3 on CPU 0, b's on CPU 1; the
+    /// same for every tunnel).
+    #[arg(long, value_enum, default_value = "none")]
+    pub pin: Pin,
     /// The bufscope-tunnel binary (default: build it with `cargo build --release`).
     #[arg(long)]
     pub tunnel_bin: Option<PathBuf>,
+    /// Another bufscope-tunnel binary (e.g. a build of another commit), measured next to the
+    /// first on every transport and policy, in the same rounds: an A/B in one run.
+    #[arg(long)]
+    pub compare_bin: Option<PathBuf>,
     /// Skip bufscope-tunnel (only the wireguard-go rows).
     #[arg(long)]
     pub no_bufscope: bool,
@@ -81,9 +100,21 @@ pub struct Args {
     /// left out with a note when they are not).
     #[arg(long)]
     pub no_peers: bool,
+    /// Skip the boringtun-cli row (keep upstream wireguard-go's).
+    #[arg(long)]
+    pub no_boringtun: bool,
     /// Rewrite the "Tunnel" section of docs/benchmarks.md with this run's results.
     #[arg(long)]
     pub update_doc: bool,
+}
+
+/// CPU placement of the RTT ≈0 rows (`--pin`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Pin {
+    /// No affinity: the scheduler places every process.
+    None,
+    /// Namespace a's tunnel end and iperf3 on CPU 0, b's on CPU 1.
+    Ends,
 }
 
 /// Inner (tunnel) addresses of the client (namespace a) and server (namespace b).
@@ -162,6 +193,15 @@ enum Policy {
 }
 
 impl Policy {
+    /// The name `--policies` selects it by.
+    fn name(self) -> &'static str {
+        match self {
+            Policy::Recommended => "recommended",
+            Policy::Fixed(_) => "fixed",
+            Policy::OsDefault => "os-default",
+        }
+    }
+
     fn flag(self) -> String {
         match self {
             Policy::Recommended => "recommended".into(),
@@ -175,6 +215,8 @@ impl Policy {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Variant {
     Bufscope(Transport, Policy),
+    /// bufscope-tunnel from `--compare-bin`.
+    BufscopeOther(Transport, Policy),
     WireguardGo,
     /// Upstream wireguard-go, built by `cargo xtask setup` (xtask/src/setup_peers.rs).
     WireguardGoUpstream,
@@ -185,7 +227,7 @@ enum Variant {
 impl Variant {
     fn transport(self) -> Transport {
         match self {
-            Variant::Bufscope(t, _) => t,
+            Variant::Bufscope(t, _) | Variant::BufscopeOther(t, _) => t,
             Variant::WireguardGo | Variant::WireguardGoUpstream | Variant::BoringtunCli => {
                 Transport::Udp
             }
@@ -202,6 +244,9 @@ impl Variant {
                 "bufscope os-default (quinn windows)".into()
             }
             Variant::Bufscope(_, p) => format!("bufscope {}", p.flag()),
+            Variant::BufscopeOther(t, p) => {
+                format!("{} (--compare-bin)", Variant::Bufscope(t, p).label())
+            }
             Variant::WireguardGo => "wireguard-go (Debian)".into(),
             Variant::WireguardGoUpstream => format!(
                 "wireguard-go {} (upstream {})",
@@ -220,6 +265,11 @@ struct Transfer {
     latency_ms: Option<f64>,
     retransmits: u64,
     drops: u64,
+    /// CPU time of both tunnel processes (user + system, `/proc/<pid>/stat`) per Gbit the
+    /// inner flow carried over the measured part of the transfer: cores per Gbit/s.
+    cores_per_gbps: Option<f64>,
+    /// The lowest and highest throughput of the transfers this one is the median of.
+    spread: (f64, f64),
 }
 
 /// One table row.
@@ -292,11 +342,19 @@ pub fn run(a: &Args) -> anyhow::Result<()> {
             }
         }
     }
-    if !matches!(a.quic_congestion.as_str(), "cubic" | "bbr") {
+    if !matches!(
+        a.quic_congestion.as_str(),
+        "default" | "cubic" | "bbr" | "inner"
+    ) {
         bail!(
-            "unknown --quic-congestion {:?} (cubic, bbr)",
+            "unknown --quic-congestion {:?} (default, cubic, bbr, inner)",
             a.quic_congestion
         );
+    }
+    for p in &a.policies {
+        if !matches!(p.as_str(), "recommended" | "fixed" | "os-default") {
+            bail!("unknown policy {p:?} (recommended, fixed, os-default)");
+        }
     }
     let tunnel_bin = if a.no_bufscope {
         None
@@ -314,7 +372,13 @@ pub fn run(a: &Args) -> anyhow::Result<()> {
     if tunnel_bin.is_some() {
         for &t in &transports {
             for p in t.policies(a.fixed_bytes) {
+                if !a.policies.iter().any(|n| *n == p.name()) {
+                    continue;
+                }
                 variants.push(Variant::Bufscope(t, p));
+                if a.compare_bin.is_some() {
+                    variants.push(Variant::BufscopeOther(t, p));
+                }
             }
         }
     }
@@ -328,6 +392,9 @@ pub fn run(a: &Args) -> anyhow::Result<()> {
             (Variant::WireguardGoUpstream, peers::wireguard_go()),
             (Variant::BoringtunCli, peers::boringtun_cli()),
         ] {
+            if v == Variant::BoringtunCli && a.no_boringtun {
+                continue;
+            }
             if bin.exists() {
                 variants.push(v);
             } else {
@@ -353,21 +420,40 @@ pub fn run(a: &Args) -> anyhow::Result<()> {
             )
         };
         let lab = Lab::new(config).context("building the lab")?;
-        for &v in &variants {
-            eprintln!(
-                "bench tunnel: RTT {rtt} ms, {} {} …",
-                v.transport().name(),
-                v.label()
-            );
-            let result = measure_variant(&lab, rtt, v, a, tunnel_bin.as_deref(), &keys, &work)
-                .map_err(|e| format!("{e:#}"));
-            if let Err(e) = &result {
-                eprintln!("bench tunnel:   failed: {e}");
+        // RTT ≈0: `--veth-repeats` rounds, each measuring every variant once with a fresh
+        // tunnel, so that what else runs on the machine falls on all variants alike instead of
+        // on whichever one it overlaps (one transfer each way per round). Other RTTs: one
+        // round, the link is the bottleneck.
+        let rounds = if rtt == 0 { a.veth_repeats.max(1) } else { 1 };
+        let mut results: Vec<Result<Vec<Measured>, String>> = vec![Ok(Vec::new()); variants.len()];
+        for round in 0..rounds {
+            for (&v, result) in variants.iter().zip(&mut results) {
+                let Ok(done) = result else { continue };
+                eprintln!(
+                    "bench tunnel: RTT {rtt} ms, {} {}{} …",
+                    v.transport().name(),
+                    v.label(),
+                    if rounds > 1 {
+                        format!(", round {}/{rounds}", round + 1)
+                    } else {
+                        String::new()
+                    }
+                );
+                match measure_variant(&lab, rtt, v, a, tunnel_bin.as_deref(), &keys, &work) {
+                    Ok(m) => done.push(m),
+                    Err(e) => {
+                        let e = format!("{e:#}");
+                        eprintln!("bench tunnel:   failed: {e}");
+                        *result = Err(e);
+                    }
+                }
             }
+        }
+        for (&v, result) in variants.iter().zip(results) {
             rows.push(Row {
                 rtt_ms: rtt,
                 variant: v,
-                result,
+                result: result.and_then(|r| merge_rounds(r).ok_or_else(|| "no transfer".into())),
             });
         }
     }

@@ -2,7 +2,7 @@
 
 use std::fmt::Write as _;
 
-use super::{Args, Measured, Policy, QuicFigures, Row, Transport, Variant};
+use super::{Args, Measured, Policy, QuicFigures, Row, Transfer, Transport, Variant};
 
 pub(super) fn human_bytes(n: u64) -> String {
     if n >= 1 << 20 && n.is_multiple_of(1 << 20) {
@@ -14,6 +14,11 @@ pub(super) fn human_bytes(n: u64) -> String {
     } else {
         n.to_string()
     }
+}
+
+/// Cores per Gbit/s, two decimals.
+pub(super) fn opt_cores(v: Option<f64>) -> String {
+    v.map_or("–".into(), |v| format!("{v:.2}"))
 }
 
 pub(super) fn opt_ms(v: Option<f64>) -> String {
@@ -94,17 +99,19 @@ fn link_share(s: &mut String, what: &str, m: &Measured, t: Transport, rate_mbit:
     );
 }
 
-const HEADER: [&str; 15] = [
+const HEADER: [&str; 17] = [
     "RTT",
     "outer",
     "tunnel / buffer policy",
     "outer rcvbuf",
     "idle ms",
     "down Mbit/s",
+    "down cores/Gbit/s",
     "down ms",
     "down retr",
     "down rcvbuf drops",
     "up Mbit/s",
+    "up cores/Gbit/s",
     "up ms",
     "up retr",
     "up rcvbuf drops",
@@ -116,6 +123,16 @@ const HEADER: [&str; 15] = [
 pub(super) fn render_table(rows: &[Row]) -> String {
     let lines: Vec<Vec<String>> = rows.iter().map(|r| cells(r, rows, HEADER.len())).collect();
     crate::bench::table(&HEADER, &lines)
+}
+
+/// Throughput; for a median of several transfers, with their range.
+fn mbit_cell(t: &Transfer) -> String {
+    let (lo, hi) = t.spread;
+    if hi > lo {
+        format!("{:.1} ({:.0}–{:.0})", t.mbit, lo, hi)
+    } else {
+        format!("{:.1}", t.mbit)
+    }
 }
 
 /// A row's cells under [`HEADER`]; a failed row says why and leaves `width` cells.
@@ -131,11 +148,13 @@ fn cells(r: &Row, rows: &[Row], width: usize) -> Vec<String> {
             cells.extend([
                 m.rcvbuf.map_or("–".into(), human_bytes),
                 opt_ms(m.idle_ms),
-                format!("{:.1}", m.down.mbit),
+                mbit_cell(&m.down),
+                opt_cores(m.down.cores_per_gbps),
                 opt_ms(m.down.latency_ms),
                 m.down.retransmits.to_string(),
                 m.down.drops.to_string(),
-                format!("{:.1}", m.up.mbit),
+                mbit_cell(&m.up),
+                opt_cores(m.up.cores_per_gbps),
                 opt_ms(m.up.latency_ms),
                 m.up.retransmits.to_string(),
                 m.up.drops.to_string(),
@@ -214,7 +233,7 @@ pub(super) fn render_quic_summary(rows: &[Row], a: &Args) -> String {
             .and_then(|r| r.result.as_ref().ok())
     };
     let mark = |ok: bool| if ok { "✓" } else { "✗" };
-    let mut s = String::from("\nTargets (issue 17, QUIC):\n");
+    let mut s = String::from("\nTargets (QUIC transport: windows, link share, ≈0 throughput):\n");
     if let Some(r) = get(190, Transport::QuicStream, Policy::Recommended) {
         let vs = get(190, Transport::QuicStream, Policy::OsDefault).map(|o| {
             (
@@ -290,7 +309,9 @@ pub(super) fn render_summary(rows: &[Row], a: &Args) -> String {
             .and_then(|r| r.result.as_ref().ok())
     };
     let mark = |ok: bool| if ok { "✓" } else { "✗" };
-    let mut s = String::from("Targets (issue 5):\n");
+    let mut s = String::from(
+        "Targets (buffer policy vs the Lightway seed, bufscope-tunnel vs the other tunnels):\n",
+    );
     for t in [Transport::Udp, Transport::Tcp] {
         if let Some(m) = get(50, Variant::Bufscope(t, Policy::Recommended)) {
             link_share(
@@ -369,18 +390,50 @@ pub(super) fn render_summary(rows: &[Row], a: &Args) -> String {
                 get(rtt, Variant::Bufscope(Transport::Udp, Policy::Recommended)),
                 get(rtt, v),
             ) {
-                let _ = writeln!(
-                    s,
-                    "- udp recommended vs {} at {}: down {:.2}×, up {:.2}×; outer rcvbuf drops {}+{} vs {}+{}",
-                    v.label(),
-                    rtt_label(rtt),
+                let (d, u) = (
                     r.down.mbit / p.down.mbit.max(1e-9),
                     r.up.mbit / p.up.mbit.max(1e-9),
+                );
+                let _ = write!(
+                    s,
+                    "- udp recommended vs {} at {}: down {d:.2}×, up {u:.2}×; outer rcvbuf drops {}+{} vs {}+{}; \
+                     cores per Gbit/s down {} vs {}, up {} vs {}",
+                    v.label(),
+                    rtt_label(rtt),
                     r.down.drops,
                     r.up.drops,
                     p.down.drops,
                     p.up.drops,
+                    opt_cores(r.down.cores_per_gbps),
+                    opt_cores(p.down.cores_per_gbps),
+                    opt_cores(r.up.cores_per_gbps),
+                    opt_cores(p.up.cores_per_gbps),
                 );
+                if rtt == 0 && v == Variant::WireguardGoUpstream {
+                    // Ahead in both directions, without drops, as steady, and no dearer per bit.
+                    let width = |t: &Transfer| t.spread.1 - t.spread.0;
+                    let steady = width(&r.down) <= width(&p.down) && width(&r.up) <= width(&p.up);
+                    let cheaper = |x: Option<f64>, y: Option<f64>| match (x, y) {
+                        (Some(x), Some(y)) => x <= y,
+                        _ => false,
+                    };
+                    let cpu = cheaper(r.down.cores_per_gbps, p.down.cores_per_gbps)
+                        && cheaper(r.up.cores_per_gbps, p.up.cores_per_gbps);
+                    let _ = write!(
+                        s,
+                        "; spread down {:.0} vs {:.0}, up {:.0} vs {:.0} Mbit/s \
+                         (targets: ≥ 1.5× both ways {}, zero drops {}, spread no wider {}, cores per Gbit/s no higher {})",
+                        width(&r.down),
+                        width(&p.down),
+                        width(&r.up),
+                        width(&p.up),
+                        mark(d.min(u) >= 1.5),
+                        mark(r.down.drops + r.up.drops == 0),
+                        mark(steady),
+                        mark(cpu),
+                    );
+                }
+                s.push('\n');
             }
         }
     }

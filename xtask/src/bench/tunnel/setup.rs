@@ -1,6 +1,7 @@
 //! Key files for both ends and the tunnel between the lab's two namespaces (bufscope-tunnel or
 //! wireguard-go), up once a ping crosses it.
 
+use std::ffi::OsStr;
 use std::fmt::Write as _;
 use std::fs::File;
 use std::io::Write as _;
@@ -90,6 +91,11 @@ impl Tunnel {
             .collect()
     }
 
+    /// The process ids of both ends (their CPU time is read from `/proc/<pid>/stat`).
+    pub(super) fn pids(&self) -> Vec<u32> {
+        self.procs.iter().map(Process::pid).collect()
+    }
+
     /// The last lines of the logs, for error messages.
     pub(super) fn log_tail(&self) -> String {
         let mut s = String::new();
@@ -115,6 +121,7 @@ pub(super) fn start_tunnel(
     keys: &Keys,
     work: &Path,
     quic_congestion: &str,
+    pin: Option<[usize; 2]>,
 ) -> anyhow::Result<Tunnel> {
     let mut t = Tunnel {
         procs: Vec::new(),
@@ -141,15 +148,26 @@ pub(super) fn start_tunnel(
     ];
     // Server (b) first: with TCP transport the client connects to it.
     for (ns, private, peer_public, inner, peer_inner, peer_outer) in ends.into_iter().rev() {
+        let is_client = inner == INNER_A;
+        // With `--pin ends`, each end runs on its own CPU (taskset execs the program, so the
+        // pid stays the tunnel's, and every thread it starts inherits the mask).
+        let cpu = pin.map(|[a, b]| if is_client { a } else { b });
+        let command = |program: &OsStr| match cpu {
+            Some(cpu) => {
+                let mut c = ns.command("taskset");
+                c.args(["-c", &cpu.to_string()]).arg(program);
+                c
+            }
+            None => ns.command(program),
+        };
         let ifname = bufscope_netlab::unique_name(bufscope_netlab::PREFIX, "t");
         let log = work.join(format!("{ifname}.log"));
         let log_file = File::create(&log).with_context(|| format!("creating {}", log.display()))?;
         t.logs.push(log.clone());
-        let is_client = inner == INNER_A;
         match v {
-            Variant::Bufscope(transport, policy) => {
+            Variant::Bufscope(transport, policy) | Variant::BufscopeOther(transport, policy) => {
                 let bin = bin.context("no bufscope-tunnel binary")?;
-                let mut c = ns.command(bin);
+                let mut c = command(bin.as_os_str());
                 c.args(["--interface", &ifname, "--address", &format!("{inner}/24")])
                     .arg("--private-key-file")
                     .arg(private)
@@ -158,7 +176,7 @@ pub(super) fn start_tunnel(
                     .args(["--listen-port", &TUNNEL_PORT.to_string()])
                     .args(transport.flags())
                     .args(["--buffer-policy", &policy.flag()]);
-                if transport.is_quic() {
+                if transport.is_quic() && quic_congestion != "default" {
                     c.args(["--congestion", quic_congestion]);
                 }
                 // UDP: both ends know each other; TCP and QUIC: the client connects, the
@@ -178,9 +196,9 @@ pub(super) fn start_tunnel(
             Variant::WireguardGo | Variant::WireguardGoUpstream | Variant::BoringtunCli => {
                 // All three speak wireguard-go's UAPI: a socket in WG_SOCKET_DIR, set with `wg`.
                 let mut c = match v {
-                    Variant::WireguardGoUpstream => ns.command(peers::wireguard_go()),
+                    Variant::WireguardGoUpstream => command(peers::wireguard_go().as_os_str()),
                     Variant::BoringtunCli => {
-                        let mut c = ns.command(peers::boringtun_cli());
+                        let mut c = command(peers::boringtun_cli().as_os_str());
                         // Root in the lab: keep the privileges `wg` needs on the UAPI socket.
                         c.args([
                             "--disable-drop-privileges",
@@ -191,7 +209,7 @@ pub(super) fn start_tunnel(
                         ]);
                         c
                     }
-                    _ => ns.command("wireguard-go"),
+                    _ => command(OsStr::new("wireguard-go")),
                 };
                 c.args(["-f", &ifname])
                     .env("LOG_LEVEL", "error")
