@@ -1,5 +1,5 @@
 //! Network lab: network namespaces, veth pairs and a userspace WAN emulator (delay, jitter,
-//! loss, rate) for a kernel without `netem` (issue 5).
+//! loss, rate) for a kernel without `netem`.
 //!
 //! Building blocks, usable on their own by any privileged test:
 //! - [`Netns`]: a named network namespace (`ip netns add`) that is deleted on drop, with

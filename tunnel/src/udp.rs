@@ -56,7 +56,7 @@ pub fn check_reachable(endpoint: SocketAddr) -> Result<()> {
 }
 
 /// Creates an outer UDP socket (IPv6 with IPv4-mapped addresses if `v6`, else IPv4), applies
-/// the buffer policy before bind, so that `fixed` is the anti-pattern as issue 5 describes it,
+/// the buffer policy before bind, so that `fixed` is the anti-pattern as the Lightway seed describes it,
 /// and binds it to `port` on every address. The UDP and QUIC transports' socket.
 pub fn bind_outer(
     port: u16,

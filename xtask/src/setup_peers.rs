@@ -1,4 +1,4 @@
-//! The tunnel bench's strongest peers (issue 17), built by `cargo xtask bench tunnel` itself
+//! The tunnel bench's strongest peers, built by `cargo xtask bench tunnel` itself
 //! (or ahead of it by `cargo xtask setup --bench-peers`; the default setup and CI skip them)
 //! into `~/.cache/bufscope-peers`, for the bench only (no test uses them):
 //!

@@ -4,8 +4,8 @@
 //!
 //! For each RTT (≈0 over a plain veth pair, then 50 and 190 ms over the emulated WAN link at
 //! `--rate-mbit`), each outer transport (UDP, TCP) and each policy (`recommended`,
-//! `fixed=64K`, `os-default`), plus wireguard-go on UDP, plus the QUIC transport (issue 17:
-//! datagram mode with `recommended`, stream mode with quinn's default windows (`os-default`)
+//! `fixed=64K`, `os-default`), plus wireguard-go on UDP, plus the QUIC transport
+//! (datagram mode with `recommended`, stream mode with quinn's default windows (`os-default`)
 //! and with the policy's windows (`recommended`), the seed `quic-tunnel-windows.txt`): a tunnel
 //! between the lab's two
 //! namespaces (client `a`, server `b`), then through it one iperf3 TCP flow down (server →

@@ -225,7 +225,7 @@ fn quic_cells(t: Transport, q: &QuicFigures) -> [String; 6] {
     ]
 }
 
-/// The targets of issue 17, checked against this run (and its UDP rows, if it had them).
+/// The targets of the QUIC and strongest-peer rows, checked against this run (and its UDP rows, if it had them).
 pub(super) fn render_quic_summary(rows: &[Row], a: &Args) -> String {
     let get = |rtt: u64, t: Transport, p: Policy| {
         rows.iter()
@@ -383,7 +383,7 @@ pub(super) fn render_summary(rows: &[Row], a: &Args) -> String {
             );
         }
     }
-    // The strongest peers (issue 17), where they ran: no target, the ratio and the drops.
+    // The strongest peers, where they ran: no target, the ratio and the drops.
     for v in [Variant::WireguardGoUpstream, Variant::BoringtunCli] {
         for &rtt in &a.rtts {
             if let (Some(r), Some(p)) = (
