@@ -200,6 +200,23 @@ fn exporter(extra: &[&str]) -> Exporter {
     Exporter::start(&args)
 }
 
+/// The hooks of the attached drops probe (`bufscope_probe_attached`'s `hook` label).
+fn drops_hooks(e: &Exporter) -> String {
+    e.scrape()
+        .find("bufscope_probe_attached", &[("probe", "drops")])
+        .find(|s| s.value == 1.0)
+        .map(|s| s.labels["hook"].clone())
+        .expect("the drops probe attached")
+}
+
+/// `bufscope_netns_drops_total` of `netns` for full UDP receive buffers.
+fn netns_drops(m: &bufscope_integration::Metrics, netns: &str) -> f64 {
+    m.sum(
+        "bufscope_netns_drops_total",
+        &[("netns", netns), ("reason", "SOCKET_RCVBUFF")],
+    )
+}
+
 /// A UDP receiver for [`udp_drops_before_and_after_bufscope_are_exact`].
 struct Receiver {
     w: Workload,
@@ -234,21 +251,10 @@ fn udp_drops_before_and_after_bufscope_are_exact() {
     let mut rx = vec![receiver(false, false, true), receiver(true, true, true)];
     let e = exporter(&[]);
     rx.extend([receiver(false, true, false), receiver(true, false, false)]);
-    let hooks = e
-        .scrape()
-        .find("bufscope_probe_attached", &[("probe", "drops")])
-        .find(|s| s.value == 1.0)
-        .map(|s| s.labels["hook"].clone())
-        .expect("the drops probe attached");
+    let hooks = drops_hooks(&e);
     if std::env::var("BUFSCOPE_TEST_ARGS").is_ok_and(|a| a.contains("--drops.zero-per-packet")) {
         assert!(!hooks.contains("fexit"), "no per-packet hook: {hooks}");
     }
-    let netns_drops = |m: &bufscope_integration::Metrics, netns: &str| {
-        m.sum(
-            "bufscope_netns_drops_total",
-            &[("netns", netns), ("reason", "SOCKET_RCVBUFF")],
-        )
-    };
     for r in &rx {
         let inode: u64 = r.w.get("inodes").parse().unwrap();
         let port = r.w.get("ports").to_string();
@@ -515,22 +521,11 @@ fn live_netns() -> BTreeSet<String> {
 #[ignore = "needs root: run via cargo xtask test"]
 fn netns_series_leave_with_their_namespace() {
     let e = exporter(&["--retention", "4s"]);
-    let hooks = e
-        .scrape()
-        .find("bufscope_probe_attached", &[("probe", "drops")])
-        .find(|s| s.value == 1.0)
-        .map(|s| s.labels["hook"].clone())
-        .expect("the drops probe attached");
+    let hooks = drops_hooks(&e);
     if v6_on_socket(&hooks) || !v6_in_netns(&hooks) {
         eprintln!("skipped: IPv6 UDP drops are not counted per namespace here (drops via {hooks})");
         return;
     }
-    let netns_drops = |m: &bufscope_integration::Metrics, netns: &str| {
-        m.sum(
-            "bufscope_netns_drops_total",
-            &[("netns", netns), ("reason", "SOCKET_RCVBUFF")],
-        )
-    };
     let mut used = BTreeSet::new();
     for round in 0..4 {
         let r = receiver(true, true, false);
