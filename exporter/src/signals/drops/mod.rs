@@ -156,8 +156,14 @@ pub struct Flags {
     pub zero_per_packet: bool,
 }
 
-/// The variants of [`PROBE`] with a hook that runs for every received UDP datagram.
-const PER_PACKET_VARIANTS: [usize; 2] = [2, 4];
+/// Whether variant `v` of [`PROBE`] has a hook that runs for every received UDP datagram (the
+/// fexit on the UDP enqueue; every other drops hook runs only when something is dropped).
+fn per_packet(v: usize) -> bool {
+    PROBE
+        .variants
+        .get(v)
+        .is_some_and(|hooks| hooks.iter().any(|h| matches!(h, Hook::Fexit { .. })))
+}
 
 /// What the drops room resolved before loading.
 pub struct Setup {
@@ -361,7 +367,7 @@ impl Room for Drops {
     fn prepare(flags: &Flags, plan: &mut LoadPlan) -> anyhow::Result<Setup> {
         plan.map_entries("DROPS", flags.entries);
         if flags.zero_per_packet {
-            for v in PER_PACKET_VARIANTS {
+            for v in (0..PROBE.variants.len()).filter(|v| per_packet(*v)) {
                 plan.pass_over(
                     PROBE.name,
                     v,
@@ -589,7 +595,7 @@ fn per_packet_line(kernel: &KernelBtf) -> CheckLine {
         .iter()
         .position(|hooks| crate::bpf::usable(hooks, kernel).is_ok());
     let detail = match first_usable {
-        Some(v) if PER_PACKET_VARIANTS.contains(&v) => {
+        Some(v) if per_packet(v) => {
             let without = if kernel_has_reasons(kernel) {
                 "are counted per network namespace (bufscope_netns_drops_total)"
             } else {
