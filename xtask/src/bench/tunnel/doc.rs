@@ -81,6 +81,9 @@ pub(super) fn update(
     if a.no_wireguard_go {
         args.push_str(" --no-wireguard-go");
     }
+    if a.inner_cc != "cubic" {
+        let _ = write!(args, " --inner-cc {}", a.inner_cc);
+    }
     if a.quic_congestion != "default" {
         let _ = write!(args, " --quic-congestion {}", a.quic_congestion);
     }
@@ -91,7 +94,8 @@ pub(super) fn update(
          Machine: {}; shared with other builds and tests \
          (load average {load_before} before, {load_after} after).\n\n\
          Link: RTT ≈0 rows over a plain veth pair (no emulation: the host is the bottleneck); 50 and 190 ms rows \
-         over the netlab WAN link at {} Mbit/s with a one-BDP bottleneck buffer. One iperf3 TCP flow per cell, \
+         over the netlab WAN link at {} Mbit/s with a one-BDP bottleneck buffer. One iperf3 TCP flow per cell ({} congestion \
+         control at both ends, `iperf3 -C`), \
          {} s with the first {} s left out (RTT ≈0 rows: {} rounds, each measuring every row once with a fresh tunnel so that \
          other load on the machine falls on all rows alike; one transfer of {} s each way per round, 1 s left out; the cell is the \
          median transfer with the range of all in parentheses); cores/Gbit/s = user + system CPU time of both tunnel processes \
@@ -111,6 +115,7 @@ pub(super) fn update(
         elapsed.as_secs_f64(),
         m.summary(),
         a.rate_mbit,
+        a.inner_cc,
         a.seconds,
         a.omit,
         a.veth_repeats,

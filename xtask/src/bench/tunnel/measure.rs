@@ -29,7 +29,12 @@ pub(super) fn measure_variant(
 ) -> anyhow::Result<Measured> {
     // `--pin ends` on the ≈0 rows: namespace a's tunnel end and iperf3 on CPU 0, b's on CPU 1.
     let pin = (rtt == 0 && a.pin == Pin::Ends).then_some([0, 1]);
-    let iperf3_pin: &[&str] = if pin.is_some() { &["-A", "0,1"] } else { &[] };
+    // The inner flow's congestion control is named, not the machine's default (BBR on some
+    // hosts, whose ProbeRTT halts the flow for 200 ms + one RTT every 10 s).
+    let mut iperf3_args = vec!["-C", a.inner_cc.as_str()];
+    if pin.is_some() {
+        iperf3_args.extend(["-A", "0,1"]);
+    }
     let bin = match v {
         Variant::BufscopeOther(..) => a.compare_bin.as_deref(),
         _ => bin,
@@ -63,7 +68,7 @@ pub(super) fn measure_variant(
                 secs,
                 omit,
                 reverse,
-                iperf3_pin,
+                &iperf3_args,
             );
             (r, sampler.join().ok().flatten())
         });

@@ -49,8 +49,12 @@ pub struct Args {
     /// quic-stream), quic-dgram, quic-stream.
     #[arg(long, value_delimiter = ',', default_value = "udp,tcp,quic")]
     pub transports: Vec<String>,
-    /// Congestion controller of the QUIC rows (cubic, bbr, inner), or `default`: the tunnel's
-    /// own choice per mode (inner in datagram mode, cubic in stream mode).
+    /// TCP congestion control of the inner iperf3 flow (`iperf3 -C`; both ends), whatever the
+    /// machine's default: cubic (Linux's default) or bbr.
+    #[arg(long, default_value = "cubic")]
+    pub inner_cc: String,
+    /// Congestion controller of the QUIC rows (cubic, cubic-floor, bbr, inner), or `default`:
+    /// the tunnel's own choice.
     #[arg(long, default_value = "default")]
     pub quic_congestion: String,
     /// bufscope-tunnel's buffer policies to measure: recommended, fixed, os-default (each
@@ -344,12 +348,15 @@ pub fn run(a: &Args) -> anyhow::Result<()> {
     }
     if !matches!(
         a.quic_congestion.as_str(),
-        "default" | "cubic" | "bbr" | "inner"
+        "default" | "cubic" | "cubic-floor" | "bbr" | "inner"
     ) {
         bail!(
-            "unknown --quic-congestion {:?} (default, cubic, bbr, inner)",
+            "unknown --quic-congestion {:?} (default, cubic, cubic-floor, bbr, inner)",
             a.quic_congestion
         );
+    }
+    if !matches!(a.inner_cc.as_str(), "cubic" | "bbr" | "reno") {
+        bail!("unknown --inner-cc {:?} (cubic, bbr, reno)", a.inner_cc);
     }
     for p in &a.policies {
         if !matches!(p.as_str(), "recommended" | "fixed" | "os-default") {
