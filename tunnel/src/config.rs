@@ -17,7 +17,7 @@
 //! [Bufscope]
 //! Transport = udp                  # udp | tcp | quic
 //! QuicMode = datagram              # quic: datagram | stream
-//! Congestion = cubic               # quic: cubic | bbr | inner
+//! Congestion = tunnel              # quic: tunnel | cubic | bbr
 //! BufferPolicy = recommended       # recommended | fixed=<bytes> | os-default
 //! TargetBandwidth = 1G             # optional, bits/s, sizes UDP buffers from the BDP
 //! TargetRtt = 190ms                # optional
@@ -133,21 +133,21 @@ impl FromStr for QuicMode {
 /// QUIC congestion controller.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum Congestion {
-    /// CUBIC, quinn's default and Linux TCP's (stream mode's default).
+    /// CUBIC with a window floor: no slow start below the policy's UDP buffer for the path and
+    /// no back-off below it (see `quic::congestion`). The default in both modes.
+    Tunnel,
+    /// quinn's CUBIC as it comes (10-packet initial window, slow start).
     Cubic,
     /// BBR (quinn's experimental BBRv1).
     Bbr,
-    /// CUBIC that leaves losses to the tunnelled flows' own congestion control, as WireGuard
-    /// over UDP does (see `quic::congestion`; measured worse than CUBIC at 190 ms).
-    Inner,
 }
 
 impl fmt::Display for Congestion {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {
+            Congestion::Tunnel => "tunnel",
             Congestion::Cubic => "cubic",
             Congestion::Bbr => "bbr",
-            Congestion::Inner => "inner",
         })
     }
 }
@@ -156,11 +156,11 @@ impl FromStr for Congestion {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {
         match s.trim().to_ascii_lowercase().as_str() {
+            "tunnel" => Ok(Congestion::Tunnel),
             "cubic" => Ok(Congestion::Cubic),
             "bbr" => Ok(Congestion::Bbr),
-            "inner" => Ok(Congestion::Inner),
             other => Err(format!(
-                "unknown congestion controller {other:?} (expected cubic, bbr or inner)"
+                "unknown congestion controller {other:?} (expected tunnel, cubic or bbr)"
             )),
         }
     }
@@ -323,7 +323,7 @@ pub struct Cli {
     /// must use the same.
     #[arg(long = "quic.mode")]
     pub quic_mode: Option<QuicMode>,
-    /// QUIC transport: congestion controller (default cubic).
+    /// QUIC transport: congestion controller (default tunnel).
     #[arg(long)]
     pub congestion: Option<Congestion>,
     /// Outer socket buffers: recommended | fixed=<bytes> | os-default. QUIC: `recommended` also
@@ -652,12 +652,12 @@ impl Cli {
             .quic_mode
             .or(file.quic_mode)
             .unwrap_or(QuicMode::Datagram);
-        // CUBIC in both modes: `inner` (losses left to the tunnelled flows) was measured worse
-        // at 190 ms (docs/tunnel.md).
+        // CUBIC with a window floor in both modes: quinn's slow start made inner CUBIC flows
+        // leave theirs early (docs/tunnel.md, "Congestion control").
         let congestion = self
             .congestion
             .or(file.congestion)
-            .unwrap_or(Congestion::Cubic);
+            .unwrap_or(Congestion::Tunnel);
         if transport != TransportKind::Quic
             && (self.quic_mode.or(file.quic_mode).is_some()
                 || self.congestion.or(file.congestion).is_some())
@@ -803,7 +803,7 @@ mod tests {
         let s = cli.settings().unwrap();
         assert_eq!(s.transport, TransportKind::Quic);
         assert_eq!(s.quic_mode, QuicMode::Datagram);
-        assert_eq!(s.congestion, Congestion::Cubic);
+        assert_eq!(s.congestion, Congestion::Tunnel);
         assert_eq!(s.mtu, DEFAULT_QUIC_DATAGRAM_MTU);
         let (cli, _p) = cli_with(&format!("{base}QuicMode = stream\nCongestion = BBR\n"));
         let s = cli.settings().unwrap();
@@ -813,8 +813,8 @@ mod tests {
             s.mtu, DEFAULT_TCP_MTU,
             "stream mode: jumbo inner MTU as over TCP"
         );
-        let (cli, _p) = cli_with(&format!("{base}Congestion = inner\n"));
-        assert_eq!(cli.settings().unwrap().congestion, Congestion::Inner);
+        let (cli, _p) = cli_with(&format!("{base}Congestion = cubic\n"));
+        assert_eq!(cli.settings().unwrap().congestion, Congestion::Cubic);
         // Flags override the file.
         let (mut cli, _p) = cli_with(&format!("{base}QuicMode = stream\n"));
         cli.quic_mode = Some(QuicMode::Datagram);

@@ -99,9 +99,18 @@ fn datagram_mode_handshake_ping_iperf3_and_outer_socket() {
         t.wait_log("handshake completed", Duration::from_secs(5));
         let log = t.log();
         assert!(log.contains("mode datagram"), "{log}");
+        // The default controller starts at its floor, the policy's 7 MiB UDP buffer, and only
+        // grows from there (quinn's own CUBIC would start at 10 packets).
+        let window: u64 = log
+            .split("congestion controller tunnel in effect, window ")
+            .nth(1)
+            .and_then(|rest| rest.split(')').next())
+            .and_then(|w| w.parse().ok())
+            .unwrap_or_else(|| panic!("no tunnel controller and window in {log}"));
+        let floor = bufscope_policy::UDP_DEFAULT_BUFFER as u64;
         assert!(
-            log.contains("congestion controller cubic in effect"),
-            "{log}"
+            (floor..floor + (1 << 20)).contains(&window),
+            "window {window}"
         );
     }
     assert!(p.ta.log().contains("QUIC connected to 192.168.79.2:51822"));
@@ -161,7 +170,9 @@ fn stream_mode_windows_in_effect_and_congestion_controller() {
             let log = t.log();
             assert!(log.contains("mode stream"), "{log}");
             assert!(
-                log.contains(&format!("congestion controller {congestion} in effect")),
+                log.contains(&format!(
+                    "congestion controller {congestion} in effect, window"
+                )),
                 "{log}"
             );
         }

@@ -1,50 +1,154 @@
-//! `--congestion inner`: CUBIC that leaves losses to the tunnelled flows' own congestion
-//! control, as WireGuard over UDP does. An experiment for datagram mode, not its default: it was
-//! measured worse than CUBIC at 190 ms (docs/tunnel.md, "QUIC transport").
+//! `--congestion tunnel`: the QUIC transport's default congestion controller.
 //!
-//! The idea: in datagram mode every inner packet may be lost, and the inner TCP flows run their
-//! own congestion control on exactly the same losses. A second controller in QUIC that also backs
-//! off on them (CUBIC to 0.7× of its window) nests two control loops. After a loss burst the
-//! inner flow has filled the bottleneck's queue and the RTT is up to twice the base RTT, so the
-//! link needs two BDPs in flight, and the outer window falls below that; quinn then paces below
-//! the link for a second or two.
+//! A tunnel carries flows that run their own congestion control. quinn's CUBIC, as it comes,
+//! starts a connection at 10 packets and grows it in slow start; until its window catches up,
+//! the tunnelled packets wait in quinn's buffers. An inner TCP flow that is itself in slow start
+//! sees its RTT rise while it is still far below the path's capacity. Linux's CUBIC (its default
+//! TCP congestion control) takes that rise for a filling bottleneck queue: HyStart ends slow
+//! start, and CUBIC then grows the window by a few packets per RTT. Measured in the lab at
+//! 190 ms / 200 Mbit/s with one inner CUBIC flow: 18–111 Mbit/s in datagram mode and 40–127 in
+//! stream mode, with 0 retransmits, where WireGuard over UDP carried 185 (docs/tunnel.md,
+//! "Congestion control"). BBR inner flows hid it: they do not leave startup on delay.
 //!
-//! This controller is CUBIC in everything except losses. It starts with CUBIC's initial window
-//! and slow start, so a new connection does not burst, and its window grows with every byte
-//! acknowledged while the tunnel has data to send. Losses do not shrink it. Persistent
-//! congestion still does: when every packet over several PTOs is lost the path is gone, and
-//! CUBIC's reset to the minimum window applies. What the measurement showed: without CUBIC's
-//! back-off and the pacing at its window, the inner flows' bursts reach the bottleneck unpaced,
-//! and at 190 ms they lost more (8–13k inner retransmits per transfer against CUBIC's 5–6k) and
-//! recovered more slowly.
+//! [`Tunnel`] is CUBIC with a *window floor*: it starts at the floor (no slow start below it)
+//! and never falls below it, whatever it loses. Above the floor it is CUBIC: it grows while
+//! acknowledgements come, backs off to 0.7× on a loss, and quinn paces at 1.25 × window / RTT,
+//! so a GSO batch does not leave the host as one line-rate burst. The floor is the higher of:
+//!
+//! - the policy's UDP buffer for the path (7 MiB, or the BDP of `--target-bandwidth` ×
+//!   `--target-rtt`): the most the tunnel would hold in a socket buffer anyway;
+//! - two bandwidth-delay products of what the path delivered: the highest delivery rate of the
+//!   last ten round trips × the minimum RTT × 2. The inner flows keep the bottleneck queue
+//!   full, so the RTT is up to twice the minimum and the link needs two BDPs in flight; CUBIC's
+//!   back-off after a loss burst would otherwise leave quinn pacing below the link for a second
+//!   or two. It follows what the path delivered, so it cannot hold the window above the link
+//!   for long: if the path slows down, within ten round trips the floor does too.
+//!
+//! Below the floor, congestion control is left to the inner flows, as WireGuard over UDP leaves
+//! all of it. Persistent congestion (every packet lost over several PTOs: the path is gone)
+//! forgets the delivery rate; the policy's floor stays.
+//!
+//! In stream mode the inner flows see no losses (quinn retransmits them), so above the floor
+//! CUBIC is what backs off when the path is full; the floor only removes the slow start.
 
 use std::any::Any;
+use std::collections::VecDeque;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use quinn::congestion::{Controller, ControllerFactory, ControllerMetrics, CubicConfig};
 use quinn_proto::RttEstimator;
 
-/// Factory of [`InnerControlled`] controllers (quinn's `congestion_controller_factory`).
-#[derive(Debug, Default, Clone)]
-pub struct InnerControlledConfig {
-    cubic: CubicConfig,
+/// Samples of the delivery rate kept for the floor: about ten round trips of them, as BBR keeps
+/// its maximum bandwidth over ten rounds.
+const FLOOR_ROUNDS: u32 = 10;
+
+/// The floor is this many bandwidth-delay products: the base BDP in flight on the path plus a
+/// full one-BDP bottleneck queue, which the inner flows keep full.
+const FLOOR_BDPS: u64 = 2;
+
+/// The window floor of [`Floored`]: `FLOOR_BDPS` × the highest delivery rate of the last
+/// `FLOOR_ROUNDS` round trips × the minimum RTT. Kept apart from quinn's types so it can be
+/// tested with made-up acknowledgements (quinn's `RttEstimator` cannot be built outside quinn).
+#[derive(Debug, Clone, Default)]
+pub struct DeliveryFloor {
+    /// Start of the current sampling interval and the bytes acknowledged in it.
+    interval: Option<(Instant, u64)>,
+    /// (end of interval, bytes per second), newest last.
+    samples: VecDeque<(Instant, f64)>,
+    min_rtt: Option<Duration>,
 }
 
-impl ControllerFactory for InnerControlledConfig {
+impl DeliveryFloor {
+    /// Counts `bytes` acknowledged at `now`.
+    pub fn on_ack(&mut self, now: Instant, bytes: u64) {
+        match &mut self.interval {
+            Some((_, acked)) => *acked += bytes,
+            // Bytes acknowledged by the first ACK were delivered before the interval began.
+            None => self.interval = Some((now, 0)),
+        }
+    }
+
+    /// Ends the interval once it is one minimum RTT long (one rate sample per round trip, so
+    /// that bursts of acknowledgements average out) and forgets samples older than
+    /// `FLOOR_ROUNDS` round trips.
+    pub fn on_end_acks(&mut self, now: Instant, min_rtt: Duration) {
+        if min_rtt.is_zero() {
+            return;
+        }
+        self.min_rtt = Some(min_rtt);
+        let Some((start, acked)) = self.interval else {
+            return;
+        };
+        let elapsed = now.saturating_duration_since(start);
+        if elapsed < min_rtt {
+            return;
+        }
+        self.samples
+            .push_back((now, acked as f64 / elapsed.as_secs_f64()));
+        // The next interval starts with this acknowledgement's time and no bytes: the bytes
+        // counted so far were delivered in the interval that just ended.
+        self.interval = Some((now, 0));
+        let keep = min_rtt * FLOOR_ROUNDS;
+        while let Some(&(t, _)) = self.samples.front() {
+            if now.saturating_duration_since(t) > keep {
+                self.samples.pop_front();
+            } else {
+                break;
+            }
+        }
+    }
+
+    /// The floor in bytes (0 before the first full round trip).
+    pub fn floor(&self) -> u64 {
+        let Some(min_rtt) = self.min_rtt else {
+            return 0;
+        };
+        let max_rate = self.samples.iter().map(|&(_, r)| r).fold(0.0, f64::max);
+        (FLOOR_BDPS as f64 * max_rate * min_rtt.as_secs_f64()) as u64
+    }
+
+    /// Forgets every sample (the path is gone: persistent congestion).
+    pub fn reset(&mut self) {
+        *self = Self::default();
+    }
+}
+
+/// Factory of [`Tunnel`] controllers (quinn's `congestion_controller_factory`).
+#[derive(Debug, Clone)]
+pub struct TunnelConfig {
+    floor: u64,
+}
+
+impl TunnelConfig {
+    /// Controllers whose window starts at and never falls below `floor` bytes.
+    pub fn new(floor: u64) -> Self {
+        Self { floor }
+    }
+}
+
+impl ControllerFactory for TunnelConfig {
     fn build(self: Arc<Self>, now: Instant, current_mtu: u16) -> Box<dyn Controller> {
-        Box::new(InnerControlled {
-            cubic: Arc::new(self.cubic.clone()).build(now, current_mtu),
+        let mut cubic = CubicConfig::default();
+        cubic.initial_window(self.floor);
+        Box::new(Tunnel {
+            cubic: Arc::new(cubic).build(now, current_mtu),
+            floor: self.floor,
+            delivered: DeliveryFloor::default(),
+            min_rtt: None,
         })
     }
 }
 
-/// CUBIC that ignores losses short of persistent congestion (see the module documentation).
-pub struct InnerControlled {
+/// CUBIC with a window floor (see the module documentation).
+pub struct Tunnel {
     cubic: Box<dyn Controller>,
+    floor: u64,
+    delivered: DeliveryFloor,
+    min_rtt: Option<Duration>,
 }
 
-impl Controller for InnerControlled {
+impl Controller for Tunnel {
     fn on_sent(&mut self, now: Instant, bytes: u64, last_packet_number: u64) {
         self.cubic.on_sent(now, bytes, last_packet_number);
     }
@@ -57,7 +161,10 @@ impl Controller for InnerControlled {
         app_limited: bool,
         rtt: &RttEstimator,
     ) {
+        self.delivered.on_ack(now, bytes);
         self.cubic.on_ack(now, sent, bytes, app_limited, rtt);
+        // quinn's minimum RTT (ACK delay taken out), kept here because `on_end_acks` has none.
+        self.min_rtt = Some(rtt.min());
     }
 
     fn on_end_acks(
@@ -67,6 +174,9 @@ impl Controller for InnerControlled {
         app_limited: bool,
         largest_packet_num_acked: Option<u64>,
     ) {
+        if let Some(min_rtt) = self.min_rtt {
+            self.delivered.on_end_acks(now, min_rtt);
+        }
         self.cubic
             .on_end_acks(now, in_flight, app_limited, largest_packet_num_acked);
     }
@@ -79,9 +189,10 @@ impl Controller for InnerControlled {
         lost_bytes: u64,
     ) {
         if is_persistent_congestion {
-            self.cubic
-                .on_congestion_event(now, sent, is_persistent_congestion, lost_bytes);
+            self.delivered.reset();
         }
+        self.cubic
+            .on_congestion_event(now, sent, is_persistent_congestion, lost_bytes);
     }
 
     fn on_mtu_update(&mut self, new_mtu: u16) {
@@ -89,21 +200,29 @@ impl Controller for InnerControlled {
     }
 
     fn window(&self) -> u64 {
-        self.cubic.window()
+        self.cubic
+            .window()
+            .max(self.floor)
+            .max(self.delivered.floor())
     }
 
     fn metrics(&self) -> ControllerMetrics {
-        self.cubic.metrics()
+        let mut m = self.cubic.metrics();
+        m.congestion_window = self.window();
+        m
     }
 
     fn clone_box(&self) -> Box<dyn Controller> {
-        Box::new(InnerControlled {
+        Box::new(Tunnel {
             cubic: self.cubic.clone_box(),
+            floor: self.floor,
+            delivered: self.delivered.clone(),
+            min_rtt: self.min_rtt,
         })
     }
 
     fn initial_window(&self) -> u64 {
-        self.cubic.initial_window()
+        self.floor
     }
 
     fn into_any(self: Box<Self>) -> Box<dyn Any> {
@@ -115,30 +234,94 @@ impl Controller for InnerControlled {
 mod tests {
     use super::*;
 
-    // quinn's RttEstimator cannot be built outside quinn, so these start from the initial
-    // window (10 packets), which CUBIC's back-off and persistent congestion both shrink.
+    const FLOOR: u64 = 7 << 20;
+
+    // quinn's RttEstimator cannot be built outside quinn, so these drive losses only.
     #[test]
-    fn losses_leave_the_window_alone_persistent_congestion_resets_it() {
+    fn starts_at_the_floor_and_losses_do_not_take_it_below() {
         let now = Instant::now();
-        let mut c = Arc::new(InnerControlledConfig::default()).build(now, 1452);
-        let initial = c.window();
-        c.on_congestion_event(now, now, false, 100_000);
-        assert_eq!(c.window(), initial, "a loss shrank the window");
-        c.on_congestion_event(now, now, true, 100_000);
-        assert!(
-            c.window() < initial,
-            "persistent congestion kept {}",
-            c.window()
-        );
-        assert!(c.into_any().is::<InnerControlled>());
+        let mut c = Arc::new(TunnelConfig::new(FLOOR)).build(now, 1452);
+        assert_eq!(c.window(), FLOOR, "no slow start below the floor");
+        assert_eq!(c.initial_window(), FLOOR);
+        for _ in 0..5 {
+            c.on_congestion_event(now, now, false, 1 << 20);
+            assert_eq!(c.window(), FLOOR);
+        }
+        c.on_congestion_event(now, now, true, 1 << 20);
+        assert_eq!(c.window(), FLOOR, "persistent congestion");
+        assert_eq!(c.metrics().congestion_window, FLOOR);
+        assert!(c.into_any().is::<Tunnel>());
     }
 
     #[test]
-    fn cubic_itself_backs_off_on_a_loss() {
+    fn quinns_cubic_starts_at_ten_packets_and_backs_off_below_it() {
         let now = Instant::now();
         let mut c = Arc::new(CubicConfig::default()).build(now, 1452);
         let initial = c.window();
+        assert!(initial < 20_000, "{initial}");
         c.on_congestion_event(now, now, false, 100_000);
         assert!(c.window() < initial);
+    }
+
+    const MB: u64 = 1_000_000;
+
+    /// Acknowledges `rate` bytes per second in 1 ms steps for `rounds` round trips of `rtt`.
+    fn deliver(f: &mut DeliveryFloor, t: &mut Instant, rate: u64, rtt: Duration, rounds: u32) {
+        let step = Duration::from_millis(1);
+        for _ in 0..(rtt.as_millis() as u32 * rounds) {
+            *t += step;
+            f.on_ack(*t, rate / 1000);
+            f.on_end_acks(*t, rtt);
+        }
+    }
+
+    fn within(got: u64, want: u64) -> bool {
+        got.abs_diff(want) * 100 <= want * 2
+    }
+
+    #[test]
+    fn the_delivery_floor_is_two_bdps_of_the_highest_recent_delivery_rate() {
+        let rtt = Duration::from_millis(190);
+        let mut t = Instant::now();
+        let mut f = DeliveryFloor::default();
+        assert_eq!(f.floor(), 0, "a floor before anything was delivered");
+        // 22.7 MB/s (181.7 Mbit/s) for 20 round trips: 2 × 22.7 MB/s × 190 ms = 8.6 MB.
+        deliver(&mut f, &mut t, 22_700_000, rtt, 20);
+        assert!(within(f.floor(), 8_626_000), "floor {}", f.floor());
+        // A slower stretch shorter than ten round trips leaves the maximum where it was ...
+        deliver(&mut f, &mut t, 5 * MB, rtt, 5);
+        assert!(within(f.floor(), 8_626_000), "floor {}", f.floor());
+        // ... a longer one takes it down to what the path now delivers.
+        deliver(&mut f, &mut t, 5 * MB, rtt, 8);
+        assert!(within(f.floor(), 1_900_000), "floor {}", f.floor());
+        f.reset();
+        assert_eq!(f.floor(), 0);
+    }
+
+    #[test]
+    fn the_window_is_the_highest_of_cubic_the_fixed_floor_and_the_delivery_floor() {
+        let rtt = Duration::from_millis(190);
+        let mut t = Instant::now();
+        let mut c = Tunnel {
+            cubic: Arc::new(CubicConfig::default()).build(t, 1452),
+            floor: FLOOR,
+            delivered: DeliveryFloor::default(),
+            min_rtt: None,
+        };
+        assert_eq!(c.window(), FLOOR);
+        // 25 MB/s delivered at 190 ms: two BDPs are 9.5 MB, above the fixed floor, and a loss
+        // does not take the window below them.
+        deliver(&mut c.delivered, &mut t, 25 * MB, rtt, 12);
+        assert!(within(c.window(), 9_500_000), "window {}", c.window());
+        c.on_congestion_event(t, t, false, 1 << 20);
+        assert!(
+            within(c.window(), 9_500_000),
+            "a loss took it to {}",
+            c.window()
+        );
+        assert_eq!(c.metrics().congestion_window, c.window());
+        // Persistent congestion: the path is gone, so is what it delivered; the fixed floor stays.
+        c.on_congestion_event(t, t, true, 1 << 20);
+        assert_eq!(c.window(), FLOOR);
     }
 }

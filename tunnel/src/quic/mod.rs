@@ -25,7 +25,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use anyhow::{Context as _, Result, anyhow, bail};
-use bufscope_policy::{Plan, Transport};
+use bufscope_policy::{Plan, Target, Transport};
 use bytes::Bytes;
 use quinn::{Connection, Endpoint, EndpointConfig, SendStream, TransportConfig, VarInt};
 use tokio::sync::watch;
@@ -297,17 +297,26 @@ fn transport_config(s: &Settings) -> Result<TransportConfig> {
         t.ack_frequency_config(Some(af));
     }
     match s.congestion {
+        Congestion::Tunnel => t.congestion_controller_factory(Arc::new(
+            congestion::TunnelConfig::new(window_floor(s.target)),
+        )),
         Congestion::Cubic => {
             t.congestion_controller_factory(Arc::new(quinn::congestion::CubicConfig::default()))
         }
         Congestion::Bbr => {
             t.congestion_controller_factory(Arc::new(quinn::congestion::BbrConfig::default()))
         }
-        Congestion::Inner => {
-            t.congestion_controller_factory(Arc::new(congestion::InnerControlledConfig::default()))
-        }
     };
     Ok(t)
+}
+
+/// The `tunnel` controller's window floor: the policy's UDP buffer for the path (7 MiB, or the
+/// BDP of the targets), whatever `--buffer-policy` does with the socket.
+fn window_floor(target: Option<Target>) -> u64 {
+    match Plan::for_current(Transport::Quic, target).buffers {
+        bufscope_policy::Buffers::Set { receive, .. } => receive as u64,
+        bufscope_policy::Buffers::LeaveAlone => bufscope_policy::UDP_DEFAULT_BUFFER as u64,
+    }
 }
 
 /// The congestion controller a connection actually runs.
@@ -317,8 +326,8 @@ fn controller_name(conn: &Connection) -> &'static str {
         "cubic"
     } else if any.is::<quinn::congestion::Bbr>() {
         "bbr"
-    } else if any.is::<congestion::InnerControlled>() {
-        "inner"
+    } else if any.is::<congestion::Tunnel>() {
+        "tunnel"
     } else if any.is::<quinn::congestion::NewReno>() {
         "newreno"
     } else {
@@ -648,10 +657,11 @@ fn log_connected(ctx: &Ctx, cur: &Current, what: &str) {
         rtt_us = cur.conn.rtt().as_micros() as u64,
         max_datagram = ?cur.conn.max_datagram_size(),
         udp_mtu = st.path.current_mtu,
-        "QUIC {what} {} (mode {}, congestion controller {} in effect)",
+        "QUIC {what} {} (mode {}, congestion controller {} in effect, window {})",
         cur.conn.remote_address(),
         ctx.mode,
-        controller_name(&cur.conn)
+        controller_name(&cur.conn),
+        st.path.cwnd
     );
 }
 

@@ -53,7 +53,7 @@ pub struct Args {
     /// machine's default: cubic (Linux's default) or bbr.
     #[arg(long, default_value = "cubic")]
     pub inner_cc: String,
-    /// Congestion controller of the QUIC rows (cubic, cubic-floor, bbr, inner), or `default`:
+    /// Congestion controller of the QUIC rows (tunnel, cubic, bbr), or `default`:
     /// the tunnel's own choice.
     #[arg(long, default_value = "default")]
     pub quic_congestion: String,
@@ -348,10 +348,10 @@ pub fn run(a: &Args) -> anyhow::Result<()> {
     }
     if !matches!(
         a.quic_congestion.as_str(),
-        "default" | "cubic" | "cubic-floor" | "bbr" | "inner"
+        "default" | "tunnel" | "cubic" | "bbr"
     ) {
         bail!(
-            "unknown --quic-congestion {:?} (default, cubic, cubic-floor, bbr, inner)",
+            "unknown --quic-congestion {:?} (default, tunnel, cubic, bbr)",
             a.quic_congestion
         );
     }
