@@ -297,9 +297,10 @@ fn transport_config(s: &Settings) -> Result<TransportConfig> {
         t.ack_frequency_config(Some(af));
     }
     match s.congestion {
-        Congestion::Tunnel => t.congestion_controller_factory(Arc::new(
-            congestion::TunnelConfig::new(window_floor(s.target)),
-        )),
+        Congestion::Tunnel => t.congestion_controller_factory(Arc::new(match s.quic_mode {
+            QuicMode::Datagram => congestion::TunnelConfig::datagram(window_floor(s.target)),
+            QuicMode::Stream => congestion::TunnelConfig::stream(window_floor(s.target)),
+        })),
         Congestion::Cubic => {
             t.congestion_controller_factory(Arc::new(quinn::congestion::CubicConfig::default()))
         }
