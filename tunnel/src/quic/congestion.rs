@@ -52,7 +52,7 @@ const FLOOR_ROUNDS: u32 = 10;
 /// full one-BDP bottleneck queue, which the inner flows keep full.
 const FLOOR_BDPS: u64 = 2;
 
-/// The window floor of [`Floored`]: `FLOOR_BDPS` × the highest delivery rate of the last
+/// The delivery-rate floor of [`Tunnel`] in datagram mode: `FLOOR_BDPS` × the highest delivery rate of the last
 /// `FLOOR_ROUNDS` round trips × the minimum RTT. Kept apart from quinn's types so it can be
 /// tested with made-up acknowledgements (quinn's `RttEstimator` cannot be built outside quinn).
 #[derive(Debug, Clone, Default)]
@@ -61,12 +61,19 @@ pub struct DeliveryFloor {
     interval: Option<(Instant, u64)>,
     /// (end of interval, bytes per second), newest last.
     samples: VecDeque<(Instant, f64)>,
+    /// quinn's minimum RTT as of the last acknowledgement.
     min_rtt: Option<Duration>,
+    /// The floor, recomputed once per batch of acknowledgements: quinn reads the window for
+    /// every packet it sends.
+    floor: u64,
 }
 
 impl DeliveryFloor {
-    /// Counts `bytes` acknowledged at `now`.
-    pub fn on_ack(&mut self, now: Instant, bytes: u64) {
+    /// Counts `bytes` acknowledged at `now`, with quinn's minimum RTT then.
+    pub fn on_ack(&mut self, now: Instant, bytes: u64, min_rtt: Duration) {
+        if !min_rtt.is_zero() {
+            self.min_rtt = Some(min_rtt);
+        }
         match &mut self.interval {
             Some((_, acked)) => *acked += bytes,
             // Bytes acknowledged by the first ACK were delivered before the interval began.
@@ -77,40 +84,34 @@ impl DeliveryFloor {
     /// Ends the interval once it is one minimum RTT long (one rate sample per round trip, so
     /// that bursts of acknowledgements average out) and forgets samples older than
     /// `FLOOR_ROUNDS` round trips.
-    pub fn on_end_acks(&mut self, now: Instant, min_rtt: Duration) {
-        if min_rtt.is_zero() {
-            return;
-        }
-        self.min_rtt = Some(min_rtt);
-        let Some((start, acked)) = self.interval else {
+    pub fn on_end_acks(&mut self, now: Instant) {
+        let (Some(min_rtt), Some((start, acked))) = (self.min_rtt, self.interval) else {
             return;
         };
         let elapsed = now.saturating_duration_since(start);
-        if elapsed < min_rtt {
-            return;
-        }
-        self.samples
-            .push_back((now, acked as f64 / elapsed.as_secs_f64()));
-        // The next interval starts with this acknowledgement's time and no bytes: the bytes
-        // counted so far were delivered in the interval that just ended.
-        self.interval = Some((now, 0));
-        let keep = min_rtt * FLOOR_ROUNDS;
-        while let Some(&(t, _)) = self.samples.front() {
-            if now.saturating_duration_since(t) > keep {
-                self.samples.pop_front();
-            } else {
-                break;
+        if elapsed >= min_rtt {
+            self.samples
+                .push_back((now, acked as f64 / elapsed.as_secs_f64()));
+            // The next interval starts with this acknowledgement's time and no bytes: the bytes
+            // counted so far were delivered in the interval that just ended.
+            self.interval = Some((now, 0));
+            let keep = min_rtt * FLOOR_ROUNDS;
+            while let Some(&(t, _)) = self.samples.front() {
+                if now.saturating_duration_since(t) > keep {
+                    self.samples.pop_front();
+                } else {
+                    break;
+                }
             }
         }
+        // Once per batch of acknowledgements, not per packet sent.
+        let max_rate = self.samples.iter().map(|&(_, r)| r).fold(0.0, f64::max);
+        self.floor = (FLOOR_BDPS as f64 * max_rate * min_rtt.as_secs_f64()) as u64;
     }
 
     /// The floor in bytes (0 before the first full round trip).
     pub fn floor(&self) -> u64 {
-        let Some(min_rtt) = self.min_rtt else {
-            return 0;
-        };
-        let max_rate = self.samples.iter().map(|&(_, r)| r).fold(0.0, f64::max);
-        (FLOOR_BDPS as f64 * max_rate * min_rtt.as_secs_f64()) as u64
+        self.floor
     }
 
     /// Forgets every sample (the path is gone: persistent congestion).
@@ -154,7 +155,6 @@ impl ControllerFactory for TunnelConfig {
             cubic: Arc::new(cubic).build(now, current_mtu),
             floor: self.floor,
             delivered: self.follow_delivery.then(DeliveryFloor::default),
-            min_rtt: None,
         })
     }
 }
@@ -165,7 +165,6 @@ pub struct Tunnel {
     floor: u64,
     /// Datagram mode only.
     delivered: Option<DeliveryFloor>,
-    min_rtt: Option<Duration>,
 }
 
 impl Controller for Tunnel {
@@ -182,11 +181,10 @@ impl Controller for Tunnel {
         rtt: &RttEstimator,
     ) {
         if let Some(d) = &mut self.delivered {
-            d.on_ack(now, bytes);
+            // quinn's minimum RTT (ACK delay taken out): `on_end_acks` has none.
+            d.on_ack(now, bytes, rtt.min());
         }
         self.cubic.on_ack(now, sent, bytes, app_limited, rtt);
-        // quinn's minimum RTT (ACK delay taken out), kept here because `on_end_acks` has none.
-        self.min_rtt = Some(rtt.min());
     }
 
     fn on_end_acks(
@@ -196,8 +194,8 @@ impl Controller for Tunnel {
         app_limited: bool,
         largest_packet_num_acked: Option<u64>,
     ) {
-        if let (Some(d), Some(min_rtt)) = (&mut self.delivered, self.min_rtt) {
-            d.on_end_acks(now, min_rtt);
+        if let Some(d) = &mut self.delivered {
+            d.on_end_acks(now);
         }
         self.cubic
             .on_end_acks(now, in_flight, app_limited, largest_packet_num_acked);
@@ -239,7 +237,6 @@ impl Controller for Tunnel {
             cubic: self.cubic.clone_box(),
             floor: self.floor,
             delivered: self.delivered.clone(),
-            min_rtt: self.min_rtt,
         })
     }
 
@@ -302,8 +299,8 @@ mod tests {
         let step = Duration::from_millis(1);
         for _ in 0..(rtt.as_millis() as u32 * rounds) {
             *t += step;
-            f.on_ack(*t, rate / 1000);
-            f.on_end_acks(*t, rtt);
+            f.on_ack(*t, rate / 1000, rtt);
+            f.on_end_acks(*t);
         }
     }
 
@@ -338,7 +335,6 @@ mod tests {
             cubic: Arc::new(CubicConfig::default()).build(t, 1452),
             floor: FLOOR,
             delivered: Some(DeliveryFloor::default()),
-            min_rtt: None,
         };
         assert_eq!(c.window(), FLOOR);
         // 25 MB/s delivered at 190 ms: two BDPs are 9.5 MB, above the fixed floor, and a loss
