@@ -125,7 +125,9 @@ fn check_pin_path(p: &std::path::Path) -> Result<(), String> {
             p.display()
         ));
     }
-    if p.exists() && crate::bpf::pins::dir::is_mount_root(p) {
+    // /sys/fs/bpf itself is where bufscope mounts a bpffs when none is there: refused whether
+    // or not it is mounted yet (a fresh node has it as a plain sysfs directory).
+    if p == std::path::Path::new(BPFFS) || (p.exists() && crate::bpf::pins::dir::is_mount_root(p)) {
         return Err(format!(
             "--bpf.pin-path {}: the root of a file system, not a directory of its own (name \
              one below it, e.g. {BPFFS}/bufscope)",
