@@ -12,39 +12,10 @@ pub fn at_least_one<T: std::str::FromStr + PartialEq + From<u8>>(s: &str) -> Res
     Ok(v)
 }
 
-/// The longest duration any flag takes (a year): a longer one is a typo, and close to
-/// `u64::MAX` seconds the clock arithmetic would overflow.
-pub const MAX_DURATION: Duration = Duration::from_secs(365 * 24 * 3600);
+pub use bufscope_policy::units::{MAX_DURATION, parse_duration};
 
 /// The shortest `--poll-interval`.
 pub const MIN_POLL_INTERVAL: Duration = Duration::from_millis(50);
-
-/// Parses `500ms`, `30s`, `5m`, `1h` (and a bare number of seconds), at most
-/// [`MAX_DURATION`].
-pub fn parse_duration(s: &str) -> Result<Duration, String> {
-    let s = s.trim();
-    let split = s
-        .find(|c: char| !c.is_ascii_digit() && c != '.')
-        .unwrap_or(s.len());
-    let (num, unit) = s.split_at(split);
-    let n: f64 = num
-        .parse()
-        .map_err(|_| format!("invalid duration {s:?}: expected e.g. 500ms, 30s, 5m, 1h"))?;
-    let secs = match unit {
-        "ms" => n / 1000.0,
-        "" | "s" => n,
-        "m" => n * 60.0,
-        "h" => n * 3600.0,
-        _ => return Err(format!("invalid duration unit in {s:?}: use ms, s, m or h")),
-    };
-    match Duration::try_from_secs_f64(secs) {
-        Ok(d) if d <= MAX_DURATION => Ok(d),
-        _ => Err(format!(
-            "duration {s:?} is too long: at most {}h (a year)",
-            MAX_DURATION.as_secs() / 3600
-        )),
-    }
-}
 
 /// A [`parse_duration`] value parser that also requires `min <= d <= max`.
 pub fn duration_within(

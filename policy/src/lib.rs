@@ -32,6 +32,7 @@
 mod apply;
 mod caps;
 mod rules;
+pub mod units;
 
 #[cfg(unix)]
 pub use apply::{DirectionOutcome, Force, Outcome, read_buffers, set_buffer};

@@ -25,6 +25,7 @@
 //! Offload = true                   # TUN TSO/GRO and UDP GSO/GRO (default true)
 //! ```
 
+use bufscope_policy::units::parse_duration;
 use std::fmt;
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::path::{Path, PathBuf};
@@ -244,24 +245,6 @@ fn parse_bandwidth(s: &str) -> Result<u64, String> {
         .filter(|v| v.is_finite() && *v > 0.0)
         .map(|v| (v * mult as f64) as u64)
         .ok_or_else(|| format!("{s:?} is not a bandwidth (e.g. 200M, 1G bits/s)"))
-}
-
-/// `190ms`, `0.19s`, `2s`; a bare number is milliseconds.
-fn parse_duration(s: &str) -> Result<Duration, String> {
-    let t = s.trim().to_ascii_lowercase();
-    let (num, secs_per_unit) = if let Some(n) = t.strip_suffix("ms") {
-        (n, 1e-3)
-    } else if let Some(n) = t.strip_suffix('s') {
-        (n, 1.0)
-    } else {
-        (t.as_str(), 1e-3)
-    };
-    num.trim()
-        .parse::<f64>()
-        .ok()
-        .filter(|v| v.is_finite() && *v >= 0.0)
-        .map(|v| Duration::from_secs_f64(v * secs_per_unit))
-        .ok_or_else(|| format!("{s:?} is not a duration (e.g. 190ms, 2s)"))
 }
 
 fn split_suffix<'a>(t: &'a str, suffixes: &[(&str, usize)]) -> (&'a str, usize) {
@@ -887,6 +870,6 @@ mod tests {
         assert_eq!(parse_bandwidth("200Mbit/s"), Ok(200_000_000));
         assert_eq!(parse_duration("190ms"), Ok(Duration::from_millis(190)));
         assert_eq!(parse_duration("2s"), Ok(Duration::from_secs(2)));
-        assert_eq!(parse_duration("50"), Ok(Duration::from_millis(50)));
+        assert!(parse_duration("50").is_err(), "a bare number: 50s or 50ms?");
     }
 }

@@ -5,7 +5,8 @@ use super::*;
 fn durations() {
     assert_eq!(parse_duration("500ms").unwrap(), Duration::from_millis(500));
     assert_eq!(parse_duration("5m").unwrap(), Duration::from_secs(300));
-    assert_eq!(parse_duration("2").unwrap(), Duration::from_secs(2));
+    assert_eq!(parse_duration("2s").unwrap(), Duration::from_secs(2));
+    assert!(parse_duration("2").unwrap_err().contains("2s or 2ms?"));
     assert!(parse_duration("5 parsecs").is_err());
     assert!(parse_duration("").is_err());
 }
@@ -69,7 +70,8 @@ fn durations_never_overflow() {
     }
     assert_eq!(parse_duration("8760h").unwrap(), MAX_DURATION);
     let poll = duration_within(MIN_POLL_INTERVAL, MAX_DURATION);
-    assert!(poll("0").unwrap_err().contains("at least 50ms"));
+    assert!(poll("0ms").unwrap_err().contains("at least 50ms"));
+    assert!(poll("0").unwrap_err().contains("0s or 0ms?"));
     assert_eq!(poll("50ms").unwrap(), MIN_POLL_INTERVAL);
 }
 
@@ -134,7 +136,8 @@ const BAD_RUN: &[(&[&str], Refused)] = &[
     (&["--retention", "5 parsecs"], Usage("invalid duration unit")),
     (&["--attribution.hold", "1e400"], Usage("invalid duration unit")),
     (&["--attribution.hold", "NaN"], Usage("invalid duration")),
-    (&["--poll-interval", "0"], Usage("at least 50ms")),
+    (&["--poll-interval", "0"], Usage("0s or 0ms?")),
+    (&["--poll-interval", "0ms"], Usage("at least 50ms")),
     (&["--poll-interval", "10ms"], Usage("at least 50ms")),
     (&["--poll-interval", "99999999999999999999h"], Usage("too long")),
     (&["--advice.window", "0s"], Usage("at least 1s")),
