@@ -655,6 +655,8 @@ pub mod total_family {
     /// Suppressed autotuning grows on sockets whose `AUTOTUNE` entries were collected
     /// (closed sockets of a live process).
     pub const AUTOTUNE_RETIRED: u8 = 7;
+    /// Netlink overruns (by netlink protocol, in the `proto` byte).
+    pub const NETLINK_OVERRUNS: u8 = 8;
 }
 
 /// Indexes of the `STATS` per-CPU array: the probes' own health counters.

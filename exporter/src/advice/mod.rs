@@ -182,6 +182,8 @@ pub struct Inputs {
     pub window: Duration,
     /// What the guard did, per process and rule.
     pub guard: Vec<GuardAct>,
+    /// Netlink sockets that overran.
+    pub netlink: Vec<NetlinkView>,
 }
 
 fn kib(b: f64) -> String {
@@ -325,6 +327,7 @@ pub fn evaluate(inputs: &Inputs) -> Vec<Finding> {
     clamps(&mut b);
     tcp_locks(&mut b);
     autotune(&mut b);
+    dataplanes::netlink_overruns(&mut b);
     mark_guarded(&mut b.out, &inputs.guard);
     // Most severe first; within a severity, what costs most now (drop rate) first.
     let cost = |f: &Finding| f.evidence.get("drops_per_second").copied().unwrap_or(0.0);
@@ -397,8 +400,11 @@ fn mark_guarded(out: &mut [Finding], acts: &[GuardAct]) {
     }
 }
 
+mod dataplanes;
 mod rules;
 #[cfg(test)]
 mod tests;
+
+pub use dataplanes::{NetlinkView, kinds as dataplane_kinds};
 
 use rules::{autotune, clamps, tcp_drops, tcp_locks, tun_ring, udp_drops};

@@ -19,6 +19,7 @@
 //! | [`tcp_state`] | `tcp_state` | ring buffer, [`EstablishedEvent`](bufscope_common::EstablishedEvent) | [`tcp_state::ProcTcp`] | `bufscope_tcp_established_total`, `bufscope_tcp_wscale_shrunk_total` |
 //! | [`autotune`] | `autotune` | `AUTOTUNE` per-CPU hash (socket) | [`autotune::ProcAutotune`] | `bufscope_tcp_autotune_suppressed_total` |
 //! | [`owners`] | `owners` | `OWNERS` hash (socket → process), read by the [`Attributor`](crate::attribution::Attributor) | — | — |
+//! | [`netlink`] | `netlink` (procfs: no hook fires per overrun) | `/proc/<pid>/net/netlink` per network namespace | [`netlink::ProcNetlink`] | `bufscope_netlink_overruns_total` |
 //! | [`guard`] | `guard` (+ decisions in `cgroup/setsockopt`) | ring buffer, [`GuardEvent`](bufscope_common::GuardEvent) | [`guard::ProcGuard`] | `bufscope_guard_decisions_total` |
 //!
 //! The collector drives the running rooms through the [`Signal`] trait and the loader reads
@@ -28,6 +29,7 @@
 pub mod autotune;
 pub mod drops;
 pub mod guard;
+pub mod netlink;
 #[cfg(test)]
 mod object_test;
 pub mod owners;
@@ -174,6 +176,7 @@ signals! {
     autotune: autotune::Autotune,
     owners: owners::Owners,
     guard: guard::Guard,
+    netlink: netlink::Netlink,
 }
 
 /// The running rooms and what they provide.

@@ -24,6 +24,8 @@ const USAGE: &str = "usage: bufscope-workload <command> [--key value …]
   tcp-bulk-send --port P [--bytes B]
   setsockopt --proto udp|tcp --opt NAME --value V   one call; prints ret/errno and readbacks
   hold-comm  --comm BYTES     set comm (\\xNN escapes allowed), open a UDP socket with SO_RCVBUF, hold
+  netlink-listen [--protocol P] [--groups G] [--rcvbuf N] [--read]   a netlink socket bound to
+             multicast groups G (hex with 0x) with SO_RCVBUF N; never reads unless --read
 
 Benchmark and reliability workloads:
   udp-sink   [--bind IP] [--rcvbuf N | --rcvbuf-force N] [--no-read]   one UDP socket read with
@@ -509,6 +511,79 @@ fn hold_comm(a: &Args) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// A netlink listener (`netlink-listen`): bound to multicast groups, reading only with
+/// `--read` (then it drains everything, as a daemon that keeps up would).
+fn netlink_listen(a: &Args) -> anyhow::Result<()> {
+    let protocol: i32 = a.num("--protocol", 0)?;
+    let groups = match a.value("--groups") {
+        Some(g) => match g.strip_prefix("0x") {
+            Some(h) => u32::from_str_radix(h, 16)?,
+            None => g.parse()?,
+        },
+        None => 0x41,
+    };
+    // SAFETY: plain socket(2).
+    let fd = unsafe {
+        libc::socket(
+            libc::AF_NETLINK,
+            libc::SOCK_RAW | libc::SOCK_CLOEXEC,
+            protocol,
+        )
+    };
+    if fd < 0 {
+        bail!("socket(AF_NETLINK): {}", std::io::Error::last_os_error());
+    }
+    if let Some(n) = a.value("--rcvbuf") {
+        setsockopt_int(fd, libc::SOL_SOCKET, libc::SO_RCVBUF, n.parse()?)?;
+    }
+    // SAFETY: a zeroed sockaddr_nl with family and groups set, of its own size.
+    let mut addr: libc::sockaddr_nl = unsafe { std::mem::zeroed() };
+    addr.nl_family = libc::AF_NETLINK as u16;
+    addr.nl_groups = groups;
+    // SAFETY: addr is a valid sockaddr_nl.
+    let rc = unsafe {
+        libc::bind(
+            fd,
+            (&raw const addr).cast(),
+            std::mem::size_of::<libc::sockaddr_nl>() as libc::socklen_t,
+        )
+    };
+    if rc != 0 {
+        bail!("bind(AF_NETLINK): {}", std::io::Error::last_os_error());
+    }
+    let mut rcvbuf: libc::c_int = 0;
+    let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+    // SAFETY: valid fd and buffer.
+    unsafe {
+        libc::getsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_RCVBUF,
+            (&raw mut rcvbuf).cast(),
+            &raw mut len,
+        )
+    };
+    if a.flag("--read") {
+        std::thread::spawn(move || {
+            let mut buf = vec![0u8; 1 << 16];
+            loop {
+                // SAFETY: valid fd and buffer; errors (ENOBUFS) are read past.
+                let n = unsafe { libc::recv(fd, buf.as_mut_ptr().cast(), buf.len(), 0) };
+                if n == 0 {
+                    return;
+                }
+            }
+        });
+    }
+    ready(&[
+        ("pid", std::process::id().to_string()),
+        ("inode", inode_of(fd)?.to_string()),
+        ("rcvbuf", rcvbuf.to_string()),
+    ]);
+    hold();
+    Ok(())
+}
+
 fn main() {
     let mut argv: Vec<String> = std::env::args().skip(1).collect();
     if argv.is_empty() {
@@ -526,6 +601,7 @@ fn main() {
         "tcp-bulk-send" => tcp_bulk_send(&a),
         "setsockopt" => one_setsockopt(&a),
         "hold-comm" => hold_comm(&a),
+        "netlink-listen" => netlink_listen(&a),
         "udp-sink" => bench::udp_sink(&a),
         "udp-blast" => bench::udp_blast(&a),
         "udp-fresh" => bench::udp_fresh(&a),
