@@ -12,15 +12,13 @@ use axum::body::Bytes;
 use foldhash::HashSet;
 use std::time::{Duration, Instant, SystemTime};
 
-use aya::maps::{MapData, RingBuf};
-
 use crate::advice::{self, Finding, Inputs, Report};
 use crate::attribution::{Attributor, Procfs};
 use crate::bpf::pins::LinkWatch;
-use crate::bpf::{RunStats, Stats};
+use crate::bpf::{Records, RunStats, Stats};
 use crate::exposition::{self, Created, Format, Health, selfmetrics};
 use crate::kernel::BufferLimits;
-use crate::signals::{self, AdviceCx, Cx, GcCx, ProcStats, Signal, Store};
+use crate::signals::{self, AdviceCx, GcCx, PollCx, ProcStats, Signal, Store};
 use crate::store::{ProcMeta, ProcRef, Who};
 use crate::totals::Totals;
 
@@ -65,7 +63,7 @@ pub struct Collector {
     pub advice_window: Duration,
     /// The probes' event ring buffer, drained on every poll (so a scrape sees every event
     /// committed before it) and by the event task when the kernel signals it.
-    events: Option<RingBuf<MapData>>,
+    events: Option<Box<dyn Records>>,
     warned_limits: bool,
     /// Created times of the counter series (OpenMetrics `_created`).
     created: Created,
@@ -341,7 +339,7 @@ impl Collector {
     }
 
     /// Hands the event ring buffer to the collector.
-    pub fn set_events(&mut self, rb: RingBuf<MapData>) {
+    pub fn set_events(&mut self, rb: Box<dyn Records>) {
         self.events = Some(rb);
     }
 
@@ -350,11 +348,7 @@ impl Collector {
         let Some(mut rb) = self.events.take() else {
             return 0;
         };
-        let mut n = 0;
-        while let Some(item) = rb.next() {
-            self.dispatch(&item);
-            n += 1;
-        }
+        let n = rb.drain(&mut |record| self.dispatch(record));
         self.events = Some(rb);
         if n > 0 {
             self.advice_dirty = true;
@@ -376,7 +370,7 @@ impl Collector {
         else {
             return;
         };
-        let mut cx = Cx {
+        let mut cx = PollCx {
             attr: &mut self.attr,
             store: &mut self.store,
             limits: self.limits,
@@ -418,7 +412,7 @@ impl Collector {
             self.advice_dirty = true;
         }
         self.limits = limits;
-        let mut cx = Cx {
+        let mut cx = PollCx {
             attr: &mut self.attr,
             store: &mut self.store,
             limits,

@@ -1,22 +1,22 @@
 //! `bufscope run`: check, bind, load and attach, build the signal rooms, start the background
 //! tasks, serve until SIGINT/SIGTERM, detach.
 
-use std::os::fd::AsFd as _;
+use std::os::fd::OwnedFd;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anyhow::{Context as _, bail};
-use aya::maps::{MapData, PerCpuArray, RingBuf};
 use tokio::io::unix::AsyncFd;
 
 use crate::attribution::{Attributor, Procfs};
-use crate::bpf::{self, LoadPlan, Probes, Purpose, Stats, take_map};
+use crate::bpf::ring::Ring;
+use crate::bpf::{self, LoadPlan, Probes, Purpose, Stats};
 use crate::cli::RunArgs;
 use crate::collector::{self, Collector, Timing};
 use crate::exposition::Health;
 use crate::http::{self, App, auth::Auth, tls::TlsListener, web_config::WebConfig};
 use crate::kernel::{self, KernelInfo, caps};
-use crate::signals::{self, BuildEnv, Store};
+use crate::signals::{self, BuildCx, Store};
 use crate::totals::Totals;
 
 /// How often the event task drains the ring buffer when the kernel has not woken it.
@@ -128,7 +128,7 @@ pub async fn run(args: RunArgs, addrs: Vec<std::net::SocketAddr>) -> anyhow::Res
 fn load(
     args: &RunArgs,
     pin_dir: Option<bpf::pins::dir::PinLock>,
-) -> anyhow::Result<(Collector, RingBuf<MapData>, Probes)> {
+) -> anyhow::Result<(Collector, OwnedFd, Probes)> {
     let kinfo = KernelInfo::load(&args.kernel.btf_path, &args.kernel.reasons)?;
     let mut plan = LoadPlan::new(Purpose::Run, &args.kernel.disable, args.kernel.log_level);
     plan.map_entries("EVENTS", args.events_ring_bytes);
@@ -144,14 +144,14 @@ fn load(
     if !loaded.any_attached() {
         bail!("no probe could attach (see the warnings above; `bufscope check` explains each)");
     }
-    let env = BuildEnv {
+    let env = BuildCx {
         status: &loaded.status,
         reasons: &kinfo.reasons,
         pins: loaded.pins.as_ref().map(|p| p.outcome.clone()),
     };
     let built = setups.build(&mut loaded.ebpf, &env)?;
-    let stats: PerCpuArray<MapData, u64> = take_map(&mut loaded.ebpf, "STATS")?;
-    let events: RingBuf<MapData> = take_map(&mut loaded.ebpf, "EVENTS")?;
+    let stats = Stats::take(&mut loaded.ebpf)?;
+    let (events, events_fd) = Ring::take(&mut loaded.ebpf)?;
     let health = Health {
         version: env!("CARGO_PKG_VERSION").to_string(),
         kernel: kinfo.release.clone(),
@@ -185,7 +185,7 @@ fn load(
             .filter(|d| !d.as_os_str().is_empty()),
         ),
         built.rooms,
-        Some(Stats::new(stats)),
+        Some(stats),
         health,
         Timing {
             // Each GC reads /proc/<pid>/stat of every tracked process: a quarter of the
@@ -196,8 +196,8 @@ fn load(
     );
     collector.advice_window = args.advice_window;
     if let Some(p) = loaded.pins.as_ref() {
-        match take_map(&mut loaded.ebpf, "TOTALS") {
-            Ok(m) => collector.set_totals(Totals::new(m), p.outcome.kept_maps()),
+        match Totals::take(&mut loaded.ebpf) {
+            Ok(t) => collector.set_totals(t, p.outcome.kept_maps()),
             Err(e) => tracing::warn!(
                 "{e:#}: counters built from events (setsockopt, TCP) restart at 0 with the next bufscope"
             ),
@@ -212,7 +212,8 @@ fn load(
     if let Some(p) = loaded.pins.as_ref() {
         collector.watch_links(p.watch(signals::PROBES));
     }
-    Ok((collector, events, loaded))
+    collector.set_events(Box::new(events));
+    Ok((collector, events_fd, loaded))
 }
 
 /// Forwards the BPF programs' aya-log records to `tracing`.
@@ -247,13 +248,8 @@ fn forward_bpf_log(loaded: &mut Probes) -> anyhow::Result<()> {
 /// timer, and every poll (every scrape) drains first, so events are never stale.
 fn spawn_event_task(
     collector: Arc<Mutex<Collector>>,
-    events: RingBuf<MapData>,
+    events_fd: OwnedFd,
 ) -> anyhow::Result<tokio::task::JoinHandle<()>> {
-    let events_fd = events
-        .as_fd()
-        .try_clone_to_owned()
-        .context("duplicating the ring buffer fd")?;
-    collector::lock(&collector).set_events(events);
     let mut fd = register(events_fd).context("polling the BPF ring buffer")?;
     Ok(tokio::spawn(async move {
         let mut tick = tokio::time::interval(EVENTS_DRAIN_EVERY);

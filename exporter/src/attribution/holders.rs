@@ -136,7 +136,7 @@ impl Attributor {
     /// The process `OWNERS` recorded for socket `inode` (its creator, or the last process
     /// that configured or connected it), if the owners probe runs and has it.
     fn recorded_owner(&self, inode: u64) -> Option<ProcRef> {
-        let o = self.owners.as_ref()?.get(&inode, 0).ok()?;
+        let o = self.owners.as_ref()?.get(&inode)?;
         Some(ProcRef {
             tgid: o.tgid,
             start_ticks: super::Procfs::ns_to_ticks(o.start_ns),

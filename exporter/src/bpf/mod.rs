@@ -15,17 +15,22 @@
 //! | [`attach`] | loading one variant and linking its hooks, all or nothing |
 //! | [`pins`] | `--bpf.pin-path`: adopt, upgrade or replace what an earlier bufscope pinned |
 //! | [`sys`] | every raw `bpf(2)`/`perf_event_open(2)` call |
+//! | [`table`], [`ring`] | the map-read seam: [`table::Table`] over a kernel map or an in-memory fake ([`fake`], tests), [`ring::Records`] over the event ring buffer |
 //! | [`maps`], [`batch`], [`stats`] | taking and reading maps |
 
 pub mod attach;
 mod batch;
 pub mod choice;
+#[cfg(test)]
+pub mod fake;
 pub mod hook;
 mod maps;
 pub mod pins;
 pub mod plan;
+pub mod ring;
 mod stats;
 pub mod sys;
+pub mod table;
 
 use std::collections::HashSet;
 use std::path::Path;
@@ -41,7 +46,9 @@ pub use choice::{BtfNeed, usable};
 pub use hook::{Hook, ProbeSpec, ProbeStatus, Variant, describe};
 pub use maps::{decode, take_map};
 pub use plan::{Attached, LoadHooks, LoadPlan, Purpose};
+pub use ring::Records;
 pub use stats::{RunStats, Stats};
+pub use table::{PerCpuTable, Table};
 
 /// The compiled BPF object.
 pub static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/bufscope"));

@@ -4,14 +4,12 @@
 use std::time::{Duration, Instant};
 
 use aya::Ebpf;
-use aya::maps::{HashMap as BpfHashMap, MapData};
-use bufscope_common::Owner;
 use foldhash::HashSet;
 use prometheus::proto::MetricFamily;
 
 use super::{ProcStats, Store};
 use crate::advice::Inputs;
-use crate::attribution::Attributor;
+use crate::attribution::{Attributor, OwnersMap};
 use crate::bpf::pins::Outcome;
 use crate::bpf::{Attached, LoadPlan, ProbeSpec, ProbeStatus, Stats};
 use crate::kernel::{BufferLimits, DropReasons, KernelBtf};
@@ -66,13 +64,13 @@ pub struct NoFlags {}
 pub struct Services {
     /// `OWNERS` (socket inode → the process that created or accepted it), for the
     /// [`Attributor`].
-    pub owners: Option<BpfHashMap<MapData, u64, Owner>>,
+    pub owners: Option<OwnersMap>,
 }
 
 /// The running room `make()` makes, when probe `probe` attached (the rooms that only read
 /// the ring buffer and have nothing else to take).
 pub fn when_attached<S: Signal + 'static>(
-    env: &BuildEnv<'_>,
+    env: &BuildCx<'_>,
     probe: &str,
     make: impl FnOnce() -> S,
 ) -> anyhow::Result<Option<Box<dyn Signal>>> {
@@ -81,8 +79,8 @@ pub fn when_attached<S: Signal + 'static>(
         .then(|| Box::new(make()) as Box<dyn Signal>))
 }
 
-/// What a room sees while it is built from the loaded object.
-pub struct BuildEnv<'a> {
+/// What a room sees while it is built from the loaded object ([`Room::take`]).
+pub struct BuildCx<'a> {
     /// Per-probe outcome of attaching.
     pub status: &'a [ProbeStatus],
     /// The kernel's drop-reason names.
@@ -91,15 +89,15 @@ pub struct BuildEnv<'a> {
     pub pins: Option<Outcome>,
 }
 
-impl BuildEnv<'_> {
+impl BuildCx<'_> {
     /// Whether probe `name` attached.
     pub fn attached(&self, name: &str) -> bool {
         crate::bpf::hook::attached(self.status, name)
     }
 }
 
-/// What a room's flags are checked with: the rest of the command line.
-pub struct Context<'a> {
+/// What a room's flags are checked with ([`Room::validate`]): the rest of the command line.
+pub struct ValidateCx<'a> {
     /// `--probe.disable`.
     pub disabled: &'a [String],
     /// `--bpf.pin-path` is given.
@@ -130,7 +128,7 @@ pub trait Room: Sized + Send + 'static {
 
     /// Checks its flags beyond what clap checks, with the rest of the command line (before
     /// anything is loaded).
-    fn validate(_flags: &Self::Flags, _cx: &Context<'_>) -> Result<(), Invalid> {
+    fn validate(_flags: &Self::Flags, _cx: &ValidateCx<'_>) -> Result<(), Invalid> {
         Ok(())
     }
 
@@ -158,7 +156,7 @@ pub trait Room: Sized + Send + 'static {
     fn take(
         setup: Self::Setup,
         ebpf: &mut Ebpf,
-        env: &BuildEnv<'_>,
+        env: &BuildCx<'_>,
         services: &mut Services,
     ) -> anyhow::Result<Option<Box<dyn Signal>>>;
 
@@ -168,8 +166,9 @@ pub trait Room: Sized + Send + 'static {
     }
 }
 
-/// What a room sees while it reads its maps or decodes an event.
-pub struct Cx<'a> {
+/// What a room sees while it reads the kernel's records: its maps ([`Signal::poll`]) or a
+/// ring-buffer record ([`Signal::on_event`]).
+pub struct PollCx<'a> {
     /// Socket → process.
     pub attr: &'a mut Attributor,
     /// Per-process counters.
@@ -180,7 +179,7 @@ pub struct Cx<'a> {
     pub stats: Option<&'a Stats>,
 }
 
-/// What a room sees during garbage collection.
+/// What a room sees during garbage collection ([`Signal::gc`]).
 pub struct GcCx<'a> {
     /// Socket inodes held by any process (from the last pass over `/proc/*/fd`).
     pub live: &'a HashSet<u64>,
@@ -194,7 +193,7 @@ pub struct GcCx<'a> {
     pub store: &'a Store,
 }
 
-/// What a room sees when it hands inputs to the advice rules.
+/// What a room sees when it hands inputs to the advice rules ([`Signal::advise`]).
 pub struct AdviceCx<'a> {
     /// Per-process counters.
     pub store: &'a Store,
@@ -227,11 +226,11 @@ pub trait Signal: Send {
     }
 
     /// Decodes and counts one ring-buffer record of one of [`Signal::event_kinds`].
-    fn on_event(&mut self, _kind: u32, _bytes: &[u8], _cx: &mut Cx<'_>) {}
+    fn on_event(&mut self, _kind: u32, _bytes: &[u8], _cx: &mut PollCx<'_>) {}
 
     /// Reads the room's maps into the store. Returns true when something the advice rules
     /// read may have changed (the collector then re-evaluates them).
-    fn poll(&mut self, _cx: &mut Cx<'_>) -> bool {
+    fn poll(&mut self, _cx: &mut PollCx<'_>) -> bool {
         false
     }
 

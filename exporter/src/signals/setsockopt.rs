@@ -23,7 +23,7 @@ use bufscope_common::{
 };
 
 use super::{
-    AdviceCx, BuildEnv, Cx, GcCx, NoFlags, Part, ProcStats, Room, Services, Signal, decode,
+    AdviceCx, BuildCx, GcCx, NoFlags, Part, PollCx, ProcStats, Room, Services, Signal, decode,
     when_attached,
 };
 use crate::advice::{Inputs, SocketOpt};
@@ -324,7 +324,7 @@ impl Room for Setsockopt {
     fn take(
         _setup: (),
         _ebpf: &mut aya::Ebpf,
-        env: &BuildEnv<'_>,
+        env: &BuildCx<'_>,
         _services: &mut Services,
     ) -> anyhow::Result<Option<Box<dyn Signal>>> {
         when_attached(env, PROBE.name, || Self {
@@ -337,7 +337,7 @@ impl Room for Setsockopt {
 
 impl Setsockopt {
     /// Counts one call and returns whom it was attributed to.
-    fn count(ev: &SockoptEvent, option: BufOption, clamped: bool, cx: &mut Cx<'_>) -> Who {
+    fn count(ev: &SockoptEvent, option: BufOption, clamped: bool, cx: &mut PollCx<'_>) -> Who {
         let proto = Proto::from_ip(ev.proto);
         let who = if ev.owner.tgid == 0 {
             cx.store.count_unknown(PROBE.name, 1);
@@ -415,21 +415,31 @@ impl Signal for Setsockopt {
         FAMILIES
     }
 
-    fn on_event(&mut self, _kind: u32, bytes: &[u8], cx: &mut Cx<'_>) {
+    fn on_event(&mut self, _kind: u32, bytes: &[u8], cx: &mut PollCx<'_>) {
         let Some(mut ev) = decode::<SockoptEvent>(bytes) else {
             return;
         };
-        if !derive(&mut ev, &cx.limits, self.floors) && !self.warned_underived {
-            self.warned_underived = true;
-            tracing::warn!(
-                "net.core.rmem_max/wmem_max are not readable here: the effective size of \
-                 SO_RCVBUF/SO_SNDBUF calls is reported as requested and clamps are not counted"
-            );
-        }
+        let derived = derive(&mut ev, &cx.limits, self.floors);
         let Some(option) = BufOption::from_optname(ev.optname) else {
             return;
         };
-        let clamped = clamped(&ev);
+        if !derived {
+            // The ceiling is unknown: the size is reported as requested, no clamp is claimed.
+            if option.is_send() {
+                ev.sndbuf_after = ev.applied;
+            } else {
+                ev.rcvbuf_after = ev.applied;
+            }
+            if !self.warned_underived {
+                self.warned_underived = true;
+                tracing::warn!(
+                    "net.core.rmem_max/wmem_max are not readable here: the effective size of \
+                     SO_RCVBUF/SO_SNDBUF calls is reported as requested and clamps are not \
+                     counted"
+                );
+            }
+        }
+        let clamped = derived && clamped(&ev);
         tracing::debug!(
             pid = ev.owner.tgid,
             inode = ev.inode,
@@ -659,5 +669,142 @@ mod tests {
         e.locks_before = 1;
         e.locks_after = 1;
         assert!(!set_rcvbuf_lock(&e), "SO_SNDBUF lock is not a receive lock");
+    }
+}
+
+#[cfg(test)]
+mod room_tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use crate::signals::testkit::{Bench, me, my_proc, record};
+    use bufscope_common::{IPPROTO_UDP, SO_RCVBUF, SO_RCVBUFFORCE};
+    use foldhash::HashSet;
+
+    fn room() -> Setsockopt {
+        Setsockopt {
+            notes: HashMap::new(),
+            floors: Floors {
+                rcvbuf: 2304,
+                sndbuf: 4608,
+            },
+            warned_underived: false,
+        }
+    }
+
+    /// A call as the `cgroup/setsockopt` program reports it: before the kernel's handler.
+    fn call(optname: i32, requested: i32, flags: u8) -> SockoptEvent {
+        SockoptEvent {
+            kind: event_kind::SOCKOPT,
+            optname,
+            owner: me(),
+            inode: 77,
+            requested,
+            applied: requested,
+            optlen: 4,
+            rcvbuf_after: 212_992,
+            sndbuf_after: 212_992,
+            proto: IPPROTO_UDP,
+            flags: sockopt_flags::BEFORE_HANDLER | flags,
+            ..Default::default()
+        }
+    }
+
+    fn count(b: &Bench, r: &Setsockopt, family: &str, option: &str) -> f64 {
+        b.sample(
+            r,
+            family,
+            my_proc().tgid,
+            &[("proto", "udp"), ("option", option)],
+        )
+    }
+
+    /// Records decoded from the ring buffer's bytes: the outcome derived with this poll's
+    /// `rmem_max` (4 MiB), counted per (proto, option) on the caller, noted for advice.
+    #[test]
+    fn calls_are_derived_counted_and_noted() {
+        let mut b = Bench::new();
+        let mut r = room();
+        let mut again = call(SO_RCVBUF, 65536, 0);
+        again.locks_before = SOCK_RCVBUF_LOCK;
+        again.locks_after = SOCK_RCVBUF_LOCK;
+        for ev in [
+            call(SO_RCVBUF, 1 << 30, 0),
+            again,
+            call(SO_RCVBUFFORCE, 64 << 20, 0),
+        ] {
+            r.on_event(event_kind::SOCKOPT, &record(&ev), &mut b.poll());
+        }
+        assert_eq!(count(&b, &r, "bufscope_setsockopt_total", "SO_RCVBUF"), 2.0);
+        assert_eq!(
+            count(&b, &r, "bufscope_setsockopt_clamped_total", "SO_RCVBUF"),
+            1.0
+        );
+        assert_eq!(
+            count(&b, &r, "bufscope_setsockopt_failed_total", "SO_RCVBUFFORCE"),
+            1.0,
+            "EPERM without CAP_NET_ADMIN"
+        );
+        let locks = b.sample(
+            &r,
+            "bufscope_rcvbuf_locks_total",
+            my_proc().tgid,
+            &[("proto", "udp")],
+        );
+        assert_eq!(
+            locks, 1.0,
+            "the first call locked the buffer; the second found it locked"
+        );
+        let mut inputs = Inputs::default();
+        r.advise(&b.advice(), &mut inputs);
+        let notes: Vec<_> = inputs
+            .opts
+            .iter()
+            .map(|o| (o.option, o.effective, o.ret))
+            .collect();
+        assert!(
+            notes.contains(&(BufOption::Rcvbuf, 131_072, 0)),
+            "{notes:?}"
+        );
+        assert!(
+            notes.contains(&(BufOption::RcvbufForce, 212_992, -EPERM)),
+            "{notes:?}"
+        );
+    }
+
+    /// Without the ceiling the outcome is not made up: the call counts, the clamp does not.
+    #[test]
+    fn unknown_ceiling_counts_the_call_only() {
+        let mut b = Bench::new();
+        b.limits = BufferLimits::default();
+        let mut r = room();
+        let ev = call(SO_RCVBUF, 1 << 30, 0);
+        r.on_event(event_kind::SOCKOPT, &record(&ev), &mut b.poll());
+        assert_eq!(count(&b, &r, "bufscope_setsockopt_total", "SO_RCVBUF"), 1.0);
+        assert_eq!(
+            count(&b, &r, "bufscope_setsockopt_clamped_total", "SO_RCVBUF"),
+            0.0
+        );
+        assert!(r.warned_underived);
+    }
+
+    /// A call without an owner goes to `_unknown`; GC forgets the notes of closed sockets.
+    #[test]
+    fn unowned_calls_and_gc() {
+        let mut b = Bench::new();
+        let mut r = room();
+        let mut ev = call(SO_RCVBUF, 65536, 0);
+        ev.owner.tgid = 0;
+        r.on_event(event_kind::SOCKOPT, &record(&ev), &mut b.poll());
+        assert_eq!(b.store.attribution_unknown.get("setsockopt"), Some(&1));
+        r.on_event(
+            event_kind::SOCKOPT,
+            &record(&call(SO_RCVBUF, 65536, 0)),
+            &mut b.poll(),
+        );
+        assert_eq!(r.notes.len(), 1);
+        b.gc(&mut r, &[77].into_iter().collect());
+        assert_eq!(r.notes.len(), 1, "socket 77 is live");
+        b.gc(&mut r, &HashSet::default());
+        assert!(r.notes.is_empty());
     }
 }

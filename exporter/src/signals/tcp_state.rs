@@ -12,7 +12,7 @@ use prometheus::proto::MetricFamily;
 use bufscope_common::{EstablishedEvent, SOCK_RCVBUF_LOCK, estab_flags, event_kind, total_family};
 
 use super::{
-    AdviceCx, BuildEnv, Cx, GcCx, NoFlags, Part, ProcStats, Room, Services, Signal, decode,
+    AdviceCx, BuildCx, GcCx, NoFlags, Part, PollCx, ProcStats, Room, Services, Signal, decode,
     when_attached,
 };
 use crate::advice::{Inputs, TcpShape};
@@ -144,7 +144,7 @@ impl Room for TcpState {
     fn take(
         _setup: (),
         _ebpf: &mut aya::Ebpf,
-        env: &BuildEnv<'_>,
+        env: &BuildCx<'_>,
         _services: &mut Services,
     ) -> anyhow::Result<Option<Box<dyn Signal>>> {
         when_attached(env, PROBE.name, || Self {
@@ -174,7 +174,7 @@ impl Signal for TcpState {
         &[ESTABLISHED.name, SHRUNK.name]
     }
 
-    fn on_event(&mut self, _kind: u32, bytes: &[u8], cx: &mut Cx<'_>) {
+    fn on_event(&mut self, _kind: u32, bytes: &[u8], cx: &mut PollCx<'_>) {
         let Some(ev) = decode::<EstablishedEvent>(bytes) else {
             return;
         };
@@ -291,5 +291,87 @@ mod tests {
             None,
             "no wscale option from the peer"
         );
+    }
+}
+
+#[cfg(test)]
+mod room_tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use crate::signals::testkit::{Bench, me, my_proc, record};
+
+    fn connection(flags: u32, rcv_wscale: u8) -> EstablishedEvent {
+        EstablishedEvent {
+            kind: event_kind::ESTABLISHED,
+            owner: me(),
+            flags: flags | estab_flags::WSCALE_OK,
+            window_scaling: 1,
+            rcv_wscale,
+            tcp_rmem_max: 33_554_432,
+            ..Default::default()
+        }
+    }
+
+    fn room() -> TcpState {
+        TcpState {
+            examples: HashMap::new(),
+        }
+    }
+
+    /// Records decoded from the ring buffer's bytes count connections and shrunken scales on
+    /// the process the probe recorded; advice gets the example.
+    #[test]
+    fn established_records_count_on_their_owner() {
+        let mut b = Bench::new();
+        let mut r = room();
+        for ev in [
+            connection(estab_flags::OWNER_KNOWN, 10),
+            connection(estab_flags::OWNER_KNOWN, 1),
+        ] {
+            r.on_event(event_kind::ESTABLISHED, &record(&ev), &mut b.poll());
+        }
+        let pid = my_proc().tgid;
+        assert_eq!(
+            b.sample(&r, "bufscope_tcp_established_total", pid, &[]),
+            2.0
+        );
+        assert_eq!(
+            b.sample(&r, "bufscope_tcp_wscale_shrunk_total", pid, &[]),
+            1.0
+        );
+        let mut inputs = Inputs::default();
+        r.advise(&b.advice(), &mut inputs);
+        let (p, shape) = &inputs.tcp[0];
+        assert_eq!(*p, my_proc());
+        assert_eq!((shape.established, shape.shrunk), (2, 1));
+        assert_eq!(
+            shape.example,
+            Some((1, 10)),
+            "born with 1, the kernel would pick 10"
+        );
+    }
+
+    /// An accepted child of a locked listener inherited the lock: counted as a lock.
+    #[test]
+    fn a_child_of_a_locked_listener_counts_as_a_lock() {
+        let mut b = Bench::new();
+        let mut r = room();
+        let mut ev = connection(estab_flags::OWNER_KNOWN | estab_flags::PASSIVE, 10);
+        ev.userlocks = SOCK_RCVBUF_LOCK;
+        r.on_event(event_kind::ESTABLISHED, &record(&ev), &mut b.poll());
+        let s = b.store.get(&my_proc()).unwrap();
+        assert_eq!(s.parts.setsockopt.rcvbuf_locks.get(&Proto::Tcp), Some(&1));
+    }
+
+    /// No owner (none recorded, no inode): `_unknown`; a truncated record is ignored.
+    #[test]
+    fn unowned_and_truncated_records() {
+        let mut b = Bench::new();
+        let mut r = room();
+        let ev = connection(0, 10);
+        r.on_event(event_kind::ESTABLISHED, &record(&ev), &mut b.poll());
+        assert_eq!(b.store.attribution_unknown.get("tcp_state"), Some(&1));
+        r.on_event(event_kind::ESTABLISHED, &record(&ev)[..8], &mut b.poll());
+        assert_eq!(b.store.attribution_unknown.get("tcp_state"), Some(&1));
     }
 }

@@ -10,7 +10,7 @@ use foldhash::HashSet;
 use super::{Drops, shared};
 use crate::attribution::Attributor;
 use crate::labels::Proto;
-use crate::signals::{Cx, Store};
+use crate::signals::{PollCx, Store};
 use crate::store::{ProcRef, Who};
 
 impl Drops {
@@ -27,6 +27,7 @@ impl Drops {
             }
             drop_site::DEVICE => {
                 let name = self
+                    .map
                     .last
                     .get(k)
                     .map(|s| s.ifname.clone())
@@ -122,7 +123,7 @@ impl Drops {
                     Who::Unknown
                 }
             };
-            if let (Some(seen), Who::Proc(p)) = (self.last.get_mut(&k), who) {
+            if let (Some(seen), Who::Proc(p)) = (self.map.last.get_mut(&k), who) {
                 seen.owner = Some(p);
             }
             // Labels are cloned only for a process the store does not know yet.
@@ -167,9 +168,10 @@ impl Drops {
             shared::Route::Split(parts) => parts,
         };
         self.held.remove(k);
-        if let (Some(seen), Some((p, _))) =
-            (self.last.get_mut(k), parts.iter().max_by_key(|(_, n)| *n))
-        {
+        if let (Some(seen), Some((p, _))) = (
+            self.map.last.get_mut(k),
+            parts.iter().max_by_key(|(_, n)| *n),
+        ) {
             seen.owner = Some(*p);
         }
         let reasons = &self.reasons;
@@ -192,7 +194,7 @@ impl Drops {
     /// Gives each process newly known to hold a UDP socket its
     /// `{proto="udp",reason="SOCKET_RCVBUFF"}` series at 0 (room permitting:
     /// [`Store::placeholder`]), so that Prometheus sees its first drops as an increase.
-    pub(super) fn zero_udp_series(&self, cx: &mut Cx<'_>) {
+    pub(super) fn zero_udp_series(&self, cx: &mut PollCx<'_>) {
         if self.reasons.value(UDP_RCVBUF_REASON).is_none() {
             return;
         }

@@ -17,6 +17,8 @@ mod read;
 mod reader;
 mod seen;
 mod shared;
+#[cfg(test)]
+mod tests;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -26,20 +28,21 @@ use prometheus::proto::MetricFamily;
 use std::time::{Duration, Instant};
 
 use aya::Ebpf;
-use aya::maps::{MapData, PerCpuHashMap};
-use bufscope_common::{DropKey, DropVal, drop_site, stat};
+use bufscope_common::{DropKey, DropVal, drop_site, maps};
 
 pub use reader::HOOK as READER_HOOK;
 use reader::ReaderHook;
 pub use seen::{HISTORY, HISTORY_STEP, Seen};
 pub use shared::{QUIET, READER_WAIT, split};
 
+use super::counted::{Changed, CountedMap};
 use super::{
-    AdviceCx, Attached, BuildEnv, CheckLine, Cx, GcCx, MapFill, Part, ProcStats, Room, Services,
-    Signal, take_map,
+    AdviceCx, Attached, BuildCx, CheckLine, GcCx, MapFill, Part, PollCx, ProcStats, Room, Services,
+    Signal,
 };
 use crate::advice::{Inputs, SocketDrops};
-use crate::bpf::{BatchReader, BtfNeed, Hook, LoadPlan, ProbeSpec};
+use crate::bpf::table::PerCpuHash;
+use crate::bpf::{BtfNeed, Hook, LoadPlan, ProbeSpec};
 use crate::exposition::Spec;
 use crate::kernel::{DropReasons, KernelBtf};
 use crate::labels::Proto;
@@ -137,7 +140,7 @@ pub struct Flags {
     #[arg(
         id = "drops_entries",
         long = "bpf.drops-map-entries",
-        default_value_t = 16384,
+        default_value_t = maps::DROPS.default_entries,
         value_name = "N",
         value_parser = crate::values::at_least_one::<u32>
     )]
@@ -326,22 +329,22 @@ struct Held {
     since: Instant,
 }
 
+impl Changed for Seen {
+    fn changed(&self) -> Instant {
+        self.changed
+    }
+}
+
 /// The drops room.
 pub struct Drops {
-    map: PerCpuHashMap<MapData, DropKey, DropVal>,
-    max_entries: u32,
+    /// `DROPS`, with each key's state as of the last read.
+    map: CountedMap<DropKey, DropVal, Seen>,
     reasons: DropReasons,
-    last: HashMap<DropKey, Seen>,
     held: HashMap<DropKey, Held>,
     hold: Duration,
     last_poll: Option<Instant>,
-    /// `stat::DROPS_SEEN` as read just before the last full read of the map.
-    generation: Option<u64>,
     /// Reason names by number (resolved once).
     names: HashMap<u16, String>,
-    /// Reads the map in batches (None: the kernel or the map does not allow it; then aya's
-    /// key-by-key iterator).
-    batch: Option<BatchReader>,
     /// Sockets several processes hold, and the reader hook (None: the kernel has no
     /// `sock_recv_length`; such a socket's drops go to its newest holder).
     shared: Option<shared::Shared>,
@@ -365,7 +368,7 @@ impl Room for Drops {
     type Setup = Setup;
 
     fn prepare(flags: &Flags, plan: &mut LoadPlan) -> anyhow::Result<Setup> {
-        plan.map_entries("DROPS", flags.entries);
+        plan.map_entries(maps::DROPS.name, flags.entries);
         if flags.zero_per_packet {
             for v in (0..PROBE.variants.len()).filter(|v| per_packet(*v)) {
                 plan.pass_over(
@@ -394,14 +397,14 @@ impl Room for Drops {
     fn take(
         setup: Setup,
         ebpf: &mut Ebpf,
-        env: &BuildEnv<'_>,
+        env: &BuildCx<'_>,
         _services: &mut Services,
     ) -> anyhow::Result<Option<Box<dyn Signal>>> {
         if !env.attached(PROBE.name) {
             return Ok(None);
         }
         let mut room = Self::new(
-            take_map(ebpf, "DROPS")?,
+            PerCpuHash::take(ebpf, maps::DROPS)?,
             setup.flags.entries,
             env.reasons.clone(),
             setup.flags.hold,
@@ -465,14 +468,10 @@ impl Signal for Drops {
     /// counted since the last full read and no delta waits for its owner. Reading the map
     /// costs syscalls per entry, so an idle host with thousands of sockets that once dropped
     /// would otherwise pay for them every poll.
-    fn poll(&mut self, cx: &mut Cx<'_>) -> bool {
+    fn poll(&mut self, cx: &mut PollCx<'_>) -> bool {
         self.zero_udp_series(cx);
-        let generation = cx.stats.and_then(|s| s.total(stat::DROPS_SEEN));
-        if generation.is_some()
-            && generation == self.generation
-            && self.held.is_empty()
-            && self.late.is_empty()
-        {
+        let generation = self.map.generation(cx.stats);
+        if self.map.unchanged(generation) && self.held.is_empty() && self.late.is_empty() {
             let now = Instant::now();
             self.last_poll = Some(now);
             if let Some(sh) = &mut self.shared {
@@ -481,28 +480,18 @@ impl Signal for Drops {
             }
             return false;
         }
-        self.read(cx.attr, cx.store);
-        self.generation = generation;
+        self.read(generation, cx.attr, cx.store);
         true
     }
 
     fn map_fill(&self) -> Option<MapFill> {
-        Some(MapFill {
-            map: "DROPS",
-            entries: self.last.len() as u64,
-            max_entries: self.max_entries as u64,
-        })
+        Some(self.map.fill())
     }
 
     fn gc_candidates(&self, idle: Duration) -> Vec<u64> {
-        let now = Instant::now();
-        self.last
-            .iter()
-            .filter(|(k, s)| {
-                k.site == drop_site::SOCKET
-                    && now.duration_since(s.changed) >= idle
-                    && !self.held.contains_key(k)
-            })
+        self.map
+            .idle(idle, Instant::now())
+            .filter(|(k, _)| k.site == drop_site::SOCKET && !self.held.contains_key(k))
             .map(|(k, _)| k.inode)
             .collect()
     }
@@ -515,6 +504,7 @@ impl Signal for Drops {
         let now = Instant::now();
         let attr = &*cx.attr;
         let doomed: Vec<DropKey> = self
+            .map
             .last
             .iter()
             .filter(|(k, s)| match k.site {
@@ -539,7 +529,7 @@ impl Signal for Drops {
             // a namespace, a closed socket's last packets) is not lost but counted at the next
             // poll; a re-created key starts from zero.
             self.take_entry(k);
-            self.last.remove(k);
+            self.map.last.remove(k);
             if k.site == drop_site::SOCKET {
                 cx.attr.forget_inode(k.inode);
                 if let Some(sh) = &mut self.shared {
@@ -561,7 +551,7 @@ impl Signal for Drops {
     }
 
     fn referenced(&self, out: &mut HashSet<ProcRef>) {
-        out.extend(self.last.values().filter_map(|s| s.owner));
+        out.extend(self.map.last.values().filter_map(|s| s.owner));
         if let Some(sh) = &self.shared {
             sh.referenced(out);
         }
@@ -569,7 +559,7 @@ impl Signal for Drops {
 
     fn advise(&self, cx: &AdviceCx<'_>, inputs: &mut Inputs) {
         let mut names: HashMap<u16, Arc<str>> = HashMap::new();
-        inputs.drops.extend(self.last.iter().map(|(k, s)| {
+        inputs.drops.extend(self.map.last.iter().map(|(k, s)| {
             SocketDrops {
                 owner: s.owner,
                 inode: k.inode,
