@@ -16,7 +16,7 @@ use prometheus::proto::{Counter, Gauge, LabelPair, Metric, MetricFamily, MetricT
 use crate::store::ProcStats;
 
 pub use openmetrics::{Created, Format, created_times, encode, encode_openmetrics, unix_seconds};
-pub use selfmetrics::Health;
+pub use selfmetrics::{Health, MapFill, ProbeHealth};
 
 /// The labels every per-process family starts with.
 pub const PROCESS_LABELS: &[&str] = &[

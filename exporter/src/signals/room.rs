@@ -203,16 +203,7 @@ pub struct AdviceCx<'a> {
     pub window: Duration,
 }
 
-/// Fill level of a room's BPF map (`bufscope_bpf_map_entries{map}`).
-#[derive(Clone, Copy, Debug)]
-pub struct MapFill {
-    /// Map name.
-    pub map: &'static str,
-    /// Entries now (as of the last poll).
-    pub entries: u64,
-    /// Capacity.
-    pub max_entries: u64,
-}
+pub use crate::exposition::MapFill;
 
 /// One signal's running side, as the collector drives it. Every method has a default that
 /// does nothing, so a room implements only what its signal has.

@@ -327,15 +327,26 @@ impl Room for Setsockopt {
         env: &BuildCx<'_>,
         _services: &mut Services,
     ) -> anyhow::Result<Option<Box<dyn Signal>>> {
-        when_attached(env, PROBE.name, || Self {
-            notes: HashMap::new(),
-            floors: Floors::measure(),
-            warned_underived: false,
-        })
+        when_attached(env, PROBE.name, Self::new)
+    }
+}
+
+impl Default for Setsockopt {
+    fn default() -> Self {
+        Self::new()
     }
 }
 
 impl Setsockopt {
+    /// The room, with this kernel's buffer floors.
+    pub fn new() -> Self {
+        Self {
+            notes: HashMap::new(),
+            floors: Floors::measure(),
+            warned_underived: false,
+        }
+    }
+
     /// Counts one call and returns whom it was attributed to.
     fn count(ev: &SockoptEvent, option: BufOption, clamped: bool, cx: &mut PollCx<'_>) -> Who {
         let proto = Proto::from_ip(ev.proto);

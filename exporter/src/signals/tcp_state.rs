@@ -147,9 +147,22 @@ impl Room for TcpState {
         env: &BuildCx<'_>,
         _services: &mut Services,
     ) -> anyhow::Result<Option<Box<dyn Signal>>> {
-        when_attached(env, PROBE.name, || Self {
+        when_attached(env, PROBE.name, Self::new)
+    }
+}
+
+impl Default for TcpState {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl TcpState {
+    /// The room.
+    pub fn new() -> Self {
+        Self {
             examples: HashMap::new(),
-        })
+        }
     }
 }
 
