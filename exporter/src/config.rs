@@ -7,9 +7,11 @@
 //! built-in default.
 //!
 //! Each dot of a flag's long name nests a mapping and `-` is spelled `_`: `--a.b-c` is `b_c`
-//! under `a:` (`--bpf.drops-map-entries` is `bpf: {drops_map_entries: …}`, `--poll-interval`
-//! is `poll_interval` at the top; `web: {listen_address: …}` may also be written
-//! `web.listen_address: …`). Four keys of earlier releases keep working ([`ALIASES`]). Lists
+//! under `a:` (`--drops.map-entries` is `drops: {map_entries: …}`, `--poll-interval` is
+//! `poll_interval` at the top; `web: {listen_address: …}` may also be written
+//! `web.listen_address: …`). Four keys of earlier releases keep working ([`ALIASES`]); a
+//! renamed flag's old name (its clap alias) works as a key too and is reported as deprecated
+//! ([`Origins::deprecated`]), as on the command line ([`deprecated_flags`]). Lists
 //! are YAML lists (or one comma-separated string, as on the command line); a switch is `true`
 //! or `false`; an empty value (`key:`) is as if the key were absent. Unknown keys are errors (a
 //! typo must not silently do nothing), with the nearest valid key when there is one.
@@ -23,12 +25,16 @@
 //!   disable: [autotune]
 //! drops:
 //!   reasons: [SOCKET_RCVBUFF, PROTO_MEM, SOCKET_BACKLOG, TCP_ZEROWINDOW, TCP_OFO_DROP, TCP_OFO_QUEUE_PRUNE, FULL_RING, NOMEM]
+//!   map_entries: 16384
+//!   attribution_hold: 10s
+//! owners:
+//!   map_entries: 65536
+//! autotune:
+//!   map_entries: 16384
 //! cardinality:
 //!   max_processes: 1000
 //!   retention: 5m
 //! poll_interval: 1s
-//! attribution:
-//!   hold: 10s
 //! advice:
 //!   window: 60s
 //! path:
@@ -37,9 +43,6 @@
 //! kernel:
 //!   btf_path: /sys/kernel/btf/vmlinux
 //! bpf:
-//!   drops_map_entries: 16384
-//!   owners_map_entries: 65536
-//!   autotune_map_entries: 16384
 //!   events_ring_bytes: 1048576
 //!   pin_path: /sys/fs/bpf/bufscope   # keep counting across restarts (README)
 //! log:
@@ -102,6 +105,73 @@ struct Setting {
 #[derive(Debug)]
 pub struct Schema {
     keys: BTreeMap<String, Setting>,
+    /// Keys of renamed flags (their clap aliases) → the key that replaces each.
+    renamed: BTreeMap<String, String>,
+}
+
+/// A deprecated name that was used: a flag's or a key's old name, and the new one.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Deprecated {
+    /// `--old.name` on the command line, or `old.key` in the file.
+    pub old: String,
+    /// What replaces it.
+    pub new: String,
+}
+
+impl std::fmt::Display for Deprecated {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} is deprecated and will be removed: use {} (same meaning, same values)",
+            self.old, self.new
+        )
+    }
+}
+
+/// The renamed flags of `sub` (a subcommand): each clap alias of a flag is the flag's old
+/// name (bufscope declares aliases only for renamed flags), as (old, new) long names.
+pub fn renamed_flags(sub: &Command) -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    for arg in sub.get_arguments() {
+        let (Some(long), Some(aliases)) = (arg.get_long(), arg.get_all_aliases()) else {
+            continue;
+        };
+        out.extend(
+            aliases
+                .into_iter()
+                .map(|a| (a.to_string(), long.to_string())),
+        );
+    }
+    out
+}
+
+/// The old flag names `argv` uses for the subcommand it names (each once, in order).
+pub fn deprecated_flags(cmd: &Command, argv: &[OsString]) -> Vec<Deprecated> {
+    let mut out: Vec<Deprecated> = Vec::new();
+    let words: Vec<&str> = argv.iter().skip(1).filter_map(|a| a.to_str()).collect();
+    let Some((at, sub)) = words
+        .iter()
+        .enumerate()
+        .find_map(|(i, w)| Some((i, cmd.find_subcommand(w)?)))
+    else {
+        return out;
+    };
+    let renamed = renamed_flags(sub);
+    for w in words.iter().skip(at + 1).take_while(|w| **w != "--") {
+        let Some(name) = w.strip_prefix("--") else {
+            continue;
+        };
+        let name = name.split_once('=').map_or(name, |(n, _)| n);
+        if let Some((old, new)) = renamed.iter().find(|(old, _)| old == name)
+            && !out.iter().any(|d| d.old == format!("--{old}"))
+        {
+            out.push(Deprecated {
+                old: format!("--{old}"),
+                new: format!("--{new}"),
+            });
+        }
+    }
+    out
 }
 
 /// The key for a flag: its long name with `-` spelled `_` (the dots nest).
@@ -113,6 +183,7 @@ impl Schema {
     /// The keys for the flags of `cmd` (a subcommand).
     pub fn of(cmd: &Command) -> Self {
         let mut keys = BTreeMap::new();
+        let mut renamed = BTreeMap::new();
         for arg in cmd.get_arguments() {
             let Some(long) = arg.get_long() else {
                 continue;
@@ -136,9 +207,13 @@ impl Schema {
             for (alias, _) in ALIASES.iter().filter(|(_, flag)| *flag == long) {
                 keys.insert((*alias).to_string(), setting.clone());
             }
+            for old in arg.get_all_aliases().unwrap_or_default() {
+                keys.insert(key_of(old), setting.clone());
+                renamed.insert(key_of(old), key_of(long));
+            }
             keys.insert(key_of(long), setting);
         }
-        Self { keys }
+        Self { keys, renamed }
     }
 
     /// Every key, sorted.
@@ -178,9 +253,18 @@ pub struct Origins {
     file: Option<PathBuf>,
     /// Flag long name → key.
     keys: HashMap<String, String>,
+    /// Old flag names and keys that were used (warned about once logging is set up).
+    pub deprecated: Vec<Deprecated>,
 }
 
 impl Origins {
+    /// Logs one warning per deprecated name used (call once logging is set up).
+    pub fn warn_deprecated(&self) {
+        for d in &self.deprecated {
+            tracing::warn!("{d}");
+        }
+    }
+
     /// The key that set `flag` (long name without `--`), when the file set it.
     pub fn key(&self, flag: &str) -> Option<&str> {
         self.keys.get(flag).map(String::as_str)
@@ -210,8 +294,15 @@ pub fn apply(
     argv: &[OsString],
     matches: ArgMatches,
 ) -> anyhow::Result<(ArgMatches, Origins)> {
+    let flags = deprecated_flags(cmd, argv);
     let Some(path) = config_path(cmd, &matches) else {
-        return Ok((matches, Origins::default()));
+        return Ok((
+            matches,
+            Origins {
+                deprecated: flags,
+                ..Origins::default()
+            },
+        ));
     };
     let text = std::fs::read(&path)
         .map_err(|e| anyhow::anyhow!("--config.file {}: {e}", path.display()))
@@ -223,8 +314,10 @@ pub fn apply(
                 )
             })
         })?;
-    merge(cmd, argv, &matches, &path, &text)
-        .map_err(|e| anyhow::anyhow!("--config.file {}: {e}", path.display()))
+    let (m, mut origins) = merge(cmd, argv, &matches, &path, &text)
+        .map_err(|e| anyhow::anyhow!("--config.file {}: {e}", path.display()))?;
+    origins.deprecated.splice(0..0, flags);
+    Ok((m, origins))
 }
 
 /// The `--config.file` of the subcommand in `matches`, if given.
@@ -251,13 +344,23 @@ fn merge(
     let Some(subcmd) = cmd.find_subcommand(name) else {
         return Err(format!("no subcommand {name}"));
     };
-    let entries = entries(&Schema::of(subcmd), text)?;
+    let schema = Schema::of(subcmd);
+    let entries = entries(&schema, text)?;
     let argv0 = argv.first().cloned().unwrap_or_else(|| "bufscope".into());
     let mut extra = Vec::new();
     let mut origins = Origins {
         file: Some(path.to_path_buf()),
         keys: HashMap::new(),
+        deprecated: Vec::new(),
     };
+    for e in &entries {
+        if let Some(new) = schema.renamed.get(&e.key) {
+            origins.deprecated.push(Deprecated {
+                old: format!("key {} in --config.file {}", e.key, path.display()),
+                new: format!("key {new}"),
+            });
+        }
+    }
     for e in entries {
         // The flag's own parser, alone, so that a refusal names the key (whether or not the
         // command line overrides the value: a broken file is an error either way).

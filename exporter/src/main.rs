@@ -84,6 +84,7 @@ fn main() {
                 Err(e) => fail(&origins.explain(&e)),
             };
             init_logging(&args.kernel);
+            origins.warn_deprecated();
             die_on_panic();
             let rt = match tokio::runtime::Builder::new_multi_thread()
                 .worker_threads(2)
@@ -108,6 +109,7 @@ fn main() {
                 args.kernel.log_level = tracing::Level::WARN;
             }
             init_logging(&args.kernel);
+            origins.warn_deprecated();
             bufscope::check::run(&args)
         }
         Command::Cleanup(args) => {

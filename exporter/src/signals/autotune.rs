@@ -71,7 +71,8 @@ pub struct Flags {
     /// Entries of the per-socket autotune map.
     #[arg(
         id = "autotune_entries",
-        long = "bpf.autotune-map-entries",
+        long = "autotune.map-entries",
+        alias = "bpf.autotune-map-entries",
         default_value_t = maps::AUTOTUNE.default_entries,
         value_name = "N",
         value_parser = crate::values::at_least_one::<u32>

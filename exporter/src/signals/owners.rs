@@ -55,7 +55,8 @@ pub struct Flags {
     /// Entries of the socket-owner map (LRU).
     #[arg(
         id = "owners_entries",
-        long = "bpf.owners-map-entries",
+        long = "owners.map-entries",
+        alias = "bpf.owners-map-entries",
         default_value_t = maps::OWNERS.default_entries,
         value_name = "N",
         value_parser = crate::values::at_least_one::<u32>

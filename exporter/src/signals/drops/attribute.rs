@@ -1,6 +1,6 @@
 //! Whose drops: each socket's new drops go to its live holder, to the processes that read a
 //! shared socket ([`super::shared`]), to a TUN device's reader, to a listener's owner, or,
-//! after `--attribution.hold`, to `comm="_unknown"`.
+//! after `--drops.attribution-hold`, to `comm="_unknown"`.
 
 use std::time::Instant;
 

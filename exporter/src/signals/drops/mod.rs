@@ -139,7 +139,8 @@ pub struct Flags {
     /// Entries of the per-socket drop map.
     #[arg(
         id = "drops_entries",
-        long = "bpf.drops-map-entries",
+        long = "drops.map-entries",
+        alias = "bpf.drops-map-entries",
         default_value_t = maps::DROPS.default_entries,
         value_name = "N",
         value_parser = crate::values::at_least_one::<u32>
@@ -147,7 +148,14 @@ pub struct Flags {
     pub entries: u32,
     /// How long drops of a socket whose owner is not found yet are held before they are
     /// counted under `comm="_unknown"`.
-    #[arg(id = "attribution_hold", long = "attribution.hold", default_value = "10s", value_parser = crate::values::parse_duration, value_name = "DURATION")]
+    #[arg(
+        id = "attribution_hold",
+        long = "drops.attribution-hold",
+        alias = "attribution.hold",
+        default_value = "10s",
+        value_parser = crate::values::parse_duration,
+        value_name = "DURATION"
+    )]
     pub hold: Duration,
     /// Never attach a drops hook that runs for every received datagram
     /// (`fexit/__udp_enqueue_schedule_skb`, chosen where the kernel has neither `kfree_skb`'s
