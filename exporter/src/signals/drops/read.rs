@@ -244,7 +244,7 @@ mod tests {
     }
 
     fn counted(d: &Drops) -> u64 {
-        d.netns.series.values().map(|s| s.packets).sum()
+        d.netns.total()
     }
 
     /// Drops the kernel adds to an idle entry between bufscope's last read and the garbage

@@ -58,13 +58,17 @@
 //!   # lease: 5m              # with persist: how long it outlives bufscope before failing open
 //! ```
 
+mod renamed;
+mod yaml;
+
 use std::collections::{BTreeMap, HashMap};
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 
 use clap::parser::ValueSource;
 use clap::{ArgAction, ArgMatches, Command};
-use serde_yaml::Value;
+pub use renamed::{Deprecated, deprecated_flags, renamed_flags};
+use yaml::entries;
 
 /// The flag that names the file; the file cannot set it.
 const CONFIG_FLAG: &str = "config.file";
@@ -107,71 +111,6 @@ pub struct Schema {
     keys: BTreeMap<String, Setting>,
     /// Keys of renamed flags (their clap aliases) → the key that replaces each.
     renamed: BTreeMap<String, String>,
-}
-
-/// A deprecated name that was used: a flag's or a key's old name, and the new one.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Deprecated {
-    /// `--old.name` on the command line, or `old.key` in the file.
-    pub old: String,
-    /// What replaces it.
-    pub new: String,
-}
-
-impl std::fmt::Display for Deprecated {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "{} is deprecated and will be removed: use {} (same meaning, same values)",
-            self.old, self.new
-        )
-    }
-}
-
-/// The renamed flags of `sub` (a subcommand): each clap alias of a flag is the flag's old
-/// name (bufscope declares aliases only for renamed flags), as (old, new) long names.
-pub fn renamed_flags(sub: &Command) -> Vec<(String, String)> {
-    let mut out = Vec::new();
-    for arg in sub.get_arguments() {
-        let (Some(long), Some(aliases)) = (arg.get_long(), arg.get_all_aliases()) else {
-            continue;
-        };
-        out.extend(
-            aliases
-                .into_iter()
-                .map(|a| (a.to_string(), long.to_string())),
-        );
-    }
-    out
-}
-
-/// The old flag names `argv` uses for the subcommand it names (each once, in order).
-pub fn deprecated_flags(cmd: &Command, argv: &[OsString]) -> Vec<Deprecated> {
-    let mut out: Vec<Deprecated> = Vec::new();
-    let words: Vec<&str> = argv.iter().skip(1).filter_map(|a| a.to_str()).collect();
-    let Some((at, sub)) = words
-        .iter()
-        .enumerate()
-        .find_map(|(i, w)| Some((i, cmd.find_subcommand(w)?)))
-    else {
-        return out;
-    };
-    let renamed = renamed_flags(sub);
-    for w in words.iter().skip(at + 1).take_while(|w| **w != "--") {
-        let Some(name) = w.strip_prefix("--") else {
-            continue;
-        };
-        let name = name.split_once('=').map_or(name, |(n, _)| n);
-        if let Some((old, new)) = renamed.iter().find(|(old, _)| old == name)
-            && !out.iter().any(|d| d.old == format!("--{old}"))
-        {
-            out.push(Deprecated {
-                old: format!("--{old}"),
-                new: format!("--{new}"),
-            });
-        }
-    }
-    out
 }
 
 /// The key for a flag: its long name with `-` spelled `_` (the dots nest).
@@ -396,163 +335,6 @@ fn merge(
         .try_get_matches_from(merged)
         .map_err(|err| one_line(&err))?;
     Ok((m, origins))
-}
-
-/// The file's keys as arguments (`--long=value`), in the file's order.
-fn entries(schema: &Schema, text: &str) -> Result<Vec<Entry>, String> {
-    let doc: Value = serde_yaml::from_str(text).map_err(|e| format!("not valid YAML: {e}"))?;
-    let mut out = Vec::new();
-    match doc {
-        Value::Null => {}
-        Value::Mapping(m) => walk(schema, &m, "", &mut out)?,
-        other => {
-            return Err(format!(
-                "expected a mapping of settings (`key: value` lines), found {}",
-                kind(&other)
-            ));
-        }
-    }
-    let mut seen: HashMap<&str, &str> = HashMap::new();
-    for e in &out {
-        if let Some(first) = seen.insert(&e.setting.long, &e.key) {
-            return Err(format!(
-                "{first} and {} both set --{}: keep one",
-                e.key, e.setting.long
-            ));
-        }
-    }
-    Ok(out)
-}
-
-fn walk(
-    schema: &Schema,
-    map: &serde_yaml::Mapping,
-    prefix: &str,
-    out: &mut Vec<Entry>,
-) -> Result<(), String> {
-    for (k, v) in map {
-        let Value::String(k) = k else {
-            return Err(format!(
-                "{}a key is {}: keys are names",
-                if prefix.is_empty() {
-                    String::new()
-                } else {
-                    format!("{prefix}: ")
-                },
-                kind(k)
-            ));
-        };
-        let key = if prefix.is_empty() {
-            k.clone()
-        } else {
-            format!("{prefix}.{k}")
-        };
-        if let Some(setting) = schema.keys.get(&key) {
-            if let Some(args) = args_of(&key, setting, v)? {
-                out.push(Entry {
-                    key,
-                    setting: setting.clone(),
-                    args,
-                });
-            }
-        } else if schema.is_section(&key) {
-            match v {
-                Value::Mapping(m) => walk(schema, m, &key, out)?,
-                Value::Null => {}
-                other => {
-                    return Err(format!(
-                        "{key}: expected a mapping of {key}.* settings, found {}",
-                        kind(other)
-                    ));
-                }
-            }
-        } else {
-            // An unknown section: name its first key in full (`wbe.listen_address`), which
-            // is what is compared with the valid keys.
-            let key = first_leaf(key, v);
-            if key == CONFIG_FLAG {
-                return Err(format!("{key}: a config file cannot name another one"));
-            }
-            return Err(match schema.nearest(&key) {
-                Some(n) => format!("unknown key {key} (did you mean {n}?)"),
-                None => format!(
-                    "unknown key {key} (keys are the flags of `bufscope run --help`: \
-                     --a.b-c is b_c under a)"
-                ),
-            });
-        }
-    }
-    Ok(())
-}
-
-/// `key`, or its first key below when `v` is a mapping.
-fn first_leaf(key: String, v: &Value) -> String {
-    match v {
-        Value::Mapping(m) => match m.iter().next() {
-            Some((Value::String(k), v)) => first_leaf(format!("{key}.{k}"), v),
-            _ => key,
-        },
-        _ => key,
-    }
-}
-
-/// The arguments for `key: v`; None for an empty value.
-fn args_of(key: &str, s: &Setting, v: &Value) -> Result<Option<Vec<OsString>>, String> {
-    let arg = |x: &str| OsString::from(format!("--{}={x}", s.long));
-    Ok(Some(match (s.takes, v) {
-        (_, Value::Null) => return Ok(None),
-        (Takes::Switch, Value::Bool(true)) => vec![OsString::from(format!("--{}", s.long))],
-        (Takes::Switch, Value::Bool(false)) => Vec::new(),
-        (Takes::Switch, other) => {
-            return Err(format!(
-                "{key}: expected true or false, found {}",
-                kind(other)
-            ));
-        }
-        (Takes::List, Value::Sequence(items)) => {
-            if items.is_empty() && s.has_default {
-                return Err(format!(
-                    "{key}: an empty list: name at least one value, or leave the key out for \
-                     the default"
-                ));
-            }
-            items
-                .iter()
-                .map(|i| scalar(i).map(|x| arg(&x)))
-                .collect::<Option<Vec<_>>>()
-                .ok_or_else(|| format!("{key}: a list of plain values is expected"))?
-        }
-        (Takes::One, Value::Sequence(_)) => {
-            return Err(format!("{key}: takes one value, found a list"));
-        }
-        (_, other) => {
-            let x = scalar(other)
-                .ok_or_else(|| format!("{key}: expected a value, found {}", kind(other)))?;
-            vec![arg(&x)]
-        }
-    }))
-}
-
-/// A string, number or boolean as the command line would spell it.
-fn scalar(v: &Value) -> Option<String> {
-    match v {
-        Value::String(s) => Some(s.clone()),
-        Value::Number(n) => Some(n.to_string()),
-        Value::Bool(b) => Some(b.to_string()),
-        _ => None,
-    }
-}
-
-fn kind(v: &Value) -> &'static str {
-    match v {
-        Value::Null => "empty",
-        Value::Bool(_) => "a boolean",
-        Value::Number(_) => "a number",
-        Value::String(_) => "a string",
-        Value::Sequence(_) => "a list",
-        Value::Mapping(_) => "a mapping",
-        Value::Tagged(_) => "a tagged value",
-    }
 }
 
 /// clap's message on one line, without the `error:` prefix and the `--help` hint.
