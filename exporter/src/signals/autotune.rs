@@ -14,6 +14,7 @@ use bufscope_common::{AutotuneVal, maps, stat, total_family};
 use super::counted::{Changed, CountedMap};
 use super::{
     AdviceCx, BuildCx, GcCx, MapFill, Part, PollCx, ProcStats, Room, Services, Signal, Store,
+    counters_of, who_or_unknown,
 };
 use crate::advice::{Inputs, TuneView};
 use crate::attribution::Attributor;
@@ -258,15 +259,8 @@ impl Autotune {
                 owner = attr.lookup_inode(ino).or(owner);
             }
             if d > 0 {
-                let who = owner.map_or(Who::Unknown, Who::Proc);
-                if owner.is_none() {
-                    store.count_unknown(PROBE.name, d);
-                }
-                store
-                    .proc_mut(who, || owner.map(|p| attr.meta(&p)).unwrap_or_default())
-                    .parts
-                    .autotune
-                    .suppressed += d;
+                let who = who_or_unknown(store, PROBE.name, owner, d);
+                counters_of(store, attr, who).parts.autotune.suppressed += d;
             }
             self.map.last.insert(
                 ino,

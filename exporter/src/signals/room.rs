@@ -13,7 +13,7 @@ use crate::attribution::{Attributor, OwnersMap};
 use crate::bpf::pins::Outcome;
 use crate::bpf::{Attached, LoadPlan, ProbeSpec, ProbeStatus, Stats};
 use crate::kernel::{BufferLimits, DropReasons, KernelBtf};
-use crate::store::ProcRef;
+use crate::store::{ProcRef, Who};
 use crate::totals::Total;
 use crate::values::Invalid;
 
@@ -43,6 +43,17 @@ pub trait Part: Clone + std::fmt::Debug + Default + Send + Sync + 'static {
 
     /// Takes back a counter [`Part::totals`] gave before a restart (ignores other families).
     fn restore(&mut self, _t: &Total) {}
+}
+
+/// Adds every counter of `from` to `into` (a part's counters keyed by label values: how it
+/// folds into `_other`).
+pub fn absorb_counts<K: Ord + Clone>(
+    into: &mut std::collections::BTreeMap<K, u64>,
+    from: &std::collections::BTreeMap<K, u64>,
+) {
+    for (k, v) in from {
+        *into.entry(k.clone()).or_default() += v;
+    }
 }
 
 /// A room without per-process counters.
@@ -177,6 +188,56 @@ pub struct PollCx<'a> {
     pub limits: BufferLimits,
     /// The probes' `STATS` slots (generations, losses); None when unreadable.
     pub stats: Option<&'a Stats>,
+}
+
+impl PollCx<'_> {
+    /// The process a probe recorded in process context (None: it recorded none, `tgid` 0).
+    /// An exec since its last event is applied first: this event already counts under the
+    /// new name.
+    pub fn recorded(&mut self, o: &bufscope_common::Owner) -> Option<ProcRef> {
+        if o.tgid == 0 {
+            return None;
+        }
+        let p = self.attr.owner(o);
+        self.attr.apply_renames(self.store);
+        Some(p)
+    }
+
+    /// The counters an event of `probe` goes to: `owner`'s, else `comm="_unknown"`'s (then
+    /// counted `n` times in `bufscope_attribution_unknown_total{probe}`).
+    pub fn counters(
+        &mut self,
+        probe: &'static str,
+        owner: Option<ProcRef>,
+        n: u64,
+    ) -> (Who, &mut ProcStats) {
+        let who = who_or_unknown(self.store, probe, owner, n);
+        (who, counters_of(self.store, self.attr, who))
+    }
+}
+
+/// `owner` as whom a count belongs to; without one, `n` unattributed counts of `probe`.
+pub fn who_or_unknown(
+    store: &mut Store,
+    probe: &'static str,
+    owner: Option<ProcRef>,
+    n: u64,
+) -> Who {
+    match owner {
+        Some(p) => Who::Proc(p),
+        None => {
+            store.count_unknown(probe, n);
+            Who::Unknown
+        }
+    }
+}
+
+/// `who`'s counters (its labels looked up only when the store does not know it yet).
+pub fn counters_of<'s>(store: &'s mut Store, attr: &Attributor, who: Who) -> &'s mut ProcStats {
+    store.proc_mut(who, || match who {
+        Who::Proc(p) => attr.meta(&p),
+        Who::Unknown => Default::default(),
+    })
 }
 
 /// What a room sees during garbage collection ([`Signal::gc`]).

@@ -193,21 +193,10 @@ impl Signal for TcpState {
         };
         // Unknown rmem_max: judge by tcp_rmem[2] alone (never a false "shrunk").
         let shrunk_to = shrunk(&ev, cx.limits.rmem_max.unwrap_or(0));
-        let who = resolve(&ev, cx.attr);
+        let owner = resolve(&ev, cx.attr);
         // An exec since its last event: this connection already counts under the new name.
         cx.attr.apply_renames(cx.store);
-        let who = match who {
-            Some(p) => Who::Proc(p),
-            None => {
-                cx.store.count_unknown(PROBE.name, 1);
-                Who::Unknown
-            }
-        };
-        let attr = &*cx.attr;
-        let s = cx.store.proc_mut(who, || match who {
-            Who::Proc(p) => attr.meta(&p),
-            Who::Unknown => Default::default(),
-        });
+        let (who, s) = cx.counters(PROBE.name, owner, 1);
         s.parts.tcp_state.established += 1;
         if shrunk_to.is_some() {
             s.parts.tcp_state.wscale_shrunk += 1;

@@ -44,7 +44,7 @@ pub use shared::{QUIET, READER_WAIT, split};
 use super::counted::{Changed, CountedMap};
 use super::{
     AdviceCx, Attached, BuildCx, CheckLine, GcCx, MapFill, Part, PollCx, ProcStats, Room, Services,
-    Signal,
+    Signal, absorb_counts,
 };
 use crate::advice::{Inputs, SocketDrops};
 use crate::bpf::table::PerCpuHash;
@@ -70,9 +70,7 @@ pub struct ProcDrops {
 
 impl Part for ProcDrops {
     fn absorb(&mut self, o: &Self) {
-        for (k, v) in &o.packets {
-            *self.packets.entry(k.clone()).or_default() += v;
-        }
+        absorb_counts(&mut self.packets, &o.packets);
     }
 
     fn has_counts(&self) -> bool {

@@ -194,20 +194,20 @@ mod tests {
         assert!(!clamped(&failed), "a refused call is failed, not clamped");
     }
 
-    /// What the kernel gave on 6.18 with rmem_max = wmem_max = 4194304 (`getsockopt` readbacks):
-    /// the derivation must give the same for every row.
-    #[test]
-    fn derived_outcomes_match_the_kernel_table() {
-        let limits = BufferLimits {
-            rmem_max: Some(4_194_304),
-            wmem_max: Some(4_194_304),
-            tcp_rmem_max: None,
-        };
-        let floors = Floors {
-            rcvbuf: 2304,
-            sndbuf: 4608,
-        };
-        let before = |optname: i32, requested: i32, flags: u8| SockoptEvent {
+    /// rmem_max = wmem_max = 4194304, as in the kernel table below.
+    const LIMITS: BufferLimits = BufferLimits {
+        rmem_max: Some(4_194_304),
+        wmem_max: Some(4_194_304),
+        tcp_rmem_max: None,
+    };
+    const FLOORS: Floors = Floors {
+        rcvbuf: 2304,
+        sndbuf: 4608,
+    };
+
+    /// A call the probe saw before the kernel's handler, on a socket with 212992-byte buffers.
+    fn before(optname: i32, requested: i32, flags: u8) -> SockoptEvent {
+        SockoptEvent {
             optname,
             requested,
             applied: requested,
@@ -216,7 +216,14 @@ mod tests {
             sndbuf_after: 212_992,
             flags: sockopt_flags::BEFORE_HANDLER | flags,
             ..Default::default()
-        };
+        }
+    }
+
+    /// What the kernel gave on 6.18 with rmem_max = wmem_max = 4194304 (`getsockopt` readbacks):
+    /// the derivation must give the same for every row.
+    #[test]
+    fn derived_outcomes_match_the_kernel_table() {
+        let (limits, floors) = (LIMITS, FLOORS);
         let admin = sockopt_flags::NET_ADMIN;
         // (option, value, caps, ret, rcvbuf, sndbuf, locks)
         let rows: &[(i32, i32, u8, i32, i32, i32, u8)] = &[
@@ -270,7 +277,12 @@ mod tests {
         let mut big = before(SO_RCVBUF, 1 << 30, 0);
         derive(&mut big, &limits, floors);
         assert!(clamped(&big));
-        // A call the guard skipped changed nothing; one it raised is judged by what it applied.
+    }
+
+    /// A call the guard skipped changed nothing; one it raised is judged by what it applied.
+    #[test]
+    fn guard_decisions_are_derived_from_what_the_handler_got() {
+        let (limits, floors) = (LIMITS, FLOORS);
         let mut skipped = before(SO_RCVBUF, 65536, sockopt_flags::GUARD_SKIPPED);
         assert!(derive(&mut skipped, &limits, floors));
         assert_eq!(

@@ -21,8 +21,8 @@ use prometheus::proto::MetricFamily;
 use bufscope_common::{SockoptEvent, event_kind, sockopt_flags, total_family};
 
 use super::{
-    AdviceCx, BuildCx, GcCx, NoFlags, Part, PollCx, ProcStats, Room, Services, Signal, decode,
-    when_attached,
+    AdviceCx, BuildCx, GcCx, NoFlags, Part, PollCx, ProcStats, Room, Services, Signal,
+    absorb_counts, decode, when_attached,
 };
 use crate::advice::{Inputs, SocketOpt};
 use crate::bpf::{Hook, LoadPlan, ProbeSpec};
@@ -94,9 +94,7 @@ impl Part for ProcSockopt {
             c.clamped += v.clamped;
             c.failed += v.failed;
         }
-        for (k, v) in &o.rcvbuf_locks {
-            *self.rcvbuf_locks.entry(*k).or_default() += v;
-        }
+        absorb_counts(&mut self.rcvbuf_locks, &o.rcvbuf_locks);
     }
 
     fn has_counts(&self) -> bool {
@@ -205,20 +203,8 @@ impl Setsockopt {
     /// Counts one call and returns whom it was attributed to.
     fn count(ev: &SockoptEvent, option: BufOption, clamped: bool, cx: &mut PollCx<'_>) -> Who {
         let proto = Proto::from_ip(ev.proto);
-        let who = if ev.owner.tgid == 0 {
-            cx.store.count_unknown(PROBE.name, 1);
-            Who::Unknown
-        } else {
-            let p = cx.attr.owner(&ev.owner);
-            // An exec since its last event: this call already counts under the new name.
-            cx.attr.apply_renames(cx.store);
-            Who::Proc(p)
-        };
-        let attr = &*cx.attr;
-        let s = cx.store.proc_mut(who, || match who {
-            Who::Proc(p) => attr.meta(&p),
-            Who::Unknown => Default::default(),
-        });
+        let owner = cx.recorded(&ev.owner);
+        let (who, s) = cx.counters(PROBE.name, owner, 1);
         let c = s.parts.setsockopt.calls.entry((proto, option)).or_default();
         c.calls += 1;
         if ev.ret != 0 {
