@@ -47,8 +47,8 @@ use crate::kernel::KernelBtf;
 pub use crate::bpf::Attached;
 pub use crate::bpf::{decode, take_map};
 pub use room::{
-    AdviceCx, BuildCx, CheckLine, GcCx, MapFill, NoFlags, Part, PollCx, Room, Services, Signal,
-    ValidateCx, absorb_counts, counters_of, when_attached, who_or_unknown,
+    AdviceCx, BuildCx, CheckLine, GcCx, MapFill, NoFlags, Part, PollCx, RingRoom, Room, Services,
+    Signal, ValidateCx, absorb_counts, counters_of, when_attached, who_or_unknown,
 };
 
 /// One process's counters, with one part per room.

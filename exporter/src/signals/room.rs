@@ -177,6 +177,39 @@ pub trait Room: Sized + Send + 'static {
     }
 }
 
+/// A room that reads only ring-buffer records: no flags of its own, nothing to prepare, and
+/// running whenever its probe attached. Implementing this makes it a [`Room`].
+pub trait RingRoom: Signal + Sized + 'static {
+    /// Its probe.
+    const PROBE: ProbeSpec;
+    /// Its part of each process's counters.
+    type Part: Part;
+
+    /// The running room.
+    fn start() -> Self;
+}
+
+impl<T: RingRoom> Room for T {
+    const PROBE: ProbeSpec = <T as RingRoom>::PROBE;
+    type Part = <T as RingRoom>::Part;
+    type Flags = NoFlags;
+    type Setup = ();
+
+    fn prepare(_flags: &NoFlags, _plan: &mut LoadPlan) -> anyhow::Result<()> {
+        Ok(())
+    }
+
+    /// The room, when its probe attached.
+    fn take(
+        _setup: (),
+        _ebpf: &mut Ebpf,
+        env: &BuildCx<'_>,
+        _services: &mut Services,
+    ) -> anyhow::Result<Option<Box<dyn Signal>>> {
+        when_attached(env, <T as RingRoom>::PROBE.name, T::start)
+    }
+}
+
 /// What a room sees while it reads the kernel's records: its maps ([`Signal::poll`]) or a
 /// ring-buffer record ([`Signal::on_event`]).
 pub struct PollCx<'a> {

@@ -11,13 +11,10 @@ use prometheus::proto::MetricFamily;
 
 use bufscope_common::{EstablishedEvent, SOCK_RCVBUF_LOCK, estab_flags, event_kind, total_family};
 
-use super::{
-    AdviceCx, BuildCx, GcCx, NoFlags, Part, PollCx, ProcStats, Room, Services, Signal, decode,
-    when_attached,
-};
+use super::{AdviceCx, GcCx, Part, PollCx, ProcStats, RingRoom, Signal, decode};
 use crate::advice::{Inputs, TcpShape};
 use crate::attribution::Attributor;
-use crate::bpf::{Hook, LoadPlan, ProbeSpec};
+use crate::bpf::{Hook, ProbeSpec};
 use crate::exposition::Spec;
 use crate::labels::Proto;
 use crate::store::{ProcRef, Who};
@@ -130,24 +127,12 @@ pub struct TcpState {
     examples: HashMap<ProcRef, (u8, u8)>,
 }
 
-impl Room for TcpState {
+impl RingRoom for TcpState {
     const PROBE: ProbeSpec = PROBE;
     type Part = ProcTcp;
-    type Flags = NoFlags;
-    type Setup = ();
 
-    fn prepare(_flags: &NoFlags, _plan: &mut LoadPlan) -> anyhow::Result<()> {
-        Ok(())
-    }
-
-    /// The room, when its probe attached (it reads only the ring buffer).
-    fn take(
-        _setup: (),
-        _ebpf: &mut aya::Ebpf,
-        env: &BuildCx<'_>,
-        _services: &mut Services,
-    ) -> anyhow::Result<Option<Box<dyn Signal>>> {
-        when_attached(env, PROBE.name, Self::new)
+    fn start() -> Self {
+        Self::new()
     }
 }
 

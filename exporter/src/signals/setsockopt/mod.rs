@@ -20,12 +20,9 @@ use prometheus::proto::MetricFamily;
 
 use bufscope_common::{SockoptEvent, event_kind, sockopt_flags, total_family};
 
-use super::{
-    AdviceCx, BuildCx, GcCx, NoFlags, Part, PollCx, ProcStats, Room, Services, Signal,
-    absorb_counts, decode, when_attached,
-};
+use super::{AdviceCx, GcCx, Part, PollCx, ProcStats, RingRoom, Signal, absorb_counts, decode};
 use crate::advice::{Inputs, SocketOpt};
-use crate::bpf::{Hook, LoadPlan, ProbeSpec};
+use crate::bpf::{Hook, ProbeSpec};
 use crate::exposition::Spec;
 use crate::labels::{BufOption, Proto};
 use crate::store::{ProcRef, Who};
@@ -163,24 +160,12 @@ pub struct Setsockopt {
     warned_underived: bool,
 }
 
-impl Room for Setsockopt {
+impl RingRoom for Setsockopt {
     const PROBE: ProbeSpec = PROBE;
     type Part = ProcSockopt;
-    type Flags = NoFlags;
-    type Setup = ();
 
-    fn prepare(_flags: &NoFlags, _plan: &mut LoadPlan) -> anyhow::Result<()> {
-        Ok(())
-    }
-
-    /// The room, when its probe attached (it reads only the ring buffer).
-    fn take(
-        _setup: (),
-        _ebpf: &mut aya::Ebpf,
-        env: &BuildCx<'_>,
-        _services: &mut Services,
-    ) -> anyhow::Result<Option<Box<dyn Signal>>> {
-        when_attached(env, PROBE.name, Self::new)
+    fn start() -> Self {
+        Self::new()
     }
 }
 
