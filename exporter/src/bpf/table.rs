@@ -43,6 +43,25 @@ pub trait Table<K, V>: Send {
 /// A per-CPU map's table.
 pub type PerCpuTable<K, T> = Box<dyn Table<K, Vec<T>>>;
 
+/// What aya's key-by-key iterator over map `name` yields, up to its first error (logged: the
+/// read ends there and the next poll reads again).
+fn key_by_key<T>(
+    name: &str,
+    items: impl Iterator<Item = Result<T, aya::maps::MapError>>,
+) -> Vec<T> {
+    let mut out = Vec::new();
+    for item in items {
+        match item {
+            Ok(kv) => out.push(kv),
+            Err(e) => {
+                tracing::debug!("{name} iteration: {e}");
+                break;
+            }
+        }
+    }
+    out
+}
+
 /// A kernel per-CPU hash map (`BPF_MAP_TYPE_PERCPU_HASH`, `LRU_PERCPU_HASH`).
 pub struct PerCpuHash<K: aya::Pod, T: aya::Pod> {
     name: &'static str,
@@ -94,17 +113,10 @@ impl<K: aya::Pod + Send, T: aya::Pod + Default + Send> Table<K, Vec<T>> for PerC
                 }
             }
         }
-        let mut out = Vec::new();
-        for item in self.map.iter() {
-            match item {
-                Ok((k, v)) => out.push((k, v.iter().copied().collect())),
-                Err(e) => {
-                    tracing::debug!("{} iteration: {e}", self.name);
-                    break;
-                }
-            }
-        }
-        out
+        key_by_key(self.name, self.map.iter())
+            .into_iter()
+            .map(|(k, v)| (k, v.iter().copied().collect()))
+            .collect()
     }
 
     fn get(&self, key: &K) -> Option<Vec<T>> {
@@ -177,17 +189,7 @@ impl<K: aya::Pod + Send, V: aya::Pod + Send> Table<K, V> for Hash<K, V> {
                 }
             }
         }
-        let mut out = Vec::new();
-        for item in self.map.iter() {
-            match item {
-                Ok(kv) => out.push(kv),
-                Err(e) => {
-                    tracing::debug!("{} iteration: {e}", self.name);
-                    break;
-                }
-            }
-        }
-        out
+        key_by_key(self.name, self.map.iter())
     }
 
     fn get(&self, key: &K) -> Option<V> {
