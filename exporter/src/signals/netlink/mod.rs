@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 use foldhash::{HashMap, HashMapExt as _, HashSet, HashSetExt as _};
 use prometheus::proto::MetricFamily;
 
-use super::{AdviceCx, BuildEnv, Cx, NoFlags, Part, ProcStats, Room, Services, Signal};
+use super::{AdviceCx, BuildCx, NoFlags, Part, PollCx, ProcStats, Room, Services, Signal};
 use crate::advice::{Inputs, NetlinkView};
 use crate::bpf::{Hook, LoadPlan, ProbeSpec};
 use crate::exposition::Spec;
@@ -273,7 +273,7 @@ impl Room for Netlink {
     fn take(
         _setup: (),
         _ebpf: &mut aya::Ebpf,
-        env: &BuildEnv<'_>,
+        env: &BuildCx<'_>,
         _services: &mut Services,
     ) -> anyhow::Result<Option<Box<dyn Signal>>> {
         Ok(env.attached(PROBE.name).then(|| {
@@ -289,7 +289,7 @@ impl Room for Netlink {
 
 impl Netlink {
     /// Reads the receive buffer of `inode` (held by `owner`) when not read lately.
-    fn refresh_options(&mut self, inode: u64, cx: &Cx<'_>, now: Instant) {
+    fn refresh_options(&mut self, inode: u64, cx: &PollCx<'_>, now: Instant) {
         let Some(s) = self.socks.get_mut(&inode) else {
             return;
         };
@@ -320,7 +320,7 @@ impl Signal for Netlink {
         PROBE.name
     }
 
-    fn poll(&mut self, cx: &mut Cx<'_>) -> bool {
+    fn poll(&mut self, cx: &mut PollCx<'_>) -> bool {
         let now = Instant::now();
         let reps = self.ns.refresh(cx.attr.procfs(), now);
         let mut rows = Vec::new();
