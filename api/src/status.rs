@@ -205,6 +205,7 @@ mod tests {
                 "failed",
                 "guard",
                 "namespace",
+                "netlink_overruns",
                 "pid",
                 "pod",
                 "rcvbuf_locks",

@@ -400,6 +400,8 @@ fn dashboard_is_a_grafana_10_import_with_valid_layout_and_queries() {
         "bufscope_tcp_established_total",
         "bufscope_tcp_wscale_shrunk_total",
         "bufscope_tcp_autotune_suppressed_total",
+        "bufscope_netlink_overruns_total",
+        "bufscope_xfrm_errors_total",
         "bufscope_finding",
         "bufscope_probe_attached",
         "bufscope_attribution_unknown_total",
@@ -666,6 +668,8 @@ struct Scene {
     locked_sockets: usize,
     /// Share of `locked`'s connections whose receive window scale (ss) is below `control`'s.
     shrink_ratio: f64,
+    /// A netlink listener that overran and an XFRM block that refused sends, in a namespace.
+    dataplanes: Dataplanes,
 }
 
 /// A workload's pid as a label value.
@@ -683,6 +687,7 @@ impl Scene {
         let locked_sockets = locked_sockets(&locked);
         let shrink_ratio = kernel_shrink_ratio(&locked, &control);
         let bulk = run_a_bulk_transfer_with_a_small_rcvbuf();
+        let dataplanes = Dataplanes::run();
         Self {
             recv,
             crecv,
@@ -694,12 +699,102 @@ impl Scene {
             bulk,
             locked_sockets,
             shrink_ratio,
+            dataplanes,
         }
     }
 
     /// The receivers' ports, for the flooder.
     fn flooded_ports(&self) -> String {
         format!("{},{}", self.recv.get("ports"), self.crecv.get("ports"))
+    }
+}
+
+/// The kernel data planes' part of the scene, in a network namespace of its own (deleted when
+/// dropped): a NETLINK_ROUTE listener with an 8 KiB buffer that never reads while 4,000 route
+/// events happen (netlink overruns), and an `action block` XFRM out policy that refuses a
+/// second of UDP sends over a veth (`XfrmOutPolBlock`).
+struct Dataplanes {
+    ns: String,
+    listener: Workload,
+}
+
+impl Dataplanes {
+    fn run() -> Self {
+        let ns = format!("bs-dash-{}", std::process::id());
+        let ip = |args: &[&str]| {
+            let st = Command::new("ip").args(args).status().unwrap();
+            assert!(st.success(), "ip {args:?}");
+        };
+        let _ = Command::new("ip")
+            .args(["netns", "del", &ns])
+            .stderr(Stdio::null())
+            .status();
+        ip(&["netns", "add", &ns]);
+        ip(&["-n", &ns, "link", "set", "lo", "up"]);
+        ip(&[
+            "-n", &ns, "link", "add", "bsd0", "type", "veth", "peer", "name", "bsd1",
+        ]);
+        ip(&["-n", &ns, "addr", "add", "10.79.0.1/24", "dev", "bsd0"]);
+        ip(&["-n", &ns, "link", "set", "bsd0", "up"]);
+        ip(&["-n", &ns, "link", "set", "bsd1", "up"]);
+        ip(&[
+            "-n",
+            &ns,
+            "xfrm",
+            "policy",
+            "add",
+            "src",
+            "10.79.0.1/32",
+            "dst",
+            "10.79.0.9/32",
+            "dir",
+            "out",
+            "action",
+            "block",
+        ]);
+        let wrap = ["ip", "netns", "exec", ns.as_str()];
+        let listener = Workload::start_wrapped(
+            &wrap,
+            &["netlink-listen", "--rcvbuf", "4096", "--groups", "0x41"],
+        );
+        let mut batch = String::new();
+        for op in ["add", "del"] {
+            for i in 0..2000 {
+                batch.push_str(&format!(
+                    "route {op} 172.17.{}.{}/32 dev lo\n",
+                    i / 250,
+                    i % 250 + 1
+                ));
+            }
+        }
+        let mut c = Command::new("ip")
+            .args(["-n", &ns, "-batch", "-"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .spawn()
+            .unwrap();
+        std::io::Write::write_all(&mut c.stdin.take().unwrap(), batch.as_bytes()).unwrap();
+        assert!(c.wait().unwrap().success());
+        let mut blast = Workload::start_wrapped(
+            &wrap,
+            &[
+                "udp-blast",
+                "--dest",
+                "10.79.0.9:9",
+                "--seconds",
+                "1",
+                "--size",
+                "64",
+            ],
+        );
+        blast.wait_line("SENT", Duration::from_secs(20));
+        Self { ns, listener }
+    }
+}
+
+impl Drop for Dataplanes {
+    fn drop(&mut self) {
+        let _ = Command::new("ip").args(["netns", "del", &self.ns]).status();
     }
 }
 
@@ -812,6 +907,14 @@ fn wait_until_the_exporter_serves_the_workload(
             && m.sum(
                 "bufscope_tcp_autotune_suppressed_total",
                 &[("pid", &pid(&scene.bulk))],
+            ) > 0.0
+            && m.sum(
+                "bufscope_netlink_overruns_total",
+                &[("pid", &pid(&scene.dataplanes.listener))],
+            ) > 0.0
+            && m.sum(
+                "bufscope_xfrm_errors_total",
+                &[("reason", "XfrmOutPolBlock")],
             ) > 0.0;
         ok.then_some(m)
     });

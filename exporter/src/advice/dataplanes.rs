@@ -1,5 +1,6 @@
 //! The rules for the data planes that live in the kernel: netlink overruns of the daemons that
-//! follow route and XFRM events (inputs from the `netlink` room).
+//! follow route and XFRM events, and the XFRM errors of an IKE daemon's namespace (inputs from
+//! the `netlink` and `xfrm` rooms).
 
 use super::*;
 
@@ -7,6 +8,122 @@ use super::*;
 pub mod kinds {
     /// A netlink socket lost messages on a full receive buffer (`ENOBUFS`).
     pub const NETLINK_OVERRUNS: &str = "netlink_overruns";
+    /// The kernel counted IPsec (XFRM) errors in the namespace of an IKE daemon.
+    pub const XFRM_ERRORS: &str = "xfrm_errors";
+}
+
+/// Where the XFRM advice comes from.
+const XFRM_RULE: &str = "Documentation/networking/xfrm_proc.rst: the per-namespace \
+     /proc/net/xfrm_stat counters; net/xfrm/xfrm_input.c, xfrm_output.c, xfrm_policy.c count them";
+
+/// One namespace's XFRM errors, with its IKE daemon.
+#[derive(Clone, Debug)]
+pub struct XfrmView {
+    /// The IKE daemon (the holder of the namespace's XFRM netlink or PF_KEY socket).
+    pub owner: ProcRef,
+    /// Network namespace inode.
+    pub netns: u32,
+    /// (reason, counted so far, per second over the advice window).
+    pub reasons: Vec<(String, u64, f64)>,
+}
+
+/// What an XFRM error counter means and what to change (None: expected by configuration
+/// or not actionable from the host).
+fn xfrm_advice(reason: &str) -> Option<&'static str> {
+    Some(match reason {
+        "XfrmInBufferError" => {
+            "no buffer was left to process an inbound IPsec packet (skb allocation or \
+             secpath failed): the host is short of memory for packets; check \
+             net.ipv4.tcp_mem/udp_mem pressure and slab usage"
+        }
+        "XfrmOutNoQueueSpace" => {
+            "packets waiting for an SA (larval acquire, net.core.xfrm_larval_drop=0) or an \
+             IP-TFS queue overflowed: the IKE daemon installs SAs too slowly for the traffic"
+        }
+        "XfrmInStateSeqError" => {
+            "inbound sequence numbers outside the anti-replay window: reordering (multi-queue \
+             NICs, ECMP, pcrypt) exceeds the window; raise the replay window (strongSwan \
+             replay_window, libreswan replay-window) to 1024 or more"
+        }
+        "XfrmInNoStates" => {
+            "inbound ESP for an SPI with no SA: a rekey race or SAs the daemon lost (check \
+             its netlink overruns); the peer keeps sending on a deleted SA"
+        }
+        "XfrmOutNoStates" | "XfrmAcquireError" => {
+            "outbound packets matched a policy with no SA: the IKE daemon did not answer \
+             the kernel's acquire in time (check that it runs and its netlink socket keeps up)"
+        }
+        "XfrmInStateExpired" | "XfrmOutStateExpired" => {
+            "packets hit an expired SA: rekeying starts too late; rekey earlier (margintime)"
+        }
+        "XfrmInNoPols" | "XfrmInTmplMismatch" | "XfrmInStateMismatch" => {
+            "inbound packets matched no policy or the wrong SA: the peers' traffic selectors \
+             disagree"
+        }
+        "XfrmFwdHdrError" | "XfrmInHdrError" | "XfrmInError" | "XfrmOutError" => {
+            "malformed or undecryptable packets: check the path MTU and the peer"
+        }
+        _ => return None,
+    })
+}
+
+/// `xfrm_errors`: one finding per namespace with a known IKE daemon and actionable errors.
+pub(super) fn xfrm_errors(b: &mut Builder<'_>) {
+    for v in &b.inputs.xfrm {
+        let mut actionable: Vec<&(String, u64, f64)> = v
+            .reasons
+            .iter()
+            .filter(|(r, n, _)| *n > 0 && xfrm_advice(r).is_some())
+            .collect();
+        if actionable.is_empty() {
+            continue;
+        }
+        actionable.sort_by(|a, c| {
+            (c.2, c.1)
+                .partial_cmp(&(a.2, a.1))
+                .unwrap_or(std::cmp::Ordering::Equal)
+        });
+        let rate: f64 = actionable.iter().map(|r| r.2).sum();
+        let total: u64 = actionable.iter().map(|r| r.1).sum();
+        let worst = actionable[0];
+        let list: Vec<String> = actionable
+            .iter()
+            .take(3)
+            .map(|(r, n, _)| format!("{r} {n}"))
+            .collect();
+        let summary = format!(
+            "IPsec errors in network namespace {} ({}): {}",
+            v.netns,
+            if rate > 0.0 {
+                drop_rate_text(rate, b.inputs.window)
+            } else {
+                format!("none in the last {}s", b.inputs.window.as_secs())
+            },
+            list.join(", ")
+        );
+        let fix = actionable
+            .iter()
+            .take(3)
+            .filter_map(|(r, _, _)| Some(format!("{r}: {}", xfrm_advice(r)?)))
+            .collect::<Vec<_>>()
+            .join("; ");
+        let evidence = vec![
+            ("errors_total", total as f64),
+            ("drops_per_second", rate),
+            ("netns", f64::from(v.netns)),
+            ("worst_reason_total", worst.1 as f64),
+        ];
+        b.push(
+            &v.owner,
+            kinds::XFRM_ERRORS,
+            drop_severity(rate),
+            None,
+            summary,
+            fix,
+            evidence,
+            XFRM_RULE,
+        );
+    }
 }
 
 /// Where the netlink advice comes from.
@@ -136,6 +253,47 @@ pub(super) fn netlink_overruns(b: &mut Builder<'_>) {
             fix,
             evidence,
             NETLINK_RULE,
+        );
+    }
+}
+
+#[cfg(test)]
+mod xfrm_tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn replay_errors_get_a_window_fix_and_blocks_none() {
+        let owner = ProcRef {
+            tgid: 7,
+            start_ticks: 1,
+        };
+        let mut i = Inputs {
+            window: Duration::from_secs(60),
+            ..Inputs::default()
+        };
+        i.xfrm.push(XfrmView {
+            owner,
+            netns: 4026532177,
+            reasons: vec![
+                ("XfrmOutPolBlock".into(), 500, 8.0),
+                ("XfrmInStateSeqError".into(), 40, 2.0),
+            ],
+        });
+        let f = evaluate(&i);
+        assert_eq!(f.len(), 1);
+        assert_eq!(f[0].kind, kinds::XFRM_ERRORS);
+        assert!(f[0].fix.contains("replay window"), "{}", f[0].fix);
+        assert!(
+            !f[0].summary.contains("PolBlock"),
+            "blocks are configuration: {}",
+            f[0].summary
+        );
+        assert_eq!(f[0].severity, Severity::Critical);
+        i.xfrm[0].reasons.truncate(1);
+        assert!(
+            evaluate(&i).is_empty(),
+            "only a block policy: nothing to fix"
         );
     }
 }

@@ -184,6 +184,8 @@ pub struct Inputs {
     pub guard: Vec<GuardAct>,
     /// Netlink sockets that overran.
     pub netlink: Vec<NetlinkView>,
+    /// XFRM errors of namespaces with a known IKE daemon.
+    pub xfrm: Vec<XfrmView>,
 }
 
 fn kib(b: f64) -> String {
@@ -328,6 +330,7 @@ pub fn evaluate(inputs: &Inputs) -> Vec<Finding> {
     tcp_locks(&mut b);
     autotune(&mut b);
     dataplanes::netlink_overruns(&mut b);
+    dataplanes::xfrm_errors(&mut b);
     mark_guarded(&mut b.out, &inputs.guard);
     // Most severe first; within a severity, what costs most now (drop rate) first.
     let cost = |f: &Finding| f.evidence.get("drops_per_second").copied().unwrap_or(0.0);
@@ -405,6 +408,6 @@ mod rules;
 #[cfg(test)]
 mod tests;
 
-pub use dataplanes::{NetlinkView, kinds as dataplane_kinds};
+pub use dataplanes::{NetlinkView, XfrmView, kinds as dataplane_kinds};
 
 use rules::{autotune, clamps, tcp_drops, tcp_locks, tun_ring, udp_drops};

@@ -20,6 +20,7 @@
 //! | [`autotune`] | `autotune` | `AUTOTUNE` per-CPU hash (socket) | [`autotune::ProcAutotune`] | `bufscope_tcp_autotune_suppressed_total` |
 //! | [`owners`] | `owners` | `OWNERS` hash (socket → process), read by the [`Attributor`](crate::attribution::Attributor) | — | — |
 //! | [`netlink`] | `netlink` (procfs: no hook fires per overrun) | `/proc/<pid>/net/netlink` per network namespace | [`netlink::ProcNetlink`] | `bufscope_netlink_overruns_total` |
+//! | [`xfrm`] | `xfrm` (procfs: the kernel's per-namespace counters) | `/proc/<pid>/net/xfrm_stat` per network namespace | — | `bufscope_xfrm_errors_total`, `bufscope_xfrm_daemon_info` |
 //! | [`guard`] | `guard` (+ decisions in `cgroup/setsockopt`) | ring buffer, [`GuardEvent`](bufscope_common::GuardEvent) | [`guard::ProcGuard`] | `bufscope_guard_decisions_total` |
 //!
 //! The collector drives the running rooms through the [`Signal`] trait and the loader reads
@@ -39,6 +40,7 @@ pub mod setsockopt;
 pub mod tcp_state;
 #[cfg(test)]
 pub mod testkit;
+pub mod xfrm;
 
 use aya::Ebpf;
 use prometheus::proto::MetricFamily;
@@ -180,6 +182,7 @@ signals! {
     owners: owners::Owners,
     guard: guard::Guard,
     netlink: netlink::Netlink,
+    xfrm: xfrm::Xfrm,
 }
 
 /// The running rooms and what they provide.

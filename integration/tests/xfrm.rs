@@ -1,0 +1,207 @@
+//! IPsec (XFRM) errors per network namespace and reason equal the deltas of the namespace's
+//! own `/proc/net/xfrm_stat`, and the namespace's daemon (a process holding a NETLINK_XFRM
+//! socket bound to XFRM groups there: `ip xfrm monitor`) is named. Two namespaces the test
+//! creates, joined by a veth (policies on `lo` never reach XFRM): an `action block` out
+//! policy in A (every send fails with EPERM: `XfrmOutPolBlock`) and an `action block` in
+//! policy in B (`XfrmInPolBlock`). bufscope reads a namespace through a process living in it,
+//! so B gets one (a namespace no process lives in is not seen).
+#![allow(clippy::unwrap_used)]
+
+use std::collections::BTreeMap;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use bufscope_integration::{Exporter, Workload};
+
+const ERRORS: &str = "bufscope_xfrm_errors_total";
+
+struct Netns(String);
+
+impl Netns {
+    fn new(tag: &str) -> Self {
+        let name = format!("bs-{tag}-{}", std::process::id());
+        let _ = Command::new("ip")
+            .args(["netns", "del", &name])
+            .stderr(Stdio::null())
+            .status();
+        run(&["ip", "netns", "add", &name]);
+        run(&["ip", "-n", &name, "link", "set", "lo", "up"]);
+        Self(name)
+    }
+
+    fn inode(&self) -> u64 {
+        use std::os::unix::fs::MetadataExt as _;
+        std::fs::metadata(format!("/run/netns/{}", self.0))
+            .unwrap()
+            .ino()
+    }
+
+    fn ip(&self, args: &[&str]) {
+        let mut a = vec!["ip", "-n", self.0.as_str()];
+        a.extend_from_slice(args);
+        run(&a);
+    }
+
+    fn xfrm_stat(&self) -> BTreeMap<String, u64> {
+        let out = Command::new("ip")
+            .args(["netns", "exec", &self.0, "cat", "/proc/net/xfrm_stat"])
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .filter_map(|l| {
+                let mut f = l.split_whitespace();
+                Some((f.next()?.to_string(), f.next()?.parse().ok()?))
+            })
+            .collect()
+    }
+}
+
+impl Drop for Netns {
+    fn drop(&mut self) {
+        let _ = Command::new("ip").args(["netns", "del", &self.0]).status();
+    }
+}
+
+fn run(args: &[&str]) {
+    let st = Command::new(args[0]).args(&args[1..]).status().unwrap();
+    assert!(st.success(), "{args:?} failed");
+}
+
+/// Sends UDP datagrams from `ns` to `dest` for a second.
+fn blast(ns: &Netns, dest: &str) {
+    let mut w = Workload::start_wrapped(
+        &["ip", "netns", "exec", ns.0.as_str()],
+        &[
+            "udp-blast",
+            "--dest",
+            dest,
+            "--seconds",
+            "1",
+            "--size",
+            "64",
+        ],
+    );
+    let sent = w.wait_line("SENT", Duration::from_secs(20));
+    eprintln!("{}: {sent}", ns.0);
+}
+
+#[test]
+#[ignore = "needs root: run via cargo xtask test"]
+fn xfrm_errors_equal_the_namespace_counters_and_name_the_daemon() {
+    let exporter = Exporter::start(&[]);
+    let a = Netns::new("xa");
+    let b = Netns::new("xb");
+    let (va, vb) = (
+        format!("bsxa{}", std::process::id() % 100_000),
+        format!("bsxb{}", std::process::id() % 100_000),
+    );
+    run(&[
+        "ip", "link", "add", &va, "type", "veth", "peer", "name", &vb,
+    ]);
+    run(&["ip", "link", "set", &va, "netns", &a.0]);
+    run(&["ip", "link", "set", &vb, "netns", &b.0]);
+    a.ip(&["addr", "add", "10.77.0.1/24", "dev", &va]);
+    a.ip(&["addr", "add", "10.78.0.1/24", "dev", &va]);
+    b.ip(&["addr", "add", "10.77.0.2/24", "dev", &vb]);
+    b.ip(&["addr", "add", "10.78.0.2/24", "dev", &vb]);
+    a.ip(&["link", "set", &va, "up"]);
+    b.ip(&["link", "set", &vb, "up"]);
+    // bufscope reads a namespace through a process living in it: B's is a plain sleeper.
+    let mut b_resident = Command::new("ip")
+        .args(["netns", "exec", &b.0, "sleep", "120"])
+        .spawn()
+        .unwrap();
+    // A's daemon stand-in: an XFRM event listener.
+    let mut monitor = Command::new("ip")
+        .args(["-n", &a.0, "xfrm", "monitor"])
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    a.ip(&[
+        "xfrm",
+        "policy",
+        "add",
+        "src",
+        "10.77.0.1/32",
+        "dst",
+        "10.77.0.2/32",
+        "dir",
+        "out",
+        "action",
+        "block",
+    ]);
+    b.ip(&[
+        "xfrm",
+        "policy",
+        "add",
+        "src",
+        "10.78.0.1/32",
+        "dst",
+        "10.78.0.2/32",
+        "dir",
+        "in",
+        "action",
+        "block",
+    ]);
+    let (a0, b0) = (a.xfrm_stat(), b.xfrm_stat());
+    // Let bufscope read both namespaces once.
+    std::thread::sleep(Duration::from_millis(2500));
+    blast(&a, "10.77.0.2:9");
+    blast(&a, "10.78.0.2:9");
+    let (a1, b1) = (a.xfrm_stat(), b.xfrm_stat());
+    let delta = |x: &BTreeMap<String, u64>, y: &BTreeMap<String, u64>, k: &str| y[k] - x[k];
+    let out_block = delta(&a0, &a1, "XfrmOutPolBlock");
+    let in_block = delta(&b0, &b1, "XfrmInPolBlock");
+    assert!(out_block > 100, "A's sends should be blocked: {out_block}");
+    assert!(in_block > 100, "B should block A's packets: {in_block}");
+    let (ans, bns) = (a.inode().to_string(), b.inode().to_string());
+    let read = || {
+        let m = exporter.scrape();
+        (
+            m.sum(ERRORS, &[("netns", &ans), ("reason", "XfrmOutPolBlock")]),
+            m.sum(ERRORS, &[("netns", &bns), ("reason", "XfrmInPolBlock")]),
+        )
+    };
+    let want = (out_block as f64, in_block as f64);
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let mut got = read();
+    while got != want && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(200));
+        got = read();
+    }
+    assert_eq!(got, want, "bufscope (out, in) vs the kernel's deltas");
+    eprintln!(
+        "XfrmOutPolBlock in A: kernel delta {out_block}, bufscope {}; XfrmInPolBlock in B: kernel delta {in_block}, bufscope {}",
+        got.0, got.1
+    );
+    // Every other reason equals its delta too (zero here).
+    let m = exporter.scrape();
+    for (ns, before, after) in [(&ans, &a0, &a1), (&bns, &b0, &b1)] {
+        for (k, v) in after {
+            let want = (v - before[k]) as f64;
+            assert_eq!(
+                m.sum(ERRORS, &[("netns", ns), ("reason", k)]),
+                want,
+                "{ns} {k}"
+            );
+        }
+    }
+    let want = [("netns", ans.as_str())];
+    let daemon = m
+        .find("bufscope_xfrm_daemon_info", &want)
+        .next()
+        .unwrap_or_else(|| panic!("no daemon named for A"));
+    assert_eq!(daemon.labels["pid"], monitor.id().to_string());
+    assert_eq!(daemon.labels["comm"], "ip");
+    assert!(
+        m.find("bufscope_xfrm_daemon_info", &[("netns", &bns)])
+            .next()
+            .is_none(),
+        "B has no XFRM listener"
+    );
+    for c in [&mut monitor, &mut b_resident] {
+        let _ = c.kill();
+        let _ = c.wait();
+    }
+}
