@@ -25,7 +25,25 @@ fn static_bin() -> PathBuf {
     }
     let p = repo().join("target").join(MUSL).join("release/bufscope");
     if !p.exists() {
-        let status = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
+        let mut c = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
+        // Not what `cargo test` set for this test (build scripts that watch them, ring's, would
+        // see them change between this build and `cargo xtask dist`'s, and rebuild).
+        for (k, _) in std::env::vars_os() {
+            let k = k.to_string_lossy().into_owned();
+            if k.starts_with("CARGO_PKG_")
+                || k.starts_with("CARGO_BIN_EXE_")
+                || k.starts_with("CARGO_MANIFEST_")
+                || [
+                    "CARGO_CRATE_NAME",
+                    "CARGO_PRIMARY_PACKAGE",
+                    "CARGO_TARGET_TMPDIR",
+                ]
+                .contains(&k.as_str())
+            {
+                c.env_remove(k);
+            }
+        }
+        let status = c
             .current_dir(repo())
             .env(format!("CC_{}", MUSL.replace('-', "_")), "musl-gcc")
             .args(["build", "--release", "--locked", "--bins", "--target", MUSL])

@@ -46,13 +46,15 @@ const PACKAGES: &[(&str, &str)] = &[
     ("mmdebstrap", "/usr/bin/mmdebstrap"),
 ];
 
-/// Debian packages of the aarch64 cross toolchain (linker, C compiler for ring, strip).
+/// Debian packages of the aarch64 cross toolchain (linker, C compiler for ring, strip) and QEMU's
+/// user-mode emulator, which runs the built binaries' `--version` here.
 const AARCH64_PACKAGES: &[(&str, &str)] = &[
     ("gcc-aarch64-linux-gnu", "/usr/bin/aarch64-linux-gnu-gcc"),
     (
         "binutils-aarch64-linux-gnu",
         "/usr/bin/aarch64-linux-gnu-strip",
     ),
+    ("qemu-user-static", "/usr/bin/qemu-aarch64-static"),
 ];
 
 /// A clean Debian 12 with systemd as its init, made here by mmdebstrap (no registry is needed):
@@ -172,12 +174,18 @@ fn build_arch(arch: Arch, revision: u32, out: &Path) -> anyhow::Result<Vec<Strin
         let path = bin_dir.join(bin);
         run_cmd(Command::new(arch.strip()).arg(&path))?;
         check_static(&path)?;
-        if arch == Arch::X86_64 {
-            let v = output_of(Command::new(&path).arg("--version"))
-                .with_context(|| format!("{} --version failed", path.display()))?;
-            if !v.contains(version) {
-                bail!("{} --version says {v:?}, not {version}", path.display());
+        let mut run = match arch {
+            Arch::X86_64 => Command::new(&path),
+            Arch::Aarch64 => {
+                let mut c = Command::new("qemu-aarch64-static");
+                c.arg(&path);
+                c
             }
+        };
+        let v = output_of(run.arg("--version"))
+            .with_context(|| format!("{} --version failed", path.display()))?;
+        if !v.contains(version) {
+            bail!("{} --version says {v:?}, not {version}", path.display());
         }
     }
     // Before the packages: they ship the SBOMs too.

@@ -6,8 +6,8 @@
 //!   (a chroot with only `/proc` and `/sys` mounted);
 //! - each SBOM lists exactly the crates `cargo tree` says the binary's build takes for the musl
 //!   target: the normal dependencies as `required`, the build dependencies as `excluded`;
-//! - the units: `systemd-analyze security --offline` exposure ≤ 3.0 and `systemd-analyze
-//!   verify` clean, on the files the `.deb` installs;
+//! - the units: `systemd-analyze security --offline` exposure ≤ 3.0 on the files the `.deb`
+//!   installs, and `systemd-analyze verify` clean where they are installed (below);
 //! - the `.deb` installed with dpkg into a clean Debian 12 container that runs systemd
 //!   (`SYSTEMD_IMAGE`, made by `cargo xtask setup`): nothing enabled or started, the user made;
 //!   then the service started as an operator does, under its sandbox as a non-root user with five
@@ -349,7 +349,7 @@ fn exposure(unit: &Path) -> (f64, String) {
 
 #[test]
 #[ignore = "builds the release artifacts: run via cargo xtask test"]
-fn units_exposure_at_most_3_and_verify_clean() {
+fn units_exposure_is_at_most_3() {
     let d = dist();
     for (package, unit, instance) in [
         ("bufscope", "bufscope.service", "bufscope.service"),
@@ -368,20 +368,6 @@ fn units_exposure_at_most_3_and_verify_clean() {
         let (score, table) = exposure(&named);
         eprintln!("{table}");
         assert!(score <= 3.0, "{instance}: exposure {score} > 3.0");
-        // verify: every ExecStart binary exists and is executable under --root, no unknown key.
-        let (good, out, err) = run(Command::new("systemd-analyze")
-            .arg("verify")
-            .arg(format!("--root={}", root.display()))
-            .arg(format!("/usr/lib/systemd/system/{unit}")));
-        let text = format!("{out}{err}");
-        let complaints: Vec<&str> = text
-            .lines()
-            .filter(|l| l.contains(unit.trim_end_matches(".service")))
-            .collect();
-        assert!(
-            good && complaints.is_empty(),
-            "systemd-analyze verify {unit}:\n{text}"
-        );
         std::fs::remove_dir_all(&root).unwrap();
     }
 }
@@ -434,6 +420,10 @@ impl Container {
             std::thread::sleep(Duration::from_millis(300));
         }
         c.ok(&["mount", "-t", "bpf", "bpf", "/sys/fs/bpf"]);
+        // A host's systemd makes `/` a shared mount at boot; the container runtime made it
+        // private, and then the credentials systemd mounts for a unit (LoadCredential=, in a
+        // helper's namespace) never reach the unit.
+        c.ok(&["mount", "--make-rshared", "/"]);
         c
     }
 
@@ -642,6 +632,13 @@ fn deb_installs_nothing_running_then_the_service_counts_through_an_upgrade_and_p
             .trim(),
         "bufscope 700"
     );
+    // The unit as installed: verify finds nothing to complain about (unknown settings, missing
+    // executables, bad dependencies).
+    let (good, out, err) = c.exec(&["systemd-analyze", "verify", "bufscope.service"]);
+    assert!(
+        good && out.trim().is_empty() && err.trim().is_empty(),
+        "verify:\n{out}{err}"
+    );
     // The installed files: version and preflight (as root, as an operator first runs it).
     assert!(c.ok(&["bufscope", "--version"]).contains(VERSION));
     let check = c.ok(&["bufscope", "check"]);
@@ -805,6 +802,11 @@ fn tunnel_deb_brings_a_tunnel_up_under_its_sandbox_and_upgrades() {
     let a = c.copy_in(&deb(&d.a, "bufscope-tunnel", 1));
     let b = c.copy_in(&deb(&d.b, "bufscope-tunnel", 2));
     c.ok(&["dpkg", "-i", &a]);
+    let (good, out, err) = c.exec(&["systemd-analyze", "verify", "bufscope-tunnel@bst0.service"]);
+    assert!(
+        good && out.trim().is_empty() && err.trim().is_empty(),
+        "verify:\n{out}{err}"
+    );
     assert_eq!(
         c.ok(&["stat", "-c", "%a", "/etc/bufscope-tunnel"]).trim(),
         "700"
