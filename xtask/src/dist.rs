@@ -305,9 +305,8 @@ fn sboms(arch: Arch) -> anyhow::Result<()> {
                 .join(package_dir(package))
                 .join(format!("{bin}_bin.cdx.json"));
             let to = target_dir(arch).join(format!("{bin}.cdx.json"));
-            if let Err(e) = std::fs::copy(&from, &to) {
-                moved = Err(anyhow::Error::new(e)
-                    .context(format!("cargo cyclonedx wrote no {}", from.display())));
+            if let Err(e) = keep_built_crates(&from, &to, package, arch) {
+                moved = Err(e.context(format!("the SBOM of {bin}")));
             }
         }
     }
@@ -316,6 +315,73 @@ fn sboms(arch: Arch) -> anyhow::Result<()> {
         let _ = std::fs::remove_file(f);
     }
     ran.and(moved)
+}
+
+/// Writes the SBOM `from` to `to` with only the crates that `package`'s build for `arch` takes.
+///
+/// cargo-cyclonedx (0.5.9) resolves features as `cargo metadata` does, for the whole workspace
+/// at once, so it also lists crates that only another member's features pull in (the tests'
+/// and benchmarks'): 18 crates `bufscope` never links, 20 for `bufscope-tunnel`. Cargo itself
+/// says what this build takes: `cargo tree -p <package> --target <triple> -e normal,build`.
+/// Components outside that set, and their dependency edges, are removed; the rest is the tool's
+/// output as it was (its scopes: `required` for linked crates, `excluded` for build-only ones).
+fn keep_built_crates(from: &Path, to: &Path, package: &str, arch: Arch) -> anyhow::Result<()> {
+    let text =
+        std::fs::read_to_string(from).with_context(|| format!("reading {}", from.display()))?;
+    let mut bom: serde_json::Value =
+        serde_json::from_str(&text).with_context(|| format!("parsing {}", from.display()))?;
+    let tree = output_of(
+        cargo()
+            .args(["tree", "--locked", "-p", package, "--target", arch.triple()])
+            .args(["-e", "normal,build", "--prefix", "none", "--format", "{p}"]),
+    )
+    .context("cargo tree")?;
+    let built: std::collections::BTreeSet<(String, String)> = tree
+        .lines()
+        .filter_map(|l| {
+            let mut w = l.split_whitespace();
+            Some((
+                w.next()?.to_string(),
+                w.next()?.trim_start_matches('v').to_string(),
+            ))
+        })
+        .collect();
+    let mut removed = std::collections::BTreeSet::new();
+    if let Some(comps) = bom["components"].as_array_mut() {
+        comps.retain(|c| {
+            let key = (
+                c["name"].as_str().unwrap_or_default().to_string(),
+                c["version"].as_str().unwrap_or_default().to_string(),
+            );
+            let keep = built.contains(&key);
+            if !keep {
+                removed.insert(c["bom-ref"].as_str().unwrap_or_default().to_string());
+            }
+            keep
+        });
+    }
+    if let Some(deps) = bom["dependencies"].as_array_mut() {
+        deps.retain(|d| !removed.contains(d["ref"].as_str().unwrap_or_default()));
+        for d in deps.iter_mut() {
+            if let Some(on) = d["dependsOn"].as_array_mut() {
+                on.retain(|r| !removed.contains(r.as_str().unwrap_or_default()));
+            }
+        }
+    }
+    let note = serde_json::json!({
+        "name": "bufscope:components",
+        "value": format!(
+            "the crates of `cargo tree -p {package} --target {} -e normal,build`; {} that only other workspace members' features pull in were removed",
+            arch.triple(),
+            removed.len()
+        ),
+    });
+    match bom["metadata"]["properties"].as_array_mut() {
+        Some(props) => props.push(note),
+        None => bom["metadata"]["properties"] = serde_json::json!([note]),
+    }
+    let out = serde_json::to_string_pretty(&bom)?;
+    std::fs::write(to, out + "\n").with_context(|| format!("writing {}", to.display()))
 }
 
 /// The directory of a shipped Cargo package.

@@ -309,12 +309,51 @@ fn each_sbom_lists_the_crates_its_binary_is_built_from() {
             "{bin}: the SBOM's excluded components differ from the build-only crates of `cargo tree`"
         );
         assert_eq!(comps.len(), all.len());
-        // Every component is pinned to its Cargo.lock checksum (registry crates) or is ours.
+        // Registry crates carry Cargo.lock's checksum; the workspace's own are path crates.
+        let lock = lock_checksums();
         for c in comps {
-            let purl = c["purl"].as_str().unwrap_or("");
-            assert!(purl.starts_with("pkg:cargo/"), "{c}");
+            let key = (
+                c["name"].as_str().unwrap().to_string(),
+                c["version"].as_str().unwrap().to_string(),
+            );
+            let purl = c["purl"].as_str().unwrap();
+            assert!(
+                purl.starts_with(&format!("pkg:cargo/{}@{}", key.0, key.1)),
+                "{c}"
+            );
+            match lock.get(&key) {
+                Some(sum) => assert_eq!(
+                    c["hashes"][0]["content"].as_str(),
+                    Some(sum.as_str()),
+                    "{bin}: {key:?} hash differs from Cargo.lock"
+                ),
+                None => assert!(
+                    purl.contains("download_url=file"),
+                    "{bin}: {key:?} neither in the registry nor ours"
+                ),
+            }
         }
     }
+}
+
+/// Cargo.lock's checksum of every registry package: (name, version) -> SHA-256.
+fn lock_checksums() -> std::collections::BTreeMap<(String, String), String> {
+    let text = std::fs::read_to_string(repo().join("Cargo.lock")).unwrap();
+    let mut out = std::collections::BTreeMap::new();
+    for block in text.split("[[package]]") {
+        let field = |k: &str| {
+            block.lines().find_map(|l| {
+                l.strip_prefix(&format!("{k} = \""))
+                    .and_then(|v| v.strip_suffix('"'))
+                    .map(String::from)
+            })
+        };
+        if let (Some(n), Some(v), Some(sum)) = (field("name"), field("version"), field("checksum"))
+        {
+            out.insert((n, v), sum);
+        }
+    }
+    out
 }
 
 /// `dpkg-deb -x` of `deb` into a fresh directory.
