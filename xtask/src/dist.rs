@@ -281,6 +281,16 @@ fn sboms(arch: Arch) -> anyhow::Result<()> {
     for f in written() {
         let _ = std::fs::remove_file(f);
     }
+    // Writing (and removing) a file in a member's directory changes the directory's mtime, and
+    // exporter/build.rs reruns (rebuilding the BPF object and the exporter) when the BPF
+    // crate's directory changed: the members' directories get their times back afterwards.
+    let times: Vec<(PathBuf, std::time::SystemTime)> = std::fs::read_dir(&root)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter(|e| e.path().join("Cargo.toml").exists())
+        .filter_map(|e| Some((e.path(), e.metadata().ok()?.modified().ok()?)))
+        .collect();
     let ran = run_cmd(
         cargo()
             .args([
@@ -313,6 +323,11 @@ fn sboms(arch: Arch) -> anyhow::Result<()> {
     // Nothing of it stays in the source tree.
     for f in written() {
         let _ = std::fs::remove_file(f);
+    }
+    for (dir, mtime) in times {
+        if let Ok(d) = std::fs::File::open(&dir) {
+            let _ = d.set_modified(mtime);
+        }
     }
     ran.and(moved)
 }
