@@ -50,6 +50,11 @@ const PACKAGES: &[(&str, &str)] = &[
 /// user-mode emulator, which runs the built binaries' `--version` here.
 const AARCH64_PACKAGES: &[(&str, &str)] = &[
     ("gcc-aarch64-linux-gnu", "/usr/bin/aarch64-linux-gnu-gcc"),
+    // The C headers ring's C includes (stdint.h, string.h: the same types on musl).
+    (
+        "libc6-dev-arm64-cross",
+        "/usr/aarch64-linux-gnu/include/stdint.h",
+    ),
     (
         "binutils-aarch64-linux-gnu",
         "/usr/bin/aarch64-linux-gnu-strip",
