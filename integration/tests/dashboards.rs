@@ -767,14 +767,14 @@ impl Dataplanes {
                 ));
             }
         }
-        let mut c = Command::new("ip")
-            .args(["-n", &ns, "-batch", "-"])
-            .stdin(Stdio::piped())
-            .stdout(Stdio::null())
-            .spawn()
-            .unwrap();
-        std::io::Write::write_all(&mut c.stdin.take().unwrap(), batch.as_bytes()).unwrap();
-        assert!(c.wait().unwrap().success());
+        let mut c = bufscope_integration::Spawned::new(
+            Command::new("ip")
+                .args(["-n", &ns, "-batch", "-"])
+                .stdin(Stdio::piped())
+                .stdout(Stdio::null()),
+        );
+        std::io::Write::write_all(&mut c.take_stdin(), batch.as_bytes()).unwrap();
+        c.wait_success();
         let mut blast = Workload::start_wrapped(
             &wrap,
             &[

@@ -8,7 +8,7 @@ use std::io::Write as _;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use bufscope_integration::{Exporter, Workload, eventually};
+use bufscope_integration::{Exporter, Spawned, Workload, eventually};
 
 const OVERRUNS: &str = "bufscope_netlink_overruns_total";
 
@@ -29,14 +29,14 @@ impl Netns {
 
     /// Runs `ip -n NS -batch` over `lines`.
     fn batch(&self, lines: &str) {
-        let mut c = Command::new("ip")
-            .args(["-n", &self.0, "-force", "-batch", "-"])
-            .stdin(Stdio::piped())
-            .stdout(Stdio::null())
-            .spawn()
-            .unwrap();
-        c.stdin.take().unwrap().write_all(lines.as_bytes()).unwrap();
-        assert!(c.wait().unwrap().success(), "ip -batch failed");
+        let mut c = Spawned::new(
+            Command::new("ip")
+                .args(["-n", &self.0, "-force", "-batch", "-"])
+                .stdin(Stdio::piped())
+                .stdout(Stdio::null()),
+        );
+        c.take_stdin().write_all(lines.as_bytes()).unwrap();
+        c.wait_success();
     }
 }
 
@@ -168,12 +168,13 @@ fn route_listener_overruns_equal_the_drops_column() {
 fn xfrm_monitor_overruns_equal_the_drops_column() {
     let exporter = Exporter::start(&[]);
     let ns = Netns::new("nlx");
-    let mut monitor = Command::new("ip")
-        .args(["-n", &ns.0, "xfrm", "monitor"])
-        .stdout(Stdio::null())
-        .spawn()
-        .unwrap();
-    let pid = monitor.id();
+    // Killed and reaped when dropped, also if an assertion fails while it is stopped.
+    let monitor = Spawned::new(
+        Command::new("ip")
+            .args(["-n", &ns.0, "xfrm", "monitor"])
+            .stdout(Stdio::null()),
+    );
+    let pid = monitor.pid();
     // Its NETLINK_XFRM socket: the protocol-6 row of its namespace whose inode it holds.
     let inode = eventually(Duration::from_secs(5), "ip xfrm monitor's socket", || {
         let held: Vec<u64> = std::fs::read_dir(format!("/proc/{pid}/fd"))
@@ -197,8 +198,7 @@ fn xfrm_monitor_overruns_equal_the_drops_column() {
     let before = kernel_drops(pid, inode).unwrap();
     std::thread::sleep(Duration::from_millis(2500));
     // Stopped, it cannot read: the kernel queues what fits its buffer and drops the rest.
-    // SAFETY: signalling our own child.
-    unsafe { libc::kill(pid as i32, libc::SIGSTOP) };
+    monitor.signal(libc::SIGSTOP);
     let mut lines = String::new();
     for op in ["add", "delete"] {
         for i in 0..10_000 {
@@ -212,8 +212,7 @@ fn xfrm_monitor_overruns_equal_the_drops_column() {
     }
     ns.batch(&lines);
     let kernel = kernel_drops(pid, inode).unwrap() - before;
-    // SAFETY: as above.
-    unsafe { libc::kill(pid as i32, libc::SIGCONT) };
+    monitor.signal(libc::SIGCONT);
     assert!(
         kernel > 1000,
         "20,000 policy events should overrun ip xfrm monitor (kernel Drops: {kernel})"
@@ -235,6 +234,4 @@ fn xfrm_monitor_overruns_equal_the_drops_column() {
             .find(OVERRUNS, &labels)
             .all(|x| x.labels["comm"] == "ip")
     );
-    let _ = monitor.kill();
-    let _ = monitor.wait();
 }

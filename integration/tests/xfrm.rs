@@ -2,16 +2,19 @@
 //! own `/proc/net/xfrm_stat`, and the namespace's daemon (a process holding a NETLINK_XFRM
 //! socket bound to XFRM groups there: `ip xfrm monitor`) is named. Two namespaces the test
 //! creates, joined by a veth (policies on `lo` never reach XFRM): an `action block` out
-//! policy in A (every send fails with EPERM: `XfrmOutPolBlock`) and an `action block` in
-//! policy in B (`XfrmInPolBlock`). bufscope reads a namespace through a process living in it,
-//! so B gets one (a namespace no process lives in is not seen).
+//! policy in A (every send fails with EPERM: `XfrmOutPolBlock`), an ESP tunnel policy in A
+//! whose SA the daemon never installs (the kernel sends it an acquire and drops every packet:
+//! `XfrmOutNoStates`, which gets the finding and its advice) and an `action block` in policy
+//! in B (`XfrmInPolBlock`). bufscope reads a namespace through a process living in it, so B
+//! gets one (a namespace no process lives in is not seen). Every process the test starts is
+//! a [`Spawned`] or a [`Workload`]: killed and reaped when dropped, also on a failed assertion.
 #![allow(clippy::unwrap_used)]
 
 use std::collections::BTreeMap;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use bufscope_integration::{Exporter, Workload};
+use bufscope_integration::{Exporter, Spawned, Workload};
 
 const ERRORS: &str = "bufscope_xfrm_errors_total";
 
@@ -103,21 +106,21 @@ fn xfrm_errors_equal_the_namespace_counters_and_name_the_daemon() {
     run(&["ip", "link", "set", &vb, "netns", &b.0]);
     a.ip(&["addr", "add", "10.77.0.1/24", "dev", &va]);
     a.ip(&["addr", "add", "10.78.0.1/24", "dev", &va]);
+    a.ip(&["addr", "add", "10.76.0.1/24", "dev", &va]);
     b.ip(&["addr", "add", "10.77.0.2/24", "dev", &vb]);
     b.ip(&["addr", "add", "10.78.0.2/24", "dev", &vb]);
+    b.ip(&["addr", "add", "10.76.0.2/24", "dev", &vb]);
     a.ip(&["link", "set", &va, "up"]);
     b.ip(&["link", "set", &vb, "up"]);
     // bufscope reads a namespace through a process living in it: B's is a plain sleeper.
-    let mut b_resident = Command::new("ip")
-        .args(["netns", "exec", &b.0, "sleep", "120"])
-        .spawn()
-        .unwrap();
-    // A's daemon stand-in: an XFRM event listener.
-    let mut monitor = Command::new("ip")
-        .args(["-n", &a.0, "xfrm", "monitor"])
-        .stdout(Stdio::null())
-        .spawn()
-        .unwrap();
+    let _b_resident =
+        Spawned::new(Command::new("ip").args(["netns", "exec", &b.0, "sleep", "120"]));
+    // A's daemon stand-in: an XFRM event listener (it receives the kernel's acquires).
+    let monitor = Spawned::new(
+        Command::new("ip")
+            .args(["-n", &a.0, "xfrm", "monitor"])
+            .stdout(Stdio::null()),
+    );
     a.ip(&[
         "xfrm",
         "policy",
@@ -130,6 +133,27 @@ fn xfrm_errors_equal_the_namespace_counters_and_name_the_daemon() {
         "out",
         "action",
         "block",
+    ]);
+    // ESP in tunnel mode to B, but no SA: the daemon would have to negotiate one.
+    a.ip(&[
+        "xfrm",
+        "policy",
+        "add",
+        "src",
+        "10.76.0.1/32",
+        "dst",
+        "10.76.0.2/32",
+        "dir",
+        "out",
+        "tmpl",
+        "src",
+        "10.76.0.1",
+        "dst",
+        "10.76.0.2",
+        "proto",
+        "esp",
+        "mode",
+        "tunnel",
     ]);
     b.ip(&[
         "xfrm",
@@ -149,12 +173,15 @@ fn xfrm_errors_equal_the_namespace_counters_and_name_the_daemon() {
     std::thread::sleep(Duration::from_millis(2500));
     blast(&a, "10.77.0.2:9");
     blast(&a, "10.78.0.2:9");
+    blast(&a, "10.76.0.2:9");
     let (a1, b1) = (a.xfrm_stat(), b.xfrm_stat());
     let delta = |x: &BTreeMap<String, u64>, y: &BTreeMap<String, u64>, k: &str| y[k] - x[k];
     let out_block = delta(&a0, &a1, "XfrmOutPolBlock");
     let in_block = delta(&b0, &b1, "XfrmInPolBlock");
     assert!(out_block > 100, "A's sends should be blocked: {out_block}");
     assert!(in_block > 100, "B should block A's packets: {in_block}");
+    let no_states = delta(&a0, &a1, "XfrmOutNoStates");
+    assert!(no_states > 0, "A's ESP policy without an SA: {no_states}");
     let (ans, bns) = (a.inode().to_string(), b.inode().to_string());
     let read = || {
         let m = exporter.scrape();
@@ -192,7 +219,7 @@ fn xfrm_errors_equal_the_namespace_counters_and_name_the_daemon() {
         .find("bufscope_xfrm_daemon_info", &want)
         .next()
         .unwrap_or_else(|| panic!("no daemon named for A"));
-    assert_eq!(daemon.labels["pid"], monitor.id().to_string());
+    assert_eq!(daemon.labels["pid"], monitor.pid().to_string());
     assert_eq!(daemon.labels["comm"], "ip");
     assert!(
         m.find("bufscope_xfrm_daemon_info", &[("netns", &bns)])
@@ -200,8 +227,40 @@ fn xfrm_errors_equal_the_namespace_counters_and_name_the_daemon() {
             .is_none(),
         "B has no XFRM listener"
     );
-    for c in [&mut monitor, &mut b_resident] {
-        let _ = c.kill();
-        let _ = c.wait();
-    }
+    // The finding: on the daemon, for the missing SAs only (blocks are configuration), with
+    // the kernel's count and the advice.
+    let (code, body) = exporter.get("/api/v1/findings");
+    assert_eq!(code, 200);
+    let doc: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let findings = doc["findings"].as_array().unwrap();
+    let f = findings
+        .iter()
+        .find(|f| f["kind"] == "xfrm_errors" && f["process"]["pid"] == monitor.pid())
+        .unwrap_or_else(|| panic!("no xfrm_errors finding on the daemon: {body}"));
+    assert_eq!(
+        f["evidence"]["errors_total"].as_f64(),
+        Some(no_states as f64),
+        "{f}"
+    );
+    assert_eq!(
+        f["evidence"]["netns"].as_f64(),
+        Some(a.inode() as f64),
+        "{f}"
+    );
+    let summary = f["summary"].as_str().unwrap();
+    assert!(
+        summary.contains(&format!("XfrmOutNoStates {no_states}")),
+        "{summary}"
+    );
+    assert!(!summary.contains("PolBlock"), "{summary}");
+    assert!(f["fix"].as_str().unwrap().contains("acquire"), "{f}");
+    assert!(
+        !findings.iter().any(|f| f["kind"] == "xfrm_errors"
+            && f["evidence"]["netns"].as_f64() == Some(b.inode() as f64)),
+        "B has only a configured block and no daemon"
+    );
+    eprintln!(
+        "XfrmOutNoStates in A: kernel delta {no_states}, finding errors_total {}",
+        f["evidence"]["errors_total"]
+    );
 }

@@ -27,47 +27,86 @@ pub struct XfrmView {
     pub reasons: Vec<(String, u64, f64)>,
 }
 
-/// What an XFRM error counter means and what to change (None: expected by configuration
-/// or not actionable from the host).
+/// What an XFRM error counter means and what to change (None: expected by configuration,
+/// such as `action block` policies, or not actionable from the host). The meanings follow where
+/// the kernel counts each one (net/xfrm/xfrm_input.c, xfrm_policy.c, xfrm_state.c, xfrm_iptfs.c).
 fn xfrm_advice(reason: &str) -> Option<&'static str> {
     Some(match reason {
-        "XfrmInBufferError" => {
-            "no buffer was left to process an inbound IPsec packet (skb allocation or \
-             secpath failed): the host is short of memory for packets; check \
-             net.ipv4.tcp_mem/udp_mem pressure and slab usage"
-        }
+        // The buffer-related ones.
         "XfrmOutNoQueueSpace" => {
-            "packets waiting for an SA (larval acquire, net.core.xfrm_larval_drop=0) or an \
-             IP-TFS queue overflowed: the IKE daemon installs SAs too slowly for the traffic"
+            "an IP-TFS SA's send queue was full and the kernel dropped what did not fit: \
+             raise the SA's queue (max-queue-size among ip xfrm state's iptfs options, \
+             strongSwan iptfs_max_queue)"
+        }
+        "XfrmNoSkbError" => {
+            "the kernel could not allocate a packet buffer while (de)aggregating IP-TFS: the \
+             host is short of atomic memory; check vm.min_free_kbytes and slab usage"
+        }
+        "XfrmInBufferError" => {
+            "a packet needed more than XFRM_MAX_DEPTH (6) transforms (nested SAs, or the \
+             templates of the policies it matched), or an offloaded packet came back \
+             unprocessed from the NIC: flatten stacked policies or check the NIC's IPsec \
+             offload"
+        }
+        // SAs the daemon lost or installed late: its own buffer (netlink) comes first.
+        "XfrmInNoStates" => {
+            "inbound ESP for an SPI with no SA: the daemon deleted or never installed the SA \
+             the peer uses (a rekey race, or SA events it lost); rekey with make-before-break \
+             (strongSwan make_before_break = yes) and keep its netlink socket from overrunning"
+        }
+        "XfrmOutNoStates" => {
+            "outbound packets matched an IPsec policy with no SA: the IKE daemon has not \
+             negotiated one (it missed or did not answer the kernel's acquire, or the peer is \
+             down); check that it runs, that its connection is up and that its netlink socket \
+             keeps up"
+        }
+        "XfrmAcquireError" => {
+            "packets hit an SA still being negotiated (larval acquire): the daemon installs \
+             SAs too slowly or not at all; check its connection and its netlink socket"
         }
         "XfrmInStateSeqError" => {
             "inbound sequence numbers outside the anti-replay window: reordering (multi-queue \
              NICs, ECMP, pcrypt) exceeds the window; raise the replay window (strongSwan \
              replay_window, libreswan replay-window) to 1024 or more"
         }
-        "XfrmInNoStates" => {
-            "inbound ESP for an SPI with no SA: a rekey race or SAs the daemon lost (check \
-             its netlink overruns); the peer keeps sending on a deleted SA"
-        }
-        "XfrmOutNoStates" | "XfrmAcquireError" => {
-            "outbound packets matched a policy with no SA: the IKE daemon did not answer \
-             the kernel's acquire in time (check that it runs and its netlink socket keeps up)"
+        "XfrmOutStateSeqError" => {
+            "an SA's 32-bit sequence number ran out: enable extended sequence numbers (esn) or \
+             rekey by packets before 2^32"
         }
         "XfrmInStateExpired" | "XfrmOutStateExpired" => {
-            "packets hit an expired SA: rekeying starts too late; rekey earlier (margintime)"
+            "packets hit an SA past its hard lifetime: rekeying starts too late; rekey earlier \
+             (strongSwan rekey_time/rand_time, libreswan rekeymargin)"
         }
-        "XfrmInNoPols" | "XfrmInTmplMismatch" | "XfrmInStateMismatch" => {
-            "inbound packets matched no policy or the wrong SA: the peers' traffic selectors \
-             disagree"
+        "XfrmInStateProtoError" | "XfrmOutStateProtoError" => {
+            "ESP/AH processing failed (on input: integrity check, i.e. the peers' keys or \
+             algorithms disagree): check the SA's keys and the peer"
+        }
+        "XfrmInNoPols"
+        | "XfrmInTmplMismatch"
+        | "XfrmInStateMismatch"
+        | "XfrmInStateDirError"
+        | "XfrmOutStateDirError" => {
+            "packets matched no policy, the wrong SA or an SA of the other direction: the \
+             peers' traffic selectors disagree"
         }
         "XfrmFwdHdrError" | "XfrmInHdrError" | "XfrmInError" | "XfrmOutError" => {
-            "malformed or undecryptable packets: check the path MTU and the peer"
+            "malformed or unroutable packets: check the path MTU and the peer"
         }
         _ => return None,
     })
 }
 
+/// Reasons whose cause can be an IKE daemon that lost XFRM events on its netlink socket.
+fn lost_events_matter(reason: &str) -> bool {
+    matches!(
+        reason,
+        "XfrmInNoStates" | "XfrmOutNoStates" | "XfrmAcquireError"
+    )
+}
+
 /// `xfrm_errors`: one finding per namespace with a known IKE daemon and actionable errors.
+/// When the daemon's own netlink sockets overran, the finding says so first: a daemon that
+/// lost acquire or expire events leaves the kernel without SAs.
 pub(super) fn xfrm_errors(b: &mut Builder<'_>) {
     for v in &b.inputs.xfrm {
         let mut actionable: Vec<&(String, u64, f64)> = v
@@ -101,18 +140,38 @@ pub(super) fn xfrm_errors(b: &mut Builder<'_>) {
             },
             list.join(", ")
         );
-        let fix = actionable
+        // The daemon's overrun XFRM netlink sockets (protocol 6).
+        let lost: u64 = b
+            .inputs
+            .netlink
             .iter()
-            .take(3)
-            .filter_map(|(r, _, _)| Some(format!("{r}: {}", xfrm_advice(r)?)))
-            .collect::<Vec<_>>()
-            .join("; ");
-        let evidence = vec![
+            .filter(|n| n.owner == Some(v.owner) && n.protocol == NETLINK_XFRM)
+            .map(|n| n.overruns)
+            .sum();
+        let mut fixes = Vec::new();
+        if lost > 0 && actionable.iter().any(|(r, _, _)| lost_events_matter(r)) {
+            fixes.push(format!(
+                "first: the IKE daemon's NETLINK_XFRM socket lost {lost} events (see its \
+                 netlink_overruns finding), so acquires and expires it never saw leave the \
+                 kernel without SAs"
+            ));
+        }
+        fixes.extend(
+            actionable
+                .iter()
+                .take(3)
+                .filter_map(|(r, _, _)| Some(format!("{r}: {}", xfrm_advice(r)?))),
+        );
+        let fix = fixes.join("; ");
+        let mut evidence = vec![
             ("errors_total", total as f64),
             ("drops_per_second", rate),
             ("netns", f64::from(v.netns)),
             ("worst_reason_total", worst.1 as f64),
         ];
+        if lost > 0 {
+            evidence.push(("daemon_netlink_overruns", lost as f64));
+        }
         b.push(
             &v.owner,
             kinds::XFRM_ERRORS,
@@ -125,6 +184,9 @@ pub(super) fn xfrm_errors(b: &mut Builder<'_>) {
         );
     }
 }
+
+/// `NETLINK_XFRM`.
+const NETLINK_XFRM: u16 = 6;
 
 /// Where the netlink advice comes from.
 const NETLINK_RULE: &str = "net/netlink/af_netlink.c: netlink_overrun drops a message when the \
@@ -294,6 +356,110 @@ mod xfrm_tests {
         assert!(
             evaluate(&i).is_empty(),
             "only a block policy: nothing to fix"
+        );
+    }
+
+    #[test]
+    fn missing_sas_point_at_the_daemons_lost_events_first() {
+        let owner = ProcRef {
+            tgid: 9,
+            start_ticks: 3,
+        };
+        let mut i = Inputs {
+            window: Duration::from_secs(60),
+            ..Inputs::default()
+        };
+        i.xfrm.push(XfrmView {
+            owner,
+            netns: 4026532200,
+            reasons: vec![("XfrmOutNoStates".into(), 1200, 20.0)],
+        });
+        let lost = NetlinkView {
+            owner: Some(owner),
+            inode: 5,
+            protocol: NETLINK_XFRM,
+            groups: 0x1,
+            overruns: 340,
+            rate: 5.0,
+            rcvbuf: Some(8192),
+            no_enobufs: Some(false),
+        };
+        // The same daemon's ROUTE socket is not its XFRM events.
+        i.netlink.push(NetlinkView {
+            protocol: 0,
+            overruns: 7,
+            ..lost.clone()
+        });
+        let f = evaluate(&i);
+        let x = f.iter().find(|f| f.kind == kinds::XFRM_ERRORS).unwrap();
+        assert!(!x.fix.starts_with("first"), "no XFRM overruns: {}", x.fix);
+        assert!(x.fix.contains("acquire"), "{}", x.fix);
+        assert!(!x.evidence.contains_key("daemon_netlink_overruns"));
+        i.netlink.push(lost);
+        let f = evaluate(&i);
+        let x = f.iter().find(|f| f.kind == kinds::XFRM_ERRORS).unwrap();
+        assert!(x.fix.starts_with("first"), "{}", x.fix);
+        assert!(x.fix.contains("lost 340 events"), "{}", x.fix);
+        assert_eq!(x.evidence["daemon_netlink_overruns"], 340.0);
+        assert_eq!(x.evidence["errors_total"], 1200.0);
+        // A replay-window problem is not the daemon's events.
+        i.xfrm[0].reasons = vec![("XfrmInStateSeqError".into(), 10, 0.0)];
+        let f = evaluate(&i);
+        let x = f.iter().find(|f| f.kind == kinds::XFRM_ERRORS).unwrap();
+        assert!(!x.fix.starts_with("first"), "{}", x.fix);
+        assert_eq!(x.severity, Severity::Warning);
+        assert!(x.summary.contains("none in the last 60s"), "{}", x.summary);
+    }
+
+    #[test]
+    fn every_counter_of_the_kernel_is_classified() {
+        // The names of net/xfrm/xfrm_proc.c (6.18): each is advice or a configured outcome.
+        let configured = [
+            "XfrmInPolBlock",
+            "XfrmOutPolBlock",
+            "XfrmInPolError",
+            "XfrmOutPolError",
+            "XfrmOutPolDead",
+            "XfrmInStateModeError",
+            "XfrmOutStateModeError",
+            "XfrmInStateInvalid",
+            "XfrmOutStateInvalid",
+            "XfrmOutBundleGenError",
+            "XfrmOutBundleCheckError",
+            "XfrmInIptfsError",
+        ];
+        for r in [
+            "XfrmInError",
+            "XfrmInBufferError",
+            "XfrmInHdrError",
+            "XfrmInNoStates",
+            "XfrmInStateProtoError",
+            "XfrmInStateSeqError",
+            "XfrmInStateExpired",
+            "XfrmInStateMismatch",
+            "XfrmInTmplMismatch",
+            "XfrmInNoPols",
+            "XfrmFwdHdrError",
+            "XfrmOutError",
+            "XfrmOutNoStates",
+            "XfrmOutStateProtoError",
+            "XfrmOutStateSeqError",
+            "XfrmOutStateExpired",
+            "XfrmAcquireError",
+            "XfrmOutStateDirError",
+            "XfrmInStateDirError",
+            "XfrmNoSkbError",
+            "XfrmOutNoQueueSpace",
+        ] {
+            assert!(xfrm_advice(r).is_some(), "{r} has no advice");
+        }
+        for r in configured {
+            assert!(xfrm_advice(r).is_none(), "{r}");
+        }
+        assert!(
+            xfrm_advice("XfrmOutNoQueueSpace")
+                .unwrap()
+                .contains("max-queue-size")
         );
     }
 }
