@@ -189,6 +189,13 @@ const STEPS: &[Step] = &[
         when: None,
     },
     Step {
+        name: "IPsec ESP without an SA vs /proc/net/xfrm_stat (XfrmInNoStates) and the finding on the daemon",
+        test: "xfrm",
+        env: "",
+        args: &["inbound_esp_without_an_sa"],
+        when: None,
+    },
+    Step {
         name: "static binary (cargo xtask dist) alone in an empty root: check passes, same hooks",
         test: "static_binary",
         env: "",
