@@ -10,9 +10,11 @@ mod image;
 mod lab;
 mod libtest;
 mod matrix;
+mod packages;
 mod run;
 mod setup;
 mod test;
+mod toolchain;
 mod util;
 
 #[derive(Parser)]
