@@ -9,66 +9,87 @@ use anyhow::{Context as _, bail};
 use crate::util::cargo;
 
 /// One step inside a guest: an integration test binary, its filters, and environment.
+///
+/// To add a step, append one to [`STEPS`]; `--step` selects it by part of its name.
 pub(super) struct Step {
     pub(super) name: &'static str,
     pub(super) test: &'static str,
-    pub(super) env: &'static str,
+    /// Extra environment of the test binary (name, value).
+    pub(super) env: &'static [(&'static str, &'static str)],
     pub(super) args: &'static [&'static str],
     /// Run only when the guest's `bufscope check` line of this probe names this hook kind
     /// (a fallback test is pointless where the better hook is not the one in use).
     pub(super) when: Option<(&'static str, &'static str)>,
+    /// The flags of the shared `bufscope run` the step's tests may use
+    /// (`Exporter::shared`: a test whose flags are exactly these uses it instead of starting
+    /// its own); the script starts one per set of flags, at the first step that names it.
+    pub(super) shared: Option<&'static [&'static str]>,
 }
 
-/// The guest subset, in order (each step one exporter start: ≈10–40 s under TCG).
+/// The shared exporter of the steps that run with `--drops.zero-per-packet`.
+const ZERO_PER_PACKET: &[&str] = &["--drops.zero-per-packet", "--retention", "4s"];
+
+/// The guest subset, in order (under TCG a bufscope start costs ≈10–40 s: the steps share
+/// one per set of flags).
 pub(super) const STEPS: &[Step] = &[
     Step {
         name: "check: hooks vs the kernel's BTF; check --btf; bufscope_probe_attached",
         test: "kernel_matrix",
-        env: "",
+        env: &[],
         args: &["check_names_the_hook"],
         when: None,
+        shared: Some(&[]),
     },
     Step {
         name: "UDP drops vs /proc/<pid>/net/udp{,6}: receivers before and after bufscope, v4/v6, netns",
         test: "kernel_matrix",
-        env: "",
+        env: &[],
         args: &["udp_drops_before_and_after"],
         when: None,
+        shared: Some(&[]),
     },
     Step {
         name: "UDP drops with --drops.zero-per-packet (no fexit: the tracepoint-only variant)",
         test: "kernel_matrix",
-        env: "BUFSCOPE_TEST_ARGS=--drops.zero-per-packet",
+        env: &[(
+            "BUFSCOPE_TEST_ARGS",
+            "--drops.zero-per-packet --retention 4s",
+        )],
         args: &["udp_drops_before_and_after"],
         when: Some(("drops", "fexit/")),
+        shared: Some(ZERO_PER_PACKET),
     },
     Step {
         name: "netns drops with --drops.zero-per-packet: exact per namespace, series leave with their namespace",
         test: "kernel_matrix",
-        env: "BUFSCOPE_TEST_ARGS=--drops.zero-per-packet",
+        env: &[("BUFSCOPE_TEST_ARGS", "--drops.zero-per-packet")],
         args: &["netns_series_leave_with_their_namespace"],
         when: Some(("drops", "fexit/")),
+        shared: Some(ZERO_PER_PACKET),
     },
     Step {
         name: "TCP lock + wscale vs ss -tni",
         test: "tcp",
-        env: "",
+        env: &[],
         args: &["wscale_shrink_locks_and_established_match_ss"],
         when: None,
+        shared: Some(&[]),
     },
     Step {
         name: "setsockopt clamp / SO_RCVBUFFORCE / EPERM vs errno and getsockopt",
         test: "kernel_matrix",
-        env: "",
+        env: &[],
         args: &["setsockopt_clamp_force_and_eperm"],
         when: None,
+        shared: Some(&[]),
     },
     Step {
         name: "autotune vs an independent bpftrace count (best hook and tracepoint fallback)",
         test: "kernel_matrix",
-        env: "",
+        env: &[],
         args: &["autotune_suppressed"],
         when: None,
+        shared: Some(&[]),
     },
 ];
 
