@@ -3,7 +3,7 @@
 //! value comes from the kernel (`/proc/<pid>/net/udp` drops column, `/proc/<pid>/net/snmp`,
 //! `bpftool`, `/proc/<pid>/status`), never from bufscope itself.
 //!
-//! Run with `cargo xtask test` (root, serial). Each test prints the figures it saw
+//! Run with `cargo xtask test` (root; the node-wide group of .config/nextest.toml: alone). Each test prints the figures it saw
 //! (`cargo xtask test -- --nocapture reliability` shows them).
 #![allow(clippy::unwrap_used)]
 
