@@ -6,6 +6,7 @@ use clap::{Parser, Subcommand};
 mod apt;
 mod bench;
 mod build;
+mod dist;
 mod generate;
 mod image;
 mod junit;
@@ -36,6 +37,9 @@ enum Cmd {
     Gen(generate::Args),
     /// Build the container image with podman (release binary, `localhost/bufscope:dev`).
     Image(image::Args),
+    /// Build the release artifacts for gateways without Kubernetes: static binaries, .deb,
+    /// .rpm, SBOMs, SHA256SUMS (target/dist; docs/packages.md).
+    Dist(dist::Args),
     /// Set up, build and run the exporter (`bufscope run`), printing the metrics URL.
     Run(run::Args),
     /// Set up, build, then run the unit tests and the privileged integration tests (cargo
@@ -58,6 +62,7 @@ fn main() -> anyhow::Result<()> {
         Cmd::Build(a) => build::run(&a),
         Cmd::Gen(a) => generate::run(&a),
         Cmd::Image(a) => image::run(&a),
+        Cmd::Dist(a) => dist::run(&a),
         Cmd::Run(a) => run::run(&a),
         Cmd::Test(a) => test::run(&a),
         Cmd::Lab(a) => lab::run(&a),

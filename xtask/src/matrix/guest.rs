@@ -224,7 +224,6 @@ pub(super) fn boot(
     Ok(run)
 }
 
-/// inside a guest.
 /// Boots the pinned kernel `name` (a `kernels.pin` name) and runs the shell line `command` in
 /// it from the workspace root, its output echoed with a `[name]` prefix; fails when the guest
 /// did not finish within `timeout` or the command failed. The benchmarks use it to measure
@@ -236,7 +235,7 @@ pub fn run_in_guest(name: &str, command: &str, timeout: Duration) -> anyhow::Res
         .find(|p| p.name == name)
         .with_context(|| format!("no pinned kernel {name:?} in kernels.pin"))?;
     let k = kernels::ensure(&pin)?;
-    let dir = cache_dir().join("run");
+    let dir = super::run_dir();
     std::fs::create_dir_all(&dir)?;
     let script = dir.join("guest-command.sh");
     std::fs::write(

@@ -20,7 +20,7 @@ mod steps;
 #[cfg(test)]
 mod tests;
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
@@ -30,7 +30,6 @@ use crate::util::{is_root, workspace_root};
 
 pub use guest::run_in_guest;
 use guest::{GuestRun, boot};
-pub use kernels::cache_dir;
 use script::guest_script;
 pub use setup::setup;
 use steps::{selected_steps, test_binaries};
@@ -91,6 +90,7 @@ pub fn run(a: &Args) -> anyhow::Result<()> {
     }
 }
 
+/// The pinned kernels `only` names (all when empty); an error naming the pinned ones when it
 /// names one that is not pinned.
 fn selected_pins(only: &[String]) -> anyhow::Result<Vec<kernels::Pin>> {
     let pins = kernels::pins()?;
@@ -158,6 +158,12 @@ fn chosen_hooks(text: &str) -> Vec<(String, String)> {
         .collect()
 }
 
+/// Where a run writes the script its guests execute: inside this checkout's `target/`, so that
+/// two checkouts running the matrix at once never run each other's script (and binaries).
+fn run_dir() -> PathBuf {
+    workspace_root().join("target/matrix-run")
+}
+
 /// Runs the matrix for `kernels` (all pinned kernels when empty) and the guest steps `steps`
 /// select (all when empty; see `--step`); the outcome lists every failure, each with the
 /// command that reruns it.
@@ -167,10 +173,14 @@ pub fn stage(kernels: &[String], steps: &[String]) -> anyhow::Result<Outcome> {
     let pins = selected_pins(kernels)?;
     let selected = selected_steps(steps)?;
     let bins = test_binaries(&selected)?;
-    let dir = cache_dir().join("run");
+    let dir = run_dir();
     std::fs::create_dir_all(&dir)?;
     let script = dir.join("guest.sh");
     std::fs::write(&script, guest_script(&bins, &selected)?)?;
+    if selected.iter().any(|s| s.test == steps::STATIC_BINARY) {
+        // The static binary of `cargo xtask dist`, for the step that runs it alone.
+        crate::dist::build_static(crate::dist::Arch::X86_64)?;
+    }
     let bufscope = workspace_root().join(BUFSCOPE);
     if !bufscope.exists() {
         bail!(

@@ -29,6 +29,10 @@ pub(super) struct Step {
 /// The shared exporter of the steps that run with `--drops.zero-per-packet`.
 const ZERO_PER_PACKET: &[&str] = &["--drops.zero-per-packet", "--retention", "4s"];
 
+/// The test binary of the step that runs `cargo xtask dist`'s static binary alone (the matrix
+/// builds that binary before booting when the step is selected).
+pub(super) const STATIC_BINARY: &str = "static_binary";
+
 /// The guest subset, in order (under TCG a bufscope start costs ≈10–40 s: the steps share
 /// one per set of flags).
 pub(super) const STEPS: &[Step] = &[
@@ -90,6 +94,15 @@ pub(super) const STEPS: &[Step] = &[
         args: &["autotune_suppressed"],
         when: None,
         shared: Some(&[]),
+    },
+    Step {
+        name: "static binary (cargo xtask dist) alone in an empty root: check passes, same hooks",
+        test: STATIC_BINARY,
+        env: &[],
+        args: &["static_bufscope_runs_alone_and_check_passes"],
+        when: None,
+        // It starts no exporter: `bufscope check`, once per binary, in a root of its own.
+        shared: None,
     },
 ];
 
