@@ -287,7 +287,10 @@ fn flags_of_bufscope() -> BTreeSet<String> {
         .filter(|c| *c != "help")
         .map(str::to_string)
         .collect();
-    assert!(commands.iter().any(|c| c == "run"), "no commands in:\n{top}");
+    assert!(
+        commands.iter().any(|c| c == "run"),
+        "no commands in:\n{top}"
+    );
     let mut flags = BTreeSet::new();
     for c in &commands {
         flags.extend(flags_named_in(&help(&[c.as_str(), "--help"])));
