@@ -67,6 +67,9 @@ pub fn run(a: &Args) -> anyhow::Result<()> {
     stages.push(("setup".into(), t.elapsed().as_secs_f64()));
     let t = Instant::now();
     crate::build::build(false)?;
+    if needs_static(a) {
+        crate::dist::build_static(crate::dist::Arch::X86_64)?;
+    }
     stages.push(("build".into(), t.elapsed().as_secs_f64()));
 
     let t = Instant::now();
@@ -130,6 +133,19 @@ pub fn run(a: &Args) -> anyhow::Result<()> {
             failures.len()
         )
     }
+}
+
+/// True when the selection runs a test of the release artifacts (`xtask/tests/dist.rs`,
+/// `integration/tests/static_binary.rs`, the matrix's static-binary step): the build stage then
+/// builds the static binaries of `cargo xtask dist` too (a release build for musl: the one build
+/// besides the debug one), so no test builds them under its timeout.
+fn needs_static(a: &Args) -> bool {
+    let every_target = a.tests.is_empty() && a.bins.is_empty() && !a.lib && !a.doc;
+    let package = |p: &str| a.packages.is_empty() || a.packages.iter().any(|q| q == p);
+    let test = |t: &str| every_target || a.tests.iter().any(|q| q == t);
+    (package("xtask") && test("dist"))
+        || (package("bufscope-integration") && test("static_binary"))
+        || (!a.no_matrix && crate::matrix::selects_static_binary(&a.steps))
 }
 
 /// One test binary of the host stage as the summary shows it.
@@ -472,6 +488,60 @@ fn summary(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn args(line: &[&str]) -> Args {
+        #[derive(clap::Parser)]
+        struct Cli {
+            #[command(flatten)]
+            a: Args,
+        }
+        let mut argv = vec!["test"];
+        argv.extend(line);
+        <Cli as clap::Parser>::try_parse_from(argv)
+            .map(|c| c.a)
+            .unwrap_or_else(|e| panic!("{line:?}: {e}"))
+    }
+
+    #[test]
+    fn the_static_binaries_are_built_only_for_the_tests_that_run_them() {
+        for (line, want) in [
+            (&[][..], true),
+            (&["--no-matrix"][..], true),
+            (&["--no-matrix", "-p", "xtask"][..], true),
+            (
+                &["--no-matrix", "-p", "xtask", "--test", "matrix_log"][..],
+                false,
+            ),
+            (
+                &[
+                    "--no-matrix",
+                    "-p",
+                    "bufscope-integration",
+                    "--test",
+                    "guard",
+                ][..],
+                false,
+            ),
+            (
+                &[
+                    "--no-matrix",
+                    "-p",
+                    "bufscope-integration",
+                    "--test",
+                    "static_binary",
+                ][..],
+                true,
+            ),
+            (&["--no-matrix", "--test", "dist"][..], true),
+            (&["--no-matrix", "-p", "bufscope", "--lib"][..], false),
+            (&["--no-matrix", "--doc"][..], false),
+            (&["--doc", "--step", "wscale"][..], false),
+            (&["--doc", "--step", "static binary"][..], true),
+            (&["--doc"][..], true),
+        ] {
+            assert_eq!(needs_static(&args(line)), want, "{line:?}");
+        }
+    }
 
     #[test]
     fn each_binary_is_named_by_the_selector_that_reruns_it() {

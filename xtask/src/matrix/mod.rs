@@ -90,6 +90,12 @@ pub fn run(a: &Args) -> anyhow::Result<()> {
     }
 }
 
+/// True when the guest steps `filters` select (all when empty; see `--step`) include the one
+/// that runs `cargo xtask dist`'s static binary.
+pub fn selects_static_binary(filters: &[String]) -> bool {
+    selected_steps(filters).is_ok_and(|s| s.iter().any(|s| s.test == steps::STATIC_BINARY))
+}
+
 /// The pinned kernels `only` names (all when empty); an error naming the pinned ones when it
 /// names one that is not pinned.
 fn selected_pins(only: &[String]) -> anyhow::Result<Vec<kernels::Pin>> {
@@ -177,7 +183,7 @@ pub fn stage(kernels: &[String], steps: &[String]) -> anyhow::Result<Outcome> {
     std::fs::create_dir_all(&dir)?;
     let script = dir.join("guest.sh");
     std::fs::write(&script, guest_script(&bins, &selected)?)?;
-    if selected.iter().any(|s| s.test == steps::STATIC_BINARY) {
+    if selects_static_binary(steps) {
         // The static binary of `cargo xtask dist`, for the step that runs it alone.
         crate::dist::build_static(crate::dist::Arch::X86_64)?;
     }
