@@ -862,9 +862,18 @@ fn a_replaced_link_pin_is_reported_detached() {
         eventually(Duration::from_secs(10), "drops reported detached", || {
             (!attached(&e).contains("drops")).then_some(())
         });
+        // bufscope logs why before the metric changes, but its log reaches this test through a
+        // pipe and a reader thread, which may lag a loaded machine's scrape: wait for it too.
+        let names_it = |log: &str| {
+            log.contains("another process replaced it") && log.contains(&format!("link {foreign}"))
+        };
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while !names_it(&e.log()) && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(50));
+        }
         let log = e.log();
         assert!(
-            log.contains("another process replaced it") && log.contains(&format!("link {foreign}")),
+            names_it(&log),
             "the log names the pin and the link now in it: {log}"
         );
         let after = attached(&e);
