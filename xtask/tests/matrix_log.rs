@@ -70,7 +70,14 @@ fn matrix_output_redirected_to_a_file_keeps_every_byte() {
     let mut f = std::fs::File::create(&path).unwrap();
     f.write_all(marker.as_bytes()).unwrap();
     let status = Command::new(env!("CARGO_BIN_EXE_xtask"))
-        .args(["matrix", "--no-build", "--kernel", &k, "--step", "check"])
+        .args([
+            "matrix",
+            "--no-build",
+            "--kernel",
+            &k,
+            "--step",
+            "check: hooks",
+        ])
         .env("BUFSCOPE_MATRIX_VNG", &fake)
         .env("BUFSCOPE_BIN", &bufscope)
         .stdin(Stdio::null())
