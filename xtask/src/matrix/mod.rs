@@ -76,6 +76,10 @@ pub fn run(a: &Args) -> anyhow::Result<()> {
         // The guests run the host's tools (its root filesystem, read-only).
         crate::toolchain::ensure()?;
         crate::packages::ensure()?;
+        if selects_static_binary(&a.steps) {
+            // The musl target and tools of the static binary that step runs.
+            crate::dist::setup()?;
+        }
         setup()?;
         if a.setup_only {
             return Ok(());
