@@ -16,9 +16,12 @@ use crate::kernel::DropReasons;
 use crate::signals::Store;
 use crate::store::ProcRef;
 
-/// Sums one key's per-CPU values (latest `rcvbuf`/`rmem_alloc` win).
+/// Sums one key's per-CPU values (latest `rcvbuf`/`rmem_alloc` win; the device name is the
+/// latest CPU's that has one: a slot written by a program that set the name only at creation
+/// has none on the other CPUs).
 fn sum(values: &[DropVal]) -> DropVal {
     let mut total = DropVal::default();
+    let mut named_at = None;
     for v in values {
         total.packets += v.packets;
         total.skbs += v.skbs;
@@ -26,6 +29,9 @@ fn sum(values: &[DropVal]) -> DropVal {
             total.last_ns = v.last_ns;
             total.rcvbuf = v.rcvbuf;
             total.rmem_alloc = v.rmem_alloc;
+        }
+        if v.ifname[0] != 0 && v.skbs > 0 && named_at.is_none_or(|t| v.last_ns >= t) {
+            named_at = Some(v.last_ns);
             total.ifname = v.ifname;
         }
     }
@@ -114,7 +120,7 @@ impl Drops {
                     seen.skbs = v.skbs;
                     seen.rcvbuf = v.rcvbuf;
                     seen.rmem_alloc = v.rmem_alloc;
-                    if k.site == drop_site::DEVICE && moved {
+                    if k.site == drop_site::DEVICE && moved && v.ifname[0] != 0 {
                         seen.ifname = ifname(&v.ifname);
                     }
                     seen
@@ -278,6 +284,39 @@ mod tests {
             0,
         )
         .expect("writing the map");
+    }
+
+    /// A TUN's entry created on one CPU and counted on others: the others' slots carry no
+    /// name when written by a program that named the device only at creation; the summed
+    /// entry keeps the name whichever CPU counted last, and the counts of every CPU.
+    #[test]
+    fn a_device_named_on_one_cpu_keeps_its_name_and_every_cpu_s_counts() {
+        let named = DropVal {
+            packets: 10,
+            skbs: 10,
+            last_ns: 5,
+            ifname: *b"wg0\0\0\0\0\0\0\0\0\0\0\0\0\0",
+            ..DropVal::default()
+        };
+        let unnamed = DropVal {
+            packets: 7,
+            skbs: 7,
+            last_ns: 9,
+            ..DropVal::default()
+        };
+        for values in [[named, unnamed], [unnamed, named]] {
+            let total = sum(&values);
+            assert_eq!((total.packets, total.skbs), (17, 17));
+            assert_eq!(ifname(&total.ifname), "wg0");
+            assert_eq!(total.last_ns, 9);
+        }
+        // A CPU that never counted has no say.
+        let idle = DropVal {
+            last_ns: 99,
+            ifname: *b"old\0\0\0\0\0\0\0\0\0\0\0\0\0",
+            ..DropVal::default()
+        };
+        assert_eq!(ifname(&sum(&[named, idle]).ifname), "wg0");
     }
 
     fn counted(d: &Drops) -> u64 {
