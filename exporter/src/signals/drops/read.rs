@@ -258,10 +258,11 @@ mod tests {
     use crate::signals::{GcCx, Signal as _};
     use foldhash::HashSet;
 
-    /// A per-namespace drops key (no socket: it can gain drops whenever).
+    /// A per-namespace drops key (no socket: it can gain drops whenever) of a namespace no
+    /// process is in.
     const KEY: DropKey = DropKey {
         inode: 0,
-        netns: 4_026_531_840,
+        netns: 4_026_539_999,
         id: 0,
         reason: 6,
         proto: 17,
@@ -343,6 +344,30 @@ mod tests {
         set(&mut d.map, 5);
         d.read(&mut attr, &mut store);
         assert_eq!(counted(&d), 5);
+        // An idle entry of a namespace that has processes (this one's) can still count: kept.
+        let own_netns = Procfs::new("/proc")
+            .netns(std::process::id())
+            .expect("this process's network namespace");
+        let own = DropKey {
+            netns: own_netns,
+            ..KEY
+        };
+        let cpus = aya::util::nr_cpus().expect("possible CPUs");
+        let mut values = vec![DropVal::default(); cpus];
+        values[0] = DropVal {
+            packets: 1,
+            skbs: 1,
+            ..DropVal::default()
+        };
+        d.map
+            .insert(
+                own,
+                aya::maps::PerCpuValues::try_from(values).expect("one value per CPU"),
+                0,
+            )
+            .expect("writing the map");
+        d.read(&mut attr, &mut store);
+        assert_eq!(counted(&d), 6);
         // The kernel counts 7 more after the read; then the entry is collected as idle.
         set(&mut d.map, 12);
         let live = HashSet::default();
@@ -353,13 +378,18 @@ mod tests {
             attr: &mut attr,
             store: &store,
         };
-        assert_eq!(d.gc(&mut cx), 1, "the idle entry went");
+        assert_eq!(
+            d.gc(&mut cx),
+            1,
+            "the idle entry of the gone namespace went"
+        );
         assert!(d.map.get(&KEY, 0).is_err(), "deleted from the kernel map");
+        assert!(d.map.get(&own, 0).is_ok(), "a live namespace's entry stays");
         d.read(&mut attr, &mut store);
-        assert_eq!(counted(&d), 12, "the 7 taken with the delete are counted");
+        assert_eq!(counted(&d), 13, "the 7 taken with the delete are counted");
         // The probe re-creates the key: from zero, not a negative delta.
         set(&mut d.map, 3);
         d.read(&mut attr, &mut store);
-        assert_eq!(counted(&d), 15);
+        assert_eq!(counted(&d), 16);
     }
 }
