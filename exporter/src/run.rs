@@ -89,9 +89,9 @@ pub async fn run(args: RunArgs, addrs: Vec<std::net::SocketAddr>) -> anyhow::Res
         heartbeat,
         stale_after: (args.poll_interval.max(EVENTS_DRAIN_EVERY) * http::STALE_INTERVALS)
             .max(http::STALE_AT_LEAST),
-        in_flight: Arc::new(tokio::sync::Semaphore::new(http::MAX_IN_FLIGHT)),
-        queued: Arc::default(),
+        slots: http::clients::Slots::new(),
     };
+    let health_only = http::health_only_router(app.clone());
     let router = http::router(app, &args.telemetry_path, auth);
     let local = listener
         .local_addr()
@@ -110,9 +110,11 @@ pub async fn run(args: RunArgs, addrs: Vec<std::net::SocketAddr>) -> anyhow::Res
     match tls {
         Some(cfg) => {
             let l = TlsListener::new(listener, cfg, permits.clone()).context("TLS listener")?;
-            http::serve::serve(l, router, permits, shutdown_signal()).await;
+            http::serve::serve(l, router, health_only, permits, shutdown_signal()).await;
         }
-        None => http::serve::serve(listener, router, permits, shutdown_signal()).await,
+        None => {
+            http::serve::serve(listener, router, health_only, permits, shutdown_signal()).await;
+        }
     }
     events_task.abort();
     poll_task.abort();
