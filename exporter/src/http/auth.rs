@@ -475,7 +475,11 @@ mod tests {
         // The attacker asks every millisecond for 60 s; scrapers that never authenticated
         // (each remembered once it passed) arrive at 30 s, 45 s and 59.999 s and must get
         // their check at their first try.
-        let scrapers = [(30_000, client(1)), (45_000, client(3)), (59_999, client(4))];
+        let scrapers = [
+            (30_000, client(1)),
+            (45_000, client(3)),
+            (59_999, client(4)),
+        ];
         for ms in 0..60_000u64 {
             let now = t0 + Duration::from_millis(ms);
             if ask(&mut b, attacker, "prom", now, cost, true) {
