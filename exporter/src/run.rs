@@ -178,14 +178,16 @@ fn load(
     };
     let mut collector = Collector::new(
         Store::new(args.max_processes, args.retention),
-        Attributor::new(Procfs::new(&args.procfs), built.services.owners).with_pods(
-            Some(
-                args.kubernetes_log_dir
-                    .clone()
-                    .unwrap_or_else(|| std::path::PathBuf::from("/var/log")),
-            )
-            .filter(|d| !d.as_os_str().is_empty()),
-        ),
+        Attributor::new(Procfs::new(&args.procfs), built.services.owners)
+            .with_udp_sockets(built.services.udp_sockets)
+            .with_pods(
+                Some(
+                    args.kubernetes_log_dir
+                        .clone()
+                        .unwrap_or_else(|| std::path::PathBuf::from("/var/log")),
+                )
+                .filter(|d| !d.as_os_str().is_empty()),
+            ),
         built.rooms,
         Some(Stats::new(stats)),
         health,

@@ -67,6 +67,9 @@ pub struct Services {
     /// `OWNERS` (socket inode → the process that created or accepted it), for the
     /// [`Attributor`].
     pub owners: Option<BpfHashMap<MapData, u64, Owner>>,
+    /// `UDP_SOCKETS` (the inodes of UDP sockets, recorded at creation), for the
+    /// [`Attributor`].
+    pub udp_sockets: Option<BpfHashMap<MapData, u64, u8>>,
 }
 
 /// The running room `make()` makes, when probe `probe` attached (the rooms that only read
