@@ -364,9 +364,10 @@ fn connections_are_shared_between_clients() {
     raise_nofile();
     let e = Exporter::start(&[]);
     let stop = Arc::new(AtomicBool::new(false));
+    let total = Arc::new(std::sync::atomic::AtomicU64::new(0));
     let flooders: Vec<_> = (0..4)
         .map(|_| {
-            let (addr, stop) = (e.addr.clone(), stop.clone());
+            let (addr, stop, total) = (e.addr.clone(), stop.clone(), total.clone());
             std::thread::spawn(move || {
                 let mut open: Vec<TcpStream> = Vec::new();
                 let mut opened = 0u64;
@@ -382,6 +383,7 @@ fn connections_are_shared_between_clients() {
                         s.set_nonblocking(true).unwrap();
                         open.push(s);
                         opened += 1;
+                        total.fetch_add(1, Ordering::Relaxed);
                     }
                     std::thread::sleep(Duration::from_millis(50));
                 }
@@ -389,7 +391,13 @@ fn connections_are_shared_between_clients() {
             })
         })
         .collect();
-    std::thread::sleep(Duration::from_secs(3));
+    // Until the flood has opened more than the server takes in all (a loaded host connects
+    // slowly), then a second more.
+    let t0 = Instant::now();
+    while total.load(Ordering::Relaxed) < 2100 && t0.elapsed() < Duration::from_secs(60) {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    std::thread::sleep(Duration::from_secs(1));
     let mut held = Vec::new();
     let mut scrapes = Vec::new();
     let mut healthz = Vec::new();
