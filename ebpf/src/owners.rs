@@ -15,7 +15,7 @@ use aya_ebpf::{
     maps::LruHashMap,
     programs::{SockContext, TracePointContext},
 };
-use bufscope_common::{IPPROTO_UDP, IPPROTO_UDPLITE, Owner, stat, transport};
+use bufscope_common::{IPPROTO_UDP, IPPROTO_UDPLITE, Owner, maps, stat, transport};
 
 use crate::events::stat_inc;
 use crate::kmem::{kread, tp_field};
@@ -25,14 +25,16 @@ use crate::task::{cgroup_owner, current_owner, fd_file};
 /// Socket inode → the process that owns it (recorded in process context). The size is a
 /// default; userspace may resize it at load (`--bpf.*-entries`).
 #[map]
-pub(crate) static OWNERS: LruHashMap<u64, Owner> = LruHashMap::with_max_entries(65536, 0);
+pub(crate) static OWNERS: LruHashMap<u64, Owner> =
+    LruHashMap::with_max_entries(maps::OWNERS.default_entries, 0);
 
 /// Socket inode → its transport (`IPPROTO_UDP` or `IPPROTO_UDPLITE`) for the UDP sockets
 /// created while the probe runs: userspace learns from it which new sockets can have UDP
 /// buffer drops without looking at them through `/proc/<pid>/fd`. An LRU: userspace reads the
 /// inodes `OWNERS` gained within a second of their creation.
 #[map]
-pub(crate) static UDP_SOCKETS: LruHashMap<u64, u8> = LruHashMap::with_max_entries(16384, 0);
+pub(crate) static UDP_SOCKETS: LruHashMap<u64, u8> =
+    LruHashMap::with_max_entries(maps::UDP_SOCKETS.default_entries, 0);
 
 /// Records `inode` in [`UDP_SOCKETS`] when `transport` (as [`transport`] says it) is UDP's.
 #[inline(always)]
