@@ -87,6 +87,22 @@ pub(super) fn update(
     if a.quic_congestion != "default" {
         let _ = write!(args, " --quic-congestion {}", a.quic_congestion);
     }
+    if a.loss_pct != ["1", "5", "10"] {
+        let _ = write!(args, " --loss-pct '{}'", a.loss_pct.join(","));
+    }
+    if a.loss_burst != 8.0 {
+        let _ = write!(args, " --loss-burst {}", a.loss_burst);
+    }
+    if a.loss_rtts != [50, 190] {
+        let rtts: Vec<String> = a.loss_rtts.iter().map(u64::to_string).collect();
+        let _ = write!(args, " --loss-rtts {}", rtts.join(","));
+    }
+    if a.loss_transports != ["quic-stream"] {
+        let _ = write!(args, " --loss-transports {}", a.loss_transports.join(","));
+    }
+    if a.loss_only {
+        args.push_str(" --loss-only");
+    }
     let generated = format!(
         "{DOC_BEGIN}\n\
          Command: `cargo xtask bench tunnel{args} --update-doc` (as root), run {}, {:.0} s, \
@@ -109,7 +125,11 @@ pub(super) fn update(
          per send call (GSO) and per received buffer (GRO) on its outer socket over the row's run; quinn dgram drops = \
          datagrams quinn dropped from its own receive buffer (both ends); stream window in effect = stream bytes a read \
          × 8 / MAX_STREAM_DATA frames it sent (quinn sends one per window/8 read: at least the window a granted, and \
-         close to it).\n\n\
+         close to it); closed by transport = connections that ended other than by an application's close (a transport \
+         error such as quinn's \"too many gaps in stream buffer\", a reset or a timeout), from both ends' shutdown \
+         summaries. Loss rows (\"N% loss\"): the same link losing N% of the packets each way, independently or in bursts \
+         (a two-state model with the same long-run rate and the given mean burst length in packets), on top of the \
+         bottleneck queue's own drops.\n\n\
          {table}\n\n{summary}{DOC_END}\n",
         m.date,
         elapsed.as_secs_f64(),

@@ -40,6 +40,7 @@ pub(super) fn measure_variant(
         _ => bin,
     };
     let mut tunnel = start_tunnel(lab, v, bin, keys, work, &a.quic_congestion, pin)?;
+    interrupted()?;
     let idle = measure::ping(lab.a(), INNER_B, 5, Duration::from_millis(200))?;
     let _server = measure::iperf3_server(lab.b(), INNER_B, IPERF_PORT)?;
     let drop_key = match v.transport() {
@@ -108,6 +109,7 @@ pub(super) fn measure_variant(
         Ok(t)
     };
     let down = logged(true)?;
+    interrupted()?;
     let rcvbuf = outer_rcvbuf(lab.a(), v.transport());
     let up = logged(false)?;
     let logs = tunnel.stop();
@@ -123,6 +125,14 @@ pub(super) fn measure_variant(
         up,
         quic,
     })
+}
+
+/// An error once a signal stopped the run (the measurement under way is abandoned).
+fn interrupted() -> anyhow::Result<()> {
+    match super::interrupt::signal() {
+        Some(sig) => anyhow::bail!("stopped by signal {sig}"),
+        None => Ok(()),
+    }
 }
 
 /// The median of `runs` by throughput, with that transfer's other figures and the range of
@@ -148,12 +158,20 @@ pub(super) fn merge_rounds(rounds: Vec<Measured>) -> Option<Measured> {
         .iter()
         .filter_map(|m| m.quic.as_ref().map(|q| q.reconnects))
         .sum();
+    let transport_closes = rounds
+        .iter()
+        .filter_map(|m| m.quic.as_ref().map(|q| q.transport_closes))
+        .sum();
     Some(Measured {
         rcvbuf: rounds.first()?.rcvbuf,
         idle_ms: idle.get(idle.len() / 2).copied(),
         down: median_transfer(rounds.iter().map(|m| m.down).collect())?,
         up: median_transfer(rounds.iter().map(|m| m.up).collect())?,
-        quic: last.quic.map(|q| QuicFigures { reconnects, ..q }),
+        quic: last.quic.map(|q| QuicFigures {
+            reconnects,
+            transport_closes,
+            ..q
+        }),
     })
 }
 
@@ -233,8 +251,19 @@ fn quic_figures(logs: &[String], t: Transport) -> QuicFigures {
             eprintln!("bench tunnel:   {end}: {}", l.trim());
         }
     }
+    // Each end's count from its shutdown summary ("QUIC connections: … N closed by the
+    // transport").
+    let transport_closes = logs
+        .iter()
+        .filter_map(|l| line(l, "QUIC connections: "))
+        .filter_map(|s| {
+            let at = s.find(" closed by the transport")?;
+            s[..at].rsplit(' ').next()?.parse::<u64>().ok()
+        })
+        .sum();
     QuicFigures {
         reconnects: client.matches("QUIC reconnected to").count(),
+        transport_closes,
         datagrams_per_send: number_after(&offloads, "sends ("),
         datagrams_per_recv: number_after(&offloads, "buffers ("),
         quinn_drops,
