@@ -11,7 +11,7 @@ use bufscope_netlab::{Lab, Netns};
 use bufscope_testkit::skmem_rb;
 
 use super::report::{opt_cores, opt_ms};
-use super::setup::{Keys, start_tunnel};
+use super::setup::{Keys, Tunnel, start_tunnel};
 use super::{
     Args, INNER_B, IPERF_PORT, Measured, Pin, QuicFigures, TUNNEL_PORT, Transfer, Transport,
     Variant,
@@ -52,48 +52,15 @@ pub(super) fn measure_variant(
     } else {
         (a.seconds, a.omit)
     };
-    let pids = tunnel.pids();
-    let transfer = |reverse: bool| -> anyhow::Result<Transfer> {
-        // The outer receiver: the client for a download, the server for an upload.
-        let receiver = if reverse { lab.a() } else { lab.b() };
-        let before = counter(receiver, drop_key)?;
-        let ping = BackgroundPing::start(lab.a(), INNER_B, Duration::from_millis(200))?;
-        // Both tunnel processes' CPU time over the part of the transfer iperf3 reports (after
-        // the omitted seconds), sampled on a thread while iperf3 runs.
-        let cpu = std::thread::scope(|scope| {
-            let sampler = scope.spawn(|| cpu_over(&pids, omit, secs));
-            let r = measure::iperf3_client(
-                lab.a(),
-                INNER_B,
-                IPERF_PORT,
-                secs,
-                omit,
-                reverse,
-                &iperf3_args,
-            );
-            (r, sampler.join().ok().flatten())
-        });
-        let (r, cpu) = cpu;
-        let r = r.with_context(|| {
-            format!(
-                "iperf3 {}{}",
-                if reverse { "download" } else { "upload" },
-                tunnel.log_tail()
-            )
-        })?;
-        let latency = ping.finish().ok().and_then(|p| p.avg_ms);
-        let after = counter(receiver, drop_key)?;
-        Ok(Transfer {
-            mbit: r.received_mbit,
-            latency_ms: latency,
-            retransmits: r.retransmits,
-            drops: after.saturating_sub(before),
-            cores_per_gbps: cpu
-                .filter(|_| r.received_mbit > 0.0)
-                .map(|cores| cores / (r.received_mbit / 1000.0)),
-            spread: (r.received_mbit, r.received_mbit),
-        })
+    let plan = Plan {
+        lab,
+        drop_key,
+        pids: tunnel.pids(),
+        secs,
+        omit,
+        iperf3_args: &iperf3_args,
     };
+    let transfer = |reverse: bool| plan.transfer(reverse, &tunnel);
     // One transfer each way (the ≈0 rows repeat in rounds over all variants, see `run`).
     let logged = |reverse: bool| -> anyhow::Result<Transfer> {
         let t = transfer(reverse)?;
@@ -125,6 +92,64 @@ pub(super) fn measure_variant(
         up,
         quic,
     })
+}
+
+/// What every transfer of a variant shares.
+struct Plan<'a> {
+    lab: &'a Lab,
+    /// The `/proc/net` counter of the outer socket's receive-buffer drops.
+    drop_key: &'static str,
+    /// Both tunnel processes.
+    pids: Vec<u32>,
+    secs: u32,
+    omit: u32,
+    iperf3_args: &'a [&'a str],
+}
+
+impl Plan<'_> {
+    /// One iperf3 transfer (a download with `reverse`), with a ping alongside, the outer drops
+    /// and the tunnels' CPU time.
+    fn transfer(&self, reverse: bool, tunnel: &Tunnel) -> anyhow::Result<Transfer> {
+        let lab = self.lab;
+        // The outer receiver: the client for a download, the server for an upload.
+        let receiver = if reverse { lab.a() } else { lab.b() };
+        let before = counter(receiver, self.drop_key)?;
+        let ping = BackgroundPing::start(lab.a(), INNER_B, Duration::from_millis(200))?;
+        // Both tunnel processes' CPU time over the part of the transfer iperf3 reports (after
+        // the omitted seconds), sampled on a thread while iperf3 runs.
+        let (r, cpu) = std::thread::scope(|scope| {
+            let sampler = scope.spawn(|| cpu_over(&self.pids, self.omit, self.secs));
+            let r = measure::iperf3_client(
+                lab.a(),
+                INNER_B,
+                IPERF_PORT,
+                self.secs,
+                self.omit,
+                reverse,
+                self.iperf3_args,
+            );
+            (r, sampler.join().ok().flatten())
+        });
+        let r = r.with_context(|| {
+            format!(
+                "iperf3 {}{}",
+                if reverse { "download" } else { "upload" },
+                tunnel.log_tail()
+            )
+        })?;
+        let latency = ping.finish().ok().and_then(|p| p.avg_ms);
+        let after = counter(receiver, self.drop_key)?;
+        Ok(Transfer {
+            mbit: r.received_mbit,
+            latency_ms: latency,
+            retransmits: r.retransmits,
+            drops: after.saturating_sub(before),
+            cores_per_gbps: cpu
+                .filter(|_| r.received_mbit > 0.0)
+                .map(|cores| cores / (r.received_mbit / 1000.0)),
+            spread: (r.received_mbit, r.received_mbit),
+        })
+    }
 }
 
 /// An error once a signal stopped the run (the measurement under way is abandoned).

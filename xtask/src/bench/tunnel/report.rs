@@ -367,6 +367,71 @@ fn render_quic_summary(rows: &[Row], a: &Args) -> String {
     s
 }
 
+/// The strongest peers, where they ran: no target but at RTT ≈0, the ratio, drops and CPU.
+fn render_peer_summary(rows: &[Row], a: &Args) -> String {
+    let get = |rtt: u64, v: Variant| {
+        rows.iter()
+            .find(|r| r.rtt_ms == rtt && r.loss.is_none() && r.variant == v)
+            .and_then(|r| r.result.as_ref().ok())
+    };
+    let mark = |ok: bool| if ok { "✓" } else { "✗" };
+    let mut s = String::new();
+    for v in [Variant::WireguardGoUpstream, Variant::BoringtunCli] {
+        for &rtt in &a.rtts {
+            if let (Some(r), Some(p)) = (
+                get(rtt, Variant::Bufscope(Transport::Udp, Policy::Recommended)),
+                get(rtt, v),
+            ) {
+                let (d, u) = (
+                    r.down.mbit / p.down.mbit.max(1e-9),
+                    r.up.mbit / p.up.mbit.max(1e-9),
+                );
+                let _ = write!(
+                    s,
+                    "- udp recommended vs {} at {}: down {d:.2}×, up {u:.2}×; outer rcvbuf drops {}+{} vs {}+{}; \
+                     cores per Gbit/s down {} vs {}, up {} vs {}",
+                    v.label(),
+                    rtt_label(rtt),
+                    r.down.drops,
+                    r.up.drops,
+                    p.down.drops,
+                    p.up.drops,
+                    opt_cores(r.down.cores_per_gbps),
+                    opt_cores(p.down.cores_per_gbps),
+                    opt_cores(r.up.cores_per_gbps),
+                    opt_cores(p.up.cores_per_gbps),
+                );
+                if rtt == 0 && v == Variant::WireguardGoUpstream {
+                    // Ahead in both directions, without drops, as steady, and no dearer per bit.
+                    let width = |t: &Transfer| t.spread.1 - t.spread.0;
+                    let steady = width(&r.down) <= width(&p.down) && width(&r.up) <= width(&p.up);
+                    let cheaper = |x: Option<f64>, y: Option<f64>| match (x, y) {
+                        (Some(x), Some(y)) => x <= y,
+                        _ => false,
+                    };
+                    let cpu = cheaper(r.down.cores_per_gbps, p.down.cores_per_gbps)
+                        && cheaper(r.up.cores_per_gbps, p.up.cores_per_gbps);
+                    let _ = write!(
+                        s,
+                        "; spread down {:.0} vs {:.0}, up {:.0} vs {:.0} Mbit/s \
+                         (targets: ≥ 1.5× both ways {}, zero drops {}, spread no wider {}, cores per Gbit/s no higher {})",
+                        width(&r.down),
+                        width(&p.down),
+                        width(&r.up),
+                        width(&p.up),
+                        mark(d.min(u) >= 1.5),
+                        mark(r.down.drops + r.up.drops == 0),
+                        mark(steady),
+                        mark(cpu),
+                    );
+                }
+                s.push('\n');
+            }
+        }
+    }
+    s
+}
+
 /// The issue's targets, checked against this run.
 fn render_summary(rows: &[Row], a: &Args) -> String {
     let get = |rtt: u64, v: Variant| {
@@ -449,59 +514,6 @@ fn render_summary(rows: &[Row], a: &Args) -> String {
             );
         }
     }
-    // The strongest peers, where they ran: no target, the ratio and the drops.
-    for v in [Variant::WireguardGoUpstream, Variant::BoringtunCli] {
-        for &rtt in &a.rtts {
-            if let (Some(r), Some(p)) = (
-                get(rtt, Variant::Bufscope(Transport::Udp, Policy::Recommended)),
-                get(rtt, v),
-            ) {
-                let (d, u) = (
-                    r.down.mbit / p.down.mbit.max(1e-9),
-                    r.up.mbit / p.up.mbit.max(1e-9),
-                );
-                let _ = write!(
-                    s,
-                    "- udp recommended vs {} at {}: down {d:.2}×, up {u:.2}×; outer rcvbuf drops {}+{} vs {}+{}; \
-                     cores per Gbit/s down {} vs {}, up {} vs {}",
-                    v.label(),
-                    rtt_label(rtt),
-                    r.down.drops,
-                    r.up.drops,
-                    p.down.drops,
-                    p.up.drops,
-                    opt_cores(r.down.cores_per_gbps),
-                    opt_cores(p.down.cores_per_gbps),
-                    opt_cores(r.up.cores_per_gbps),
-                    opt_cores(p.up.cores_per_gbps),
-                );
-                if rtt == 0 && v == Variant::WireguardGoUpstream {
-                    // Ahead in both directions, without drops, as steady, and no dearer per bit.
-                    let width = |t: &Transfer| t.spread.1 - t.spread.0;
-                    let steady = width(&r.down) <= width(&p.down) && width(&r.up) <= width(&p.up);
-                    let cheaper = |x: Option<f64>, y: Option<f64>| match (x, y) {
-                        (Some(x), Some(y)) => x <= y,
-                        _ => false,
-                    };
-                    let cpu = cheaper(r.down.cores_per_gbps, p.down.cores_per_gbps)
-                        && cheaper(r.up.cores_per_gbps, p.up.cores_per_gbps);
-                    let _ = write!(
-                        s,
-                        "; spread down {:.0} vs {:.0}, up {:.0} vs {:.0} Mbit/s \
-                         (targets: ≥ 1.5× both ways {}, zero drops {}, spread no wider {}, cores per Gbit/s no higher {})",
-                        width(&r.down),
-                        width(&p.down),
-                        width(&r.up),
-                        width(&p.up),
-                        mark(d.min(u) >= 1.5),
-                        mark(r.down.drops + r.up.drops == 0),
-                        mark(steady),
-                        mark(cpu),
-                    );
-                }
-                s.push('\n');
-            }
-        }
-    }
+    s.push_str(&render_peer_summary(rows, a));
     s
 }
