@@ -318,7 +318,7 @@ fn render_quic_summary(rows: &[Row], a: &Args) -> String {
         if let Some((dr, ur, o)) = vs {
             let _ = writeln!(
                 s,
-                "- quic stream, quinn's windows → policy windows at 190 ms: down {:.1} → {:.1} Mbit/s ({dr:.1}×), up {:.1} → {:.1} ({ur:.1}×) (target ≥ 3×; a 1.25 MB window caps one stream at 52.6 Mbit/s at 190 ms) {}",
+                "- quic stream, quinn's windows → policy windows at 190 ms: down {:.1} → {:.1} Mbit/s ({dr:.1}×), up {:.1} → {:.1} ({ur:.1}×) (target ≥ 3×; quinn's 1.25 MB window, over the 32 streams, caps one flow at 52.6 Mbit/s at 190 ms) {}",
                 o.down.mbit,
                 r.down.mbit,
                 o.up.mbit,
