@@ -328,3 +328,20 @@ fn outer_rcvbuf(ns: &Netns, t: Transport) -> Option<u64> {
     }
     None
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn quic_figures_count_reconnects_and_transport_closes_of_both_ends() {
+        let server = "x INFO QUIC connections: 3 established, 0 reconnects, 2 closed by the transport (errors, resets, timeouts)\n";
+        let client = "QUIC reconnected to 10.77.0.2:51820 (reconnect 1)\n\
+                      QUIC connected to 10.77.0.2:51820 (mode stream, congestion controller tunnel in effect, window 7340032)\n\
+                      QUIC connections: 2 established, 1 reconnects, 1 closed by the transport (errors, resets, timeouts)\n";
+        let q = quic_figures(&[server.into(), client.into()], Transport::QuicStream);
+        assert_eq!(q.reconnects, 1);
+        assert_eq!(q.transport_closes, 3);
+        assert_eq!(q.congestion.as_deref(), Some("tunnel"));
+    }
+}
