@@ -5,8 +5,9 @@
 //! in chunks spread over 32 unidirectional streams per direction and read back in order
 //! ([`streams`]: one stream could not survive loss), where QUIC's flow-control windows bound
 //! one tunnelled flow.
-//! With `--buffer-policy recommended` the windows come from `bufscope-policy` (16 MiB for the
-//! streams together, 64 MiB connection, 64 MiB send), otherwise they are quinn's defaults; the outer UDP socket is
+//! With `--buffer-policy recommended` the windows come from `bufscope-policy` (its 16 MiB stream
+//! window twice over the streams together, 64 MiB connection, 64 MiB send), otherwise they are
+//! quinn's defaults; the outer UDP socket is
 //! sized like the UDP transport's. The side with an endpoint connects (and reconnects); the
 //! other listens. The handshake is authenticated by certificates derived from the WireGuard
 //! keys ([`tls`]), and the ALPN carries the mode.

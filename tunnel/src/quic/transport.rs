@@ -136,10 +136,13 @@ pub(super) fn transport_config(s: &Settings) -> Result<TransportConfig> {
             .quic
             .context("bufscope-policy gave no QUIC windows for a QUIC plan")?;
         let varint = |v: u64| VarInt::from_u64(v).map_err(|_| anyhow!("window {v} too large"));
-        // Stream mode spreads the policy's stream window over its streams (see `streams`).
-        t.stream_receive_window(varint(streams::stream_window(w.stream_receive))?)
-            .receive_window(varint(w.connection_receive)?)
-            .send_window(w.send);
+        // Stream mode spreads twice the policy's stream window over its streams (see
+        // `streams`).
+        t.stream_receive_window(varint(streams::stream_window(streams::tunnel_window(
+            w.stream_receive,
+        )))?)
+        .receive_window(varint(w.connection_receive)?)
+        .send_window(w.send);
         // Waiting datagrams play the part of a UDP receive buffer: size them like one.
         if let bufscope_policy::Buffers::Set { receive, .. } = plan.buffers {
             t.datagram_receive_buffer_size(Some(receive));
