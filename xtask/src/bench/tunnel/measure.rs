@@ -42,7 +42,6 @@ pub(super) fn measure_variant(
     let mut tunnel = start_tunnel(lab, v, bin, keys, work, &a.quic_congestion, pin)?;
     interrupted()?;
     let idle = measure::ping(lab.a(), INNER_B, 5, Duration::from_millis(200))?;
-    let _server = measure::iperf3_server(lab.b(), INNER_B, IPERF_PORT)?;
     let drop_key = match v.transport() {
         Transport::Udp | Transport::QuicDatagram | Transport::QuicStream => "Udp:RcvbufErrors",
         Transport::Tcp => "TcpExt:TCPRcvQDrop",
@@ -113,6 +112,12 @@ impl Plan<'_> {
         let lab = self.lab;
         // The outer receiver: the client for a download, the server for an upload.
         let receiver = if reverse { lab.a() } else { lab.b() };
+        // A server of its own for each transfer: an iperf3 server serves one test at a time,
+        // and on a slow lossy path the previous test's end could still be under way in the
+        // tunnel's buffers when the next one starts (the server then refused the upload's
+        // control connection: "Connection reset by peer").
+        let port = IPERF_PORT + u16::from(!reverse);
+        let _server = measure::iperf3_server(lab.b(), INNER_B, port)?;
         let before = counter(receiver, self.drop_key)?;
         let ping = BackgroundPing::start(lab.a(), INNER_B, Duration::from_millis(200))?;
         // Both tunnel processes' CPU time over the part of the transfer iperf3 reports (after
@@ -122,7 +127,7 @@ impl Plan<'_> {
             let r = measure::iperf3_client(
                 lab.a(),
                 INNER_B,
-                IPERF_PORT,
+                port,
                 self.secs,
                 self.omit,
                 reverse,
