@@ -213,12 +213,27 @@ fn cpu_over(pids: &[u32], omit: u32, secs: u32) -> Option<f64> {
     let start = Instant::now();
     let from = Duration::from_secs(u64::from(omit)) + Duration::from_millis(100);
     let to = Duration::from_secs(u64::from(omit + secs));
-    std::thread::sleep(from);
+    sleep_until(start + from)?;
     let (t0, c0) = (Instant::now(), cpu_seconds(pids)?);
-    std::thread::sleep(to.saturating_sub(start.elapsed()));
+    sleep_until(start + to)?;
     let (t1, c1) = (Instant::now(), cpu_seconds(pids)?);
     let wall = (t1 - t0).as_secs_f64();
     (wall > 0.0).then(|| (c1 - c0) / wall)
+}
+
+/// Sleeps until `when`; `None` as soon as a signal stops the run (the transfer it samples has
+/// been killed, and the run must not wait out its length).
+fn sleep_until(when: Instant) -> Option<()> {
+    loop {
+        if super::interrupt::signal().is_some() {
+            return None;
+        }
+        let left = when.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Some(());
+        }
+        std::thread::sleep(left.min(Duration::from_millis(100)));
+    }
 }
 
 /// User + system CPU seconds of the processes `pids` (all their threads, exited ones too).
