@@ -26,8 +26,8 @@ pub use settings::{Flags, GuardMode, Settings, bpf_config, policy_tcp_autotune, 
 use settings::{Setup, require_enforce, resolve};
 
 use super::{
-    AdviceCx, Attached, BuildEnv, Context, Cx, Part, ProcStats, Room, Services, Signal, decode,
-    setsockopt, take_map,
+    AdviceCx, Attached, BuildCx, Part, PollCx, ProcStats, Room, Services, Signal, ValidateCx,
+    decode, setsockopt, take_map,
 };
 use crate::advice::{GuardAct, Inputs};
 use crate::bpf::{Hook, LoadPlan, ProbeSpec, Purpose};
@@ -218,7 +218,7 @@ impl Room for Guard {
     type Flags = Flags;
     type Setup = Setup;
 
-    fn validate(flags: &Flags, cx: &Context<'_>) -> Result<(), Invalid> {
+    fn validate(flags: &Flags, cx: &ValidateCx<'_>) -> Result<(), Invalid> {
         flags.validate(cx)
     }
 
@@ -307,7 +307,7 @@ impl Room for Guard {
     fn take(
         setup: Setup,
         ebpf: &mut Ebpf,
-        env: &BuildEnv<'_>,
+        env: &BuildCx<'_>,
         _services: &mut Services,
     ) -> anyhow::Result<Option<Box<dyn Signal>>> {
         Ok(match setup.0 {
@@ -362,7 +362,7 @@ impl Signal for Guard {
     }
 
     /// Renews a persisted guard's lease.
-    fn poll(&mut self, _cx: &mut Cx<'_>) -> bool {
+    fn poll(&mut self, _cx: &mut PollCx<'_>) -> bool {
         if let Some((map, lease)) = &mut self.lease
             && let Err(e) = renew(map, *lease)
         {
@@ -379,7 +379,7 @@ impl Signal for Guard {
         &[event_kind::GUARD]
     }
 
-    fn on_event(&mut self, _kind: u32, bytes: &[u8], cx: &mut Cx<'_>) {
+    fn on_event(&mut self, _kind: u32, bytes: &[u8], cx: &mut PollCx<'_>) {
         let Some(ev) = decode::<GuardEvent>(bytes) else {
             return;
         };
