@@ -23,13 +23,15 @@
 //! in the lab's namespaces are killed, the namespaces deleted, and the process exits with
 //! 128 + the signal.
 //!
-//! The code: `setup` (keys and the tunnel between the lab's namespaces), `measure` (one
-//! variant: idle latency, then a download and an upload), `report` (the tables and the
-//! targets), `doc` (docs/benchmarks.md) and `interrupt` (signals).
+//! The code: `model` (transports, policies, variants, loss and a row's figures), `setup` (keys
+//! and the tunnel between the lab's namespaces), `measure` (one variant: idle latency, then a
+//! download and an upload), `report` (the tables and the targets), `doc` (docs/benchmarks.md)
+//! and `interrupt` (signals).
 
 mod doc;
 mod interrupt;
 mod measure;
+mod model;
 mod report;
 mod setup;
 
@@ -43,6 +45,7 @@ use super::{loadavg, release_dir};
 use crate::setup::peers;
 use crate::util::{cargo, is_root, run_cmd};
 use measure::{measure_variant, merge_rounds};
+use model::{Loss, Measured, Policy, QuicFigures, Row, Transfer, Transport, Variant};
 use report::human_bytes;
 use setup::Keys;
 
@@ -139,25 +142,6 @@ pub struct Args {
     pub update_doc: bool,
 }
 
-/// Loss on the emulated link of a loss row.
-#[derive(Debug, Clone, Copy, PartialEq)]
-struct Loss {
-    /// Long-run fraction of packets lost, each direction.
-    rate: f64,
-    /// Mean burst length in packets (1: independent losses).
-    burst: f64,
-}
-
-impl Loss {
-    fn label(self) -> String {
-        if self.burst > 1.0 {
-            format!("{}% loss, bursts of {}", self.rate * 100.0, self.burst)
-        } else {
-            format!("{}% loss", self.rate * 100.0)
-        }
-    }
-}
-
 /// CPU placement of the RTT ≈0 rows (`--pin`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum Pin {
@@ -176,190 +160,6 @@ const TUNNEL_PORT: u16 = 51820;
 const IPERF_PORT: u16 = 5201;
 /// Where wireguard-go keeps its UAPI sockets.
 const WG_SOCKET_DIR: &str = "/run/wireguard";
-
-/// Outer transport.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Transport {
-    Udp,
-    Tcp,
-    /// QUIC, WireGuard packets in DATAGRAM frames.
-    QuicDatagram,
-    /// QUIC, WireGuard packets in one stream.
-    QuicStream,
-}
-
-impl Transport {
-    fn name(self) -> &'static str {
-        match self {
-            Transport::Udp => "udp",
-            Transport::Tcp => "tcp",
-            Transport::QuicDatagram => "quic-dgram",
-            Transport::QuicStream => "quic-stream",
-        }
-    }
-
-    fn is_quic(self) -> bool {
-        matches!(self, Transport::QuicDatagram | Transport::QuicStream)
-    }
-
-    /// bufscope-tunnel's `--transport` (and `--quic.mode`) flags.
-    fn flags(self) -> &'static [&'static str] {
-        match self {
-            Transport::Udp => &["--transport", "udp"],
-            Transport::Tcp => &["--transport", "tcp"],
-            Transport::QuicDatagram => &["--transport", "quic", "--quic.mode", "datagram"],
-            Transport::QuicStream => &["--transport", "quic", "--quic.mode", "stream"],
-        }
-    }
-
-    /// The policies measured over this transport.
-    fn policies(self, fixed: u64) -> Vec<Policy> {
-        match self {
-            Transport::Udp | Transport::Tcp => {
-                vec![Policy::Recommended, Policy::Fixed(fixed), Policy::OsDefault]
-            }
-            Transport::QuicDatagram => vec![Policy::Recommended],
-            Transport::QuicStream => vec![Policy::OsDefault, Policy::Recommended],
-        }
-    }
-
-    /// Order of the table's row groups.
-    fn rank(self) -> u8 {
-        match self {
-            Transport::Udp => 0,
-            Transport::Tcp => 1,
-            Transport::QuicDatagram => 2,
-            Transport::QuicStream => 3,
-        }
-    }
-}
-
-/// Buffer policy of bufscope-tunnel.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Policy {
-    Recommended,
-    Fixed(u64),
-    OsDefault,
-}
-
-impl Policy {
-    /// The name `--policies` selects it by.
-    fn name(self) -> &'static str {
-        match self {
-            Policy::Recommended => "recommended",
-            Policy::Fixed(_) => "fixed",
-            Policy::OsDefault => "os-default",
-        }
-    }
-
-    fn flag(self) -> String {
-        match self {
-            Policy::Recommended => "recommended".into(),
-            Policy::Fixed(n) => format!("fixed={n}"),
-            Policy::OsDefault => "os-default".into(),
-        }
-    }
-}
-
-/// What carries the traffic.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Variant {
-    Bufscope(Transport, Policy),
-    /// bufscope-tunnel from `--compare-bin`.
-    BufscopeOther(Transport, Policy),
-    WireguardGo,
-    /// Upstream wireguard-go, built by `cargo xtask setup` (xtask/src/setup_peers.rs).
-    WireguardGoUpstream,
-    /// boringtun-cli from crates.io, built by `cargo xtask setup`.
-    BoringtunCli,
-}
-
-impl Variant {
-    fn transport(self) -> Transport {
-        match self {
-            Variant::Bufscope(t, _) | Variant::BufscopeOther(t, _) => t,
-            Variant::WireguardGo | Variant::WireguardGoUpstream | Variant::BoringtunCli => {
-                Transport::Udp
-            }
-        }
-    }
-
-    fn label(self) -> String {
-        match self {
-            Variant::Bufscope(_, Policy::Fixed(n)) => format!("bufscope fixed={}", human_bytes(n)),
-            Variant::Bufscope(t, Policy::Recommended) if t.is_quic() => {
-                "bufscope recommended (policy windows)".into()
-            }
-            Variant::Bufscope(t, Policy::OsDefault) if t.is_quic() => {
-                "bufscope os-default (quinn windows)".into()
-            }
-            Variant::Bufscope(_, p) => format!("bufscope {}", p.flag()),
-            Variant::BufscopeOther(t, p) => {
-                format!("{} (--compare-bin)", Variant::Bufscope(t, p).label())
-            }
-            Variant::WireguardGo => "wireguard-go (Debian)".into(),
-            Variant::WireguardGoUpstream => format!(
-                "wireguard-go {} (upstream {})",
-                peers::WIREGUARD_GO_VERSION,
-                &peers::WIREGUARD_GO_COMMIT[..7]
-            ),
-            Variant::BoringtunCli => format!("boringtun-cli {}", peers::BORINGTUN_CLI_VERSION),
-        }
-    }
-}
-
-/// One transfer's figures.
-#[derive(Debug, Clone, Copy, Default)]
-struct Transfer {
-    mbit: f64,
-    latency_ms: Option<f64>,
-    retransmits: u64,
-    drops: u64,
-    /// CPU time of both tunnel processes (user + system, `/proc/<pid>/stat`) per Gbit the
-    /// inner flow carried over the measured part of the transfer: cores per Gbit/s.
-    cores_per_gbps: Option<f64>,
-    /// The lowest and highest throughput of the transfers this one is the median of.
-    spread: (f64, f64),
-}
-
-/// One table row.
-#[derive(Debug, Clone)]
-struct Row {
-    rtt_ms: u64,
-    /// Loss rows: the link's loss.
-    loss: Option<Loss>,
-    variant: Variant,
-    result: Result<Measured, String>,
-}
-
-#[derive(Debug, Clone)]
-struct Measured {
-    rcvbuf: Option<u64>,
-    idle_ms: Option<f64>,
-    down: Transfer,
-    up: Transfer,
-    /// QUIC rows: what the tunnels' shutdown logs say quinn did.
-    quic: Option<QuicFigures>,
-}
-
-/// From the client's (a's) shutdown log: offloads, quinn-internal drops, windows in effect.
-#[derive(Debug, Clone, Default)]
-struct QuicFigures {
-    /// UDP datagrams per send call (GSO), over the whole run of the client.
-    datagrams_per_send: Option<f64>,
-    /// UDP datagrams per received buffer (GRO).
-    datagrams_per_recv: Option<f64>,
-    /// Datagram mode: datagrams quinn dropped from its receive buffer (client + server).
-    quinn_drops: Option<u64>,
-    /// Stream mode: the stream window the client granted, ≈ bytes × 8 / MAX_STREAM_DATA.
-    stream_window: Option<u64>,
-    /// The congestion controller the client's connection ran.
-    congestion: Option<String>,
-    /// Times the client reconnected during the row (0 when the connection held).
-    reconnects: usize,
-    /// Connections the transport closed during the row (errors, resets, timeouts), both ends.
-    transport_closes: u64,
-}
 
 /// Runs the benchmark and prints the table.
 pub fn run(a: &Args) -> anyhow::Result<()> {
@@ -688,59 +488,4 @@ fn which(bin: &str) -> Option<PathBuf> {
 }
 
 #[cfg(test)]
-mod tests {
-    #![allow(clippy::unwrap_used)]
-    use super::*;
-    use clap::Parser as _;
-
-    #[derive(clap::Parser)]
-    struct Cli {
-        #[command(flatten)]
-        a: Args,
-    }
-
-    fn args(extra: &[&str]) -> Args {
-        Cli::parse_from([&["bench"][..], extra].concat()).a
-    }
-
-    #[test]
-    fn loss_rows_are_independent_and_bursty_for_each_rate() {
-        let l = parse_losses(&args(&[])).unwrap();
-        let got: Vec<(f64, f64)> = l.iter().map(|l| (l.rate, l.burst)).collect();
-        assert_eq!(
-            got,
-            [
-                (0.01, 1.0),
-                (0.01, 8.0),
-                (0.05, 1.0),
-                (0.05, 8.0),
-                (0.10, 1.0),
-                (0.10, 8.0)
-            ]
-        );
-        assert_eq!(l[1].label(), "1% loss, bursts of 8");
-        assert_eq!(l[4].label(), "10% loss");
-        assert!(parse_losses(&args(&["--loss-pct", ""])).unwrap().is_empty());
-        for bad in [
-            &["--loss-pct", "0"][..],
-            &["--loss-pct", "x"],
-            &["--loss-burst", "1"],
-        ] {
-            assert!(parse_losses(&args(bad)).is_err(), "{bad:?}");
-        }
-    }
-
-    #[test]
-    fn transports_expand_and_dedup() {
-        let t = parse_transports(&["quic".into(), "quic-stream".into(), "udp".into()]).unwrap();
-        assert_eq!(
-            t,
-            [
-                Transport::QuicDatagram,
-                Transport::QuicStream,
-                Transport::Udp
-            ]
-        );
-        assert!(parse_transports(&["sctp".into()]).is_err());
-    }
-}
+mod tests;
