@@ -119,6 +119,7 @@ pub fn build_config(
 
     c.net_inum = off("net", "ns.inum")?;
     c.net_tcp_rmem_max = off("net", "ipv4.sysctl_tcp_rmem")? + 8;
+    c.net_tcp_wmem_max = off("net", "ipv4.sysctl_tcp_wmem")? + 8;
     // Per-netns since ≈4.15; absent (bits = 0) means "not per netns": treat as on.
     c.net_tcp_moderate_rcvbuf = field("net", "ipv4.sysctl_tcp_moderate_rcvbuf").unwrap_or_default();
     c.net_tcp_window_scaling = field("net", "ipv4.sysctl_tcp_window_scaling").unwrap_or_default();
