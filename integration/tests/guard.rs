@@ -1581,16 +1581,27 @@ fn tcp_requests_above_autotuning_are_honoured_small_ones_skipped() {
     }
 }
 
-/// iperf3 `-w 32M` (rmem_max/wmem_max at 64 MiB) through a 400 Mbit/s, 190 ms WAN: its
-/// request is above what autotuning reaches in the lab's namespaces, so `enforce` honours it
-/// and the transfer is not slower than without bufscope (a guard that skipped it would cap
-/// the sender at tcp_wmem[2]: about 150 Mbit/s at this RTT).
+/// iperf3 `-w 32M` (rmem_max/wmem_max at 64 MiB) through a 400 Mbit/s, 190 ms WAN whose
+/// namespaces have the kernel's default autotuning ceilings (tcp_rmem[2] 6 MiB, tcp_wmem[2]
+/// 4 MiB): its request is above them, so `enforce` honours it and the transfer is not slower
+/// than without bufscope (a guard that skipped it would cap the sender at tcp_wmem[2]: about
+/// 165 Mbit/s at this RTT, as the control without -w shows).
 #[test]
 #[ignore = "needs root: run via cargo xtask test"]
 fn iperf3_window_32m_at_190ms_is_not_slower_under_enforce() {
     let _r = Sysctl::set("net.core.rmem_max", "67108864");
     let _w = Sysctl::set("net.core.wmem_max", "67108864");
-    let lab = Lab::new(LabConfig::wan("bsgw", LinkParams::mbit(400).rtt_ms(190))).unwrap();
+    // The kernel's default autotuning ceilings in both namespaces (not the lab's 128 MiB):
+    // 6 MiB receive, 4 MiB send, what a request of 32 MiB is above.
+    let mut cfg = LabConfig::wan("bsgw", LinkParams::mbit(400).rtt_ms(190));
+    cfg.big_tcp_buffers = false;
+    let lab = Lab::new(cfg).unwrap();
+    for ns in [lab.a(), lab.b()] {
+        ns.set_sysctl("net.ipv4.tcp_rmem", "4096 131072 6291456")
+            .unwrap();
+        ns.set_sysctl("net.ipv4.tcp_wmem", "4096 16384 4194304")
+            .unwrap();
+    }
     let w = ["-w", "32M"];
     let control = iperf3_run(&lab, 5341, &[]);
     let without = iperf3_run(&lab, 5342, &w);
