@@ -168,7 +168,7 @@ pub fn run(a: &Args) -> anyhow::Result<()> {
     if a.guard_rounds < 2 {
         bail!("--guard-rounds must be at least 2 (the confidence intervals need two rounds)");
     }
-    if !(a.guard_seconds > 0.0) {
+    if a.guard_seconds.is_nan() || a.guard_seconds <= 0.0 {
         bail!("--guard-seconds must be above 0");
     }
     if let Some(kernel) = &a.kernel {
