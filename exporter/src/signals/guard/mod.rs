@@ -331,16 +331,18 @@ impl Room for Guard {
 
     fn prepare(flags: &Flags, plan: &mut LoadPlan) -> anyhow::Result<Setup> {
         if plan.purpose == Purpose::Check {
-            // Every program attaches (the variant with all of them) in observe mode (it
-            // changes nothing) with the UDP floor on at 1 byte (no socket is below it), so the
-            // verifier sees the socket-option and socket-storage helpers a kernel may refuse a
-            // program type.
+            // Every program attaches (the variant with all of them) as `enforce` would load
+            // it — both rules on, so the verifier sees every path and the socket-option and
+            // socket-storage helpers a kernel may refuse a program type — with a scope nothing
+            // is in (only the comms of an empty list): it acts on nothing.
             let config = GuardConfig {
-                mode: g::MODE_OBSERVE,
-                rules: g::RULE_UDP_FLOOR,
+                mode: g::MODE_ENFORCE,
+                rules: g::RULE_UDP_FLOOR | g::RULE_TCP_AUTOTUNE,
                 udp_rcv_floor: 1,
                 udp_snd_floor: 1,
+                comm_mode: g::COMM_ONLY,
                 generation: 1,
+                udp_budget: 1,
                 ..Default::default()
             };
             plan.global("GUARD", &config);
