@@ -604,6 +604,7 @@ fn raise_udp(sk: *mut c_void, sk_addr: u64, hook: u8, st: &mut Option<&mut Guard
         if got != 0 || cur >= floor.saturating_mul(2) {
             continue;
         }
+        let mut charged = false;
         if enforce && opt == SO_RCVBUF {
             let grant = floor as u64 * 2;
             let Some(s) = st.as_mut() else {
@@ -617,6 +618,7 @@ fn raise_udp(sk: *mut c_void, sk_addr: u64, hook: u8, st: &mut Option<&mut Guard
                     continue;
                 }
                 s.granted = grant;
+                charged = true;
             }
         }
         if optname == 0 {
@@ -627,6 +629,13 @@ fn raise_udp(sk: *mut c_void, sk_addr: u64, hook: u8, st: &mut Option<&mut Guard
             let r = unsafe { bpf_setsockopt(sk, SOL_SOCKET, opt, (&raw mut v).cast(), 4) } as i32;
             if ret == 0 {
                 ret = r;
+            }
+            // Not raised: nothing granted.
+            if r != 0
+                && charged
+                && let Some(s) = st.as_mut()
+            {
+                release(s);
             }
         }
     }
