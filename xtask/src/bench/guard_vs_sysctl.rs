@@ -521,7 +521,7 @@ pub fn run(a: &Args) -> anyhow::Result<()> {
                 &bin,
                 &[
                     "--log.level",
-                    "warn",
+                    "info",
                     "--guard.mode",
                     "enforce",
                     "--guard.comm",
