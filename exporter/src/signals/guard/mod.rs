@@ -58,7 +58,8 @@ use crate::values::Invalid;
 pub const PROBE: ProbeSpec = ProbeSpec {
     name: "guard",
     what: "applies the buffer policy in the kernel: TCP buffer requests that would lock less than autotuning reaches skipped, larger ones honoured; UDP buffers raised to the floor within a budget",
-    variants: &[ENFORCE, ENFORCE_SENDMSG, OBSERVE, OBSERVE_SENDMSG],
+    // The first has every program: what `bufscope check` (online and offline, `--btf`) loads.
+    variants: &[ENFORCE_SENDMSG, ENFORCE, OBSERVE_SENDMSG, OBSERVE],
     is_drop_probe: false,
     attributed: false,
 };
@@ -128,15 +129,16 @@ const OBSERVE_SENDMSG: &[Hook] = &join::<4, 2, 6>(BIND_CONNECT, SENDMSG);
 /// why the others are passed over.
 fn passed_over(enforce: bool, unbound: bool) -> Vec<(usize, &'static str)> {
     let keep = match (enforce, unbound) {
-        (true, false) => 0,
-        (true, true) => 1,
-        (false, false) => 2,
-        (false, true) => 3,
+        (true, true) => 0,
+        (true, false) => 1,
+        (false, true) => 2,
+        (false, false) => 3,
     };
     (0..PROBE.variants.len())
         .filter(|i| *i != keep)
         .map(|i| {
-            let why = match (i < 2, i % 2 == 1) {
+            // Variants 0 and 2 have the sendmsg hooks; 0 and 1 are enforce's.
+            let why = match (i < 2, i % 2 == 0) {
                 (true, _) if !enforce => {
                     "observe attaches no cgroup/getsockopt or cgroup/sock_release (enforce only)"
                 }
@@ -346,9 +348,6 @@ impl Room for Guard {
                 ..Default::default()
             };
             plan.global("GUARD", &config);
-            for i in [0, 2, 3] {
-                plan.pass_over(PROBE.name, i, "bufscope check loads every guard program");
-            }
             return Ok(Setup(None));
         }
         // The one step that writes to the node, before the ceilings are read.
@@ -631,3 +630,35 @@ const SCOPE: Spec = Spec::gauge(
         "generation",
     ],
 );
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_setting_keeps_the_variant_with_exactly_its_hooks() {
+        for enforce in [false, true] {
+            for unbound in [false, true] {
+                let passed: Vec<usize> = passed_over(enforce, unbound)
+                    .into_iter()
+                    .map(|(i, _)| i)
+                    .collect();
+                let kept: Vec<usize> = (0..PROBE.variants.len())
+                    .filter(|i| !passed.contains(i))
+                    .collect();
+                assert_eq!(kept.len(), 1, "{enforce} {unbound}: {kept:?}");
+                let hooks: Vec<String> = PROBE.variants[kept[0]]
+                    .iter()
+                    .map(|h| h.describe())
+                    .collect();
+                let has = |h: &str| hooks.iter().any(|x| x == h);
+                assert_eq!(has("cgroup/getsockopt"), enforce, "{hooks:?}");
+                assert_eq!(has("cgroup/sock_release"), enforce, "{hooks:?}");
+                assert_eq!(has("cgroup/sendmsg4"), unbound, "{hooks:?}");
+                assert!(has("cgroup/bind4") && has("cgroup/connect6"), "{hooks:?}");
+            }
+        }
+        // bufscope check (nothing passed over) loads the variant with every program.
+        assert_eq!(PROBE.variants[0].len(), 8);
+    }
+}

@@ -494,10 +494,16 @@ mod tests {
         let (m, lo, hi) = median_ci(&r);
         assert!((m - 0.9995).abs() < 1e-9, "{m}");
         // n = 20: the 6th smallest and the 6th largest.
-        assert!((lo - 0.995).abs() < 1e-9 && (hi - 1.004).abs() < 1e-9, "{lo} {hi}");
+        assert!(
+            (lo - 0.995).abs() < 1e-9 && (hi - 1.004).abs() < 1e-9,
+            "{lo} {hi}"
+        );
         r[0] = 0.5;
         assert_eq!(median_ci(&r).1, lo, "one spoiled round moves nothing");
-        assert!(median_ci(&[1.0, 1.0]).1.is_nan(), "two rounds give no interval");
+        assert!(
+            median_ci(&[1.0, 1.0]).1.is_nan(),
+            "two rounds give no interval"
+        );
     }
 
     #[test]
