@@ -414,7 +414,7 @@ struct Way {
     changed: usize,
     /// The sysctls in force (rmem_default, rmem_max).
     sysctls: (u64, u64),
-    /// The guard's own figure (bufscope_guard_udp_granted_bytes), for (c).
+    /// The guard's raises of the receiving sockets (bufscope_guard_decisions_total), for (c).
     granted: Option<f64>,
     note: String,
 }
@@ -529,8 +529,16 @@ pub fn run(a: &Args) -> anyhow::Result<()> {
                 ],
             )?;
             let runs = measure(a, rate)?;
-            let granted =
-                Metrics::parse(&e.metrics_text()?).sum("bufscope_guard_udp_granted_bytes", &[]);
+            // Each transfer's receiving socket is raised at its bind (and gives its grant back
+            // when iperf3 closes it): count the raises.
+            let granted = Metrics::parse(&e.metrics_text()?).sum(
+                "bufscope_guard_decisions_total",
+                &[
+                    ("comm", "iperf3"),
+                    ("rule", "udp-floor"),
+                    ("action", "raised"),
+                ],
+            );
             Way {
                 runs,
                 changed: changed(
@@ -567,7 +575,7 @@ pub fn run(a: &Args) -> anyhow::Result<()> {
                 format!("{:.1}", (rb + others) / (1 << 20) as f64),
                 format!("{} ({}, {})", w.changed, w.sysctls.0, w.sysctls.1),
                 match w.granted {
-                    Some(g) => format!("granted {:.1} MiB", g / (1 << 20) as f64),
+                    Some(g) => format!("{g:.0} receiving sockets raised by the guard"),
                     None => w.note.clone(),
                 },
             ]);
