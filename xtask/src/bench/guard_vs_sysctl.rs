@@ -415,7 +415,7 @@ struct Way {
     /// The sysctls in force (rmem_default, rmem_max).
     sysctls: (u64, u64),
     /// The guard's raises of the receiving sockets (bufscope_guard_decisions_total), for (c).
-    granted: Option<f64>,
+    raises: Option<f64>,
     note: String,
 }
 
@@ -467,7 +467,7 @@ pub fn run(a: &Args) -> anyhow::Result<()> {
             runs: measure(a, rate)?,
             changed: 0,
             sysctls: (small, host_max),
-            granted: None,
+            raises: None,
             note: String::new(),
         };
         // (b) the host-wide tuner, converged round by round.
@@ -504,7 +504,7 @@ pub fn run(a: &Args) -> anyhow::Result<()> {
             runs: measure(a, rate)?,
             changed: changed(def, max),
             sysctls: (def, max),
-            granted: None,
+            raises: None,
             note: format!(
                 "{} after {rounds} transfers",
                 if converged {
@@ -531,7 +531,7 @@ pub fn run(a: &Args) -> anyhow::Result<()> {
             let runs = measure(a, rate)?;
             // Each transfer's receiving socket is raised at its bind (and gives its grant back
             // when iperf3 closes it): count the raises.
-            let granted = Metrics::parse(&e.metrics_text()?).sum(
+            let raises = Metrics::parse(&e.metrics_text()?).sum(
                 "bufscope_guard_decisions_total",
                 &[
                     ("comm", "iperf3"),
@@ -546,7 +546,7 @@ pub fn run(a: &Args) -> anyhow::Result<()> {
                     read_sysctl("net/core/rmem_max")?,
                 ),
                 sysctls: (small, host_max),
-                granted: Some(granted),
+                raises: Some(raises),
                 note: String::new(),
             }
         };
@@ -574,7 +574,7 @@ pub fn run(a: &Args) -> anyhow::Result<()> {
                 format!("{:.0}", others / 1024.0),
                 format!("{:.1}", (rb + others) / (1 << 20) as f64),
                 format!("{} ({}, {})", w.changed, w.sysctls.0, w.sysctls.1),
-                match w.granted {
+                match w.raises {
                     Some(g) => format!("{g:.0} receiving sockets raised by the guard"),
                     None => w.note.clone(),
                 },
