@@ -43,8 +43,27 @@ fn parse_url(s: &str) -> anyhow::Result<Url> {
     Ok(Url { tls, host, port })
 }
 
+/// How to reach a running bufscope: the flags `bufscope explain` and `bufscope top` share.
+#[derive(clap::Args, Clone, Debug)]
+pub struct ConnectArgs {
+    /// Base URL of the running exporter (`https://…` with --tls.ca-file for TLS).
+    #[arg(
+        long = "url",
+        default_value = "http://127.0.0.1:9477",
+        value_name = "URL"
+    )]
+    pub url: String,
+    /// CA certificate (PEM) to verify an https exporter with.
+    #[arg(long = "tls.ca-file", value_name = "FILE")]
+    pub ca_file: Option<std::path::PathBuf>,
+    /// Basic-auth user (the password is read from $BUFSCOPE_PASSWORD).
+    #[arg(long = "web.user", value_name = "USER")]
+    pub user: Option<String>,
+}
+
 /// A client of a running bufscope's HTTP API (`--url`, `--tls.ca-file`, `--web.user` with the
-/// password in `$BUFSCOPE_PASSWORD`), shared by `bufscope explain` and `bufscope top`. One
+/// password in `$BUFSCOPE_PASSWORD`: [`ConnectArgs`]), shared by `bufscope explain` and
+/// `bufscope top`. One
 /// HTTP/1.0 request per call; the TLS configuration is built once.
 pub struct Client {
     /// The base URL as given.
@@ -58,6 +77,11 @@ pub struct Client {
 }
 
 impl Client {
+    /// A client as `args` say ([`Client::new`]).
+    pub fn from_args(args: &ConnectArgs) -> anyhow::Result<Self> {
+        Self::new(&args.url, args.ca_file.as_deref(), args.user.as_deref())
+    }
+
     /// A client of the exporter at `url` (`http://HOST:PORT` or `https://HOST:PORT`; an https
     /// URL needs `ca_file`, the CA that signed the exporter's certificate). With `user`, every
     /// request carries basic auth with the password from `$BUFSCOPE_PASSWORD`.

@@ -10,4 +10,4 @@ pub mod explain;
 pub mod http;
 pub mod top;
 
-pub use http::Client;
+pub use http::{Client, ConnectArgs};

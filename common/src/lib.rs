@@ -688,6 +688,125 @@ pub mod total_family {
     pub const AUTOTUNE_RETIRED: u8 = 7;
 }
 
+/// A BPF map as both sides name it: its name in the object (the `static` of its `#[map]` in
+/// `bufscope-ebpf`, whose definition sizes it with `default_entries`) and its default size
+/// (entries; bytes for a ring buffer), which userspace may override at load (`--<room>.map-entries`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MapSpec {
+    /// Name in the object.
+    pub name: &'static str,
+    /// Entries in the object's definition (bytes for a ring buffer).
+    pub default_entries: u32,
+}
+
+/// Every map of the object, defined once: the BPF side sizes its `#[map]` statics from these,
+/// userspace takes the maps by these names and defaults its size flags to these sizes (a unit
+/// test of the exporter compares them with the built object).
+pub mod maps {
+    use super::MapSpec;
+
+    /// Socket inode × drop reason → drops (`drops` room; per-CPU hash).
+    pub const DROPS: MapSpec = MapSpec {
+        name: "DROPS",
+        default_entries: 16384,
+    };
+    /// Socket inode → `tcp_rcvbuf_grow` events (`autotune` room; per-CPU hash).
+    pub const AUTOTUNE: MapSpec = MapSpec {
+        name: "AUTOTUNE",
+        default_entries: 16384,
+    };
+    /// Socket inode → the process that created or accepted it (`owners` room; LRU hash).
+    pub const OWNERS: MapSpec = MapSpec {
+        name: "OWNERS",
+        default_entries: 65536,
+    };
+    /// The event ring buffer (bytes; `--bpf.events-ring-bytes`).
+    pub const EVENTS: MapSpec = MapSpec {
+        name: "EVENTS",
+        default_entries: 1 << 20,
+    };
+    /// The probes' health counters ([`super::stat`]; per-CPU array).
+    pub const STATS: MapSpec = MapSpec {
+        name: "STATS",
+        default_entries: super::stat::COUNT,
+    };
+    /// Per-process counters built from events, kept for a restart (LRU hash, userspace only).
+    pub const TOTALS: MapSpec = MapSpec {
+        name: "TOTALS",
+        default_entries: 65536,
+    };
+    /// Sockets whose receivers the reader hook records (`drops` room).
+    pub const WATCHED: MapSpec = MapSpec {
+        name: "WATCHED",
+        default_entries: 1024,
+    };
+    /// (socket, tgid) → receives, written by the reader hook (`drops` room; per-CPU LRU hash).
+    pub const READERS: MapSpec = MapSpec {
+        name: "READERS",
+        default_entries: 4096,
+    };
+    /// Threads inside a setsockopt call (the syscall-tracepoint fallback).
+    pub const PENDING: MapSpec = MapSpec {
+        name: "PENDING",
+        default_entries: 4096,
+    };
+    /// Listening sockets' owners (`tcp_state`; LRU hash).
+    pub const LISTENERS: MapSpec = MapSpec {
+        name: "LISTENERS",
+        default_entries: 16384,
+    };
+    /// `tcp_rcv_space_adjust` entries in flight (autotune's fentry/fexit fallback).
+    pub const SPACE_PENDING: MapSpec = MapSpec {
+        name: "SPACE_PENDING",
+        default_entries: 4096,
+    };
+    /// Each socket's last `rcvq_space` (autotune's tracepoint fallback; LRU hash).
+    pub const SPACE_LAST: MapSpec = MapSpec {
+        name: "SPACE_LAST",
+        default_entries: 16384,
+    };
+    /// Per-CPU scratch space of the socket helpers.
+    pub const SCRATCH: MapSpec = MapSpec {
+        name: "SCRATCH",
+        default_entries: 1,
+    };
+    /// The guard's counters (per-CPU array).
+    pub const GUARD_STATS: MapSpec = MapSpec {
+        name: "GUARD_STATS",
+        default_entries: super::guard::STAT_COUNT,
+    };
+    /// The guard's scope: comms it acts for (or not).
+    pub const GUARD_COMMS: MapSpec = MapSpec {
+        name: "GUARD_COMMS",
+        default_entries: 256,
+    };
+    /// A persisted guard's deadline.
+    pub const GUARD_LEASE: MapSpec = MapSpec {
+        name: "GUARD_LEASE",
+        default_entries: 1,
+    };
+
+    /// Every map above.
+    pub const ALL: &[MapSpec] = &[
+        DROPS,
+        AUTOTUNE,
+        OWNERS,
+        EVENTS,
+        STATS,
+        TOTALS,
+        WATCHED,
+        READERS,
+        PENDING,
+        LISTENERS,
+        SPACE_PENDING,
+        SPACE_LAST,
+        SCRATCH,
+        GUARD_STATS,
+        GUARD_COMMS,
+        GUARD_LEASE,
+    ];
+}
+
 /// Indexes of the `STATS` per-CPU array: the probes' own health counters.
 pub mod stat {
     /// A `DROPS` insert failed (map full): packets not counted.
@@ -765,10 +884,7 @@ pub struct SpaceSnap {
 pub mod reader {
     /// Program name in the object.
     pub const PROG: &str = "sock_recv_length";
-    /// Socket inode → 1, the sockets whose receivers are recorded.
-    pub const WATCHED: &str = "WATCHED";
-    /// [`super::ReaderKey`] → [`super::ReaderVal`] (per-CPU LRU hash).
-    pub const READERS: &str = "READERS";
+    // Its maps: [`super::maps::WATCHED`] and [`super::maps::READERS`].
 }
 
 /// Key of `READERS`: one process receiving from one watched socket.

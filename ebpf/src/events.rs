@@ -8,22 +8,23 @@ use aya_ebpf::{
     macros::map,
     maps::{LruHashMap, PerCpuArray, RingBuf},
 };
-use bufscope_common::{TotalKey, stat};
+use bufscope_common::{TotalKey, maps};
 
 /// Low-rate events with detail (setsockopt calls, established connections, guard decisions).
 /// The size is a default; userspace may resize it at load (`--bpf.*` flags).
 #[map]
-pub(crate) static EVENTS: RingBuf = RingBuf::with_byte_size(256 * 1024, 0);
+pub(crate) static EVENTS: RingBuf = RingBuf::with_byte_size(maps::EVENTS.default_entries, 0);
 
-/// The probes' own health counters (indexes in [`stat`]).
+/// The probes' own health counters (indexes in [`bufscope_common::stat`]).
 #[map]
-static STATS: PerCpuArray<u64> = PerCpuArray::with_max_entries(stat::COUNT, 0);
+static STATS: PerCpuArray<u64> = PerCpuArray::with_max_entries(maps::STATS.default_entries, 0);
 
 /// Per-process counters built from events, written by userspace only ([`TotalKey`]): with
 /// `--bpf.pin-path` they outlive a bufscope restart like the counting maps. LRU: a full map
 /// forgets the least recently written process instead of refusing a new one.
 #[map]
-static TOTALS: LruHashMap<TotalKey, u64> = LruHashMap::with_max_entries(65536, 0);
+static TOTALS: LruHashMap<TotalKey, u64> =
+    LruHashMap::with_max_entries(maps::TOTALS.default_entries, 0);
 
 /// Adds one to `STATS[idx]` on this CPU.
 #[inline(always)]

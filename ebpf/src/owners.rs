@@ -15,7 +15,7 @@ use aya_ebpf::{
     maps::LruHashMap,
     programs::{SockContext, TracePointContext},
 };
-use bufscope_common::{Owner, stat};
+use bufscope_common::{Owner, maps, stat};
 
 use crate::events::stat_inc;
 use crate::kmem::{kread, tp_field};
@@ -25,7 +25,8 @@ use crate::task::{cgroup_owner, current_owner, fd_file};
 /// Socket inode → the process that owns it (recorded in process context). The size is a
 /// default; userspace may resize it at load (`--bpf.*-entries`).
 #[map]
-pub(crate) static OWNERS: LruHashMap<u64, Owner> = LruHashMap::with_max_entries(65536, 0);
+pub(crate) static OWNERS: LruHashMap<u64, Owner> =
+    LruHashMap::with_max_entries(maps::OWNERS.default_entries, 0);
 
 /// Records `current` as the owner of the socket behind `file` (tracing programs).
 #[inline(always)]

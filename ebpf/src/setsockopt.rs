@@ -21,7 +21,7 @@ use aya_ebpf::{
 use aya_log_ebpf::debug;
 use bufscope_common::{
     SO_BUF_LOCK, SO_RCVBUF, SO_RCVBUFFORCE, SO_SNDBUF, SO_SNDBUFFORCE, SOL_SOCKET, SockoptEvent,
-    event_kind, sockopt_flags, stat, transport,
+    event_kind, maps, sockopt_flags, stat, transport,
 };
 
 use crate::events::{EVENTS, stat_inc, submit_flags};
@@ -37,7 +37,7 @@ use crate::task::{current_owner, fd_file, sockopt_owner};
 /// thread's next call overwrites its own key; a failed insert is counted
 /// (`stat::PENDING_FULL`, exported as `bufscope_bpf_events_lost_total{cause="pending_map_full"}`).
 #[map]
-static PENDING: HashMap<u64, Pending> = HashMap::with_max_entries(4096, 0);
+static PENDING: HashMap<u64, Pending> = HashMap::with_max_entries(maps::PENDING.default_entries, 0);
 
 /// What `sys_enter_setsockopt` hands to `sys_exit_setsockopt`.
 #[repr(C)]

@@ -3,7 +3,7 @@
 //! for plain addresses (helper reads); and the plain address of a cgroup program's socket.
 
 use aya_ebpf::{macros::map, maps::PerCpuArray};
-use bufscope_common::{SOCK_BUF_LOCK_MASK, transport};
+use bufscope_common::{SOCK_BUF_LOCK_MASK, maps, transport};
 
 use crate::kmem::{kread, kread_field, load, load_field};
 
@@ -74,7 +74,7 @@ pub(crate) fn sk_transport(sk: u64) -> u8 {
 /// forbids arithmetic on socket pointers; with CAP_PERFMON a pointer may be stored and read
 /// back as a number, then read with `bpf_probe_read_kernel` like any kernel address.
 #[map]
-static SCRATCH: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
+static SCRATCH: PerCpuArray<u64> = PerCpuArray::with_max_entries(maps::SCRATCH.default_entries, 0);
 
 /// `ptr` as a plain kernel address (0 when the scratch slot is missing).
 #[inline(always)]

@@ -13,7 +13,7 @@ use aya_ebpf::{
 };
 use bufscope_common::{
     EstablishedEvent, IPPROTO_TCP, Owner, TCP_CLOSE, TCP_ESTABLISHED, TCP_LISTEN, TCP_SYN_RECV,
-    TCP_SYN_SENT, estab_flags, event_kind, stat,
+    TCP_SYN_SENT, estab_flags, event_kind, maps, stat,
 };
 
 use crate::events::{EVENTS, stat_inc, submit_flags};
@@ -25,7 +25,8 @@ use crate::task::current_owner;
 /// (netns, local port) → owner of the TCP listener, for passive opens (the child has no inode
 /// yet when it reaches ESTABLISHED, and `current` is then the softirq's victim).
 #[map]
-static LISTENERS: LruHashMap<ListenKey, Owner> = LruHashMap::with_max_entries(16384, 0);
+static LISTENERS: LruHashMap<ListenKey, Owner> =
+    LruHashMap::with_max_entries(maps::LISTENERS.default_entries, 0);
 
 /// Key of [`LISTENERS`].
 #[repr(C)]

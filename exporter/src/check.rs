@@ -24,7 +24,7 @@ fn note(detail: &str) {
 }
 
 /// What the checks share.
-struct Cx<'a> {
+struct CheckCx<'a> {
     args: &'a CheckArgs,
     /// The kernel's layout (None: its BTF is unreadable).
     kinfo: Option<KernelInfo>,
@@ -39,7 +39,7 @@ struct Cx<'a> {
 }
 
 /// A check: prints its lines.
-type Check = fn(&mut Cx<'_>);
+type Check = fn(&mut CheckCx<'_>);
 
 /// The checks on this machine, in order.
 const ONLINE: &[Check] = &[
@@ -56,7 +56,7 @@ const ONLINE: &[Check] = &[
 /// The checks of another kernel from its BTF (`--btf`): nothing is loaded.
 const OFFLINE: &[Check] = &[kernel_btf_offline, room_lines, probes_offline];
 
-fn capabilities(cx: &mut Cx<'_>) {
+fn capabilities(cx: &mut CheckCx<'_>) {
     cx.missing = caps::missing_for_probes();
     for cap in [caps::CAP_BPF, caps::CAP_PERFMON] {
         let ok = caps::has(cap) || caps::has(caps::CAP_SYS_ADMIN);
@@ -91,7 +91,7 @@ fn tracked(k: &KernelInfo) -> String {
         .join(" ")
 }
 
-fn kernel_btf(cx: &mut Cx<'_>) {
+fn kernel_btf(cx: &mut CheckCx<'_>) {
     let path = &cx.args.kernel.btf_path;
     match KernelInfo::load(path, &cx.args.kernel.reasons) {
         Ok(k) => {
@@ -112,7 +112,7 @@ fn kernel_btf(cx: &mut Cx<'_>) {
     }
 }
 
-fn tracefs(cx: &mut Cx<'_>) {
+fn tracefs(cx: &mut CheckCx<'_>) {
     match kernel::ensure_tracefs() {
         Ok(p) => {
             line(true, "tracefs", &p.display().to_string());
@@ -122,7 +122,7 @@ fn tracefs(cx: &mut Cx<'_>) {
     }
 }
 
-fn cgroup2(_cx: &mut Cx<'_>) {
+fn cgroup2(_cx: &mut CheckCx<'_>) {
     match kernel::cgroup2_root() {
         Some(p) => line(
             true,
@@ -141,7 +141,7 @@ fn cgroup2(_cx: &mut Cx<'_>) {
 }
 
 /// What the rooms add (optional hooks they can work without).
-fn room_lines(cx: &mut Cx<'_>) {
+fn room_lines(cx: &mut CheckCx<'_>) {
     let Some(k) = cx.kinfo.as_ref() else { return };
     for l in signals::checks(&k.btf) {
         if l.ok {
@@ -154,7 +154,7 @@ fn room_lines(cx: &mut Cx<'_>) {
 
 /// Loads and attaches every probe as `bufscope run` would (the rooms configure their programs
 /// to act on nothing), unless `--no-attach` or privileges are missing.
-fn load(cx: &mut Cx<'_>) {
+fn load(cx: &mut CheckCx<'_>) {
     let Some(k) = cx.kinfo.as_ref() else { return };
     if cx.args.no_attach || !cx.missing.is_empty() {
         return;
@@ -205,7 +205,7 @@ fn first_line(e: &str) -> String {
 }
 
 /// One probe's line from the loader's report (or, without one, whether its hooks exist).
-fn probes(cx: &mut Cx<'_>) {
+fn probes(cx: &mut CheckCx<'_>) {
     println!("probes:");
     for spec in signals::PROBES {
         let present = spec.variants.iter().position(|v| {
@@ -255,7 +255,7 @@ fn probes(cx: &mut Cx<'_>) {
 }
 
 /// `--bpf.pin-path`: what is pinned there (by a running or a stopped bufscope).
-fn pins(cx: &mut Cx<'_>) {
+fn pins(cx: &mut CheckCx<'_>) {
     let Some(dir) = &cx.args.pins.pin_path else {
         return;
     };
@@ -288,7 +288,7 @@ fn pins(cx: &mut Cx<'_>) {
     }
 }
 
-fn kernel_btf_offline(cx: &mut Cx<'_>) {
+fn kernel_btf_offline(cx: &mut CheckCx<'_>) {
     let path = cx.args.btf.as_deref().unwrap_or(&cx.args.kernel.btf_path);
     match KernelInfo::load_offline(path, &cx.args.kernel.reasons) {
         Ok(k) => {
@@ -309,7 +309,7 @@ fn kernel_btf_offline(cx: &mut Cx<'_>) {
 }
 
 /// The variant `bufscope run` would try first on that kernel, from its BTF alone.
-fn probes_offline(cx: &mut Cx<'_>) {
+fn probes_offline(cx: &mut CheckCx<'_>) {
     let Some(k) = cx.kinfo.as_ref() else { return };
     println!("probes:");
     for spec in signals::PROBES {
@@ -363,7 +363,7 @@ pub fn run(args: &CheckArgs) -> i32 {
         eprintln!("bufscope: error: {e:#}");
         return 1;
     }
-    let mut cx = Cx {
+    let mut cx = CheckCx {
         args,
         kinfo: None,
         tracefs: None,

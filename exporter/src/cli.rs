@@ -36,13 +36,9 @@ pub enum Command {
 /// Flags of `bufscope explain`.
 #[derive(clap::Args, Debug, Clone)]
 pub struct ExplainArgs {
-    /// Base URL of the running exporter (`https://…` with --tls.ca-file for TLS).
-    #[arg(
-        long = "url",
-        default_value = "http://127.0.0.1:9477",
-        value_name = "URL"
-    )]
-    pub url: String,
+    /// The exporter to ask.
+    #[command(flatten)]
+    pub connect: bufscope_client::ConnectArgs,
     /// Only findings about this process id.
     #[arg(long)]
     pub pid: Option<u32>,
@@ -52,12 +48,6 @@ pub struct ExplainArgs {
     /// Print the raw JSON document instead of text.
     #[arg(long)]
     pub json: bool,
-    /// CA certificate (PEM) to verify an https exporter with.
-    #[arg(long = "tls.ca-file", value_name = "FILE")]
-    pub ca_file: Option<PathBuf>,
-    /// Basic-auth user (the password is read from $BUFSCOPE_PASSWORD).
-    #[arg(long = "web.user", value_name = "USER")]
-    pub user: Option<String>,
 }
 
 /// `--bpf.pin-path`, shared by `run`, `check` and `cleanup`.
@@ -92,19 +82,9 @@ pub struct CleanupArgs {
 /// Flags of `bufscope top`.
 #[derive(clap::Args, Debug, Clone)]
 pub struct TopArgs {
-    /// Base URL of the running exporter (`https://…` with --tls.ca-file for TLS).
-    #[arg(
-        long = "url",
-        default_value = "http://127.0.0.1:9477",
-        value_name = "URL"
-    )]
-    pub url: String,
-    /// CA certificate (PEM) to verify an https exporter with.
-    #[arg(long = "tls.ca-file", value_name = "FILE")]
-    pub ca_file: Option<PathBuf>,
-    /// Basic-auth user (the password is read from $BUFSCOPE_PASSWORD).
-    #[arg(long = "web.user", value_name = "USER")]
-    pub user: Option<String>,
+    /// The exporter to read.
+    #[command(flatten)]
+    pub connect: bufscope_client::ConnectArgs,
     /// Time between two reads of the exporter.
     #[arg(long = "interval", default_value = "1s", value_name = "DURATION", value_parser = parse_duration)]
     pub interval: Duration,

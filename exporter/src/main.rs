@@ -2,7 +2,7 @@
 
 use clap::{CommandFactory as _, FromArgMatches as _};
 
-use bufscope::cli::{Cli, Command, KernelArgs, LogFormat};
+use bufscope::cli::{Cli, Command, ExplainArgs, KernelArgs, LogFormat, RunArgs};
 
 /// Whether log lines get ANSI colours: only when they go to a terminal, and never when
 /// `NO_COLOR` is set to anything but the empty string (<https://no-color.org>). A file or a
@@ -63,6 +63,49 @@ fn die_on_panic() {
     }));
 }
 
+/// `bufscope run`: every check before anything is loaded, bound or logged, then the daemon.
+fn run(args: RunArgs, origins: &bufscope::config::Origins) -> i32 {
+    let addrs = match args.validate() {
+        Ok(a) => a,
+        Err(e) => fail(&origins.explain(&e)),
+    };
+    init_logging(&args.kernel);
+    origins.warn_deprecated();
+    die_on_panic();
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => fail(&format!("cannot start the runtime: {e}")),
+    };
+    report(rt.block_on(bufscope::run::run(args, addrs)))
+}
+
+/// `bufscope explain`: the findings of a running bufscope.
+fn explain(a: ExplainArgs) -> i32 {
+    let selection = bufscope_client::explain::Selection {
+        pid: a.pid,
+        comm: a.comm,
+    };
+    report(
+        bufscope_client::Client::from_args(&a.connect)
+            .and_then(|c| bufscope_client::explain::run(&c, &selection, a.json)),
+    )
+}
+
+/// Exit code 0, or 1 after printing the error.
+fn report(done: anyhow::Result<()>) -> i32 {
+    match done {
+        Ok(()) => 0,
+        Err(e) => {
+            eprintln!("bufscope: error: {e:#}");
+            1
+        }
+    }
+}
+
 fn main() {
     let argv: Vec<std::ffi::OsString> = std::env::args_os().collect();
     let cmd = Cli::command();
@@ -77,30 +120,7 @@ fn main() {
         Err(e) => e.exit(),
     };
     let code = match cli.cmd {
-        Command::Run(args) => {
-            // Every check before anything is loaded, bound or logged.
-            let addrs = match args.validate() {
-                Ok(a) => a,
-                Err(e) => fail(&origins.explain(&e)),
-            };
-            init_logging(&args.kernel);
-            die_on_panic();
-            let rt = match tokio::runtime::Builder::new_multi_thread()
-                .worker_threads(2)
-                .enable_all()
-                .build()
-            {
-                Ok(rt) => rt,
-                Err(e) => fail(&format!("cannot start the runtime: {e}")),
-            };
-            match rt.block_on(bufscope::run::run(*args, addrs)) {
-                Ok(()) => 0,
-                Err(e) => {
-                    eprintln!("bufscope: error: {e:#}");
-                    1
-                }
-            }
-        }
+        Command::Run(args) => run(*args, &origins),
         Command::Check(mut args) => {
             default_sigpipe();
             if args.kernel.log_level == tracing::Level::INFO {
@@ -108,6 +128,7 @@ fn main() {
                 args.kernel.log_level = tracing::Level::WARN;
             }
             init_logging(&args.kernel);
+            origins.warn_deprecated();
             bufscope::check::run(&args)
         }
         Command::Cleanup(args) => {
@@ -116,36 +137,14 @@ fn main() {
         }
         Command::Explain(a) => {
             default_sigpipe();
-            let selection = bufscope_client::explain::Selection {
-                pid: a.pid,
-                comm: a.comm,
-            };
-            let done =
-                bufscope_client::Client::new(&a.url, a.ca_file.as_deref(), a.user.as_deref())
-                    .and_then(|c| bufscope_client::explain::run(&c, &selection, a.json));
-            match done {
-                Ok(()) => 0,
-                Err(e) => {
-                    eprintln!("bufscope: error: {e:#}");
-                    1
-                }
-            }
+            explain(a)
         }
-        Command::Top(a) => {
-            let done = bufscope_client::top::run(
-                &a.url,
-                a.ca_file.as_deref(),
-                a.user.as_deref(),
-                a.interval,
-            );
-            match done {
-                Ok(()) => 0,
-                Err(e) => {
-                    eprintln!("bufscope: error: {e:#}");
-                    1
-                }
-            }
-        }
+        Command::Top(a) => report(bufscope_client::top::run(
+            &a.connect.url,
+            a.connect.ca_file.as_deref(),
+            a.connect.user.as_deref(),
+            a.interval,
+        )),
     };
     std::process::exit(code);
 }

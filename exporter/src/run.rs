@@ -1,22 +1,25 @@
 //! `bufscope run`: check, bind, load and attach, build the signal rooms, start the background
 //! tasks, serve until SIGINT/SIGTERM, detach.
 
-use std::os::fd::AsFd as _;
+use std::os::fd::OwnedFd;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anyhow::{Context as _, bail};
-use aya::maps::{MapData, PerCpuArray, RingBuf};
 use tokio::io::unix::AsyncFd;
 
-use crate::attribution::{Attributor, Procfs};
-use crate::bpf::{self, LoadPlan, Probes, Purpose, Stats, take_map};
+use bufscope_common::maps;
+
+use crate::attribution::{Attributor, OwnersMap, Procfs};
+use crate::bpf::ring::Ring;
+use crate::bpf::{self, LoadPlan, Probes, Purpose, Stats};
 use crate::cli::RunArgs;
+use crate::collector::pinned::Pins;
 use crate::collector::{self, Collector, Timing};
-use crate::exposition::Health;
+use crate::exposition::{Health, ProbeHealth};
 use crate::http::{self, App, auth::Auth, tls::TlsListener, web_config::WebConfig};
 use crate::kernel::{self, KernelInfo, caps};
-use crate::signals::{self, BuildEnv, Store};
+use crate::signals::{self, BuildCx, Store};
 use crate::totals::Totals;
 
 /// How often the event task drains the ring buffer when the kernel has not woken it.
@@ -123,15 +126,15 @@ pub async fn run(args: RunArgs, addrs: Vec<std::net::SocketAddr>) -> anyhow::Res
 }
 
 /// Loads the object, attaches the probes and builds the collector over the attached rooms.
-/// Returns the collector, the event ring buffer and the loaded object (its programs stay
-/// attached while it lives).
+/// Returns the collector, the event ring buffer's fd (to wake the drain) and the loaded object
+/// (its programs stay attached while it lives).
 fn load(
     args: &RunArgs,
     pin_dir: Option<bpf::pins::dir::PinLock>,
-) -> anyhow::Result<(Collector, RingBuf<MapData>, Probes)> {
+) -> anyhow::Result<(Collector, OwnedFd, Probes)> {
     let kinfo = KernelInfo::load(&args.kernel.btf_path, &args.kernel.reasons)?;
     let mut plan = LoadPlan::new(Purpose::Run, &args.kernel.disable, args.kernel.log_level);
-    plan.map_entries("EVENTS", args.events_ring_bytes);
+    plan.map_entries(maps::EVENTS.name, args.events_ring_bytes);
     let mut setups = signals::prepare(&args.signals, &mut plan)?;
     let mut loaded = bpf::load(
         &kinfo,
@@ -144,75 +147,99 @@ fn load(
     if !loaded.any_attached() {
         bail!("no probe could attach (see the warnings above; `bufscope check` explains each)");
     }
-    let env = BuildEnv {
+    let env = BuildCx {
         status: &loaded.status,
         reasons: &kinfo.reasons,
         pins: loaded.pins.as_ref().map(|p| p.outcome.clone()),
     };
     let built = setups.build(&mut loaded.ebpf, &env)?;
-    let stats: PerCpuArray<MapData, u64> = take_map(&mut loaded.ebpf, "STATS")?;
-    let events: RingBuf<MapData> = take_map(&mut loaded.ebpf, "EVENTS")?;
-    let health = Health {
-        version: env!("CARGO_PKG_VERSION").to_string(),
-        kernel: kinfo.release.clone(),
-        // A probe its room's settings leave off (the guard without --guard.mode) is not
-        // listed: off is a choice, not a detached probe.
-        probes: loaded
-            .status
-            .iter()
-            .filter(|s| s.configured)
-            .map(|s| (s.spec.name.to_string(), s.hooks(), s.attached, s.pinned))
-            .collect(),
-        pins: loaded.pins.as_ref().map(|p| p.report(signals::PROBES)),
-        ..Health::default()
-    };
+    let health = health(&kinfo, &loaded);
     // The parsed kernel BTF (tens of MiB) is only needed to load: give it back.
     drop(kinfo);
     bpf::trim_heap();
-    let run_stats = if args.run_stats {
-        Some(bpf::RunStats::start(&loaded)?)
-    } else {
-        None
-    };
-    let mut collector = Collector::new(
-        Store::new(args.max_processes, args.retention),
-        Attributor::new(Procfs::new(&args.procfs), built.services.owners).with_pods(
-            Some(
-                args.kubernetes_log_dir
-                    .clone()
-                    .unwrap_or_else(|| std::path::PathBuf::from("/var/log")),
-            )
-            .filter(|d| !d.as_os_str().is_empty()),
-        ),
-        built.rooms,
-        Some(Stats::new(stats)),
+    let (events, events_fd) = Ring::take(&mut loaded.ebpf)?;
+    let collector = collector::Config {
+        rooms: built.rooms,
+        stats: Some(Stats::take(&mut loaded.ebpf)?),
+        events: Some(Box::new(events)),
         health,
-        Timing {
+        timing: Timing {
             // Each GC reads /proc/<pid>/stat of every tracked process: a quarter of the
             // retention window is often enough for exited processes to leave on time.
             gc_every: (args.retention / 4).clamp(Duration::from_secs(2), Duration::from_secs(60)),
             idle: Duration::from_secs(30).max(args.poll_interval * 3),
         },
-    );
-    collector.advice_window = args.advice_window;
-    if let Some(p) = loaded.pins.as_ref() {
-        match take_map(&mut loaded.ebpf, "TOTALS") {
-            Ok(m) => collector.set_totals(Totals::new(m), p.outcome.kept_maps()),
-            Err(e) => tracing::warn!(
+        advice_window: args.advice_window,
+        pins: pins(&mut loaded),
+        pinned_since: loaded
+            .pins
+            .as_ref()
+            .filter(|p| p.outcome.kept_maps())
+            .map(|p| p.meta.created_unix as f64),
+        run_stats: match args.run_stats {
+            true => Some(bpf::RunStats::start(&loaded)?),
+            false => None,
+        },
+        ..collector::Config::new(
+            Store::new(args.max_processes, args.retention),
+            attributor(args, built.services.owners),
+        )
+    }
+    .build();
+    Ok((collector, events_fd, loaded))
+}
+
+/// The attribution service: `/proc` (`--path.procfs`), `OWNERS` when a program fills it,
+/// pod labels from `--kubernetes.log-dir` (default /var/log; "" for none).
+fn attributor(args: &RunArgs, owners: Option<OwnersMap>) -> Attributor {
+    let log_dir = args
+        .kubernetes_log_dir
+        .clone()
+        .unwrap_or_else(|| std::path::PathBuf::from("/var/log"));
+    Attributor::new(Procfs::new(&args.procfs), owners)
+        .with_pods(Some(log_dir).filter(|d| !d.as_os_str().is_empty()))
+}
+
+/// The health facts known at start. A probe its room's settings leave off (the guard
+/// without --guard.mode) is not listed: off is a choice, not a detached probe.
+fn health(kinfo: &KernelInfo, loaded: &Probes) -> Health {
+    Health {
+        version: env!("CARGO_PKG_VERSION").to_string(),
+        kernel: kinfo.release.clone(),
+        probes: loaded
+            .status
+            .iter()
+            .filter(|s| s.configured)
+            .map(|s| ProbeHealth {
+                probe: s.spec.name.to_string(),
+                hooks: s.hooks(),
+                attached: s.attached,
+                pinned: s.pinned,
+            })
+            .collect(),
+        pins: loaded.pins.as_ref().map(|p| p.report(signals::PROBES)),
+        ..Health::default()
+    }
+}
+
+/// With `--bpf.pin-path`: the pinned `TOTALS` and links for the collector.
+fn pins(loaded: &mut Probes) -> Option<Pins> {
+    let p = loaded.pins.as_ref()?;
+    let (adopted, links) = (p.outcome.kept_maps(), p.watch(signals::PROBES));
+    let totals = match Totals::take(&mut loaded.ebpf) {
+        Ok(t) => Some(t),
+        Err(e) => {
+            tracing::warn!(
                 "{e:#}: counters built from events (setsockopt, TCP) restart at 0 with the next bufscope"
-            ),
+            );
+            None
         }
-    }
-    if let Some(r) = run_stats {
-        collector.set_run_stats(r);
-    }
-    if let Some(p) = loaded.pins.as_ref().filter(|p| p.outcome.kept_maps()) {
-        collector.pinned_since(p.meta.created_unix as f64);
-    }
-    if let Some(p) = loaded.pins.as_ref() {
-        collector.watch_links(p.watch(signals::PROBES));
-    }
-    Ok((collector, events, loaded))
+    };
+    Some(Pins {
+        totals,
+        adopted,
+        links,
+    })
 }
 
 /// Forwards the BPF programs' aya-log records to `tracing`.
@@ -247,13 +274,8 @@ fn forward_bpf_log(loaded: &mut Probes) -> anyhow::Result<()> {
 /// timer, and every poll (every scrape) drains first, so events are never stale.
 fn spawn_event_task(
     collector: Arc<Mutex<Collector>>,
-    events: RingBuf<MapData>,
+    events_fd: OwnedFd,
 ) -> anyhow::Result<tokio::task::JoinHandle<()>> {
-    let events_fd = events
-        .as_fd()
-        .try_clone_to_owned()
-        .context("duplicating the ring buffer fd")?;
-    collector::lock(&collector).set_events(events);
     let mut fd = register(events_fd).context("polling the BPF ring buffer")?;
     Ok(tokio::spawn(async move {
         let mut tick = tokio::time::interval(EVENTS_DRAIN_EVERY);

@@ -18,10 +18,11 @@
 
 use std::time::Instant;
 
-use aya::maps::{HashMap as BpfHashMap, MapData};
-use bufscope_common::TotalKey;
+use bufscope_common::{TotalKey, maps};
 use foldhash::{HashMap, HashMapExt as _, HashSet};
 
+use crate::bpf::Table;
+use crate::bpf::table::Hash;
 use crate::store::ProcRef;
 
 /// One counter of a process's part (see [`crate::signals::Part::totals`]).
@@ -39,7 +40,7 @@ pub struct Total {
 
 /// The pinned `TOTALS` map and what was last written to it.
 pub struct Totals {
-    map: BpfHashMap<MapData, TotalKey, u64>,
+    map: Box<dyn Table<TotalKey, u64>>,
     /// Every entry as bufscope last wrote (or read) it.
     written: HashMap<TotalKey, u64>,
     /// When the last flush started: processes active since then are written at the next.
@@ -61,8 +62,13 @@ pub fn key(p: ProcRef, t: &Total) -> TotalKey {
 }
 
 impl Totals {
-    /// Wraps the map (pinned: otherwise there is nothing to keep).
-    pub fn new(map: BpfHashMap<MapData, TotalKey, u64>) -> Self {
+    /// Takes the pinned `TOTALS` out of the loaded object.
+    pub fn take(ebpf: &mut aya::Ebpf) -> anyhow::Result<Self> {
+        Ok(Self::new(Hash::take(ebpf, maps::TOTALS)?))
+    }
+
+    /// Wraps the map (pinned: otherwise there is nothing to keep; a fake in tests).
+    pub fn new(map: Box<dyn Table<TotalKey, u64>>) -> Self {
         Self {
             map,
             written: HashMap::new(),
@@ -74,7 +80,7 @@ impl Totals {
     /// Every entry of the map, by process (the maps were adopted from an earlier bufscope).
     pub fn read(&mut self) -> HashMap<ProcRef, Vec<Total>> {
         let mut out: HashMap<ProcRef, Vec<Total>> = HashMap::new();
-        for (k, v) in self.map.iter().filter_map(Result::ok) {
+        for (k, v) in self.map.entries() {
             self.written.insert(k, v);
             out.entry(ProcRef {
                 tgid: k.tgid,
@@ -106,14 +112,14 @@ impl Totals {
                 if self.written.get(&k) == Some(&t.value) {
                     continue;
                 }
-                match self.map.insert(k, t.value, 0) {
+                match self.map.insert(k, t.value) {
                     Ok(()) => {
                         self.written.insert(k, t.value);
                     }
                     Err(e) if !self.warned => {
                         self.warned = true;
                         tracing::warn!(
-                            "keeping event counters for a restart failed ({e}): they restart at 0 with the next bufscope"
+                            "keeping event counters for a restart failed ({e:#}): they restart at 0 with the next bufscope"
                         );
                     }
                     Err(_) => {}
@@ -136,7 +142,7 @@ impl Totals {
             .copied()
             .collect();
         for k in gone {
-            let _ = self.map.remove(&k);
+            self.map.remove(&k);
             self.written.remove(&k);
         }
     }

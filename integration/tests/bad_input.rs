@@ -133,9 +133,9 @@ fn cases(dir: &Path) -> Vec<Case> {
         run(&["--retention=-5s"], 2, "--retention"),
         run(&["--retention", ""], 2, "--retention"),
         run(
-            &["--attribution.hold", "99999999999999999999h"],
+            &["--drops.attribution-hold", "99999999999999999999h"],
             2,
-            "--attribution.hold",
+            "--drops.attribution-hold",
         ),
         run(
             &["--advice.window", "99999999999999999999h"],
@@ -157,15 +157,11 @@ fn cases(dir: &Path) -> Vec<Case> {
             2,
             "--max-processes",
         ),
+        run(&["--drops.map-entries", "0"], 2, "--drops.map-entries"),
         run(
-            &["--bpf.drops-map-entries", "0"],
+            &["--owners.map-entries", "4294967296"],
             2,
-            "--bpf.drops-map-entries",
-        ),
-        run(
-            &["--bpf.owners-map-entries", "4294967296"],
-            2,
-            "--bpf.owners-map-entries",
+            "--owners.map-entries",
         ),
         run(
             &["--bpf.events-ring-bytes", "4095"],

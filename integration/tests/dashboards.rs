@@ -636,7 +636,7 @@ fn start_a_shipped_and_a_degraded_exporter(container: &FakeContainer) -> (Export
     let b = Exporter::start(&[
         "--probe.disable",
         "autotune",
-        "--bpf.drops-map-entries",
+        "--drops.map-entries",
         "1",
         "--kubernetes.log-dir",
         &log_dir,

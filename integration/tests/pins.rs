@@ -247,7 +247,7 @@ fn another_layout_is_replaced_never_read() {
         receiver.get("inodes").parse::<u64>().unwrap(),
     );
     let port = receiver.get("ports").to_string();
-    let e = Exporter::start(&[flag.as_str(), "--bpf.drops-map-entries=4096"]);
+    let e = Exporter::start(&[flag.as_str(), "--drops.map-entries=4096"]);
     flood(&port, 3000);
     let old = equals_kernel(&e, pid, inode, "with 4096 DROPS entries");
     assert!(e.stop().success());

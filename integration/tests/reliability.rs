@@ -495,7 +495,7 @@ fn churn_of_5000_processes_stays_bounded_and_memory_returns_to_baseline() {
         "100",
         "--retention",
         "10s",
-        "--attribution.hold",
+        "--drops.attribution-hold",
         "2s",
     ]);
     std::thread::sleep(Duration::from_secs(2));
@@ -1012,9 +1012,9 @@ fn malformed_flags_and_files_are_clear_errors() {
         (vec!["--max-processes", "lots"], 2, vec!["--max-processes"]),
         (vec!["--max-processes", "-5"], 2, vec!["-5"]),
         (
-            vec!["--bpf.drops-map-entries", "99999999999"],
+            vec!["--drops.map-entries", "99999999999"],
             2,
-            vec!["--bpf.drops-map-entries"],
+            vec!["--drops.map-entries"],
         ),
         (
             vec!["--poll-interval", "1fortnight"],

@@ -19,7 +19,7 @@ use aya_ebpf::{
     maps::{HashMap, LruHashMap},
     programs::{BtfTracePointContext, FEntryContext, FExitContext},
 };
-use bufscope_common::{SpaceSnap, TCP_CLOSE, stat};
+use bufscope_common::{SpaceSnap, TCP_CLOSE, maps, stat};
 
 use super::count_grow;
 use crate::events::stat_inc;
@@ -31,11 +31,13 @@ use crate::sock::btf_sk_inode;
 /// same thread). Not keyed by `sk`: a pointer spilled as a map key loses its BTF type on
 /// older verifiers (6.1), and the loads after the lookup need it.
 #[map]
-static SPACE_PENDING: HashMap<u64, SpaceSnap> = HashMap::with_max_entries(4096, 0);
+static SPACE_PENDING: HashMap<u64, SpaceSnap> =
+    HashMap::with_max_entries(maps::SPACE_PENDING.default_entries, 0);
 
 /// Tracepoint fallback: socket inode → its receive-space measurement at the previous call.
 #[map]
-static SPACE_LAST: LruHashMap<u64, SpaceSnap> = LruHashMap::with_max_entries(16384, 0);
+static SPACE_LAST: LruHashMap<u64, SpaceSnap> =
+    LruHashMap::with_max_entries(maps::SPACE_LAST.default_entries, 0);
 
 const TCP_FIN_WAIT1: i32 = 4;
 const TCP_LAST_ACK: i32 = 9;

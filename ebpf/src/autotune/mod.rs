@@ -17,7 +17,7 @@ use aya_ebpf::{
     maps::PerCpuHashMap,
     programs::BtfTracePointContext,
 };
-use bufscope_common::{AutotuneVal, SOCK_RCVBUF_LOCK, stat};
+use bufscope_common::{AutotuneVal, SOCK_RCVBUF_LOCK, maps, stat};
 
 use crate::events::stat_inc;
 use crate::kmem::{load, load_field};
@@ -26,7 +26,8 @@ use crate::sock::{btf_sk_inode, btf_sk_netns, btf_sk_userlocks};
 /// `tcp_rcvbuf_grow` events per socket inode. The size is a default; userspace may resize it
 /// at load (`--bpf.*-entries`).
 #[map]
-static AUTOTUNE: PerCpuHashMap<u64, AutotuneVal> = PerCpuHashMap::with_max_entries(16384, 0);
+static AUTOTUNE: PerCpuHashMap<u64, AutotuneVal> =
+    PerCpuHashMap::with_max_entries(maps::AUTOTUNE.default_entries, 0);
 
 /// `tp_btf/tcp_rcvbuf_grow(struct sock *sk, int time)`.
 #[btf_tracepoint(function = "tcp_rcvbuf_grow")]

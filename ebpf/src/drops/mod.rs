@@ -20,7 +20,7 @@ use aya_ebpf::{
     bindings::BPF_NOEXIST, helpers::bpf_jiffies64, macros::btf_tracepoint, macros::map,
     maps::PerCpuHashMap, programs::BtfTracePointContext,
 };
-use bufscope_common::{DropKey, DropVal, drop_site, stat};
+use bufscope_common::{DropKey, DropVal, drop_site, maps, stat};
 
 use crate::events::stat_inc;
 use crate::kmem::{kread, load, load_field};
@@ -29,7 +29,8 @@ use crate::sock::{btf_sk_inode, btf_sk_netns};
 /// Buffer-full drops per (socket, reason). The size is a default; userspace may resize it at
 /// load (`--bpf.*-entries`).
 #[map]
-static DROPS: PerCpuHashMap<DropKey, DropVal> = PerCpuHashMap::with_max_entries(16384, 0);
+static DROPS: PerCpuHashMap<DropKey, DropVal> =
+    PerCpuHashMap::with_max_entries(maps::DROPS.default_entries, 0);
 
 /// Whether drop reason `reason` is one the user tracks (`CONFIG.reason_mask`).
 #[inline(always)]

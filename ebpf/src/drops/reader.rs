@@ -19,19 +19,19 @@ use aya_ebpf::{
     maps::{HashMap, LruPerCpuHashMap},
     programs::BtfTracePointContext,
 };
-use bufscope_common::{ReaderKey, ReaderVal};
+use bufscope_common::{ReaderKey, ReaderVal, maps};
 
 use crate::sock::btf_sk_inode;
 
 /// Socket inode → 1: the sockets whose receivers are recorded (filled by userspace).
 #[map]
-static WATCHED: HashMap<u64, u8> = HashMap::with_max_entries(1024, 0);
+static WATCHED: HashMap<u64, u8> = HashMap::with_max_entries(maps::WATCHED.default_entries, 0);
 
 /// (socket inode, receiving tgid) → receives and bytes. An LRU: it never refuses a reader;
 /// userspace deletes a socket's keys when it stops watching it.
 #[map]
 static READERS: LruPerCpuHashMap<ReaderKey, ReaderVal> =
-    LruPerCpuHashMap::with_max_entries(4096, 0);
+    LruPerCpuHashMap::with_max_entries(maps::READERS.default_entries, 0);
 
 /// `tp_btf/sock_recv_length(struct sock *sk, int ret, int flags)`: fires after every
 /// `recvmsg`-family call on a socket, in the receiver's context; `ret` is what the call

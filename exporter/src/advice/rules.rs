@@ -3,8 +3,25 @@
 
 use super::*;
 
+/// How a UDP socket drops: sustained (a rate), sporadic, or not in the window.
+fn udp_drops_what(rate: f64, total: u64, window: std::time::Duration) -> String {
+    let secs = window.as_secs();
+    if rate >= SUSTAINED_DROPS_PER_SECOND {
+        format!(
+            "dropping {} over the last {secs}s",
+            drop_rate_text(rate, window)
+        )
+    } else if rate > 0.0 {
+        format!(
+            "dropped {} (sporadic; {total} in total)",
+            drop_rate_text(rate, window)
+        )
+    } else {
+        format!("dropped {total} datagrams (none in the last {secs}s)")
+    }
+}
+
 pub(super) fn udp_drops(b: &mut Builder<'_>) {
-    let window = b.inputs.window.as_secs();
     let groups = by_owner(b.inputs.drops.iter().filter_map(|d| {
         let udp = d.proto == Proto::Udp && d.inode != 0;
         let full = matches!(&*d.reason, "SOCKET_RCVBUFF" | "PROTO_MEM");
@@ -32,21 +49,9 @@ pub(super) fn udp_drops(b: &mut Builder<'_>) {
         if let Some(r) = b.inputs.rmem_max {
             evidence.push(("rmem_max_bytes", r as f64));
         }
-        let what = if rate >= SUSTAINED_DROPS_PER_SECOND {
-            format!(
-                "dropping {} over the last {window}s",
-                drop_rate_text(rate, b.inputs.window)
-            )
-        } else if rate > 0.0 {
-            format!(
-                "dropped {} (sporadic; {total} in total)",
-                drop_rate_text(rate, b.inputs.window)
-            )
-        } else {
-            format!("dropped {total} datagrams (none in the last {window}s)")
-        };
         let mut summary = format!(
-            "UDP socket {what} with an effective {} receive buffer",
+            "UDP socket {} with an effective {} receive buffer",
+            udp_drops_what(rate, total, b.inputs.window),
             kib(worst.rcvbuf as f64)
         );
         if socks.len() > 1 {
@@ -239,36 +244,41 @@ pub(super) fn clamps(b: &mut Builder<'_>) {
                 );
             }
         }
-        let refused: Vec<&&SocketOpt> = opts
-            .iter()
-            .filter(|o| {
-                o.ret == -libc::EPERM
-                    && matches!(o.option, BufOption::RcvbufForce | BufOption::SndbufForce)
-            })
-            .collect();
-        if let Some(o) = refused.first() {
-            b.push(
-                &p,
-                kind::FORCE_REFUSED,
-                Severity::Warning,
-                Some(SocketRef {
-                    inode: o.inode,
-                    proto: o.proto.as_str(),
-                }),
-                format!(
-                    "{} refused (EPERM) {} time(s): the process lacks CAP_NET_ADMIN in the initial user namespace",
-                    o.option.as_str(),
-                    refused.len()
-                ),
-                format!(
-                    "grant CAP_NET_ADMIN (e.g. AmbientCapabilities=CAP_NET_ADMIN, or the container's \
-                     capabilities.add), or raise net.core.rmem_max/wmem_max to {} so the plain option suffices",
-                    o.requested
-                ),
-                vec![("requested_bytes", o.requested as f64), ("calls", refused.len() as f64)],
-                Rule::UdpDefault.citation(),
-            );
-        }
+        force_refused(b, &p, &opts);
+    }
+}
+
+/// `*FORCE` calls the kernel refused (EPERM: no `CAP_NET_ADMIN`).
+fn force_refused(b: &mut Builder<'_>, p: &ProcRef, opts: &[&SocketOpt]) {
+    let refused: Vec<&&SocketOpt> = opts
+        .iter()
+        .filter(|o| {
+            o.ret == -libc::EPERM
+                && matches!(o.option, BufOption::RcvbufForce | BufOption::SndbufForce)
+        })
+        .collect();
+    if let Some(o) = refused.first() {
+        b.push(
+            p,
+            kind::FORCE_REFUSED,
+            Severity::Warning,
+            Some(SocketRef {
+                inode: o.inode,
+                proto: o.proto.as_str(),
+            }),
+            format!(
+                "{} refused (EPERM) {} time(s): the process lacks CAP_NET_ADMIN in the initial user namespace",
+                o.option.as_str(),
+                refused.len()
+            ),
+            format!(
+                "grant CAP_NET_ADMIN (e.g. AmbientCapabilities=CAP_NET_ADMIN, or the container's \
+                 capabilities.add), or raise net.core.rmem_max/wmem_max to {} so the plain option suffices",
+                o.requested
+            ),
+            vec![("requested_bytes", o.requested as f64), ("calls", refused.len() as f64)],
+            Rule::UdpDefault.citation(),
+        );
     }
 }
 
@@ -367,6 +377,50 @@ fn lock_cost(t: &TuneView) -> LockCost {
     }
 }
 
+/// What a suppressed-autotuning finding says: what the lock costs now, at the measured RTT.
+fn lock_summary(t: &TuneView, c: &LockCost, total: u64, tcp_rmem_max: i64) -> String {
+    let buf = kib(t.rcvbuf as f64);
+    let grow = if tcp_rmem_max > t.rcvbuf as i64 && t.rcvbuf > 0 {
+        format!(
+            "autotuning could grow it to {} ({:.0}x)",
+            kib(tcp_rmem_max as f64),
+            tcp_rmem_max as f64 / t.rcvbuf as f64
+        )
+    } else {
+        format!(
+            "autotuning could grow it up to {}",
+            kib(tcp_rmem_max as f64)
+        )
+    };
+    let wan_cap = t.rcvbuf.max(0) as f64 / 2.0 * 8.0 / WAN_RTT.as_secs_f64();
+    match c.severity {
+        Severity::Critical => format!(
+            "costs throughput now: the connection runs at the ~{} its locked {buf} receive buffer allows at the measured RTT of {} (observed {}); the kernel wanted to grow the buffer {total} time(s); {grow}",
+            mbit(c.cap_bps),
+            rtt_text(t.rtt_us),
+            mbit(c.observed_bps),
+        ),
+        Severity::Warning => format!(
+            "not at its ceiling now: a locked {buf} TCP receive buffer allows ~{} at the measured RTT of {} (observed {}); it limits the connection once traffic grows; the kernel wanted to grow it {total} time(s); {grow}",
+            mbit(c.cap_bps),
+            rtt_text(t.rtt_us),
+            mbit(c.observed_bps),
+        ),
+        Severity::Info if c.observed_bps <= 0.0 => format!(
+            "costs nothing now (idle): a locked {buf} TCP receive buffer, which the kernel wanted to grow {total} time(s); on a {} ms path it would cap a connection at ~{}",
+            WAN_RTT.as_millis(),
+            mbit(wan_cap)
+        ),
+        Severity::Info => format!(
+            "costs nothing at this RTT ({}, the same host): a locked {buf} TCP receive buffer is not what limits this connection (observed {}); on a {} ms path it would cap it at ~{}; the kernel wanted to grow it {total} time(s)",
+            rtt_text(t.rtt_us),
+            mbit(c.observed_bps),
+            WAN_RTT.as_millis(),
+            mbit(wan_cap)
+        ),
+    }
+}
+
 pub(super) fn autotune(b: &mut Builder<'_>) {
     let groups = by_owner(
         b.inputs
@@ -390,46 +444,7 @@ pub(super) fn autotune(b: &mut Builder<'_>) {
         else {
             continue;
         };
-        let buf = kib(t.rcvbuf as f64);
-        let grow = if b.inputs.tcp_rmem_max > t.rcvbuf as i64 && t.rcvbuf > 0 {
-            format!(
-                "autotuning could grow it to {} ({:.0}x)",
-                kib(b.inputs.tcp_rmem_max as f64),
-                b.inputs.tcp_rmem_max as f64 / t.rcvbuf as f64
-            )
-        } else {
-            format!(
-                "autotuning could grow it up to {}",
-                kib(b.inputs.tcp_rmem_max as f64)
-            )
-        };
-        let wan_cap = t.rcvbuf.max(0) as f64 / 2.0 * 8.0 / WAN_RTT.as_secs_f64();
-        let summary = match c.severity {
-            Severity::Critical => format!(
-                "costs throughput now: the connection runs at the ~{} its locked {buf} receive buffer allows at the measured RTT of {} (observed {}); the kernel wanted to grow the buffer {total} time(s); {grow}",
-                mbit(c.cap_bps),
-                rtt_text(t.rtt_us),
-                mbit(c.observed_bps),
-            ),
-            Severity::Warning => format!(
-                "not at its ceiling now: a locked {buf} TCP receive buffer allows ~{} at the measured RTT of {} (observed {}); it limits the connection once traffic grows; the kernel wanted to grow it {total} time(s); {grow}",
-                mbit(c.cap_bps),
-                rtt_text(t.rtt_us),
-                mbit(c.observed_bps),
-            ),
-            Severity::Info if c.observed_bps <= 0.0 => format!(
-                "costs nothing now (idle): a locked {buf} TCP receive buffer, which the kernel wanted to grow {total} time(s); on a {} ms path it would cap a connection at ~{}",
-                WAN_RTT.as_millis(),
-                mbit(wan_cap)
-            ),
-            Severity::Info => format!(
-                "costs nothing at this RTT ({}, the same host): a locked {buf} TCP receive buffer is not what limits this connection (observed {}); on a {} ms path it would cap it at ~{}; the kernel wanted to grow it {total} time(s)",
-                rtt_text(t.rtt_us),
-                mbit(c.observed_bps),
-                WAN_RTT.as_millis(),
-                mbit(wan_cap)
-            ),
-        };
+        let summary = lock_summary(t, &c, total, b.inputs.tcp_rmem_max);
         b.push(
             &p,
             kind::AUTOTUNE_SUPPRESSED,

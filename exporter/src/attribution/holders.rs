@@ -83,60 +83,67 @@ impl Attributor {
             }
         }
         if !wanted.is_empty() {
-            self.scans += 1;
-            let found = self.procfs.all_holders_of(&wanted);
-            for ino in &wanted {
-                let creator = self.recorded_owner(*ino);
-                let mut best: Option<ProcRef> = None;
-                let mut holders = 0;
-                let mut creator_holds = false;
-                for (pid, _fd) in found.get(ino).into_iter().flatten() {
-                    let Some(p) = self.proc_from_pid(*pid) else {
-                        continue;
-                    };
-                    holders += 1;
-                    creator_holds |= creator == Some(p);
-                    if best.is_none_or(|b| (p.start_ticks, p.tgid) > (b.start_ticks, b.tgid)) {
-                        best = Some(p);
-                    }
-                }
-                // The process that created the socket, while it still holds it; the newest
-                // holder only once the creator let go of it (fork and exit, a hand-off).
-                if creator_holds {
-                    best = creator;
-                }
-                match best {
-                    Some(p) => {
-                        self.holding.insert(
-                            *ino,
-                            Holding {
-                                proc: p,
-                                scanned: now,
-                                holders,
-                            },
-                        );
-                        self.inode_owner.insert(*ino, p);
-                        self.negative.remove(ino);
-                        self.no_holder.remove(ino);
-                        procs.insert(p);
-                    }
-                    None => {
-                        // Closed (or in flight in a unix socket): the last holder, if any,
-                        // stays; else the recorded owner (OWNERS) as before.
-                        self.no_holder.insert(*ino, now);
-                    }
-                }
-            }
+            self.scan_holders(&wanted, now, &mut procs);
         }
         for p in procs {
             self.check_comm(p);
         }
     }
 
+    /// One pass over `/proc/*/fd` for the sockets `wanted`: each one's live holder (its
+    /// creator while it holds it, else the newest), added to `procs`; a socket nobody holds
+    /// keeps its last holder.
+    fn scan_holders(&mut self, wanted: &HashSet<u64>, now: Instant, procs: &mut HashSet<ProcRef>) {
+        self.scans += 1;
+        let found = self.procfs.all_holders_of(wanted);
+        for ino in wanted {
+            let creator = self.recorded_owner(*ino);
+            let mut best: Option<ProcRef> = None;
+            let mut holders = 0;
+            let mut creator_holds = false;
+            for (pid, _fd) in found.get(ino).into_iter().flatten() {
+                let Some(p) = self.proc_from_pid(*pid) else {
+                    continue;
+                };
+                holders += 1;
+                creator_holds |= creator == Some(p);
+                if best.is_none_or(|b| (p.start_ticks, p.tgid) > (b.start_ticks, b.tgid)) {
+                    best = Some(p);
+                }
+            }
+            // The process that created the socket, while it still holds it; the newest
+            // holder only once the creator let go of it (fork and exit, a hand-off).
+            if creator_holds {
+                best = creator;
+            }
+            match best {
+                Some(p) => {
+                    self.holding.insert(
+                        *ino,
+                        Holding {
+                            proc: p,
+                            scanned: now,
+                            holders,
+                        },
+                    );
+                    self.inode_owner.insert(*ino, p);
+                    self.negative.remove(ino);
+                    self.no_holder.remove(ino);
+                    procs.insert(p);
+                }
+                None => {
+                    // Closed (or in flight in a unix socket): the last holder, if any,
+                    // stays; else the recorded owner (OWNERS) as before.
+                    self.no_holder.insert(*ino, now);
+                }
+            }
+        }
+    }
+
     /// The process `OWNERS` recorded for socket `inode` (its creator, or the last process
     /// that configured or connected it), if the owners probe runs and has it.
     fn recorded_owner(&self, inode: u64) -> Option<ProcRef> {
-        let o = self.owners.as_ref()?.get(&inode, 0).ok()?;
+        let o = self.owners.as_ref()?.get(&inode)?;
         Some(ProcRef {
             tgid: o.tgid,
             start_ticks: super::Procfs::ns_to_ticks(o.start_ns),

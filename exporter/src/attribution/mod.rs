@@ -29,10 +29,9 @@ pub mod procfs;
 use foldhash::{HashMap, HashMapExt as _, HashSet, HashSetExt as _};
 use std::time::{Duration, Instant};
 
-use aya::maps::{HashMap as BpfHashMap, IterableMap as _, MapData};
 use bufscope_common::Owner;
 
-use crate::bpf::BatchReader;
+use crate::bpf::Table;
 
 pub use holders::RESCAN_EVERY;
 pub use procfs::Procfs;
@@ -71,7 +70,7 @@ type TunHolders = HashMap<(u32, String), u32>;
 /// The attribution service shared by every signal.
 pub struct Attributor {
     procfs: Procfs,
-    owners: Option<BpfHashMap<MapData, u64, Owner>>,
+    owners: Option<OwnersMap>,
     inode_owner: HashMap<u64, ProcRef>,
     meta: HashMap<ProcRef, ProcMeta>,
     negative: HashMap<u64, Instant>,
@@ -95,11 +94,12 @@ pub struct Attributor {
     pods: kubernetes::Pods,
 }
 
+/// `OWNERS`: socket inode → the process that created or accepted it (the owners room's map).
+pub type OwnersMap = Box<dyn Table<u64, Owner>>;
+
 /// State of [`Attributor::new_udp_holders`].
 #[derive(Default)]
 struct UdpWatch {
-    /// Reads `OWNERS` in batches (None: no map, or the kernel cannot; then key by key).
-    reader: Option<BatchReader>,
     /// `OWNERS` keys at the last read.
     seen: HashSet<u64>,
     /// New sockets whose protocol was not looked at yet: owner, first seen.
@@ -115,14 +115,7 @@ struct UdpWatch {
 
 impl Attributor {
     /// A service reading `procfs` and, when the `owners` probe runs, the BPF `OWNERS` map.
-    pub fn new(procfs: Procfs, owners: Option<BpfHashMap<MapData, u64, Owner>>) -> Self {
-        let reader = owners.as_ref().and_then(|m| {
-            BatchReader::shared(
-                m.map(),
-                std::mem::size_of::<u64>(),
-                std::mem::size_of::<Owner>(),
-            )
-        });
+    pub fn new(procfs: Procfs, owners: Option<OwnersMap>) -> Self {
         Self {
             procfs,
             owners,
@@ -133,10 +126,7 @@ impl Attributor {
             tun: None,
             netns_pid: HashMap::new(),
             scans: 0,
-            udp: UdpWatch {
-                reader,
-                ..UdpWatch::default()
-            },
+            udp: UdpWatch::default(),
             holding: holders::holdings(),
             no_holder: HashMap::new(),
             renamed: Vec::new(),
@@ -221,7 +211,7 @@ impl Attributor {
         if let Some(p) = self.inode_owner.get(&inode) {
             return Some(*p);
         }
-        let owner = self.owners.as_ref()?.get(&inode, 0).ok()?;
+        let owner = self.owners.as_ref()?.get(&inode)?;
         let p = self.owner(&owner);
         self.inode_owner.insert(inode, p);
         Some(p)
@@ -405,26 +395,12 @@ impl Attributor {
         out
     }
 
-    /// Every `OWNERS` entry (in batches when the kernel allows, else key by key).
+    /// Every `OWNERS` entry.
     fn read_owners(&mut self) -> Vec<(u64, Owner)> {
-        let Some(map) = self.owners.as_ref() else {
-            return Vec::new();
-        };
-        if let Some(r) = &self.udp.reader {
-            match r.read::<u64, Owner>(map.map().fd()) {
-                Ok(all) => {
-                    return all
-                        .into_iter()
-                        .filter_map(|(k, v)| Some((k, *v.first()?)))
-                        .collect();
-                }
-                Err(e) => {
-                    tracing::debug!("OWNERS batch read failed ({e}); reading key by key");
-                    self.udp.reader = None;
-                }
-            }
-        }
-        map.iter().filter_map(Result::ok).collect()
+        self.owners
+            .as_mut()
+            .map(|m| m.entries())
+            .unwrap_or_default()
     }
 
     /// Processes `/proc` shows holding a UDP socket (one pass over `/proc/*/fd`, one read of

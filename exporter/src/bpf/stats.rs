@@ -1,8 +1,9 @@
 //! The probes' `STATS` per-CPU array: loss counters (a full map or ring buffer) and the
 //! generations rooms compare to skip reading maps that did not change.
 
-use aya::maps::{MapData, PerCpuArray};
-use bufscope_common::stat;
+use bufscope_common::{maps, stat};
+
+use super::table::{PerCpuSlots, PerCpuTable};
 
 /// Names of the loss slots, as the `cause` label of `bufscope_bpf_events_lost_total` says them.
 const LOST: [(u32, &str); 6] = [
@@ -16,19 +17,23 @@ const LOST: [(u32, &str); 6] = [
 
 /// The `STATS` map.
 pub struct Stats {
-    map: PerCpuArray<MapData, u64>,
+    map: PerCpuTable<u32, u64>,
 }
 
 impl Stats {
-    /// Wraps the map.
-    pub fn new(map: PerCpuArray<MapData, u64>) -> Self {
+    /// Wraps the map (the kernel's, or a fake in tests).
+    pub fn new(map: PerCpuTable<u32, u64>) -> Self {
         Self { map }
+    }
+
+    /// Takes `STATS` out of the loaded object.
+    pub fn take(ebpf: &mut aya::Ebpf) -> anyhow::Result<Self> {
+        Ok(Self::new(PerCpuSlots::take(ebpf, maps::STATS)?))
     }
 
     /// One slot ([`stat`]) summed over CPUs (None when the map cannot be read).
     pub fn total(&self, idx: u32) -> Option<u64> {
-        let vals = self.map.get(&idx, 0).ok()?;
-        Some(vals.iter().sum())
+        Some(self.map.get(&idx)?.iter().sum())
     }
 
     /// Every loss counter by cause (0 when unreadable).

@@ -43,7 +43,7 @@ impl RunArgs {
             ));
         }
         self.kernel.validate()?;
-        self.signals.validate(&crate::signals::Context {
+        self.signals.validate(&crate::signals::ValidateCx {
             disabled: &self.kernel.disable,
             pinned: self.pins.pin_path.is_some(),
             poll_interval: self.poll_interval,

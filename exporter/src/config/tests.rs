@@ -80,12 +80,16 @@ probes:
   disable: [autotune]
 drops:
   reasons: [NOMEM]
+  map_entries: 11
+  attribution_hold: 3s
+owners:
+  map_entries: 12
+autotune:
+  map_entries: 13
 cardinality:
   max_processes: 7
   retention: 1m
 poll_interval: 2s
-attribution:
-  hold: 3s
 advice:
   window: 30s
 path:
@@ -94,9 +98,6 @@ path:
 kernel:
   btf_path: /btf
 bpf:
-  drops_map_entries: 11
-  owners_map_entries: 12
-  autotune_map_entries: 13
   events_ring_bytes: 8192
   pin_path: /sys/fs/bpf/x
 log:
@@ -234,7 +235,8 @@ const BAD_FILES: &[(&str, &str)] = &[
     ("poll_interval: 0ms\n", "poll_interval: invalid value '0ms' for '--poll-interval <DURATION>': \"0ms\" is too short"),
     ("probes:\n  disable: [dorps]\n", "probes.disable: invalid value 'dorps' for '--probe.disable <PROBE>' [possible values: drops"),
     ("bpf:\n  events_ring_bytes: 4095\n", "bpf.events_ring_bytes: invalid value '4095'"),
-    ("bpf:\n  drops_map_entries: 0\n", "bpf.drops_map_entries: invalid value '0'"),
+    ("drops:\n  map_entries: 0\n", "drops.map_entries: invalid value '0'"),
+    ("bpf:\n  drops_map_entries: 0\n", "bpf.drops_map_entries: invalid value '0' for '--drops.map-entries <N>'"),
     ("guard:\n  udp_floor: 0\n", "guard.udp_floor: invalid value '0'"),
     ("guard:\n  mode: on\n", "guard.mode: invalid value 'on'"),
     ("guard:\n  persist: yes\n", "guard.persist: expected true or false, found a string"),
@@ -299,4 +301,69 @@ fn nearest_key_needs_to_be_near() {
     assert_eq!(schema.nearest("zzzzzzzzzzzzzz"), None);
     assert_eq!(edit_distance("kitten", "sitting"), 3);
     assert_eq!(edit_distance("", "abc"), 3);
+}
+
+/// Renamed flags: the old names still work, on the command line and as keys, and each use is
+/// reported once (the daemon logs it as a warning); the new names report nothing.
+#[test]
+fn old_names_of_renamed_flags_work_and_are_reported() {
+    let cmd = Cli::command();
+    let old = [
+        "bufscope",
+        "run",
+        "--bpf.drops-map-entries=11",
+        "--attribution.hold",
+        "3s",
+        "--bpf.owners-map-entries",
+        "12",
+        "--bpf.autotune-map-entries",
+        "13",
+    ];
+    let argv: Vec<OsString> = old.iter().map(OsString::from).collect();
+    let m = cmd.clone().try_get_matches_from(&argv).unwrap();
+    let (m, origins) = apply(&cmd, &argv, m).unwrap();
+    let Sub::Run(a) = Cli::from_arg_matches(&m).unwrap().cmd else {
+        unreachable!()
+    };
+    assert_eq!(a.signals.drops.entries, 11);
+    assert_eq!(a.signals.drops.hold, Duration::from_secs(3));
+    assert_eq!(a.signals.owners.entries, 12);
+    assert_eq!(a.signals.autotune.entries, 13);
+    let said: Vec<String> = origins.deprecated.iter().map(ToString::to_string).collect();
+    assert_eq!(said.len(), 4, "one per old name: {said:?}");
+    assert!(
+        said[0].contains("--bpf.drops-map-entries is deprecated")
+            && said[0].contains("use --drops.map-entries"),
+        "{said:?}"
+    );
+    assert!(said[1].contains("use --drops.attribution-hold"), "{said:?}");
+
+    let (a, origins) = parse(
+        &[],
+        "attribution:\n  hold: 4s\nbpf:\n  owners_map_entries: 5\n",
+    )
+    .unwrap();
+    assert_eq!(a.signals.drops.hold, Duration::from_secs(4));
+    assert_eq!(a.signals.owners.entries, 5);
+    let said: Vec<String> = origins.deprecated.iter().map(ToString::to_string).collect();
+    assert_eq!(
+        said,
+        [
+            format!(
+                "key attribution.hold in --config.file {FILE} is deprecated and will be removed: use key drops.attribution_hold (same meaning, same values)"
+            ),
+            format!(
+                "key bpf.owners_map_entries in --config.file {FILE} is deprecated and will be removed: use key owners.map_entries (same meaning, same values)"
+            ),
+        ]
+    );
+    assert!(
+        err("attribution:\n  hold: 4s\ndrops:\n  attribution_hold: 5s\n").contains("both set"),
+        "the old and the new key for one flag"
+    );
+
+    let new = ["bufscope", "run", "--drops.map-entries", "11"];
+    let argv: Vec<OsString> = new.iter().map(OsString::from).collect();
+    let m = cmd.clone().try_get_matches_from(&argv).unwrap();
+    assert!(apply(&cmd, &argv, m).unwrap().1.deprecated.is_empty());
 }

@@ -7,6 +7,7 @@
 //! so folding and expiry are just map operations). Every sample is the counter's current
 //! value, whoever asks and however often: nothing in a value depends on earlier scrapes.
 
+pub mod created;
 pub mod openmetrics;
 pub mod process;
 pub mod selfmetrics;
@@ -15,8 +16,9 @@ use prometheus::proto::{Counter, Gauge, LabelPair, Metric, MetricFamily, MetricT
 
 use crate::store::ProcStats;
 
-pub use openmetrics::{Created, Format, created_times, encode, encode_openmetrics, unix_seconds};
-pub use selfmetrics::Health;
+pub use created::{Created, created_times, unix_seconds};
+pub use openmetrics::{Format, encode, encode_openmetrics};
+pub use selfmetrics::{Health, MapFill, ProbeHealth};
 
 /// The labels every per-process family starts with.
 pub const PROCESS_LABELS: &[&str] = &[

@@ -8,6 +8,30 @@ use crate::advice::Finding;
 use crate::bpf::pins::PinsReport;
 use crate::store::{Parts, Store};
 
+/// One probe's state (`bufscope_probe_attached`, `bufscope_probe_pinned`).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ProbeHealth {
+    /// Its name.
+    pub probe: String,
+    /// The hooks of the variant in use.
+    pub hooks: String,
+    /// Attached (and, with pins, its links still this bufscope's).
+    pub attached: bool,
+    /// Its links are pinned.
+    pub pinned: bool,
+}
+
+/// Fill level of a room's BPF map (`bufscope_bpf_map_entries{map}`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MapFill {
+    /// Map name.
+    pub map: &'static str,
+    /// Entries now (as of the last poll).
+    pub entries: u64,
+    /// Capacity.
+    pub max_entries: u64,
+}
+
 /// Health facts rendered next to the per-process families.
 #[derive(Clone, Debug, Default)]
 pub struct Health {
@@ -15,12 +39,12 @@ pub struct Health {
     pub version: String,
     /// Kernel release.
     pub kernel: String,
-    /// (probe, hook description, attached, pinned).
-    pub probes: Vec<(String, String, bool, bool)>,
-    /// Probe-side loss counters by reason (`STATS`).
+    /// Every configured probe.
+    pub probes: Vec<ProbeHealth>,
+    /// Probe-side loss counters by cause (`STATS`).
     pub bpf_lost: Vec<(&'static str, u64)>,
-    /// Map fill level by map name: (entries, max entries).
-    pub map_entries: Vec<(&'static str, u64, u64)>,
+    /// The rooms' maps.
+    pub map_entries: Vec<MapFill>,
     /// `net.core.rmem_max` now (None: unreadable here).
     pub rmem_max: Option<i64>,
     /// `net.core.wmem_max` now (None: unreadable here).
@@ -129,6 +153,43 @@ pub fn families<P: Parts>(
     attributed: impl Iterator<Item = &'static str>,
     out: &mut Vec<MetricFamily>,
 ) {
+    findings_family(store, findings, out);
+    probes_family(health, out);
+    let mut f = ATTRIBUTION_UNKNOWN.family();
+    for probe in attributed {
+        let v = store.attribution_unknown.get(probe).copied().unwrap_or(0);
+        f.push(&[probe], v as f64);
+    }
+    f.done(out);
+    let mut f = EVENTS_LOST.family();
+    for (cause, v) in &health.bpf_lost {
+        f.push(&[cause], *v as f64);
+    }
+    f.done(out);
+    let mut entries = MAP_ENTRIES.family();
+    let mut max = MAP_MAX_ENTRIES.family();
+    for m in &health.map_entries {
+        entries.push(&[m.map], m.entries as f64);
+        max.push(&[m.map], m.max_entries as f64);
+    }
+    entries.done(out);
+    max.done(out);
+    single(&TRACKED, store.len() as f64, out);
+    single(&FOLDED, store.folded as f64, out);
+    if let Some(v) = health.rmem_max {
+        single(&RMEM_MAX, v as f64, out);
+    }
+    if let Some(v) = health.wmem_max {
+        single(&WMEM_MAX, v as f64, out);
+    }
+    pins_families(health, out);
+    let mut f = BUILD_INFO.family();
+    f.push(&[&health.version, &health.kernel], 1.0);
+    f.done(out);
+}
+
+/// `bufscope_finding`: one series per finding of a process tracked now.
+fn findings_family<P: Parts>(store: &Store<P>, findings: &[Finding], out: &mut Vec<MetricFamily>) {
     let mut f = FINDING.family();
     // Findings may be up to a second old (see `Collector::findings`): show only those of
     // processes tracked now, so the finding series stay within --max-processes too.
@@ -150,57 +211,38 @@ pub fn families<P: Parts>(
         );
     }
     f.done(out);
+}
 
+/// `bufscope_probe_attached{probe,hook}`.
+fn probes_family(health: &Health, out: &mut Vec<MetricFamily>) {
     let mut f = PROBE_ATTACHED.family();
-    for (probe, hook, on, _) in &health.probes {
-        f.push(&[probe, hook], if *on { 1.0 } else { 0.0 });
+    for p in &health.probes {
+        f.push(&[&p.probe, &p.hooks], if p.attached { 1.0 } else { 0.0 });
     }
     f.done(out);
+}
 
-    let mut f = ATTRIBUTION_UNKNOWN.family();
-    for probe in attributed {
-        let v = store.attribution_unknown.get(probe).copied().unwrap_or(0);
-        f.push(&[probe], v as f64);
-    }
+/// With `--bpf.pin-path`: what the start did with the pins, since when they count, which
+/// probes outlive bufscope.
+fn pins_families(health: &Health, out: &mut Vec<MetricFamily>) {
+    let Some(p) = &health.pins else {
+        return;
+    };
+    let mut f = PINS_INFO.family();
+    let layout = p.layout.to_string();
+    f.push(&[&p.path, p.outcome, &layout, &p.replaced.join(",")], 1.0);
     f.done(out);
-
-    let mut f = EVENTS_LOST.family();
-    for (cause, v) in &health.bpf_lost {
-        f.push(&[cause], *v as f64);
+    single(&PINS_CREATED, p.since_unix as f64, out);
+    let mut f = PROBE_PINNED.family();
+    for probe in &health.probes {
+        f.push(
+            &[&probe.probe],
+            if probe.attached && probe.pinned {
+                1.0
+            } else {
+                0.0
+            },
+        );
     }
-    f.done(out);
-
-    let mut entries = MAP_ENTRIES.family();
-    let mut max = MAP_MAX_ENTRIES.family();
-    for (map, n, m) in &health.map_entries {
-        entries.push(&[map], *n as f64);
-        max.push(&[map], *m as f64);
-    }
-    entries.done(out);
-    max.done(out);
-
-    single(&TRACKED, store.len() as f64, out);
-    single(&FOLDED, store.folded as f64, out);
-    if let Some(v) = health.rmem_max {
-        single(&RMEM_MAX, v as f64, out);
-    }
-    if let Some(v) = health.wmem_max {
-        single(&WMEM_MAX, v as f64, out);
-    }
-
-    if let Some(p) = &health.pins {
-        let mut f = PINS_INFO.family();
-        let layout = p.layout.to_string();
-        f.push(&[&p.path, p.outcome, &layout, &p.replaced.join(",")], 1.0);
-        f.done(out);
-        single(&PINS_CREATED, p.since_unix as f64, out);
-        let mut f = PROBE_PINNED.family();
-        for (name, _, attached, pinned) in &health.probes {
-            f.push(&[name], if *attached && *pinned { 1.0 } else { 0.0 });
-        }
-        f.done(out);
-    }
-    let mut f = BUILD_INFO.family();
-    f.push(&[&health.version, &health.kernel], 1.0);
     f.done(out);
 }

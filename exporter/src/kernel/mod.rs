@@ -80,79 +80,13 @@ pub fn build_config(
     reasons: &DropReasons,
     tracked: &[u16],
 ) -> Result<Config, BtfError> {
-    let off = |s: &str, m: &str| btf.offset(s, m);
-    let field = |s: &str, m: &str| btf.member(s, m).map(|i| i.field());
+    let l = Layout { btf };
     let mut c = Config::zeroed();
-    c.task_files = off("task_struct", "files")?;
-    c.task_group_leader = off("task_struct", "group_leader")?;
-    c.task_start_boottime =
-        off("task_struct", "start_boottime").or_else(|_| off("task_struct", "real_start_time"))?;
-    c.files_fdt = off("files_struct", "fdt")?;
-    c.fdt_max_fds = off("fdtable", "max_fds")?;
-    c.fdt_fd = off("fdtable", "fd")?;
-    c.file_private_data = off("file", "private_data")?;
-    c.file_inode = off("file", "f_inode")?;
-    c.inode_ino = off("inode", "i_ino")?;
-    c.socket_sk = off("socket", "sk")?;
-    c.socket_ino = off("socket_alloc", "vfs_inode")? + c.inode_ino;
-
-    c.sk_socket = off("sock", "sk_socket")?;
-    c.sk_net = off("sock", "__sk_common.skc_net")?;
-    c.sk_family = off("sock", "__sk_common.skc_family")?;
-    c.sk_num = off("sock", "__sk_common.skc_num")?;
-    c.sk_state = off("sock", "__sk_common.skc_state")?;
-    c.sk_rcvbuf = off("sock", "sk_rcvbuf")?;
-    c.sk_sndbuf = off("sock", "sk_sndbuf")?;
-    c.sk_rmem_alloc = off("sock", "sk_backlog.rmem_alloc")?;
-    c.sk_userlocks = field("sock", "sk_userlocks")?;
-    c.sk_protocol = field("sock", "sk_protocol")?;
-    c.sk_type = field("sock", "sk_type")?;
-
-    c.tcp_rcv_wscale = field("tcp_sock", "rx_opt.rcv_wscale")?;
-    c.tcp_snd_wscale = field("tcp_sock", "rx_opt.snd_wscale")?;
-    c.tcp_wscale_ok = field("tcp_sock", "rx_opt.wscale_ok")?;
-    c.tcp_window_clamp = off("tcp_sock", "window_clamp")?;
-    c.tcp_rcv_rtt_us = off("tcp_sock", "rcv_rtt_est.rtt_us")?;
-    c.tcp_srtt_us = off("tcp_sock", "srtt_us")?;
-    c.tcp_copied_seq = off("tcp_sock", "copied_seq")?;
-    c.tcp_rcvq_space_seq = off("tcp_sock", "rcvq_space.seq")?;
-
-    c.net_inum = off("net", "ns.inum")?;
-    c.net_tcp_rmem_max = off("net", "ipv4.sysctl_tcp_rmem")? + 8;
-    c.net_tcp_wmem_max = off("net", "ipv4.sysctl_tcp_wmem")? + 8;
-    // Per-netns since ≈4.15; absent (bits = 0) means "not per netns": treat as on.
-    c.net_tcp_moderate_rcvbuf = field("net", "ipv4.sysctl_tcp_moderate_rcvbuf").unwrap_or_default();
-    c.net_tcp_window_scaling = field("net", "ipv4.sysctl_tcp_window_scaling").unwrap_or_default();
-
-    c.skb_head = off("sk_buff", "head")?;
-    let end = btf.member("sk_buff", "end")?;
-    c.skb_end = end.byte_offset();
-    // sk_buff_data_t is an `unsigned int` offset on 64-bit kernels, a pointer on 32-bit ones.
-    c.skb_end_is_offset = u32::from(!end.is_pointer);
-    c.skb_dev = off("sk_buff", "dev")?;
-    c.shinfo_gso_segs = off("skb_shared_info", "gso_segs")?;
-    c.dev_ifindex = off("net_device", "ifindex")?;
-    c.dev_name = off("net_device", "name")?;
-    c.dev_net = off("net_device", "nd_net")?;
-    c.task_cred = off("task_struct", "cred")?;
-    c.cred_cap_effective = off("cred", "cap_effective")?;
-    c.cred_user_ns = off("cred", "user_ns")?;
-    c.user_ns_level = off("user_namespace", "level")?;
-
-    c.current_task_btf = u32::from(has_helper(btf, "get_current_task_btf"));
-    c.task_pid = off("task_struct", "pid")?;
-    c.task_tgid = off("task_struct", "tgid")?;
-    c.task_comm = off("task_struct", "comm")?;
-    c.task_cgroups = off("task_struct", "cgroups")?;
-    c.css_set_dfl_cgrp = off("css_set", "dfl_cgrp")?;
-    c.cgroup_level = off("cgroup", "level")?;
-    (c.cgroup_ancestors, c.cgroup_ancestor_ids) = match off("cgroup", "ancestors") {
-        Ok(o) => (o, 0),
-        Err(_) => (off("cgroup", "ancestor_ids")?, 1),
-    };
-    c.cgroup_kn = off("cgroup", "kn")?;
-    c.kn_id = off("kernfs_node", "id")?;
-
+    files_layout(&mut c, &l)?;
+    sock_layout(&mut c, &l)?;
+    tcp_net_layout(&mut c, &l)?;
+    skb_dev_layout(&mut c, &l)?;
+    task_cgroup_layout(&mut c, &l)?;
     c.reason_mask = [0; REASON_WORDS];
     for r in tracked {
         if (*r as usize) < REASON_WORDS * 64 {
@@ -164,6 +98,116 @@ pub fn build_config(
         .map(u32::from)
         .unwrap_or(u32::MAX);
     Ok(c)
+}
+
+/// Member offsets and fields read from the kernel's BTF.
+struct Layout<'a> {
+    btf: &'a KernelBtf,
+}
+
+impl Layout<'_> {
+    fn off(&self, s: &str, m: &str) -> Result<u32, BtfError> {
+        self.btf.offset(s, m)
+    }
+
+    fn field(&self, s: &str, m: &str) -> Result<bufscope_common::Field, BtfError> {
+        self.btf.member(s, m).map(|i| i.field())
+    }
+}
+
+/// A task's files, fds and the socket behind an fd.
+fn files_layout(c: &mut Config, l: &Layout<'_>) -> Result<(), BtfError> {
+    c.task_files = l.off("task_struct", "files")?;
+    c.task_group_leader = l.off("task_struct", "group_leader")?;
+    c.task_start_boottime = l
+        .off("task_struct", "start_boottime")
+        .or_else(|_| l.off("task_struct", "real_start_time"))?;
+    c.files_fdt = l.off("files_struct", "fdt")?;
+    c.fdt_max_fds = l.off("fdtable", "max_fds")?;
+    c.fdt_fd = l.off("fdtable", "fd")?;
+    c.file_private_data = l.off("file", "private_data")?;
+    c.file_inode = l.off("file", "f_inode")?;
+    c.inode_ino = l.off("inode", "i_ino")?;
+    c.socket_sk = l.off("socket", "sk")?;
+    c.socket_ino = l.off("socket_alloc", "vfs_inode")? + c.inode_ino;
+    Ok(())
+}
+
+/// `struct sock`: its socket, namespace, buffers and lock bits.
+fn sock_layout(c: &mut Config, l: &Layout<'_>) -> Result<(), BtfError> {
+    c.sk_socket = l.off("sock", "sk_socket")?;
+    c.sk_net = l.off("sock", "__sk_common.skc_net")?;
+    c.sk_family = l.off("sock", "__sk_common.skc_family")?;
+    c.sk_num = l.off("sock", "__sk_common.skc_num")?;
+    c.sk_state = l.off("sock", "__sk_common.skc_state")?;
+    c.sk_rcvbuf = l.off("sock", "sk_rcvbuf")?;
+    c.sk_sndbuf = l.off("sock", "sk_sndbuf")?;
+    c.sk_rmem_alloc = l.off("sock", "sk_backlog.rmem_alloc")?;
+    c.sk_userlocks = l.field("sock", "sk_userlocks")?;
+    c.sk_protocol = l.field("sock", "sk_protocol")?;
+    c.sk_type = l.field("sock", "sk_type")?;
+    Ok(())
+}
+
+/// `struct tcp_sock` (window scale, RTT, receive space) and the per-netns sysctls.
+fn tcp_net_layout(c: &mut Config, l: &Layout<'_>) -> Result<(), BtfError> {
+    c.tcp_rcv_wscale = l.field("tcp_sock", "rx_opt.rcv_wscale")?;
+    c.tcp_snd_wscale = l.field("tcp_sock", "rx_opt.snd_wscale")?;
+    c.tcp_wscale_ok = l.field("tcp_sock", "rx_opt.wscale_ok")?;
+    c.tcp_window_clamp = l.off("tcp_sock", "window_clamp")?;
+    c.tcp_rcv_rtt_us = l.off("tcp_sock", "rcv_rtt_est.rtt_us")?;
+    c.tcp_srtt_us = l.off("tcp_sock", "srtt_us")?;
+    c.tcp_copied_seq = l.off("tcp_sock", "copied_seq")?;
+    c.tcp_rcvq_space_seq = l.off("tcp_sock", "rcvq_space.seq")?;
+
+    c.net_inum = l.off("net", "ns.inum")?;
+    c.net_tcp_rmem_max = l.off("net", "ipv4.sysctl_tcp_rmem")? + 8;
+    c.net_tcp_wmem_max = l.off("net", "ipv4.sysctl_tcp_wmem")? + 8;
+    // Per-netns since ≈4.15; absent (bits = 0) means "not per netns": treat as on.
+    c.net_tcp_moderate_rcvbuf = l
+        .field("net", "ipv4.sysctl_tcp_moderate_rcvbuf")
+        .unwrap_or_default();
+    c.net_tcp_window_scaling = l
+        .field("net", "ipv4.sysctl_tcp_window_scaling")
+        .unwrap_or_default();
+    Ok(())
+}
+
+/// `struct sk_buff`, its shared info, the receiving device, and the credentials the guard reads.
+fn skb_dev_layout(c: &mut Config, l: &Layout<'_>) -> Result<(), BtfError> {
+    c.skb_head = l.off("sk_buff", "head")?;
+    let end = l.btf.member("sk_buff", "end")?;
+    c.skb_end = end.byte_offset();
+    // sk_buff_data_t is an `unsigned int` offset on 64-bit kernels, a pointer on 32-bit ones.
+    c.skb_end_is_offset = u32::from(!end.is_pointer);
+    c.skb_dev = l.off("sk_buff", "dev")?;
+    c.shinfo_gso_segs = l.off("skb_shared_info", "gso_segs")?;
+    c.dev_ifindex = l.off("net_device", "ifindex")?;
+    c.dev_name = l.off("net_device", "name")?;
+    c.dev_net = l.off("net_device", "nd_net")?;
+    c.task_cred = l.off("task_struct", "cred")?;
+    c.cred_cap_effective = l.off("cred", "cap_effective")?;
+    c.cred_user_ns = l.off("cred", "user_ns")?;
+    c.user_ns_level = l.off("user_namespace", "level")?;
+    Ok(())
+}
+
+/// The current task (pid, comm) and its cgroup.
+fn task_cgroup_layout(c: &mut Config, l: &Layout<'_>) -> Result<(), BtfError> {
+    c.current_task_btf = u32::from(has_helper(l.btf, "get_current_task_btf"));
+    c.task_pid = l.off("task_struct", "pid")?;
+    c.task_tgid = l.off("task_struct", "tgid")?;
+    c.task_comm = l.off("task_struct", "comm")?;
+    c.task_cgroups = l.off("task_struct", "cgroups")?;
+    c.css_set_dfl_cgrp = l.off("css_set", "dfl_cgrp")?;
+    c.cgroup_level = l.off("cgroup", "level")?;
+    (c.cgroup_ancestors, c.cgroup_ancestor_ids) = match l.off("cgroup", "ancestors") {
+        Ok(o) => (o, 0),
+        Err(_) => (l.off("cgroup", "ancestor_ids")?, 1),
+    };
+    c.cgroup_kn = l.off("cgroup", "kn")?;
+    c.kn_id = l.off("kernfs_node", "id")?;
+    Ok(())
 }
 
 /// Whether the kernel has BPF helper `bpf_<name>`: its BTF's `enum bpf_func_id` has

@@ -5,19 +5,21 @@
 //! Probe: `tp_btf/tcp_rcvbuf_grow` counts, per socket inode, grow attempts and those on locked
 //! sockets, with the receiver's RTT, buffer and throughput at the latest one (`AUTOTUNE`).
 
-use foldhash::{HashMap, HashMapExt as _, HashSet};
+use foldhash::HashSet;
 use prometheus::proto::MetricFamily;
 use std::time::{Duration, Instant};
 
-use aya::maps::{MapData, PerCpuHashMap};
-use bufscope_common::{AutotuneVal, stat, total_family};
+use bufscope_common::{AutotuneVal, maps, stat, total_family};
 
+use super::counted::{Changed, CountedMap};
 use super::{
-    AdviceCx, BuildEnv, Cx, GcCx, MapFill, Part, ProcStats, Room, Services, Signal, Store, take_map,
+    AdviceCx, BuildCx, GcCx, MapFill, Part, PollCx, ProcStats, Room, Services, Signal, Store,
+    counters_of, who_or_unknown,
 };
 use crate::advice::{Inputs, TuneView};
 use crate::attribution::Attributor;
-use crate::bpf::{Hook, LoadPlan, ProbeSpec};
+use crate::bpf::table::PerCpuHash;
+use crate::bpf::{Hook, LoadPlan, PerCpuTable, ProbeSpec};
 use crate::exposition::Spec;
 use crate::labels::Proto;
 use crate::store::{ProcRef, Who};
@@ -70,8 +72,9 @@ pub struct Flags {
     /// Entries of the per-socket autotune map.
     #[arg(
         id = "autotune_entries",
-        long = "bpf.autotune-map-entries",
-        default_value_t = 16384,
+        long = "autotune.map-entries",
+        alias = "bpf.autotune-map-entries",
+        default_value_t = maps::AUTOTUNE.default_entries,
         value_name = "N",
         value_parser = crate::values::at_least_one::<u32>
     )]
@@ -151,13 +154,16 @@ pub struct SockTune {
     pub owner: Option<ProcRef>,
 }
 
+impl Changed for SockTune {
+    fn changed(&self) -> Instant {
+        self.changed
+    }
+}
+
 /// The autotune room.
 pub struct Autotune {
-    map: PerCpuHashMap<MapData, u64, AutotuneVal>,
-    max_entries: u32,
-    last: HashMap<u64, SockTune>,
-    /// `stat::AUTOTUNE_SEEN` as read just before the last full read of the map.
-    generation: Option<u64>,
+    /// `AUTOTUNE`, with each socket's state as of the last read.
+    map: CountedMap<u64, AutotuneVal, SockTune>,
     /// Suppressed events of collected entries (closed sockets) of live processes, added to
     /// their [`ProcAutotune::retired`] at the next poll.
     retiring: Vec<(ProcRef, u64)>,
@@ -188,56 +194,46 @@ impl Room for Autotune {
     type Setup = u32;
 
     fn prepare(flags: &Flags, plan: &mut LoadPlan) -> anyhow::Result<u32> {
-        plan.map_entries("AUTOTUNE", flags.entries);
+        plan.map_entries(maps::AUTOTUNE.name, flags.entries);
         Ok(flags.entries)
     }
 
     fn take(
         entries: u32,
         ebpf: &mut aya::Ebpf,
-        env: &BuildEnv<'_>,
+        env: &BuildCx<'_>,
         _services: &mut Services,
     ) -> anyhow::Result<Option<Box<dyn Signal>>> {
         if !env.attached(PROBE.name) {
             return Ok(None);
         }
         Ok(Some(Box::new(Self::new(
-            take_map(ebpf, "AUTOTUNE")?,
+            PerCpuHash::take(ebpf, maps::AUTOTUNE)?,
             entries,
         ))))
     }
 }
 
 impl Autotune {
-    /// Wraps the `AUTOTUNE` map.
-    pub fn new(map: PerCpuHashMap<MapData, u64, AutotuneVal>, max_entries: u32) -> Self {
+    /// Wraps the `AUTOTUNE` map (the kernel's, or a fake in tests).
+    pub fn new(map: PerCpuTable<u64, AutotuneVal>, max_entries: u32) -> Self {
         Self {
-            map,
-            max_entries,
-            last: HashMap::new(),
-            generation: None,
+            map: CountedMap::new(maps::AUTOTUNE, max_entries, map, stat::AUTOTUNE_SEEN, sum),
             retiring: Vec::new(),
         }
     }
 
-    /// Reads the map and attributes new suppressed events.
-    fn read(&mut self, attr: &mut Attributor, store: &mut Store) {
+    /// Reads the map (`generation`: the probe's, read before) and attributes new suppressed
+    /// events.
+    fn read(&mut self, generation: Option<u64>, attr: &mut Attributor, store: &mut Store) {
         let now = Instant::now();
-        let mut current = Vec::new();
-        for item in self.map.iter() {
-            match item {
-                Ok((k, v)) => current.push((k, sum(&v))),
-                Err(e) => {
-                    tracing::debug!("AUTOTUNE iteration: {e}");
-                    break;
-                }
-            }
-        }
+        let current = self.map.read(generation);
+        let last = &self.map.last;
         // Suppressed events follow the socket to its live holder (an accepted socket handed
         // to a worker), like drops.
         let moved: HashSet<u64> = current
             .iter()
-            .filter(|(ino, v)| v.suppressed > self.last.get(ino).map_or(0, |p| p.suppressed))
+            .filter(|(ino, v)| v.suppressed > last.get(ino).map_or(0, |p| p.suppressed))
             .map(|(ino, _)| *ino)
             .collect();
         attr.refresh_holders(&moved);
@@ -245,14 +241,14 @@ impl Autotune {
         let unknown: HashSet<u64> = current
             .iter()
             .filter(|(ino, v)| {
-                let prev = self.last.get(ino).map_or(0, |p| p.suppressed);
+                let prev = last.get(ino).map_or(0, |p| p.suppressed);
                 v.suppressed > prev && attr.lookup_inode(*ino).is_none()
             })
             .map(|(ino, _)| *ino)
             .collect();
         attr.resolve_inodes(&unknown);
         for (ino, v) in current {
-            let prev = self.last.get(&ino);
+            let prev = self.map.last.get(&ino);
             let d = match prev {
                 Some(p) if v.suppressed >= p.suppressed => v.suppressed - p.suppressed,
                 _ => v.suppressed,
@@ -263,17 +259,10 @@ impl Autotune {
                 owner = attr.lookup_inode(ino).or(owner);
             }
             if d > 0 {
-                let who = owner.map_or(Who::Unknown, Who::Proc);
-                if owner.is_none() {
-                    store.count_unknown(PROBE.name, d);
-                }
-                store
-                    .proc_mut(who, || owner.map(|p| attr.meta(&p)).unwrap_or_default())
-                    .parts
-                    .autotune
-                    .suppressed += d;
+                let who = who_or_unknown(store, PROBE.name, owner, d);
+                counters_of(store, attr, who).parts.autotune.suppressed += d;
             }
-            self.last.insert(
+            self.map.last.insert(
                 ino,
                 SockTune {
                     grow_events: v.grow_events,
@@ -312,7 +301,7 @@ impl Signal for Autotune {
 
     /// Reads the map unless the probe's `stat::AUTOTUNE_SEEN` generation shows that no event
     /// was counted since the last full read.
-    fn poll(&mut self, cx: &mut Cx<'_>) -> bool {
+    fn poll(&mut self, cx: &mut PollCx<'_>) -> bool {
         for (p, n) in std::mem::take(&mut self.retiring) {
             if cx.store.get(&p).is_some() {
                 let attr = &*cx.attr;
@@ -323,44 +312,36 @@ impl Signal for Autotune {
                     .retired += n;
             }
         }
-        let generation = cx.stats.and_then(|s| s.total(stat::AUTOTUNE_SEEN));
-        if generation.is_some() && generation == self.generation {
+        let generation = self.map.generation(cx.stats);
+        if self.map.unchanged(generation) {
             return false;
         }
-        self.read(cx.attr, cx.store);
-        self.generation = generation;
+        self.read(generation, cx.attr, cx.store);
         true
     }
 
     fn map_fill(&self) -> Option<MapFill> {
-        Some(MapFill {
-            map: "AUTOTUNE",
-            entries: self.last.len() as u64,
-            max_entries: self.max_entries as u64,
-        })
+        Some(self.map.fill())
     }
 
     fn gc_candidates(&self, idle: Duration) -> Vec<u64> {
-        let now = Instant::now();
-        self.last
-            .iter()
-            .filter(|(_, s)| now.duration_since(s.changed) >= idle)
+        self.map
+            .idle(idle, Instant::now())
             .map(|(ino, _)| *ino)
             .collect()
     }
 
     /// Deletes idle entries of sockets that no longer exist.
     fn gc(&mut self, cx: &mut GcCx<'_>) -> usize {
-        let now = Instant::now();
         let doomed: Vec<u64> = self
-            .last
-            .iter()
-            .filter(|(ino, s)| now.duration_since(s.changed) >= cx.idle && !cx.live.contains(ino))
+            .map
+            .idle(cx.idle, Instant::now())
+            .filter(|(ino, _)| !cx.live.contains(ino))
             .map(|(ino, _)| *ino)
             .collect();
         for ino in &doomed {
-            let _ = self.map.remove(ino);
-            if let Some(t) = self.last.remove(ino)
+            self.map.remove(ino);
+            if let Some(t) = self.map.last.remove(ino)
                 && let Some(p) = t.owner.filter(|p| t.suppressed > 0 && cx.attr.alive(p))
             {
                 self.retiring.push((p, t.suppressed));
@@ -372,7 +353,7 @@ impl Signal for Autotune {
     fn advise(&self, _cx: &AdviceCx<'_>, inputs: &mut Inputs) {
         inputs
             .tunes
-            .extend(self.last.iter().map(|(ino, t)| TuneView {
+            .extend(self.map.last.iter().map(|(ino, t)| TuneView {
                 owner: t.owner,
                 inode: *ino,
                 suppressed: t.suppressed,
@@ -381,5 +362,113 @@ impl Signal for Autotune {
                 copied: t.copied,
                 interval_us: t.interval_us,
             }));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use crate::bpf::fake::FakeTable;
+    use crate::signals::testkit::{Bench, gone_inode, me, my_proc};
+    use bufscope_common::SOCK_RCVBUF_LOCK;
+
+    fn grow(grow_events: u64, suppressed: u64) -> AutotuneVal {
+        AutotuneVal {
+            grow_events,
+            suppressed,
+            last_ns: grow_events,
+            rtt_us: 190_000,
+            rcvbuf: 131_072,
+            copied: 1 << 20,
+            interval_us: 190_000,
+            userlocks: SOCK_RCVBUF_LOCK as u32,
+            ..AutotuneVal::default()
+        }
+    }
+
+    const SUPPRESSED_TOTAL: &str = "bufscope_tcp_autotune_suppressed_total";
+
+    /// Suppressed grows go to the socket's owner as deltas of the kernel's cumulative counts,
+    /// summed over CPUs; the map is read again only when the probe's generation moved.
+    #[test]
+    fn suppressed_grows_are_counted_once_on_the_owner() {
+        let mut b = Bench::new();
+        let kernel = FakeTable::new(64);
+        let mut room = Autotune::new(kernel.boxed(), 64);
+        let ino = gone_inode(1);
+        b.owners.set(ino, me());
+        kernel.set(ino, vec![grow(3, 2), grow(1, 1)]);
+        b.bump(stat::AUTOTUNE_SEEN);
+        assert!(room.poll(&mut b.poll()), "read: advice inputs changed");
+        let pid = my_proc().tgid;
+        assert_eq!(b.sample(&room, SUPPRESSED_TOTAL, pid, &[]), 3.0);
+        // The kernel counts more, but the probe's generation did not move: not read.
+        kernel.set(ino, vec![grow(10, 9), grow(1, 1)]);
+        assert!(!room.poll(&mut b.poll()));
+        assert_eq!(b.sample(&room, SUPPRESSED_TOTAL, pid, &[]), 3.0);
+        b.bump(stat::AUTOTUNE_SEEN);
+        room.poll(&mut b.poll());
+        assert_eq!(b.sample(&room, SUPPRESSED_TOTAL, pid, &[]), 10.0);
+        assert_eq!(room.map_fill().unwrap().entries, 1);
+    }
+
+    /// Without an owner the grows go to `_unknown` and `bufscope_attribution_unknown_total`.
+    #[test]
+    fn grows_of_an_unknown_socket_are_counted_as_unknown() {
+        let mut b = Bench::new();
+        let kernel = FakeTable::new(64);
+        let mut room = Autotune::new(kernel.boxed(), 64);
+        kernel.set(gone_inode(2), vec![grow(2, 2)]);
+        room.poll(&mut b.poll());
+        assert_eq!(b.store.attribution_unknown.get("autotune"), Some(&2));
+    }
+
+    /// GC deletes the idle entries of closed sockets from the kernel map and keeps their
+    /// suppressed grows on the live owner as `retired` (what a restart reads back from
+    /// `TOTALS`), so the process's total never goes down.
+    #[test]
+    fn gc_deletes_closed_sockets_and_keeps_their_counts() {
+        let mut b = Bench::new();
+        let kernel = FakeTable::new(64);
+        let mut room = Autotune::new(kernel.boxed(), 64);
+        let (closed, open) = (gone_inode(3), gone_inode(4));
+        b.owners.set(closed, me());
+        b.owners.set(open, me());
+        kernel.set(closed, vec![grow(4, 4)]);
+        kernel.set(open, vec![grow(1, 1)]);
+        room.poll(&mut b.poll());
+        let live: HashSet<u64> = [open].into_iter().collect();
+        assert_eq!(room.gc_candidates(Duration::ZERO).len(), 2);
+        assert_eq!(b.gc(&mut room, &live), 1, "only the closed socket's entry");
+        assert!(kernel.value(&closed).is_none() && kernel.value(&open).is_some());
+        room.poll(&mut b.poll());
+        let me = my_proc();
+        let part = b.store.get(&me).unwrap().parts.autotune;
+        assert_eq!((part.suppressed, part.retired), (5, 4));
+        let mut totals = Vec::new();
+        part.totals(&mut totals);
+        assert_eq!(totals.len(), 1);
+        assert_eq!(
+            totals[0].value, 4,
+            "only the closed sockets' part goes to TOTALS"
+        );
+    }
+
+    /// Advice sees each socket's latest RTT, buffer and throughput.
+    #[test]
+    fn advice_gets_each_sockets_latest_sample() {
+        let mut b = Bench::new();
+        let kernel = FakeTable::new(64);
+        let mut room = Autotune::new(kernel.boxed(), 64);
+        let ino = gone_inode(5);
+        b.owners.set(ino, me());
+        kernel.set(ino, vec![grow(1, 1), grow(7, 0)]);
+        room.poll(&mut b.poll());
+        let mut inputs = Inputs::default();
+        room.advise(&b.advice(), &mut inputs);
+        let t = &inputs.tunes[0];
+        assert_eq!((t.inode, t.suppressed, t.owner), (ino, 1, Some(my_proc())));
+        assert_eq!((t.rtt_us, t.rcvbuf), (190_000, 131_072));
     }
 }

@@ -26,6 +26,7 @@
 //! docs/architecture.md.
 
 pub mod autotune;
+mod counted;
 pub mod drops;
 pub mod guard;
 #[cfg(test)]
@@ -34,6 +35,8 @@ pub mod owners;
 mod room;
 pub mod setsockopt;
 pub mod tcp_state;
+#[cfg(test)]
+pub mod testkit;
 
 use aya::Ebpf;
 use prometheus::proto::MetricFamily;
@@ -44,8 +47,8 @@ use crate::kernel::KernelBtf;
 pub use crate::bpf::Attached;
 pub use crate::bpf::{decode, take_map};
 pub use room::{
-    AdviceCx, BuildEnv, CheckLine, Context, Cx, GcCx, MapFill, NoFlags, Part, Room, Services,
-    Signal, when_attached,
+    AdviceCx, BuildCx, CheckLine, GcCx, MapFill, NoFlags, Part, PollCx, RingRoom, Room, Services,
+    Signal, ValidateCx, absorb_counts, counters_of, when_attached, who_or_unknown,
 };
 
 /// One process's counters, with one part per room.
@@ -74,7 +77,7 @@ macro_rules! signals {
 
         impl Flags {
             /// Every room checks its flags beyond what clap checks.
-            pub fn validate(&self, cx: &Context<'_>) -> Result<(), crate::values::Invalid> {
+            pub fn validate(&self, cx: &ValidateCx<'_>) -> Result<(), crate::values::Invalid> {
                 $( <$room as Room>::validate(&self.$field, cx)?; )*
                 Ok(())
             }
@@ -146,7 +149,7 @@ macro_rules! signals {
 
         impl Setups {
             /// The running rooms (those whose probe attached) and the services they provide.
-            pub fn build(self, ebpf: &mut Ebpf, env: &BuildEnv<'_>) -> anyhow::Result<Built> {
+            pub fn build(self, ebpf: &mut Ebpf, env: &BuildCx<'_>) -> anyhow::Result<Built> {
                 let mut services = Services::default();
                 let mut rooms: Vec<Box<dyn Signal>> = Vec::new();
                 $(

@@ -102,3 +102,42 @@ fn every_probe_program_is_in_the_object_with_its_hook_type() {
         }
     );
 }
+
+/// Every map of the object is defined once, in `bufscope_common::maps`: its name and default
+/// size there are the object's (the BPF side sizes its `#[map]` from them; userspace takes the
+/// maps by these names and defaults its size flags to these sizes).
+#[test]
+fn every_map_of_the_object_has_its_spec_with_the_objects_size() {
+    use bufscope_common::maps;
+    let obj = Object::parse(OBJECT).unwrap();
+    let mut problems = Vec::new();
+    let mut checked = 0;
+    for (name, map) in &obj.maps {
+        // Globals (.rodata, .data, .bss) and aya-log's buffer are not bufscope's maps.
+        if name.starts_with('.') || name == "AYA_LOGS" {
+            continue;
+        }
+        // A map in `.maps` (BTF-defined: sk storage) is sized by the kernel, not by us.
+        if map.max_entries() == 0 {
+            continue;
+        }
+        match maps::ALL.iter().find(|s| s.name == name) {
+            None => problems.push(format!(
+                "map {name} has no MapSpec in bufscope_common::maps"
+            )),
+            Some(s) if s.default_entries != map.max_entries() => problems.push(format!(
+                "map {name}: MapSpec says {} entries, the object {}",
+                s.default_entries,
+                map.max_entries()
+            )),
+            Some(_) => checked += 1,
+        }
+    }
+    for s in maps::ALL {
+        if !obj.maps.contains_key(s.name) {
+            problems.push(format!("MapSpec {} names no map of the object", s.name));
+        }
+    }
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
+    assert_eq!(checked, maps::ALL.len(), "each spec compared once");
+}

@@ -8,8 +8,10 @@
 //! this".
 
 use aya::Ebpf;
+use bufscope_common::maps;
 
-use super::{BuildEnv, Room, Services, Signal, setsockopt, take_map, tcp_state};
+use super::{BuildCx, Room, Services, Signal, setsockopt, tcp_state};
+use crate::bpf::table::Hash;
 use crate::bpf::{Hook, LoadPlan, ProbeSpec};
 
 /// The probe.
@@ -53,8 +55,9 @@ pub struct Flags {
     /// Entries of the socket-owner map (LRU).
     #[arg(
         id = "owners_entries",
-        long = "bpf.owners-map-entries",
-        default_value_t = 65536,
+        long = "owners.map-entries",
+        alias = "bpf.owners-map-entries",
+        default_value_t = maps::OWNERS.default_entries,
         value_name = "N",
         value_parser = crate::values::at_least_one::<u32>
     )]
@@ -71,7 +74,7 @@ impl Room for Owners {
     type Setup = ();
 
     fn prepare(flags: &Flags, plan: &mut LoadPlan) -> anyhow::Result<()> {
-        plan.map_entries("OWNERS", flags.entries);
+        plan.map_entries(maps::OWNERS.name, flags.entries);
         Ok(())
     }
 
@@ -79,15 +82,74 @@ impl Room for Owners {
     fn take(
         _setup: (),
         ebpf: &mut Ebpf,
-        env: &BuildEnv<'_>,
+        env: &BuildCx<'_>,
         services: &mut Services,
     ) -> anyhow::Result<Option<Box<dyn Signal>>> {
-        let filled = [PROBE.name, setsockopt::PROBE.name, tcp_state::PROBE.name]
-            .iter()
-            .any(|p| env.attached(p));
-        if filled {
-            services.owners = Some(take_map(ebpf, "OWNERS")?);
+        if filled(env) {
+            services.owners = Some(Hash::take(ebpf, maps::OWNERS)?);
         }
         Ok(None)
+    }
+}
+
+/// Whether a program that fills `OWNERS` attached: this room's, or the setsockopt and
+/// tcp_state programs, which record the owners they see too.
+fn filled(env: &BuildCx<'_>) -> bool {
+    [PROBE.name, setsockopt::PROBE.name, tcp_state::PROBE.name]
+        .iter()
+        .any(|p| env.attached(p))
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use crate::bpf::ProbeStatus;
+    use crate::kernel::DropReasons;
+    use crate::signals::testkit::{Bench, gone_inode, me, my_proc, udp_socket};
+
+    fn status(attached: &[&str]) -> Vec<ProbeStatus> {
+        crate::signals::PROBES
+            .iter()
+            .map(|p| ProbeStatus {
+                attached: attached.contains(&p.name),
+                ..ProbeStatus::off(*p, "", true)
+            })
+            .collect()
+    }
+
+    /// `OWNERS` is provided when any program that fills it attached, not only this room's.
+    #[test]
+    fn owners_is_taken_when_any_program_fills_it() {
+        let reasons = DropReasons::parse_format("");
+        for (attached, want) in [
+            (&["owners"][..], true),
+            (&["tcp_state"][..], true),
+            (&["setsockopt"][..], true),
+            (&["drops", "autotune"][..], false),
+        ] {
+            let st = status(attached);
+            let cx = BuildCx {
+                status: &st,
+                reasons: &reasons,
+                pins: None,
+            };
+            assert_eq!(filled(&cx), want, "{attached:?}");
+        }
+    }
+
+    /// What the room provides: a socket's recorded owner (`OWNERS`) when `/proc` no longer
+    /// shows it, the live holder `/proc` shows otherwise, nobody for an unknown one.
+    #[test]
+    fn owners_answer_whose_socket_it_is() {
+        let mut b = Bench::new();
+        let closed = gone_inode(20);
+        b.owners.set(closed, me());
+        assert_eq!(b.attr.lookup_inode(closed), Some(my_proc()));
+        assert_eq!(b.attr.lookup_inode(gone_inode(21)), None);
+        let (_s, held) = udp_socket();
+        b.attr.refresh_holders(&[held].into_iter().collect());
+        assert_eq!(b.attr.lookup_inode(held), Some(my_proc()));
+        assert_eq!(b.attr.holder_count(held), 1);
     }
 }

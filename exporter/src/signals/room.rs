@@ -4,18 +4,16 @@
 use std::time::{Duration, Instant};
 
 use aya::Ebpf;
-use aya::maps::{HashMap as BpfHashMap, MapData};
-use bufscope_common::Owner;
 use foldhash::HashSet;
 use prometheus::proto::MetricFamily;
 
 use super::{ProcStats, Store};
 use crate::advice::Inputs;
-use crate::attribution::Attributor;
+use crate::attribution::{Attributor, OwnersMap};
 use crate::bpf::pins::Outcome;
 use crate::bpf::{Attached, LoadPlan, ProbeSpec, ProbeStatus, Stats};
 use crate::kernel::{BufferLimits, DropReasons, KernelBtf};
-use crate::store::ProcRef;
+use crate::store::{ProcRef, Who};
 use crate::totals::Total;
 use crate::values::Invalid;
 
@@ -47,6 +45,17 @@ pub trait Part: Clone + std::fmt::Debug + Default + Send + Sync + 'static {
     fn restore(&mut self, _t: &Total) {}
 }
 
+/// Adds every counter of `from` to `into` (a part's counters keyed by label values: how it
+/// folds into `_other`).
+pub fn absorb_counts<K: Ord + Clone>(
+    into: &mut std::collections::BTreeMap<K, u64>,
+    from: &std::collections::BTreeMap<K, u64>,
+) {
+    for (k, v) in from {
+        *into.entry(k.clone()).or_default() += v;
+    }
+}
+
 /// A room without per-process counters.
 impl Part for () {
     fn absorb(&mut self, _o: &Self) {}
@@ -66,13 +75,13 @@ pub struct NoFlags {}
 pub struct Services {
     /// `OWNERS` (socket inode → the process that created or accepted it), for the
     /// [`Attributor`].
-    pub owners: Option<BpfHashMap<MapData, u64, Owner>>,
+    pub owners: Option<OwnersMap>,
 }
 
 /// The running room `make()` makes, when probe `probe` attached (the rooms that only read
 /// the ring buffer and have nothing else to take).
 pub fn when_attached<S: Signal + 'static>(
-    env: &BuildEnv<'_>,
+    env: &BuildCx<'_>,
     probe: &str,
     make: impl FnOnce() -> S,
 ) -> anyhow::Result<Option<Box<dyn Signal>>> {
@@ -81,8 +90,8 @@ pub fn when_attached<S: Signal + 'static>(
         .then(|| Box::new(make()) as Box<dyn Signal>))
 }
 
-/// What a room sees while it is built from the loaded object.
-pub struct BuildEnv<'a> {
+/// What a room sees while it is built from the loaded object ([`Room::take`]).
+pub struct BuildCx<'a> {
     /// Per-probe outcome of attaching.
     pub status: &'a [ProbeStatus],
     /// The kernel's drop-reason names.
@@ -91,15 +100,15 @@ pub struct BuildEnv<'a> {
     pub pins: Option<Outcome>,
 }
 
-impl BuildEnv<'_> {
+impl BuildCx<'_> {
     /// Whether probe `name` attached.
     pub fn attached(&self, name: &str) -> bool {
         crate::bpf::hook::attached(self.status, name)
     }
 }
 
-/// What a room's flags are checked with: the rest of the command line.
-pub struct Context<'a> {
+/// What a room's flags are checked with ([`Room::validate`]): the rest of the command line.
+pub struct ValidateCx<'a> {
     /// `--probe.disable`.
     pub disabled: &'a [String],
     /// `--bpf.pin-path` is given.
@@ -132,7 +141,7 @@ pub trait Room: Sized + Send + 'static {
 
     /// Checks its flags beyond what clap checks, with the rest of the command line (before
     /// anything is loaded).
-    fn validate(_flags: &Self::Flags, _cx: &Context<'_>) -> Result<(), Invalid> {
+    fn validate(_flags: &Self::Flags, _cx: &ValidateCx<'_>) -> Result<(), Invalid> {
         Ok(())
     }
 
@@ -160,7 +169,7 @@ pub trait Room: Sized + Send + 'static {
     fn take(
         setup: Self::Setup,
         ebpf: &mut Ebpf,
-        env: &BuildEnv<'_>,
+        env: &BuildCx<'_>,
         services: &mut Services,
     ) -> anyhow::Result<Option<Box<dyn Signal>>>;
 
@@ -170,8 +179,42 @@ pub trait Room: Sized + Send + 'static {
     }
 }
 
-/// What a room sees while it reads its maps or decodes an event.
-pub struct Cx<'a> {
+/// A room that reads only ring-buffer records: no flags of its own, nothing to prepare, and
+/// running whenever its probe attached. Implementing this makes it a [`Room`].
+pub trait RingRoom: Signal + Sized + 'static {
+    /// Its probe.
+    const PROBE: ProbeSpec;
+    /// Its part of each process's counters.
+    type Part: Part;
+
+    /// The running room.
+    fn start() -> Self;
+}
+
+impl<T: RingRoom> Room for T {
+    const PROBE: ProbeSpec = <T as RingRoom>::PROBE;
+    type Part = <T as RingRoom>::Part;
+    type Flags = NoFlags;
+    type Setup = ();
+
+    fn prepare(_flags: &NoFlags, _plan: &mut LoadPlan) -> anyhow::Result<()> {
+        Ok(())
+    }
+
+    /// The room, when its probe attached.
+    fn take(
+        _setup: (),
+        _ebpf: &mut Ebpf,
+        env: &BuildCx<'_>,
+        _services: &mut Services,
+    ) -> anyhow::Result<Option<Box<dyn Signal>>> {
+        when_attached(env, <T as RingRoom>::PROBE.name, T::start)
+    }
+}
+
+/// What a room sees while it reads the kernel's records: its maps ([`Signal::poll`]) or a
+/// ring-buffer record ([`Signal::on_event`]).
+pub struct PollCx<'a> {
     /// Socket → process.
     pub attr: &'a mut Attributor,
     /// Per-process counters.
@@ -182,7 +225,57 @@ pub struct Cx<'a> {
     pub stats: Option<&'a Stats>,
 }
 
-/// What a room sees during garbage collection.
+impl PollCx<'_> {
+    /// The process a probe recorded in process context (None: it recorded none, `tgid` 0).
+    /// An exec since its last event is applied first: this event already counts under the
+    /// new name.
+    pub fn recorded(&mut self, o: &bufscope_common::Owner) -> Option<ProcRef> {
+        if o.tgid == 0 {
+            return None;
+        }
+        let p = self.attr.owner(o);
+        self.attr.apply_renames(self.store);
+        Some(p)
+    }
+
+    /// The counters an event of `probe` goes to: `owner`'s, else `comm="_unknown"`'s (then
+    /// counted `n` times in `bufscope_attribution_unknown_total{probe}`).
+    pub fn counters(
+        &mut self,
+        probe: &'static str,
+        owner: Option<ProcRef>,
+        n: u64,
+    ) -> (Who, &mut ProcStats) {
+        let who = who_or_unknown(self.store, probe, owner, n);
+        (who, counters_of(self.store, self.attr, who))
+    }
+}
+
+/// `owner` as whom a count belongs to; without one, `n` unattributed counts of `probe`.
+pub fn who_or_unknown(
+    store: &mut Store,
+    probe: &'static str,
+    owner: Option<ProcRef>,
+    n: u64,
+) -> Who {
+    match owner {
+        Some(p) => Who::Proc(p),
+        None => {
+            store.count_unknown(probe, n);
+            Who::Unknown
+        }
+    }
+}
+
+/// `who`'s counters (its labels looked up only when the store does not know it yet).
+pub fn counters_of<'s>(store: &'s mut Store, attr: &Attributor, who: Who) -> &'s mut ProcStats {
+    store.proc_mut(who, || match who {
+        Who::Proc(p) => attr.meta(&p),
+        Who::Unknown => Default::default(),
+    })
+}
+
+/// What a room sees during garbage collection ([`Signal::gc`]).
 pub struct GcCx<'a> {
     /// Socket inodes held by any process (from the last pass over `/proc/*/fd`).
     pub live: &'a HashSet<u64>,
@@ -196,7 +289,7 @@ pub struct GcCx<'a> {
     pub store: &'a Store,
 }
 
-/// What a room sees when it hands inputs to the advice rules.
+/// What a room sees when it hands inputs to the advice rules ([`Signal::advise`]).
 pub struct AdviceCx<'a> {
     /// Per-process counters.
     pub store: &'a Store,
@@ -206,16 +299,7 @@ pub struct AdviceCx<'a> {
     pub window: Duration,
 }
 
-/// Fill level of a room's BPF map (`bufscope_bpf_map_entries{map}`).
-#[derive(Clone, Copy, Debug)]
-pub struct MapFill {
-    /// Map name.
-    pub map: &'static str,
-    /// Entries now (as of the last poll).
-    pub entries: u64,
-    /// Capacity.
-    pub max_entries: u64,
-}
+pub use crate::exposition::MapFill;
 
 /// One signal's running side, as the collector drives it. Every method has a default that
 /// does nothing, so a room implements only what its signal has.
@@ -229,11 +313,11 @@ pub trait Signal: Send {
     }
 
     /// Decodes and counts one ring-buffer record of one of [`Signal::event_kinds`].
-    fn on_event(&mut self, _kind: u32, _bytes: &[u8], _cx: &mut Cx<'_>) {}
+    fn on_event(&mut self, _kind: u32, _bytes: &[u8], _cx: &mut PollCx<'_>) {}
 
     /// Reads the room's maps into the store. Returns true when something the advice rules
     /// read may have changed (the collector then re-evaluates them).
-    fn poll(&mut self, _cx: &mut Cx<'_>) -> bool {
+    fn poll(&mut self, _cx: &mut PollCx<'_>) -> bool {
         false
     }
 

@@ -11,13 +11,10 @@ use prometheus::proto::MetricFamily;
 
 use bufscope_common::{EstablishedEvent, SOCK_RCVBUF_LOCK, estab_flags, event_kind, total_family};
 
-use super::{
-    AdviceCx, BuildEnv, Cx, GcCx, NoFlags, Part, ProcStats, Room, Services, Signal, decode,
-    when_attached,
-};
+use super::{AdviceCx, GcCx, Part, PollCx, ProcStats, RingRoom, Signal, decode};
 use crate::advice::{Inputs, TcpShape};
 use crate::attribution::Attributor;
-use crate::bpf::{Hook, LoadPlan, ProbeSpec};
+use crate::bpf::{Hook, ProbeSpec};
 use crate::exposition::Spec;
 use crate::labels::Proto;
 use crate::store::{ProcRef, Who};
@@ -130,26 +127,27 @@ pub struct TcpState {
     examples: HashMap<ProcRef, (u8, u8)>,
 }
 
-impl Room for TcpState {
+impl RingRoom for TcpState {
     const PROBE: ProbeSpec = PROBE;
     type Part = ProcTcp;
-    type Flags = NoFlags;
-    type Setup = ();
 
-    fn prepare(_flags: &NoFlags, _plan: &mut LoadPlan) -> anyhow::Result<()> {
-        Ok(())
+    fn start() -> Self {
+        Self::new()
     }
+}
 
-    /// The room, when its probe attached (it reads only the ring buffer).
-    fn take(
-        _setup: (),
-        _ebpf: &mut aya::Ebpf,
-        env: &BuildEnv<'_>,
-        _services: &mut Services,
-    ) -> anyhow::Result<Option<Box<dyn Signal>>> {
-        when_attached(env, PROBE.name, || Self {
+impl Default for TcpState {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl TcpState {
+    /// The room.
+    pub fn new() -> Self {
+        Self {
             examples: HashMap::new(),
-        })
+        }
     }
 }
 
@@ -174,27 +172,16 @@ impl Signal for TcpState {
         &[ESTABLISHED.name, SHRUNK.name]
     }
 
-    fn on_event(&mut self, _kind: u32, bytes: &[u8], cx: &mut Cx<'_>) {
+    fn on_event(&mut self, _kind: u32, bytes: &[u8], cx: &mut PollCx<'_>) {
         let Some(ev) = decode::<EstablishedEvent>(bytes) else {
             return;
         };
         // Unknown rmem_max: judge by tcp_rmem[2] alone (never a false "shrunk").
         let shrunk_to = shrunk(&ev, cx.limits.rmem_max.unwrap_or(0));
-        let who = resolve(&ev, cx.attr);
+        let owner = resolve(&ev, cx.attr);
         // An exec since its last event: this connection already counts under the new name.
         cx.attr.apply_renames(cx.store);
-        let who = match who {
-            Some(p) => Who::Proc(p),
-            None => {
-                cx.store.count_unknown(PROBE.name, 1);
-                Who::Unknown
-            }
-        };
-        let attr = &*cx.attr;
-        let s = cx.store.proc_mut(who, || match who {
-            Who::Proc(p) => attr.meta(&p),
-            Who::Unknown => Default::default(),
-        });
+        let (who, s) = cx.counters(PROBE.name, owner, 1);
         s.parts.tcp_state.established += 1;
         if shrunk_to.is_some() {
             s.parts.tcp_state.wscale_shrunk += 1;
@@ -291,5 +278,87 @@ mod tests {
             None,
             "no wscale option from the peer"
         );
+    }
+}
+
+#[cfg(test)]
+mod room_tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use crate::signals::testkit::{Bench, me, my_proc, record};
+
+    fn connection(flags: u32, rcv_wscale: u8) -> EstablishedEvent {
+        EstablishedEvent {
+            kind: event_kind::ESTABLISHED,
+            owner: me(),
+            flags: flags | estab_flags::WSCALE_OK,
+            window_scaling: 1,
+            rcv_wscale,
+            tcp_rmem_max: 33_554_432,
+            ..Default::default()
+        }
+    }
+
+    fn room() -> TcpState {
+        TcpState {
+            examples: HashMap::new(),
+        }
+    }
+
+    /// Records decoded from the ring buffer's bytes count connections and shrunken scales on
+    /// the process the probe recorded; advice gets the example.
+    #[test]
+    fn established_records_count_on_their_owner() {
+        let mut b = Bench::new();
+        let mut r = room();
+        for ev in [
+            connection(estab_flags::OWNER_KNOWN, 10),
+            connection(estab_flags::OWNER_KNOWN, 1),
+        ] {
+            r.on_event(event_kind::ESTABLISHED, &record(&ev), &mut b.poll());
+        }
+        let pid = my_proc().tgid;
+        assert_eq!(
+            b.sample(&r, "bufscope_tcp_established_total", pid, &[]),
+            2.0
+        );
+        assert_eq!(
+            b.sample(&r, "bufscope_tcp_wscale_shrunk_total", pid, &[]),
+            1.0
+        );
+        let mut inputs = Inputs::default();
+        r.advise(&b.advice(), &mut inputs);
+        let (p, shape) = &inputs.tcp[0];
+        assert_eq!(*p, my_proc());
+        assert_eq!((shape.established, shape.shrunk), (2, 1));
+        assert_eq!(
+            shape.example,
+            Some((1, 10)),
+            "born with 1, the kernel would pick 10"
+        );
+    }
+
+    /// An accepted child of a locked listener inherited the lock: counted as a lock.
+    #[test]
+    fn a_child_of_a_locked_listener_counts_as_a_lock() {
+        let mut b = Bench::new();
+        let mut r = room();
+        let mut ev = connection(estab_flags::OWNER_KNOWN | estab_flags::PASSIVE, 10);
+        ev.userlocks = SOCK_RCVBUF_LOCK;
+        r.on_event(event_kind::ESTABLISHED, &record(&ev), &mut b.poll());
+        let s = b.store.get(&my_proc()).unwrap();
+        assert_eq!(s.parts.setsockopt.rcvbuf_locks.get(&Proto::Tcp), Some(&1));
+    }
+
+    /// No owner (none recorded, no inode): `_unknown`; a truncated record is ignored.
+    #[test]
+    fn unowned_and_truncated_records() {
+        let mut b = Bench::new();
+        let mut r = room();
+        let ev = connection(0, 10);
+        r.on_event(event_kind::ESTABLISHED, &record(&ev), &mut b.poll());
+        assert_eq!(b.store.attribution_unknown.get("tcp_state"), Some(&1));
+        r.on_event(event_kind::ESTABLISHED, &record(&ev)[..8], &mut b.poll());
+        assert_eq!(b.store.attribution_unknown.get("tcp_state"), Some(&1));
     }
 }

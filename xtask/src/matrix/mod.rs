@@ -202,6 +202,13 @@ const STEPS: &[Step] = &[
         args: &["autotune_suppressed"],
         when: None,
     },
+    Step {
+        name: "static binary (cargo xtask dist) alone in an empty root: check passes, same hooks",
+        test: "static_binary",
+        env: "",
+        args: &["static_bufscope_runs_alone_and_check_passes"],
+        when: None,
+    },
 ];
 
 /// The steps `filters` select (every step when empty): a step is selected when its name
@@ -591,6 +598,12 @@ fn chosen_hooks(text: &str) -> Vec<(String, String)> {
         .collect()
 }
 
+/// Where a run writes the script its guests execute: inside this checkout's `target/`, so that
+/// two checkouts running the matrix at once never run each other's script (and binaries).
+fn run_dir() -> PathBuf {
+    workspace_root().join("target/matrix-run")
+}
+
 /// Runs the matrix for `kernels` (all pinned kernels when empty) and the guest steps `steps`
 /// select (all when empty; see `--step`); the outcome lists every failure, each with the
 /// command that reruns it.
@@ -600,11 +613,13 @@ pub fn stage(kernels: &[String], steps: &[String]) -> anyhow::Result<Outcome> {
     let pins = selected_pins(kernels)?;
     let selected = selected_steps(steps)?;
     let bins = test_binaries(&selected)?;
-    let dir = cache_dir().join("run");
+    let dir = run_dir();
     std::fs::create_dir_all(&dir)?;
     let script = dir.join("guest.sh");
     std::fs::write(&script, guest_script(&bins, &selected)?)?;
     crate::build::build_packages(true, &["bufscope"])?;
+    // The static binary of `cargo xtask dist`, for the step that runs it alone.
+    crate::dist::build_static(crate::dist::Arch::X86_64)?;
     let bufscope = workspace_root().join(BUFSCOPE);
     let mut out = Outcome {
         steps: Vec::new(),
@@ -756,7 +771,7 @@ pub fn run_in_guest(name: &str, command: &str, timeout: Duration) -> anyhow::Res
         .find(|p| p.name == name)
         .with_context(|| format!("no pinned kernel {name:?} in kernels.pin"))?;
     let k = kernels::ensure(&pin)?;
-    let dir = cache_dir().join("run");
+    let dir = run_dir();
     std::fs::create_dir_all(&dir)?;
     let script = dir.join("guest-command.sh");
     std::fs::write(

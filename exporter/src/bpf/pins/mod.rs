@@ -24,7 +24,7 @@
 pub mod dir;
 pub mod meta;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use anyhow::Context as _;
 use aya::maps::MapInfo;
@@ -407,11 +407,24 @@ pub fn prepare(lock: dir::PinLock, maps: &[MapDef], programs: u64) -> anyhow::Re
             new.adoptions = m.adoptions.saturating_add(1);
         }
     }
+    log_outcome(dir, &outcome, new.created_unix, &replaced);
+    Ok(PinDir {
+        dir: dir.to_path_buf(),
+        outcome,
+        replaced,
+        meta: new,
+        adopt,
+        lock,
+    })
+}
+
+/// Says in the log what the start does with the pins in `dir`.
+fn log_outcome(dir: &Path, outcome: &Outcome, created_unix: u64, replaced: &[(String, String)]) {
     match outcome {
         Outcome::Created => tracing::info!(path = %dir.display(), "pinning maps and links"),
         Outcome::Adopted => tracing::info!(
             path = %dir.display(),
-            since = new.created_unix,
+            since = created_unix,
             "adopting the pinned maps and links: counting goes on from the kernel's totals"
         ),
         Outcome::Upgraded => tracing::info!(
@@ -429,14 +442,6 @@ pub fn prepare(lock: dir::PinLock, maps: &[MapDef], programs: u64) -> anyhow::Re
                 .join(", ")
         ),
     }
-    Ok(PinDir {
-        dir: dir.to_path_buf(),
-        outcome,
-        replaced,
-        meta: new,
-        adopt,
-        lock,
-    })
 }
 
 /// Why a pinned map cannot be read as `def`, or None.

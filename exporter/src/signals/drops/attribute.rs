@@ -1,6 +1,6 @@
 //! Whose drops: each socket's new drops go to its live holder, to the processes that read a
 //! shared socket ([`super::shared`]), to a TUN device's reader, to a listener's owner, or,
-//! after `--attribution.hold`, to `comm="_unknown"`.
+//! after `--drops.attribution-hold`, to `comm="_unknown"`.
 
 use std::time::Instant;
 
@@ -10,7 +10,7 @@ use foldhash::HashSet;
 use super::{Drops, shared};
 use crate::attribution::Attributor;
 use crate::labels::Proto;
-use crate::signals::{Cx, Store};
+use crate::signals::{PollCx, Store, counters_of, who_or_unknown};
 use crate::store::{ProcRef, Who};
 
 impl Drops {
@@ -27,6 +27,7 @@ impl Drops {
             }
             drop_site::DEVICE => {
                 let name = self
+                    .map
                     .last
                     .get(k)
                     .map(|s| s.ifname.clone())
@@ -47,15 +48,11 @@ impl Drops {
                 self.netns.add(k.netns, proto, name, n, now);
                 continue;
             }
-            let who = match owner {
-                Some(p) => Who::Proc(p),
-                None => {
-                    store.count_unknown("drops", n);
-                    Who::Unknown
-                }
-            };
-            let s = store.proc_mut(who, || owner.map(|p| attr.meta(&p)).unwrap_or_default());
-            s.parts.drops.add(proto, &name, n);
+            let who = who_or_unknown(store, "drops", owner, n);
+            counters_of(store, attr, who)
+                .parts
+                .drops
+                .add(proto, &name, n);
         }
     }
 
@@ -106,40 +103,42 @@ impl Drops {
             if who.is_none() && !expired && k.site != drop_site::NETNS {
                 continue;
             }
-            let Some(h) = self.held.remove(&k) else {
-                continue;
-            };
-            if k.site == drop_site::NETNS {
-                let name = self.reasons.name(k.reason);
-                self.netns
-                    .add(k.netns, Proto::from_ip(k.proto), name, h.packets, now);
-                continue;
+            if let Some(h) = self.held.remove(&k) {
+                self.count(&k, who, h.packets, attr, store, now);
             }
-            let who = match who {
-                Some(p) => Who::Proc(p),
-                None => {
-                    store.count_unknown("drops", h.packets);
-                    Who::Unknown
-                }
-            };
-            if let (Some(seen), Who::Proc(p)) = (self.last.get_mut(&k), who) {
-                seen.owner = Some(p);
-            }
-            // Labels are cloned only for a process the store does not know yet.
-            let s = store.proc_mut(who, || match who {
-                Who::Proc(p) => attr.meta(&p),
-                Who::Unknown => Default::default(),
-            });
-            let reasons = &self.reasons;
-            let name = self
-                .names
-                .entry(k.reason)
-                .or_insert_with(|| reasons.name(k.reason));
-            s.parts.drops.add(Proto::from_ip(k.proto), name, h.packets);
         }
         if let Some(sh) = &mut self.shared {
             sh.update(&dropping, attr, now);
         }
+    }
+
+    /// Counts `packets` drops of `k` on `who` (`_unknown` without one), or on its namespace.
+    fn count(
+        &mut self,
+        k: &DropKey,
+        who: Option<ProcRef>,
+        packets: u64,
+        attr: &Attributor,
+        store: &mut Store,
+        now: Instant,
+    ) {
+        if k.site == drop_site::NETNS {
+            let name = self.reasons.name(k.reason);
+            self.netns
+                .add(k.netns, Proto::from_ip(k.proto), name, packets, now);
+            return;
+        }
+        let who = who_or_unknown(store, "drops", who, packets);
+        if let (Some(seen), Who::Proc(p)) = (self.map.last.get_mut(k), who) {
+            seen.owner = Some(p);
+        }
+        let s = counters_of(store, attr, who);
+        let reasons = &self.reasons;
+        let name = self
+            .names
+            .entry(k.reason)
+            .or_insert_with(|| reasons.name(k.reason));
+        s.parts.drops.add(Proto::from_ip(k.proto), name, packets);
     }
 
     /// Counts the held delta of `k` when its socket is shared (more than one live holder)
@@ -167,9 +166,10 @@ impl Drops {
             shared::Route::Split(parts) => parts,
         };
         self.held.remove(k);
-        if let (Some(seen), Some((p, _))) =
-            (self.last.get_mut(k), parts.iter().max_by_key(|(_, n)| *n))
-        {
+        if let (Some(seen), Some((p, _))) = (
+            self.map.last.get_mut(k),
+            parts.iter().max_by_key(|(_, n)| *n),
+        ) {
             seen.owner = Some(*p);
         }
         let reasons = &self.reasons;
@@ -192,7 +192,7 @@ impl Drops {
     /// Gives each process newly known to hold a UDP socket its
     /// `{proto="udp",reason="SOCKET_RCVBUFF"}` series at 0 (room permitting:
     /// [`Store::placeholder`]), so that Prometheus sees its first drops as an increase.
-    pub(super) fn zero_udp_series(&self, cx: &mut Cx<'_>) {
+    pub(super) fn zero_udp_series(&self, cx: &mut PollCx<'_>) {
         if self.reasons.value(UDP_RCVBUF_REASON).is_none() {
             return;
         }

@@ -5,15 +5,15 @@
 use std::collections::{BTreeMap, VecDeque};
 use std::time::{Duration, Instant};
 
-use aya::maps::{IterableMap as _, MapData, PerCpuHashMap};
-use bufscope_common::{DropKey, DropVal, drop_site};
+use bufscope_common::{DropKey, DropVal, drop_site, maps, stat};
 use foldhash::{HashMap, HashMapExt as _};
 
 use super::{Drops, Held, Seen};
 use crate::attribution::Attributor;
-use crate::bpf::BatchReader;
+use crate::bpf::PerCpuTable;
 use crate::kernel::DropReasons;
 use crate::signals::Store;
+use crate::signals::counted::CountedMap;
 use crate::store::ProcRef;
 
 /// Sums one key's per-CPU values (latest `rcvbuf`/`rmem_alloc` win).
@@ -38,29 +38,20 @@ fn ifname(raw: &[u8; 16]) -> String {
 }
 
 impl Drops {
-    /// Wraps the `DROPS` map.
+    /// Wraps the `DROPS` map (the kernel's, or a fake in tests).
     pub fn new(
-        map: PerCpuHashMap<MapData, DropKey, DropVal>,
+        map: PerCpuTable<DropKey, DropVal>,
         max_entries: u32,
         reasons: DropReasons,
         hold: Duration,
     ) -> Self {
-        let batch = BatchReader::new(
-            map.map(),
-            std::mem::size_of::<DropKey>(),
-            std::mem::size_of::<DropVal>(),
-        );
         Self {
-            map,
-            max_entries,
+            map: CountedMap::new(maps::DROPS, max_entries, map, stat::DROPS_SEEN, sum),
             reasons,
-            last: HashMap::new(),
             held: HashMap::new(),
             hold,
             last_poll: None,
-            generation: None,
             names: HashMap::new(),
-            batch,
             shared: None,
             retire: false,
             adopted: false,
@@ -74,37 +65,30 @@ impl Drops {
     /// entry had). Kernels without lookup-and-delete for hash maps (before 5.14): a plain
     /// delete.
     pub(super) fn take_entry(&mut self, k: &DropKey) {
-        if let Some(b) = &self.batch {
-            match b.take::<DropKey, DropVal>(self.map.map().fd(), k) {
-                Ok(Some(values)) => {
-                    let now = sum(&values);
-                    if let Some(seen) = self.last.get(k)
-                        && now.packets > seen.packets
-                    {
-                        self.late.push((*k, now.packets - seen.packets, seen.owner));
-                    }
-                    return;
-                }
-                Ok(None) => return,
-                Err(e) => {
-                    tracing::debug!("DROPS lookup-and-delete failed ({e}); deleting plainly");
-                }
-            }
+        if let Some(now) = self.map.take(k)
+            && let Some(seen) = self.map.last.get(k)
+            && now.packets > seen.packets
+        {
+            self.late.push((*k, now.packets - seen.packets, seen.owner));
         }
-        let _ = self.map.remove(k);
     }
 
-    /// Reads the map and attributes new drops.
-    pub(super) fn read(&mut self, attr: &mut Attributor, store: &mut Store) {
+    /// Reads the map (`generation`: the probe's, read before) and attributes new drops.
+    pub(super) fn read(
+        &mut self,
+        generation: Option<u64>,
+        attr: &mut Attributor,
+        store: &mut Store,
+    ) {
         let now = Instant::now();
-        let current = self.read_map();
+        let current = self.map.read(generation);
         for (k, v) in current {
             // A key that was deleted and re-created starts from zero again.
-            let (dp, moved) = match self.last.get(&k) {
+            let (dp, moved) = match self.map.last.get(&k) {
                 Some(p) if v.packets >= p.packets => (v.packets - p.packets, v.skbs != p.skbs),
                 _ => (v.packets, true),
             };
-            let seen = match self.last.get_mut(&k) {
+            let seen = match self.map.last.get_mut(&k) {
                 // Known key: update in place (no per-key allocation on every poll).
                 Some(seen) => {
                     if moved {
@@ -128,7 +112,7 @@ impl Drops {
                         let base = self.last_poll.unwrap_or(now - Duration::from_secs(1));
                         VecDeque::from([(base, v.packets.saturating_sub(dp))])
                     };
-                    self.last.entry(k).or_insert(Seen {
+                    self.map.last.entry(k).or_insert(Seen {
                         packets: v.packets,
                         skbs: v.skbs,
                         changed: now,
@@ -154,30 +138,6 @@ impl Drops {
         self.adopted = false;
     }
 
-    /// Every key with its per-CPU values summed: in batches when possible, else key by key.
-    fn read_map(&mut self) -> Vec<(DropKey, DropVal)> {
-        if let Some(b) = &self.batch {
-            match b.read::<DropKey, DropVal>(self.map.map().fd()) {
-                Ok(all) => return all.into_iter().map(|(k, v)| (k, sum(&v))).collect(),
-                Err(e) => {
-                    tracing::debug!("DROPS batch read failed ({e}); reading key by key");
-                    self.batch = None;
-                }
-            }
-        }
-        let mut current = Vec::new();
-        for item in self.map.iter() {
-            match item {
-                Ok((k, v)) => current.push((k, sum(&v))),
-                Err(e) => {
-                    tracing::debug!("DROPS iteration: {e}");
-                    break;
-                }
-            }
-        }
-        current
-    }
-
     /// Before the closed sockets `doomed` leave the map: adds their counts to their live
     /// owner's [`drop_site::RETIRED`] entry (one per process, proto and reason), written to
     /// the map as the total it already is in the store (no delta, no double count); a restart
@@ -185,7 +145,9 @@ impl Drops {
     pub(super) fn fold(&mut self, doomed: &[DropKey], attr: &Attributor, now: Instant) {
         let mut folds: BTreeMap<(ProcRef, u16, u8), (u64, u64)> = BTreeMap::new();
         for k in doomed.iter().filter(|k| k.site == drop_site::SOCKET) {
-            let Some(s) = self.last.get(k) else { continue };
+            let Some(s) = self.map.last.get(k) else {
+                continue;
+            };
             let Some(owner) = s.owner.filter(|p| attr.alive(p)) else {
                 continue;
             };
@@ -193,13 +155,6 @@ impl Drops {
             f.0 += s.packets;
             f.1 += s.skbs;
         }
-        let cpus = match aya::util::nr_cpus() {
-            Ok(n) => n,
-            Err(e) => {
-                tracing::warn!("folding closed sockets' drops: cannot count CPUs ({e:?})");
-                return;
-            }
-        };
         for ((owner, reason, proto), (packets, skbs)) in folds {
             let key = DropKey {
                 inode: owner.start_ticks,
@@ -210,25 +165,24 @@ impl Drops {
                 site: drop_site::RETIRED,
                 _pad: 0,
             };
-            let (p0, s0) = self.last.get(&key).map_or((0, 0), |s| (s.packets, s.skbs));
+            let (p0, s0) = self
+                .map
+                .last
+                .get(&key)
+                .map_or((0, 0), |s| (s.packets, s.skbs));
             let total = DropVal {
                 packets: p0 + packets,
                 skbs: s0 + skbs,
                 ..DropVal::default()
             };
-            let mut values = vec![DropVal::default(); cpus];
-            values[0] = total;
-            let written = aya::maps::PerCpuValues::try_from(values)
-                .map_err(anyhow::Error::from)
-                .and_then(|v| Ok(self.map.insert(key, v, 0)?));
-            if let Err(e) = written {
+            if let Err(e) = self.map.insert(key, total) {
                 tracing::warn!(
                     pid = owner.tgid,
                     "closed sockets' drops not kept for a restart (DROPS full?): {e:#}"
                 );
                 continue;
             }
-            let seen = self.last.entry(key).or_insert_with(|| Seen {
+            let seen = self.map.last.entry(key).or_insert_with(|| Seen {
                 packets: 0,
                 skbs: 0,
                 changed: now,
@@ -249,7 +203,8 @@ impl Drops {
 mod tests {
     use super::*;
     use crate::attribution::Procfs;
-    use crate::signals::{GcCx, Signal as _};
+    use crate::bpf::fake::FakeTable;
+    use crate::signals::{GcCx, Signal as _, Store};
     use foldhash::HashSet;
 
     /// A per-namespace drops key (no socket: it can gain drops whenever).
@@ -263,49 +218,52 @@ mod tests {
         _pad: 0,
     };
 
-    /// Writes `packets` for [`KEY`] as the probe would (all on CPU 0).
-    fn set(map: &mut PerCpuHashMap<MapData, DropKey, DropVal>, packets: u64) {
-        let cpus = aya::util::nr_cpus().expect("possible CPUs");
-        let mut values = vec![DropVal::default(); cpus];
-        values[0] = DropVal {
+    /// The kernel side of the scenario: the probe's count of [`KEY`].
+    trait Kernel {
+        /// Sets [`KEY`] to `packets` as the probe would (all on CPU 0).
+        fn set(&mut self, packets: u64);
+        /// Whether [`KEY`] is in the map.
+        fn has_key(&self) -> bool;
+    }
+
+    fn value(packets: u64) -> DropVal {
+        DropVal {
             packets,
             skbs: packets,
             ..DropVal::default()
-        };
-        map.insert(
-            KEY,
-            aya::maps::PerCpuValues::try_from(values).expect("one value per CPU"),
-            0,
-        )
-        .expect("writing the map");
+        }
+    }
+
+    impl Kernel for FakeTable<DropKey, Vec<DropVal>> {
+        fn set(&mut self, packets: u64) {
+            FakeTable::set(self, KEY, vec![value(packets)]);
+        }
+        fn has_key(&self) -> bool {
+            self.value(&KEY).is_some()
+        }
     }
 
     fn counted(d: &Drops) -> u64 {
-        d.netns.series.values().map(|s| s.packets).sum()
+        d.netns.total()
     }
 
     /// Drops the kernel adds to an idle entry between bufscope's last read and the garbage
-    /// collector's delete are counted at the next poll, not lost (lookup-and-delete), and a key
-    /// the probe re-creates afterwards starts from zero. Against a real kernel map.
-    #[test]
-    #[ignore = "needs root (creates a BPF map): run by `cargo xtask test`"]
-    fn drops_between_the_last_read_and_the_delete_are_counted() {
-        let map = PerCpuHashMap::<MapData, DropKey, DropVal>::create(64, 0)
-            .expect("creating a per-CPU hash map (root, or CAP_BPF)");
+    /// collector's delete are counted at the next poll, not lost (lookup-and-delete), and a
+    /// key the probe re-creates afterwards starts from zero.
+    fn nothing_lost_between_the_last_read_and_the_delete(
+        map: PerCpuTable<DropKey, DropVal>,
+        kernel: &mut dyn Kernel,
+    ) {
         let reasons = DropReasons::parse_format(r#"{ 6, "SOCKET_RCVBUFF" }"#);
         let mut d = Drops::new(map, 64, reasons, Duration::from_secs(10));
-        assert!(
-            d.batch.is_some(),
-            "this kernel reads and deletes in one step"
-        );
         let mut attr = Attributor::new(Procfs::new("/proc"), None);
         let mut store = Store::new(10, Duration::from_secs(300));
 
-        set(&mut d.map, 5);
-        d.read(&mut attr, &mut store);
+        kernel.set(5);
+        d.read(None, &mut attr, &mut store);
         assert_eq!(counted(&d), 5);
         // The kernel counts 7 more after the read; then the entry is collected as idle.
-        set(&mut d.map, 12);
+        kernel.set(12);
         let live = HashSet::default();
         let mut cx = GcCx {
             live: &live,
@@ -315,12 +273,75 @@ mod tests {
             store: &store,
         };
         assert_eq!(d.gc(&mut cx), 1, "the idle entry went");
-        assert!(d.map.get(&KEY, 0).is_err(), "deleted from the kernel map");
-        d.read(&mut attr, &mut store);
+        assert!(!kernel.has_key(), "deleted from the kernel map");
+        d.read(None, &mut attr, &mut store);
         assert_eq!(counted(&d), 12, "the 7 taken with the delete are counted");
         // The probe re-creates the key: from zero, not a negative delta.
-        set(&mut d.map, 3);
-        d.read(&mut attr, &mut store);
+        kernel.set(3);
+        d.read(None, &mut attr, &mut store);
         assert_eq!(counted(&d), 15);
+    }
+
+    #[test]
+    fn drops_between_the_last_read_and_the_delete_are_counted() {
+        let kernel = FakeTable::new(64);
+        nothing_lost_between_the_last_read_and_the_delete(kernel.boxed(), &mut kernel.clone());
+    }
+
+    /// Before 5.14 a delete does not return the entry: what came after the last read is lost
+    /// (and nothing is counted twice).
+    #[test]
+    fn without_lookup_and_delete_the_entry_is_deleted_plainly() {
+        let kernel = FakeTable::new(64).without_lookup_and_delete();
+        let reasons = DropReasons::parse_format(r#"{ 6, "SOCKET_RCVBUFF" }"#);
+        let mut d = Drops::new(kernel.boxed(), 64, reasons, Duration::from_secs(10));
+        let mut attr = Attributor::new(Procfs::new("/proc"), None);
+        let mut store = Store::new(10, Duration::from_secs(300));
+        let mut k = kernel.clone();
+        Kernel::set(&mut k, 5);
+        d.read(None, &mut attr, &mut store);
+        Kernel::set(&mut k, 12);
+        d.take_entry(&KEY);
+        assert!(kernel.is_empty());
+        d.read(None, &mut attr, &mut store);
+        assert_eq!(counted(&d), 5);
+    }
+
+    /// The same against a real kernel map (per-CPU hash, lookup-and-delete in one step).
+    #[test]
+    #[ignore = "needs root (creates a BPF map): run by `cargo xtask test`"]
+    fn drops_between_the_last_read_and_the_delete_are_counted_in_the_kernel() {
+        use crate::bpf::table::PerCpuHash;
+        use aya::maps::{IterableMap as _, Map, MapData, PerCpuHashMap};
+
+        struct Real(PerCpuHashMap<MapData, DropKey, DropVal>);
+        impl Kernel for Real {
+            fn set(&mut self, packets: u64) {
+                let cpus = aya::util::nr_cpus().expect("possible CPUs");
+                let mut values = vec![DropVal::default(); cpus];
+                values[0] = value(packets);
+                self.0
+                    .insert(
+                        KEY,
+                        aya::maps::PerCpuValues::try_from(values).expect("one value per CPU"),
+                        0,
+                    )
+                    .expect("writing the map");
+            }
+            fn has_key(&self) -> bool {
+                self.0.get(&KEY, 0).is_ok()
+            }
+        }
+
+        let map = PerCpuHashMap::<MapData, DropKey, DropVal>::create(64, 0)
+            .expect("creating a per-CPU hash map (root, or CAP_BPF)");
+        let id = map.map().info().expect("map info").id();
+        let twin = PerCpuHashMap::try_from(Map::PerCpuHashMap(
+            MapData::from_id(id).expect("a second handle on the map"),
+        ))
+        .expect("a per-CPU hash map");
+        let table = PerCpuHash::new("DROPS", map);
+        assert!(table.batched(), "this kernel reads and deletes in one step");
+        nothing_lost_between_the_last_read_and_the_delete(Box::new(table), &mut Real(twin));
     }
 }

@@ -20,13 +20,13 @@
 use std::os::fd::{AsFd as _, OwnedFd};
 
 use anyhow::Context as _;
-use aya::maps::{HashMap as BpfHashMap, MapData, PerCpuHashMap};
 use aya::programs::{BtfTracePoint, ProgramFd};
 use aya::{Btf, Ebpf};
-use bufscope_common::{ReaderKey, ReaderVal, reader};
+use bufscope_common::{ReaderKey, ReaderVal, maps, reader};
 use prometheus::proto::MetricFamily;
 
-use crate::bpf::{BtfNeed, Hook, sys, take_map, usable};
+use crate::bpf::table::{Hash, PerCpuHash};
+use crate::bpf::{BtfNeed, Hook, PerCpuTable, Table, sys, usable};
 use crate::exposition::Spec;
 use crate::kernel::KernelBtf;
 
@@ -90,14 +90,39 @@ pub fn load(ebpf: &mut Ebpf, btf: &Btf, kernel: &KernelBtf) -> bool {
     }
 }
 
-/// The loaded reader program and its maps, owned by the drops room.
-pub struct ReaderHook {
+/// Attaching the reader program and detaching it.
+pub trait Switch: Send {
+    /// Attaches it (it is detached).
+    fn attach(&mut self) -> std::io::Result<()>;
+    /// Detaches it (it is attached).
+    fn detach(&mut self);
+}
+
+/// The loaded program: a raw-tracepoint link on a duplicate of its fd while attached.
+struct Program {
     prog: ProgramFd,
     link: Option<OwnedFd>,
+}
+
+impl Switch for Program {
+    fn attach(&mut self) -> std::io::Result<()> {
+        self.link = Some(sys::raw_tracepoint_open(self.prog.as_fd(), None)?);
+        Ok(())
+    }
+
+    fn detach(&mut self) {
+        self.link = None;
+    }
+}
+
+/// The loaded reader program and its maps, owned by the drops room.
+pub struct ReaderHook {
+    switch: Box<dyn Switch>,
+    armed: bool,
     /// Socket inode → 1: the sockets whose receivers are recorded.
-    pub watched: BpfHashMap<MapData, u64, u8>,
+    pub watched: Box<dyn Table<u64, u8>>,
     /// (socket, tgid) → receives and bytes since the key was created.
-    pub readers: PerCpuHashMap<MapData, ReaderKey, ReaderVal>,
+    pub readers: PerCpuTable<ReaderKey, ReaderVal>,
     arms: u64,
     disarms: u64,
     watching: usize,
@@ -114,26 +139,40 @@ impl ReaderHook {
             .fd()?
             .try_clone()
             .context("duplicating the reader program fd")?;
-        Ok(Self {
-            prog,
-            link: None,
-            watched: take_map(ebpf, reader::WATCHED)?,
-            readers: take_map(ebpf, reader::READERS)?,
+        Ok(Self::new(
+            Box::new(Program { prog, link: None }),
+            Hash::take(ebpf, maps::WATCHED)?,
+            PerCpuHash::take(ebpf, maps::READERS)?,
+        ))
+    }
+
+    /// The hook over `switch` and its maps (the kernel's, or fakes in tests).
+    pub fn new(
+        switch: Box<dyn Switch>,
+        watched: Box<dyn Table<u64, u8>>,
+        readers: PerCpuTable<ReaderKey, ReaderVal>,
+    ) -> Self {
+        Self {
+            switch,
+            armed: false,
+            watched,
+            readers,
             arms: 0,
             disarms: 0,
             watching: 0,
-        })
+        }
     }
 
     /// Whether the program is attached.
     pub fn armed(&self) -> bool {
-        self.link.is_some()
+        self.armed
     }
 
     /// Attaches the program (no-op when attached).
     pub fn arm(&mut self) -> std::io::Result<()> {
-        if self.link.is_none() {
-            self.link = Some(sys::raw_tracepoint_open(self.prog.as_fd(), None)?);
+        if !self.armed {
+            self.switch.attach()?;
+            self.armed = true;
             self.arms += 1;
         }
         Ok(())
@@ -141,7 +180,9 @@ impl ReaderHook {
 
     /// Detaches the program (no-op when detached).
     pub fn disarm(&mut self) {
-        if self.link.take().is_some() {
+        if self.armed {
+            self.switch.detach();
+            self.armed = false;
             self.disarms += 1;
         }
     }

@@ -83,10 +83,7 @@ impl Shared {
             return;
         }
         let mut now_seen = HashMap::with_capacity(self.seen.len());
-        for item in self.hook.readers.iter() {
-            let Ok((k, per_cpu)) = item else {
-                break;
-            };
+        for (k, per_cpu) in self.hook.readers.entries() {
             let receives: u64 = per_cpu.iter().map(|v: &ReaderVal| v.receives).sum();
             // A key evicted and created again counts from zero.
             let before = self.seen.get(&k).copied().filter(|b| *b <= receives);
@@ -136,9 +133,9 @@ impl Shared {
         for ino in dropping {
             if attr.holder_count(*ino) > 1 {
                 if !self.watched.contains_key(ino)
-                    && let Err(e) = self.hook.watched.insert(*ino, 1, 0)
+                    && let Err(e) = self.hook.watched.insert(*ino, 1)
                 {
-                    tracing::debug!(inode = ino, "WATCHED insert failed: {e}");
+                    tracing::debug!(inode = ino, "WATCHED insert failed: {e:#}");
                     continue;
                 }
                 self.watched.insert(*ino, now);
@@ -178,7 +175,7 @@ impl Shared {
     /// Stops watching `inode` and deletes its readers from the map.
     fn unwatch(&mut self, inode: u64) {
         self.watched.remove(&inode);
-        let _ = self.hook.watched.remove(&inode);
+        self.hook.watched.remove(&inode);
         let keys: Vec<ReaderKey> = self
             .seen
             .keys()
@@ -186,7 +183,7 @@ impl Shared {
             .copied()
             .collect();
         for k in keys {
-            let _ = self.hook.readers.remove(&k);
+            self.hook.readers.remove(&k);
             self.seen.remove(&k);
         }
     }

@@ -32,8 +32,8 @@ pub use settings::{
 use settings::{Setup, raise_sysctls, require_enforce, resolve};
 
 use super::{
-    AdviceCx, Attached, BuildEnv, Context, Cx, Part, ProcStats, Room, Services, Signal, decode,
-    setsockopt, take_map,
+    AdviceCx, Attached, BuildCx, Part, PollCx, ProcStats, Room, Services, Signal, ValidateCx,
+    decode, setsockopt, take_map,
 };
 use crate::advice::{GuardAct, Inputs};
 use crate::bpf::{Hook, LoadPlan, ProbeSpec, Purpose};
@@ -327,7 +327,7 @@ impl Room for Guard {
     type Flags = Flags;
     type Setup = Setup;
 
-    fn validate(flags: &Flags, cx: &Context<'_>) -> Result<(), Invalid> {
+    fn validate(flags: &Flags, cx: &ValidateCx<'_>) -> Result<(), Invalid> {
         flags.validate(cx)
     }
 
@@ -426,7 +426,7 @@ impl Room for Guard {
     fn take(
         setup: Setup,
         ebpf: &mut Ebpf,
-        env: &BuildEnv<'_>,
+        env: &BuildCx<'_>,
         _services: &mut Services,
     ) -> anyhow::Result<Option<Box<dyn Signal>>> {
         Ok(match setup.0 {
@@ -497,7 +497,7 @@ impl Signal for Guard {
     }
 
     /// Renews a persisted guard's lease; keeps the ceilings the TCP rule compares with current.
-    fn poll(&mut self, _cx: &mut Cx<'_>) -> bool {
+    fn poll(&mut self, _cx: &mut PollCx<'_>) -> bool {
         if let Some((map, lease)) = &mut self.lease
             && let Err(e) = renew(map, *lease, self.clock)
         {
@@ -528,7 +528,7 @@ impl Signal for Guard {
         &[event_kind::GUARD]
     }
 
-    fn on_event(&mut self, _kind: u32, bytes: &[u8], cx: &mut Cx<'_>) {
+    fn on_event(&mut self, _kind: u32, bytes: &[u8], cx: &mut PollCx<'_>) {
         let Some(ev) = decode::<GuardEvent>(bytes) else {
             return;
         };

@@ -10,7 +10,7 @@ use bufscope_policy as policy;
 use clap::ValueEnum;
 
 use super::PROBE;
-use crate::signals::{Context, setsockopt};
+use crate::signals::{ValidateCx, setsockopt};
 use crate::values::Invalid;
 
 /// `--guard.mode`.
@@ -97,7 +97,7 @@ pub const DEFAULT_UDP_BUDGET: u64 = 1 << 30;
 
 impl Flags {
     /// Checks the guard flags that clap cannot, with the rest of the command line (`cx`).
-    pub fn validate(&self, cx: &Context<'_>) -> Result<(), Invalid> {
+    pub fn validate(&self, cx: &ValidateCx<'_>) -> Result<(), Invalid> {
         if !self.comm.is_empty() && !self.exclude_comm.is_empty() {
             return Err(Invalid::new(
                 "guard.exclude-comm",

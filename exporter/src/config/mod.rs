@@ -7,9 +7,11 @@
 //! built-in default.
 //!
 //! Each dot of a flag's long name nests a mapping and `-` is spelled `_`: `--a.b-c` is `b_c`
-//! under `a:` (`--bpf.drops-map-entries` is `bpf: {drops_map_entries: …}`, `--poll-interval`
-//! is `poll_interval` at the top; `web: {listen_address: …}` may also be written
-//! `web.listen_address: …`). Four keys of earlier releases keep working ([`ALIASES`]). Lists
+//! under `a:` (`--drops.map-entries` is `drops: {map_entries: …}`, `--poll-interval` is
+//! `poll_interval` at the top; `web: {listen_address: …}` may also be written
+//! `web.listen_address: …`). Four keys of earlier releases keep working ([`ALIASES`]); a
+//! renamed flag's old name (its clap alias) works as a key too and is reported as deprecated
+//! ([`Origins::deprecated`]), as on the command line ([`deprecated_flags`]). Lists
 //! are YAML lists (or one comma-separated string, as on the command line); a switch is `true`
 //! or `false`; an empty value (`key:`) is as if the key were absent. Unknown keys are errors (a
 //! typo must not silently do nothing), with the nearest valid key when there is one.
@@ -23,12 +25,16 @@
 //!   disable: [autotune]
 //! drops:
 //!   reasons: [SOCKET_RCVBUFF, PROTO_MEM, SOCKET_BACKLOG, TCP_ZEROWINDOW, TCP_OFO_DROP, TCP_OFO_QUEUE_PRUNE, FULL_RING, NOMEM]
+//!   map_entries: 16384
+//!   attribution_hold: 10s
+//! owners:
+//!   map_entries: 65536
+//! autotune:
+//!   map_entries: 16384
 //! cardinality:
 //!   max_processes: 1000
 //!   retention: 5m
 //! poll_interval: 1s
-//! attribution:
-//!   hold: 10s
 //! advice:
 //!   window: 60s
 //! path:
@@ -37,9 +43,6 @@
 //! kernel:
 //!   btf_path: /sys/kernel/btf/vmlinux
 //! bpf:
-//!   drops_map_entries: 16384
-//!   owners_map_entries: 65536
-//!   autotune_map_entries: 16384
 //!   events_ring_bytes: 1048576
 //!   pin_path: /sys/fs/bpf/bufscope   # keep counting across restarts (README)
 //! log:
@@ -55,13 +58,17 @@
 //!   # lease: 5m              # with persist: how long it outlives bufscope before failing open
 //! ```
 
+mod renamed;
+mod yaml;
+
 use std::collections::{BTreeMap, HashMap};
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 
 use clap::parser::ValueSource;
 use clap::{ArgAction, ArgMatches, Command};
-use serde_yaml::Value;
+pub use renamed::{Deprecated, deprecated_flags, renamed_flags};
+use yaml::entries;
 
 /// The flag that names the file; the file cannot set it.
 const CONFIG_FLAG: &str = "config.file";
@@ -102,6 +109,8 @@ struct Setting {
 #[derive(Debug)]
 pub struct Schema {
     keys: BTreeMap<String, Setting>,
+    /// Keys of renamed flags (their clap aliases) → the key that replaces each.
+    renamed: BTreeMap<String, String>,
 }
 
 /// The key for a flag: its long name with `-` spelled `_` (the dots nest).
@@ -113,6 +122,7 @@ impl Schema {
     /// The keys for the flags of `cmd` (a subcommand).
     pub fn of(cmd: &Command) -> Self {
         let mut keys = BTreeMap::new();
+        let mut renamed = BTreeMap::new();
         for arg in cmd.get_arguments() {
             let Some(long) = arg.get_long() else {
                 continue;
@@ -136,9 +146,13 @@ impl Schema {
             for (alias, _) in ALIASES.iter().filter(|(_, flag)| *flag == long) {
                 keys.insert((*alias).to_string(), setting.clone());
             }
+            for old in arg.get_all_aliases().unwrap_or_default() {
+                keys.insert(key_of(old), setting.clone());
+                renamed.insert(key_of(old), key_of(long));
+            }
             keys.insert(key_of(long), setting);
         }
-        Self { keys }
+        Self { keys, renamed }
     }
 
     /// Every key, sorted.
@@ -178,9 +192,18 @@ pub struct Origins {
     file: Option<PathBuf>,
     /// Flag long name → key.
     keys: HashMap<String, String>,
+    /// Old flag names and keys that were used (warned about once logging is set up).
+    pub deprecated: Vec<Deprecated>,
 }
 
 impl Origins {
+    /// Logs one warning per deprecated name used (call once logging is set up).
+    pub fn warn_deprecated(&self) {
+        for d in &self.deprecated {
+            tracing::warn!("{d}");
+        }
+    }
+
     /// The key that set `flag` (long name without `--`), when the file set it.
     pub fn key(&self, flag: &str) -> Option<&str> {
         self.keys.get(flag).map(String::as_str)
@@ -210,8 +233,15 @@ pub fn apply(
     argv: &[OsString],
     matches: ArgMatches,
 ) -> anyhow::Result<(ArgMatches, Origins)> {
+    let flags = deprecated_flags(cmd, argv);
     let Some(path) = config_path(cmd, &matches) else {
-        return Ok((matches, Origins::default()));
+        return Ok((
+            matches,
+            Origins {
+                deprecated: flags,
+                ..Origins::default()
+            },
+        ));
     };
     let text = std::fs::read(&path)
         .map_err(|e| anyhow::anyhow!("--config.file {}: {e}", path.display()))
@@ -223,8 +253,10 @@ pub fn apply(
                 )
             })
         })?;
-    merge(cmd, argv, &matches, &path, &text)
-        .map_err(|e| anyhow::anyhow!("--config.file {}: {e}", path.display()))
+    let (m, mut origins) = merge(cmd, argv, &matches, &path, &text)
+        .map_err(|e| anyhow::anyhow!("--config.file {}: {e}", path.display()))?;
+    origins.deprecated.splice(0..0, flags);
+    Ok((m, origins))
 }
 
 /// The `--config.file` of the subcommand in `matches`, if given.
@@ -251,13 +283,23 @@ fn merge(
     let Some(subcmd) = cmd.find_subcommand(name) else {
         return Err(format!("no subcommand {name}"));
     };
-    let entries = entries(&Schema::of(subcmd), text)?;
+    let schema = Schema::of(subcmd);
+    let entries = entries(&schema, text)?;
     let argv0 = argv.first().cloned().unwrap_or_else(|| "bufscope".into());
     let mut extra = Vec::new();
     let mut origins = Origins {
         file: Some(path.to_path_buf()),
         keys: HashMap::new(),
+        deprecated: Vec::new(),
     };
+    for e in &entries {
+        if let Some(new) = schema.renamed.get(&e.key) {
+            origins.deprecated.push(Deprecated {
+                old: format!("key {} in --config.file {}", e.key, path.display()),
+                new: format!("key {new}"),
+            });
+        }
+    }
     for e in entries {
         // The flag's own parser, alone, so that a refusal names the key (whether or not the
         // command line overrides the value: a broken file is an error either way).
@@ -293,163 +335,6 @@ fn merge(
         .try_get_matches_from(merged)
         .map_err(|err| one_line(&err))?;
     Ok((m, origins))
-}
-
-/// The file's keys as arguments (`--long=value`), in the file's order.
-fn entries(schema: &Schema, text: &str) -> Result<Vec<Entry>, String> {
-    let doc: Value = serde_yaml::from_str(text).map_err(|e| format!("not valid YAML: {e}"))?;
-    let mut out = Vec::new();
-    match doc {
-        Value::Null => {}
-        Value::Mapping(m) => walk(schema, &m, "", &mut out)?,
-        other => {
-            return Err(format!(
-                "expected a mapping of settings (`key: value` lines), found {}",
-                kind(&other)
-            ));
-        }
-    }
-    let mut seen: HashMap<&str, &str> = HashMap::new();
-    for e in &out {
-        if let Some(first) = seen.insert(&e.setting.long, &e.key) {
-            return Err(format!(
-                "{first} and {} both set --{}: keep one",
-                e.key, e.setting.long
-            ));
-        }
-    }
-    Ok(out)
-}
-
-fn walk(
-    schema: &Schema,
-    map: &serde_yaml::Mapping,
-    prefix: &str,
-    out: &mut Vec<Entry>,
-) -> Result<(), String> {
-    for (k, v) in map {
-        let Value::String(k) = k else {
-            return Err(format!(
-                "{}a key is {}: keys are names",
-                if prefix.is_empty() {
-                    String::new()
-                } else {
-                    format!("{prefix}: ")
-                },
-                kind(k)
-            ));
-        };
-        let key = if prefix.is_empty() {
-            k.clone()
-        } else {
-            format!("{prefix}.{k}")
-        };
-        if let Some(setting) = schema.keys.get(&key) {
-            if let Some(args) = args_of(&key, setting, v)? {
-                out.push(Entry {
-                    key,
-                    setting: setting.clone(),
-                    args,
-                });
-            }
-        } else if schema.is_section(&key) {
-            match v {
-                Value::Mapping(m) => walk(schema, m, &key, out)?,
-                Value::Null => {}
-                other => {
-                    return Err(format!(
-                        "{key}: expected a mapping of {key}.* settings, found {}",
-                        kind(other)
-                    ));
-                }
-            }
-        } else {
-            // An unknown section: name its first key in full (`wbe.listen_address`), which
-            // is what is compared with the valid keys.
-            let key = first_leaf(key, v);
-            if key == CONFIG_FLAG {
-                return Err(format!("{key}: a config file cannot name another one"));
-            }
-            return Err(match schema.nearest(&key) {
-                Some(n) => format!("unknown key {key} (did you mean {n}?)"),
-                None => format!(
-                    "unknown key {key} (keys are the flags of `bufscope run --help`: \
-                     --a.b-c is b_c under a)"
-                ),
-            });
-        }
-    }
-    Ok(())
-}
-
-/// `key`, or its first key below when `v` is a mapping.
-fn first_leaf(key: String, v: &Value) -> String {
-    match v {
-        Value::Mapping(m) => match m.iter().next() {
-            Some((Value::String(k), v)) => first_leaf(format!("{key}.{k}"), v),
-            _ => key,
-        },
-        _ => key,
-    }
-}
-
-/// The arguments for `key: v`; None for an empty value.
-fn args_of(key: &str, s: &Setting, v: &Value) -> Result<Option<Vec<OsString>>, String> {
-    let arg = |x: &str| OsString::from(format!("--{}={x}", s.long));
-    Ok(Some(match (s.takes, v) {
-        (_, Value::Null) => return Ok(None),
-        (Takes::Switch, Value::Bool(true)) => vec![OsString::from(format!("--{}", s.long))],
-        (Takes::Switch, Value::Bool(false)) => Vec::new(),
-        (Takes::Switch, other) => {
-            return Err(format!(
-                "{key}: expected true or false, found {}",
-                kind(other)
-            ));
-        }
-        (Takes::List, Value::Sequence(items)) => {
-            if items.is_empty() && s.has_default {
-                return Err(format!(
-                    "{key}: an empty list: name at least one value, or leave the key out for \
-                     the default"
-                ));
-            }
-            items
-                .iter()
-                .map(|i| scalar(i).map(|x| arg(&x)))
-                .collect::<Option<Vec<_>>>()
-                .ok_or_else(|| format!("{key}: a list of plain values is expected"))?
-        }
-        (Takes::One, Value::Sequence(_)) => {
-            return Err(format!("{key}: takes one value, found a list"));
-        }
-        (_, other) => {
-            let x = scalar(other)
-                .ok_or_else(|| format!("{key}: expected a value, found {}", kind(other)))?;
-            vec![arg(&x)]
-        }
-    }))
-}
-
-/// A string, number or boolean as the command line would spell it.
-fn scalar(v: &Value) -> Option<String> {
-    match v {
-        Value::String(s) => Some(s.clone()),
-        Value::Number(n) => Some(n.to_string()),
-        Value::Bool(b) => Some(b.to_string()),
-        _ => None,
-    }
-}
-
-fn kind(v: &Value) -> &'static str {
-    match v {
-        Value::Null => "empty",
-        Value::Bool(_) => "a boolean",
-        Value::Number(_) => "a number",
-        Value::String(_) => "a string",
-        Value::Sequence(_) => "a list",
-        Value::Mapping(_) => "a mapping",
-        Value::Tagged(_) => "a tagged value",
-    }
 }
 
 /// clap's message on one line, without the `error:` prefix and the `--help` hint.

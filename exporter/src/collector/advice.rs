@@ -1,0 +1,187 @@
+//! The advice cache: the inputs every room hands to the advice rules, and the last
+//! evaluation of the rules, reused while nothing they read changed.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use foldhash::HashSet;
+
+use crate::advice::{self, Finding, Inputs};
+use crate::kernel::BufferLimits;
+use crate::signals::{AdviceCx, Signal, Store};
+use crate::store::{ProcMeta, ProcRef};
+
+/// How long an evaluation of the advice rules is reused while nothing it reads changed.
+pub const FINDINGS_MAX_AGE: Duration = Duration::from_secs(5);
+
+/// The last evaluation of the advice rules and whether it is out of date.
+pub struct AdviceCache {
+    /// Window over which advice measures rates.
+    window: Duration,
+    /// The last evaluation: when, and its findings.
+    last: Option<(Instant, Arc<Vec<Finding>>)>,
+    /// Something the rules read changed since `last` was computed.
+    dirty: bool,
+}
+
+/// What the rules look at, besides the rooms: the store and the sysctl limits.
+pub struct Observed<'a> {
+    /// The attached rooms.
+    pub rooms: &'a [Box<dyn Signal>],
+    /// Per-process counters.
+    pub store: &'a Store,
+    /// `rmem_max`/`wmem_max`/`tcp_rmem` as of the last poll.
+    pub limits: BufferLimits,
+}
+
+impl AdviceCache {
+    /// Rates measured over `window`.
+    pub fn new(window: Duration) -> Self {
+        Self {
+            window,
+            last: None,
+            dirty: true,
+        }
+    }
+
+    /// Something the rules read changed (a poll that read new counts, an event, GC, new
+    /// sysctl limits).
+    pub fn dirty(&mut self) {
+        self.dirty = true;
+    }
+
+    /// The advice rules' view of what was observed: common facts, then each room's part.
+    pub fn inputs(&self, o: &Observed<'_>) -> Inputs {
+        let meta: BTreeMap<ProcRef, ProcMeta> =
+            o.store.procs().map(|(p, s)| (*p, s.meta.clone())).collect();
+        let mut inputs = Inputs {
+            meta,
+            rmem_max: o.limits.rmem_max,
+            wmem_max: o.limits.wmem_max,
+            tcp_rmem_max: o
+                .limits
+                .tcp_rmem_max
+                .unwrap_or(advice::TCP_RMEM_MAX_DEFAULT),
+            window: self.window,
+            ..Inputs::default()
+        };
+        let cx = AdviceCx {
+            store: o.store,
+            now: Instant::now(),
+            window: self.window,
+        };
+        for s in o.rooms {
+            s.advise(&cx, &mut inputs);
+        }
+        inputs
+    }
+
+    /// Findings for tracked processes (those folded or unknown are not actionable).
+    ///
+    /// Evaluating the rules walks every socket that ever dropped (10,000 of them cost more
+    /// than the rest of a scrape), so the result is reused until something it depends on
+    /// changes ([`AdviceCache::dirty`]) or [`FINDINGS_MAX_AGE`] passes (drop rates decay with
+    /// time alone). `min_age`: reuse an evaluation younger than this even if something changed
+    /// (the rules measure rates over a minute; scrapes that come in bursts need not each
+    /// re-evaluate them).
+    pub fn findings(&mut self, min_age: Duration, o: &Observed<'_>) -> Arc<Vec<Finding>> {
+        if let Some((at, f)) = &self.last {
+            let age = at.elapsed();
+            if age < min_age || (!self.dirty && age < FINDINGS_MAX_AGE) {
+                return f.clone();
+            }
+        }
+        let inputs = self.inputs(o);
+        // A set, not a scan of every tracked process per finding (1,000 × 1,000 per scrape).
+        let tracked: HashSet<u32> = inputs.meta.keys().map(|p| p.tgid).collect();
+        let findings: Arc<Vec<Finding>> = Arc::new(
+            advice::evaluate(&inputs)
+                .into_iter()
+                .filter(|f| tracked.contains(&f.process.pid))
+                .collect(),
+        );
+        self.last = Some((Instant::now(), findings.clone()));
+        self.dirty = false;
+        findings
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use crate::bpf::fake::FakeTable;
+    use crate::signals::autotune::Autotune;
+    use crate::signals::testkit::{Bench, gone_inode, me, my_proc};
+    use bufscope_common::{AutotuneVal, SOCK_RCVBUF_LOCK};
+
+    /// A process whose locked socket had its autotuning suppressed at a high RTT: the
+    /// `tcp_autotune_suppressed` finding, on that process only.
+    fn locked_socket(b: &mut Bench, kernel: &FakeTable<u64, Vec<AutotuneVal>>) -> Autotune {
+        let mut room = Autotune::new(kernel.boxed(), 64);
+        b.owners.set(gone_inode(30), me());
+        kernel.set(
+            gone_inode(30),
+            vec![AutotuneVal {
+                grow_events: 50,
+                suppressed: 50,
+                last_ns: 1,
+                rtt_us: 190_000,
+                rcvbuf: 131_072,
+                copied: 131_072,
+                interval_us: 190_000,
+                userlocks: SOCK_RCVBUF_LOCK as u32,
+                ..AutotuneVal::default()
+            }],
+        );
+        room.poll(&mut b.poll());
+        room
+    }
+
+    #[test]
+    fn findings_are_reused_until_something_changed() {
+        let mut b = Bench::new();
+        let kernel = FakeTable::new(64);
+        let room = locked_socket(&mut b, &kernel);
+        let rooms: Vec<Box<dyn Signal>> = vec![Box::new(room)];
+        let mut cache = AdviceCache::new(Duration::from_secs(60));
+        let o = Observed {
+            rooms: &rooms,
+            store: &b.store,
+            limits: b.limits,
+        };
+        let first = cache.findings(Duration::ZERO, &o);
+        assert!(
+            first.iter().any(|f| f.process.pid == my_proc().tgid),
+            "{first:?}"
+        );
+        let again = cache.findings(Duration::ZERO, &o);
+        assert!(Arc::ptr_eq(&first, &again), "nothing changed: reused");
+        cache.dirty();
+        let young = cache.findings(Duration::from_secs(60), &o);
+        assert!(Arc::ptr_eq(&first, &young), "younger than min_age: reused");
+        let fresh = cache.findings(Duration::ZERO, &o);
+        assert!(!Arc::ptr_eq(&first, &fresh), "changed: evaluated again");
+    }
+
+    #[test]
+    fn inputs_carry_the_limits_and_every_rooms_part() {
+        let mut b = Bench::new();
+        let kernel = FakeTable::new(64);
+        let room = locked_socket(&mut b, &kernel);
+        let rooms: Vec<Box<dyn Signal>> = vec![Box::new(room)];
+        let cache = AdviceCache::new(Duration::from_secs(30));
+        let i = cache.inputs(&Observed {
+            rooms: &rooms,
+            store: &b.store,
+            limits: b.limits,
+        });
+        assert_eq!(
+            (i.rmem_max, i.window),
+            (Some(4_194_304), Duration::from_secs(30))
+        );
+        assert_eq!(i.tunes.len(), 1);
+        assert!(i.meta.contains_key(&my_proc()));
+    }
+}

@@ -1,0 +1,420 @@
+//! The collector: the running rooms and the typed parts that drive them, made by one builder
+//! ([`Config::build`]). It names no signal: each one is a [`Signal`] room under
+//! [`crate::signals`].
+//!
+//! | part | module | what |
+//! |---|---|---|
+//! | [`PollLoop`](poll::PollLoop) | [`poll`] | reads every room's maps (timed), the sysctl limits first |
+//! | [`RingDispatch`](ring::RingDispatch) | [`ring`] | ring-buffer records → the room of their kind |
+//! | [`AdviceCache`](advice::AdviceCache) | [`advice`] | the rooms' advice inputs, the findings reused while nothing changed |
+//! | [`Gc`](gc::Gc) | [`gc`] | exited processes and closed sockets leave; `/proc` read outside the lock |
+//! | [`RenderCache`](render::RenderCache) | [`render`] | one body per generation and format, shared by concurrent scrapes |
+//! | [`PinnedState`](pinned::PinnedState) | [`pinned`] | `--bpf.pin-path`: `TOTALS` written and restored, pinned links watched |
+//! | [`Heartbeat`] | [`heartbeat`] | when the last poll and drain completed, for `/healthz` without the lock |
+//!
+//! Debug builds also have [`fault`] (the integration tests' wedged or panicking poll).
+
+pub mod advice;
+#[cfg(debug_assertions)]
+mod fault;
+pub mod gc;
+mod heartbeat;
+pub mod pinned;
+pub mod poll;
+pub mod render;
+pub mod ring;
+
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, SystemTime};
+
+use axum::body::Bytes;
+
+use crate::advice::{Finding, Inputs, Report};
+use crate::attribution::Attributor;
+use crate::bpf::{Records, RunStats, Stats};
+use crate::exposition::{Format, Health};
+use crate::kernel::BufferLimits;
+use crate::signals::{PollCx, Signal, Store};
+
+use advice::{AdviceCache, Observed};
+use gc::Gc;
+pub use gc::{GcPlan, GcScan, Timing};
+pub use heartbeat::Heartbeat;
+use pinned::{PinnedState, Pins};
+use poll::PollLoop;
+use render::{Exposed, RenderCache};
+use ring::RingDispatch;
+
+/// How long `/metrics` reuses an evaluation of the advice rules (the `bufscope_finding`
+/// gauges) even when something changed; `/api/v1/findings` always re-evaluates.
+const FINDINGS_MIN_AGE_SCRAPE: Duration = Duration::from_secs(1);
+
+/// Everything a collector is made of, gathered by `bufscope run` (or a test) and built in one
+/// call.
+pub struct Config {
+    /// Per-process counters.
+    pub store: Store,
+    /// Socket → process.
+    pub attr: Attributor,
+    /// The attached rooms, in list order.
+    pub rooms: Vec<Box<dyn Signal>>,
+    /// The probes' `STATS` (None: unreadable; every poll then reads every map).
+    pub stats: Option<Stats>,
+    /// The event ring buffer (None: nothing to drain).
+    pub events: Option<Box<dyn Records>>,
+    /// Health facts known at start (version, kernel, probes, pins).
+    pub health: Health,
+    /// GC timing.
+    pub timing: Timing,
+    /// Window over which advice measures rates.
+    pub advice_window: Duration,
+    /// `--bpf.pin-path`: `TOTALS` and the pinned links.
+    pub pins: Option<Pins>,
+    /// With adopted pins: when the pinned maps began counting (Unix seconds), the
+    /// `_created` of the series read from them.
+    pub pinned_since: Option<f64>,
+    /// `--bpf.run-stats`: the kernel's run time and count of each probe's programs.
+    pub run_stats: Option<RunStats>,
+}
+
+impl Config {
+    /// A collector over `store` and `attr` with no room, GC every minute of entries idle
+    /// for 30 s, advice over a minute, no pins (the rest is set by the caller).
+    pub fn new(store: Store, attr: Attributor) -> Self {
+        Self {
+            store,
+            attr,
+            rooms: Vec::new(),
+            stats: None,
+            events: None,
+            health: Health::default(),
+            timing: Timing {
+                gc_every: Duration::from_secs(60),
+                idle: Duration::from_secs(30),
+            },
+            advice_window: Duration::from_secs(60),
+            pins: None,
+            pinned_since: None,
+            run_stats: None,
+        }
+    }
+
+    /// The collector.
+    pub fn build(self) -> Collector {
+        let Self {
+            mut store,
+            mut attr,
+            rooms,
+            stats,
+            events,
+            health,
+            timing,
+            advice_window,
+            pins,
+            pinned_since,
+            run_stats,
+        } = self;
+        let pinned = PinnedState::new(pins, &mut attr, &mut store);
+        let mut render = RenderCache::default();
+        if let Some(since) = pinned_since {
+            let families = rooms
+                .iter()
+                .flat_map(|s| s.map_counters().iter().copied())
+                .collect();
+            render.created.pinned_since(since, families);
+        }
+        Collector {
+            store,
+            attr,
+            health,
+            limits: BufferLimits::read(),
+            rooms,
+            stats,
+            poll: PollLoop::default(),
+            ring: RingDispatch::new(events),
+            advice: AdviceCache::new(advice_window),
+            gc: Gc::new(timing),
+            render,
+            pinned,
+            heartbeat: Arc::default(),
+            run_stats,
+        }
+    }
+}
+
+/// The exporter's state: the rooms and the parts that drive them.
+pub struct Collector {
+    /// Per-process counters.
+    pub store: Store,
+    /// Socket → process.
+    pub attr: Attributor,
+    /// Health facts for rendering.
+    pub health: Health,
+    /// Current `rmem_max`/`wmem_max`/`tcp_rmem`.
+    pub limits: BufferLimits,
+    rooms: Vec<Box<dyn Signal>>,
+    stats: Option<Stats>,
+    poll: PollLoop,
+    ring: RingDispatch,
+    advice: AdviceCache,
+    gc: Gc,
+    render: RenderCache,
+    pinned: PinnedState,
+    heartbeat: Arc<Heartbeat>,
+    run_stats: Option<RunStats>,
+}
+
+/// The context the rooms read the kernel's records with (field by field: the parts that
+/// drive the rooms stay borrowable).
+macro_rules! poll_cx {
+    ($c:ident) => {
+        PollCx {
+            attr: &mut $c.attr,
+            store: &mut $c.store,
+            limits: $c.limits,
+            stats: $c.stats.as_ref(),
+        }
+    };
+}
+
+impl Collector {
+    /// When the last poll and drain completed (for `/healthz`).
+    pub fn heartbeat(&self) -> Arc<Heartbeat> {
+        self.heartbeat.clone()
+    }
+
+    /// Why probe `name` stopped counting since start (its pinned link was removed or
+    /// replaced), if it did.
+    pub fn lost_probe(&self, name: &str) -> Option<&str> {
+        self.pinned.lost(name)
+    }
+
+    /// (probe, run time ns, runs) of each probe, when `--bpf.run-stats` is on (else empty).
+    pub fn probe_runs(&self) -> Vec<(&'static str, u64, u64)> {
+        self.run_stats
+            .as_ref()
+            .map(RunStats::read)
+            .unwrap_or_default()
+    }
+
+    /// Handles every event waiting in the ring buffer; returns how many.
+    pub fn drain_events(&mut self) -> usize {
+        let n = self.ring.drain(&mut self.rooms, &mut poll_cx!(self));
+        if n > 0 {
+            self.advice.dirty();
+            // Processes whose events showed a new name (an exec): their labels follow.
+            self.attr.apply_renames(&mut self.store);
+            // Right after the records left the ring buffer: a restart loses none of them.
+            self.pinned.flush(&self.store);
+            self.render.changed();
+        }
+        self.heartbeat.drained();
+        n
+    }
+
+    /// Hands one ring-buffer record to the room that decodes its kind.
+    pub fn dispatch(&mut self, bytes: &[u8]) {
+        ring::dispatch(&mut self.rooms, bytes, &mut poll_cx!(self));
+    }
+
+    /// When the last read of the maps started.
+    pub fn last_poll_started(&self) -> Option<std::time::Instant> {
+        self.poll.started()
+    }
+
+    /// Reads every room's maps into the store (the ring buffer drained first).
+    pub fn poll(&mut self) {
+        #[cfg(debug_assertions)]
+        fault::at_poll(self.heartbeat.since_start());
+        self.poll.start();
+        self.render.changed();
+        if let Some(any) = self.pinned.check_links(&mut self.health) {
+            self.heartbeat.set_none_attached(!any);
+        }
+        self.drain_events();
+        let limits = self.poll.limits(BufferLimits::read());
+        if limits != self.limits {
+            self.advice.dirty();
+        }
+        self.limits = limits;
+        if self.poll.rooms(&mut self.rooms, &mut poll_cx!(self)) {
+            self.advice.dirty();
+        }
+        self.pinned.flush(&self.store);
+        if let Some(stats) = &self.stats {
+            self.health.bpf_lost = stats.lost();
+        }
+        self.health.rmem_max = self.limits.rmem_max;
+        self.health.wmem_max = self.limits.wmem_max;
+        self.heartbeat.polled();
+    }
+
+    /// Whether GC is due (the poll task runs it, see [`Collector::gc_plan`]).
+    pub fn gc_due(&self) -> bool {
+        self.gc.due()
+    }
+
+    /// The advice rules' view of what was observed: common facts, then each room's part.
+    pub fn advice_inputs(&self) -> Inputs {
+        self.advice.inputs(&Observed {
+            rooms: &self.rooms,
+            store: &self.store,
+            limits: self.limits,
+        })
+    }
+
+    /// Findings for tracked processes, reused while nothing they read changed (see
+    /// [`AdviceCache::findings`]).
+    pub fn findings(&mut self, min_age: Duration) -> Arc<Vec<Finding>> {
+        let o = Observed {
+            rooms: &self.rooms,
+            store: &self.store,
+            limits: self.limits,
+        };
+        self.advice.findings(min_age, &o)
+    }
+
+    /// The `/api/v1/findings` document.
+    pub fn report(&mut self) -> Report {
+        Report {
+            version: crate::advice::SCHEMA_VERSION,
+            generated_at: SystemTime::now()
+                .duration_since(SystemTime::UNIX_EPOCH)
+                .map(|d| d.as_secs())
+                .unwrap_or(0),
+            findings: self.findings(Duration::ZERO).as_ref().clone(),
+        }
+    }
+
+    /// Expires exited processes and deletes map entries of closed sockets, all under one
+    /// borrow (tests; the exporter splits it so that `/proc` is read without the lock).
+    pub fn gc(&mut self) {
+        let plan = self.gc_plan();
+        let scan = plan.scan();
+        self.gc_apply(scan);
+    }
+
+    /// What GC must look up in `/proc`: taken under the collector lock, cheap.
+    pub fn gc_plan(&mut self) -> GcPlan {
+        self.gc.plan(&self.rooms, &self.attr, &self.store)
+    }
+
+    /// Applies what [`GcPlan::scan`] found.
+    pub fn gc_apply(&mut self, scan: GcScan) {
+        self.advice.dirty();
+        self.render.changed();
+        self.gc
+            .apply(scan, &mut self.rooms, &mut self.attr, &mut self.store);
+        self.pinned.retain(&self.store);
+    }
+
+    /// The exposition in `format`, shared: scrapes that find nothing changed since the last
+    /// body in this format was rendered (they queued behind one poll) get that body.
+    pub fn render_shared(&mut self, format: Format) -> Bytes {
+        self.health.map_entries = self.rooms.iter().filter_map(|s| s.map_fill()).collect();
+        let findings = self.findings(FINDINGS_MIN_AGE_SCRAPE);
+        let runs = self.probe_runs();
+        let e = Exposed {
+            rooms: &self.rooms,
+            store: &self.store,
+            health: &self.health,
+            findings: &findings,
+            poll_durations: self.poll.durations(),
+            probe_runs: &runs,
+        };
+        self.render
+            .shared(format, |created| render::render(&e, format, created))
+    }
+}
+
+/// Locks the collector shared by the daemon's tasks. A poisoned lock means a thread panicked
+/// in the middle of an update (the daemon's panic hook ends the process before that can be
+/// seen; this is the second line): the state cannot be trusted, so the process exits for its
+/// supervisor to restart it instead of serving errors forever.
+pub fn lock(c: &Mutex<Collector>) -> MutexGuard<'_, Collector> {
+    match c.lock() {
+        Ok(g) => g,
+        Err(_) => {
+            tracing::error!("the collector's state was left half-updated by a panic: exiting");
+            std::process::abort();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use crate::bpf::fake::{FakeRing, FakeTable};
+    use crate::signals::autotune::Autotune;
+    use crate::signals::setsockopt::Setsockopt;
+    use crate::signals::testkit::{Bench, gone_inode, me, my_proc};
+    use bufscope_common::{AutotuneVal, IPPROTO_TCP, SO_RCVBUF, SockoptEvent, event_kind};
+
+    /// A collector built in one call from fakes: a poll drains the ring buffer first, reads
+    /// the maps, and every scrape of one generation shares one body.
+    #[test]
+    fn built_once_polls_drains_and_renders() {
+        let b = Bench::new();
+        let ring = FakeRing::default();
+        let kernel = FakeTable::new(16);
+        b.owners.set(gone_inode(50), me());
+        kernel.set(
+            gone_inode(50),
+            vec![AutotuneVal {
+                grow_events: 2,
+                suppressed: 2,
+                ..AutotuneVal::default()
+            }],
+        );
+        let mut c = Config {
+            rooms: vec![
+                Box::new(Setsockopt::new()),
+                Box::new(Autotune::new(kernel.boxed(), 16)),
+            ],
+            events: Some(Box::new(ring.clone())),
+            ..Config::new(b.store, b.attr)
+        }
+        .build();
+        ring.push_pod(&SockoptEvent {
+            kind: event_kind::SOCKOPT,
+            optname: SO_RCVBUF,
+            owner: me(),
+            requested: 65536,
+            applied: 65536,
+            optlen: 4,
+            rcvbuf_after: 131_072,
+            proto: IPPROTO_TCP,
+            ..Default::default()
+        });
+        let first = c.render_shared(Format::Text);
+        c.poll();
+        assert!(c.last_poll_started().is_some());
+        let s = c.store.get(&my_proc()).unwrap();
+        assert_eq!(s.parts.autotune.suppressed, 2);
+        assert_eq!(
+            s.parts
+                .setsockopt
+                .calls
+                .values()
+                .map(|x| x.calls)
+                .sum::<u64>(),
+            1
+        );
+        let a = c.render_shared(Format::Text);
+        assert_ne!(a.as_ptr(), first.as_ptr(), "a poll renders anew");
+        let again = c.render_shared(Format::Text);
+        assert_eq!(a.as_ptr(), again.as_ptr(), "the same body, not a copy");
+        let text = String::from_utf8_lossy(&a);
+        assert!(
+            text.contains("bufscope_tcp_autotune_suppressed_total{"),
+            "{text}"
+        );
+        assert!(
+            text.contains(r#"bufscope_bpf_map_entries{map="AUTOTUNE"} 1"#),
+            "{text}"
+        );
+        assert!(!c.report().findings.is_empty());
+        c.gc();
+    }
+}
