@@ -775,6 +775,11 @@ pub mod maps {
         name: "GUARD_STATS",
         default_entries: super::guard::STAT_COUNT,
     };
+    /// The guard's shared state: granted receive bytes, `rmem_max`/`wmem_max` (array).
+    pub const GUARD_STATE: MapSpec = MapSpec {
+        name: "GUARD_STATE",
+        default_entries: super::guard::STATE_COUNT,
+    };
     /// The guard's scope: comms it acts for (or not).
     pub const GUARD_COMMS: MapSpec = MapSpec {
         name: "GUARD_COMMS",
@@ -802,6 +807,7 @@ pub mod maps {
         SPACE_LAST,
         SCRATCH,
         GUARD_STATS,
+        GUARD_STATE,
         GUARD_COMMS,
         GUARD_LEASE,
     ];

@@ -44,7 +44,7 @@ use aya_ebpf::{
 use bufscope_common::{
     GuardConfig, GuardEvent, IPPROTO_TCP, IPPROTO_UDP, Owner, SO_BUF_LOCK, SO_RCVBUF,
     SO_RCVBUFFORCE, SO_SNDBUF, SO_SNDBUFFORCE, SOCK_BUF_LOCK_MASK, SOL_SOCKET, event_kind, guard,
-    transport,
+    maps, transport,
 };
 
 use crate::events::{EVENTS, submit_flags};
@@ -78,17 +78,19 @@ macro_rules! guard_cfg {
 
 /// The guard's own counters (slots [`guard::STAT_UNREPORTED`], …), per CPU.
 #[map]
-static GUARD_STATS: PerCpuArray<u64> = PerCpuArray::with_max_entries(guard::STAT_COUNT, 0);
+static GUARD_STATS: PerCpuArray<u64> =
+    PerCpuArray::with_max_entries(maps::GUARD_STATS.default_entries, 0);
 
 /// Shared state: the receive bytes granted to live sockets ([`guard::STATE_GRANTED`], updated
 /// atomically) and the global ceilings bufscope keeps current ([`guard::STATE_RMEM_MAX`],
 /// [`guard::STATE_WMEM_MAX`]).
 #[map]
-static GUARD_STATE: Array<u64> = Array::with_max_entries(guard::STATE_COUNT, 0);
+static GUARD_STATE: Array<u64> = Array::with_max_entries(maps::GUARD_STATE.default_entries, 0);
 
 /// The comms of `--guard.comm` / `--guard.exclude-comm` (the kernel's 16-byte `comm`).
 #[map]
-static GUARD_COMMS: HashMap<[u8; 16], u8> = HashMap::with_max_entries(256, 0);
+static GUARD_COMMS: HashMap<[u8; 16], u8> =
+    HashMap::with_max_entries(maps::GUARD_COMMS.default_entries, 0);
 
 /// What the guard knows about one socket (socket-local storage: freed with the socket, no
 /// eviction, no inode reuse; copied to the children a listener accepts).
@@ -317,7 +319,7 @@ impl Decision {
 /// which it acts, renewed by the running bufscope. Once it passed (no bufscope for
 /// `--guard.lease`: crashed, uninstalled), the guard is off: it fails open.
 #[map]
-static GUARD_LEASE: Array<u64> = Array::with_max_entries(1, 0);
+static GUARD_LEASE: Array<u64> = Array::with_max_entries(maps::GUARD_LEASE.default_entries, 0);
 
 /// The mode in force: `GUARD.mode` (a constant to the verifier: with the guard off nothing
 /// below it is loaded), or off once a persisted guard's lease expired.

@@ -16,13 +16,16 @@
 //! TCP on Linux is left to autotuning ([`policy::Rule::TcpAutotune`]); UDP gets
 //! [`policy::UDP_DEFAULT_BUFFER`] unless `--guard.udp-floor` says otherwise.
 
+mod probe;
 mod settings;
+#[cfg(test)]
+mod tests;
 
 use std::collections::BTreeMap;
 
 use anyhow::Context as _;
 use aya::Ebpf;
-use bufscope_common::{GuardConfig, GuardEvent, event_kind, guard as g};
+use bufscope_common::{GuardConfig, GuardEvent, event_kind, guard as g, maps};
 use prometheus::proto::MetricFamily;
 
 pub use settings::{
@@ -33,123 +36,17 @@ use settings::{Setup, raise_sysctls, require_enforce, resolve};
 
 use super::{
     AdviceCx, Attached, BuildCx, Part, PollCx, ProcStats, Room, Services, Signal, ValidateCx,
-    decode, setsockopt, take_map,
+    decode, setsockopt,
 };
 use crate::advice::{GuardAct, Inputs};
-use crate::bpf::{Hook, LoadPlan, ProbeSpec, Purpose};
+use crate::bpf::table::{PerCpuSlots, PerCpuTable, Slots};
+use crate::bpf::{LoadPlan, ProbeSpec, Purpose, Table};
 use crate::exposition::Spec;
 use crate::labels::Proto;
 use crate::store::Who;
 use crate::values::Invalid;
-
-/// The probe (the setsockopt decisions ride on the setsockopt room's `cgroup/setsockopt`).
-/// UDP sockets that never ask are decided at their first bind or connect, one storage lookup
-/// per later call; nothing runs per send. Sockets that send before any bind or connect (bound
-/// by the kernel at their first `sendto`) are raised only with `--guard.udp-unbound-senders`:
-/// `cgroup/sendmsg{4,6}` then run on every unconnected UDP send on the node, and the kernel
-/// takes the socket lock around them (measured 0.92 of the guard-off `sendto` rate on 6.18).
-/// Raising sockets at creation instead would need `bpf_setsockopt` in `cgroup/sock_create`,
-/// which neither 6.1 nor 6.18 gives that program type.
-///
-/// Only `enforce` attaches `cgroup/getsockopt` (the readback of skipped requests, which runs
-/// on every getsockopt on the node) and `cgroup/sock_release` (the budget's releases):
-/// `observe` changes nothing and pays for neither. Each mode's variants are the ones its
-/// setting leaves ([`LoadPlan::pass_over`]).
-pub const PROBE: ProbeSpec = ProbeSpec {
-    name: "guard",
-    what: "applies the buffer policy in the kernel: TCP buffer requests that would lock less than autotuning reaches skipped, larger ones honoured; UDP buffers raised to the floor within a budget",
-    // The first has every program: what `bufscope check` (online and offline, `--btf`) loads.
-    variants: &[ENFORCE_SENDMSG, ENFORCE, OBSERVE_SENDMSG, OBSERVE],
-    is_drop_probe: false,
-    attributed: false,
-};
-
-/// `cgroup/bind*`, `cgroup/connect*`: a UDP socket decided at its first bind or connect.
-const BIND_CONNECT: [Hook; 4] = [
-    Hook::CgroupSockAddr {
-        prog: "guard_bind4",
-        attach: "bind4",
-    },
-    Hook::CgroupSockAddr {
-        prog: "guard_bind6",
-        attach: "bind6",
-    },
-    Hook::CgroupSockAddr {
-        prog: "guard_connect4",
-        attach: "connect4",
-    },
-    Hook::CgroupSockAddr {
-        prog: "guard_connect6",
-        attach: "connect6",
-    },
-];
-/// `--guard.udp-unbound-senders`: also at the first unconnected send of a socket never bound.
-const SENDMSG: [Hook; 2] = [
-    Hook::CgroupSockAddr {
-        prog: "guard_sendmsg4",
-        attach: "sendmsg4",
-    },
-    Hook::CgroupSockAddr {
-        prog: "guard_sendmsg6",
-        attach: "sendmsg6",
-    },
-];
-/// What only `enforce` needs: the readback of skipped TCP requests, the budget's releases.
-const ENFORCE_ONLY: [Hook; 2] = [
-    Hook::CgroupGetsockopt {
-        prog: "guard_getsockopt",
-    },
-    Hook::CgroupSockRelease {
-        prog: "guard_sock_release",
-    },
-];
-const fn join<const A: usize, const B: usize, const N: usize>(
-    a: [Hook; A],
-    b: [Hook; B],
-) -> [Hook; N] {
-    let mut out = [a[0]; N];
-    let mut i = 0;
-    while i < A {
-        out[i] = a[i];
-        i += 1;
-    }
-    while i < N {
-        out[i] = b[i - A];
-        i += 1;
-    }
-    out
-}
-const ENFORCE: &[Hook] = &join::<2, 4, 6>(ENFORCE_ONLY, BIND_CONNECT);
-const ENFORCE_SENDMSG: &[Hook] =
-    &join::<6, 2, 8>(join::<2, 4, 6>(ENFORCE_ONLY, BIND_CONNECT), SENDMSG);
-const OBSERVE: &[Hook] = &BIND_CONNECT;
-const OBSERVE_SENDMSG: &[Hook] = &join::<4, 2, 6>(BIND_CONNECT, SENDMSG);
-
-/// The variants (indexes in [`PROBE`]) a mode and `--guard.udp-unbound-senders` leave, and
-/// why the others are passed over.
-fn passed_over(enforce: bool, unbound: bool) -> Vec<(usize, &'static str)> {
-    let keep = match (enforce, unbound) {
-        (true, true) => 0,
-        (true, false) => 1,
-        (false, true) => 2,
-        (false, false) => 3,
-    };
-    (0..PROBE.variants.len())
-        .filter(|i| *i != keep)
-        .map(|i| {
-            // Variants 0 and 2 have the sendmsg hooks; 0 and 1 are enforce's.
-            let why = match (i < 2, i % 2 == 0) {
-                (true, _) if !enforce => {
-                    "observe attaches no cgroup/getsockopt or cgroup/sock_release (enforce only)"
-                }
-                (false, _) if enforce => "enforce needs cgroup/getsockopt and cgroup/sock_release",
-                (_, true) => "cgroup/sendmsg{4,6} only with --guard.udp-unbound-senders",
-                (_, false) => "--guard.udp-unbound-senders needs cgroup/sendmsg{4,6}",
-            };
-            (i, why)
-        })
-        .collect()
-}
+pub use probe::PROBE;
+use probe::passed_over;
 
 /// A guard rule, as the `rule` label says it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -252,16 +149,13 @@ pub struct Guard {
     settings: Settings,
     /// `GUARD_STATS`: decisions acted on but not reported (ring buffer full), sockets the
     /// budget left out and their bytes, per CPU.
-    stats: aya::maps::PerCpuArray<aya::maps::MapData, u64>,
+    stats: PerCpuTable<u32, u64>,
     /// `GUARD_STATE`: the granted bytes (read), `rmem_max`/`wmem_max` (kept current).
-    state: aya::maps::Array<aya::maps::MapData, u64>,
+    state: Box<dyn Table<u32, u64>>,
     /// The ceilings last written into `GUARD_STATE`.
     limits: (u64, u64),
     /// `GUARD_LEASE` of a persisted guard, renewed on every poll.
-    lease: Option<(
-        aya::maps::Array<aya::maps::MapData, u64>,
-        std::time::Duration,
-    )>,
+    lease: Option<(Box<dyn Table<u32, u64>>, std::time::Duration)>,
     /// This process's time-namespace offsets (the lease is in the kernel's clock).
     clock: TimeOffsets,
 }
@@ -279,45 +173,64 @@ fn kernel_monotonic_ns(clock: TimeOffsets) -> u64 {
     ns.saturating_sub(clock.monotonic_ns).max(0) as u64
 }
 
-/// Sets a persisted guard's lease to `lease` from now.
+/// A persisted guard's deadline: `lease` from now, in the kernel's clock.
+fn deadline(lease: std::time::Duration, clock: TimeOffsets) -> u64 {
+    kernel_monotonic_ns(clock).saturating_add(lease.as_nanos() as u64)
+}
+
+/// Sets a persisted guard's lease (`GUARD_LEASE`) to `lease` from now.
 fn renew(
-    map: &mut aya::maps::Array<impl std::borrow::BorrowMut<aya::maps::MapData>, u64>,
+    map: &mut dyn Table<u32, u64>,
     lease: std::time::Duration,
     clock: TimeOffsets,
 ) -> anyhow::Result<()> {
-    let deadline = kernel_monotonic_ns(clock).saturating_add(lease.as_nanos() as u64);
-    map.set(0, deadline, 0)
+    map.insert(0, deadline(lease, clock))
         .context("renewing the guard's lease (GUARD_LEASE)")
 }
 
-/// `net.core.rmem_max`/`wmem_max` now (0: unreadable, which makes the TCP rule skip rather
-/// than honour).
-fn ceilings() -> (u64, u64) {
-    let l = crate::kernel::BufferLimits::read();
+/// `net.core.rmem_max`/`wmem_max` of `limits` (0: unreadable, which makes the TCP rule skip
+/// rather than honour).
+fn ceilings(l: &crate::kernel::BufferLimits) -> (u64, u64) {
     let v = |x: Option<i64>| x.map_or(0, |v| v.max(0) as u64);
     (v(l.rmem_max), v(l.wmem_max))
 }
 
 /// Writes the ceilings into `GUARD_STATE` (the other slot, the granted bytes, is the
 /// programs').
-fn write_ceilings(
-    map: &mut aya::maps::Array<impl std::borrow::BorrowMut<aya::maps::MapData>, u64>,
-    (rmem, wmem): (u64, u64),
-) -> anyhow::Result<()> {
-    map.set(g::STATE_RMEM_MAX, rmem, 0)
-        .and_then(|()| map.set(g::STATE_WMEM_MAX, wmem, 0))
+fn write_ceilings(map: &mut dyn Table<u32, u64>, (rmem, wmem): (u64, u64)) -> anyhow::Result<()> {
+    map.insert(g::STATE_RMEM_MAX, rmem)
+        .and_then(|()| map.insert(g::STATE_WMEM_MAX, wmem))
         .context("writing rmem_max/wmem_max into GUARD_STATE")
 }
 
 impl Guard {
+    /// The room over its maps (taken from the object, or fakes in tests).
+    fn new(
+        settings: Settings,
+        stats: PerCpuTable<u32, u64>,
+        state: Box<dyn Table<u32, u64>>,
+        lease: Option<Box<dyn Table<u32, u64>>>,
+        limits: (u64, u64),
+        clock: TimeOffsets,
+    ) -> Self {
+        Self {
+            lease: lease.zip(settings.lease),
+            settings,
+            stats,
+            state,
+            limits,
+            clock,
+        }
+    }
+
     /// `GUARD_STATS[idx]` summed over CPUs (0 when unreadable).
     fn stat(&self, idx: u32) -> u64 {
-        self.stats.get(&idx, 0).map(|v| v.iter().sum()).unwrap_or(0)
+        self.stats.get(&idx).map_or(0, |v| v.iter().sum())
     }
 
     /// The receive bytes granted to live sockets.
     fn granted(&self) -> u64 {
-        self.state.get(&g::STATE_GRANTED, 0).unwrap_or(0)
+        self.state.get(&g::STATE_GRANTED).unwrap_or(0)
     }
 }
 
@@ -401,7 +314,10 @@ impl Room for Guard {
                 ebpf.map_mut("GUARD_STATE")
                     .context("map GUARD_STATE missing from the BPF object")?,
             )?;
-            write_ceilings(&mut map, ceilings())?;
+            let (rmem, wmem) = ceilings(&crate::kernel::BufferLimits::read());
+            map.set(g::STATE_RMEM_MAX, rmem, 0)
+                .and_then(|()| map.set(g::STATE_WMEM_MAX, wmem, 0))
+                .context("writing rmem_max/wmem_max into GUARD_STATE")?;
         }
         // A persisted guard acts only while its lease lies ahead: set it before it attaches.
         if let Some(lease) = setup.0.as_ref().and_then(|on| on.settings.lease) {
@@ -409,7 +325,8 @@ impl Room for Guard {
                 ebpf.map_mut("GUARD_LEASE")
                     .context("map GUARD_LEASE missing from the BPF object")?,
             )?;
-            renew(&mut map, lease, TimeOffsets::read())?;
+            map.set(0, deadline(lease, TimeOffsets::read()), 0)
+                .context("setting the guard's lease (GUARD_LEASE)")?;
         }
         Ok(())
     }
@@ -430,17 +347,20 @@ impl Room for Guard {
         _services: &mut Services,
     ) -> anyhow::Result<Option<Box<dyn Signal>>> {
         Ok(match setup.0 {
-            Some(on) if env.attached(PROBE.name) => Some(Box::new(Self {
-                lease: match on.settings.lease {
-                    Some(l) => Some((take_map(ebpf, "GUARD_LEASE")?, l)),
+            Some(on) if env.attached(PROBE.name) => {
+                let lease = match on.settings.lease {
+                    Some(_) => Some(Slots::take(ebpf, maps::GUARD_LEASE)?),
                     None => None,
-                },
-                settings: on.settings,
-                stats: take_map(ebpf, "GUARD_STATS")?,
-                state: take_map(ebpf, "GUARD_STATE")?,
-                limits: ceilings(),
-                clock: TimeOffsets::read(),
-            })),
+                };
+                Some(Box::new(Self::new(
+                    on.settings,
+                    PerCpuSlots::take(ebpf, maps::GUARD_STATS)?,
+                    Slots::take(ebpf, maps::GUARD_STATE)?,
+                    lease,
+                    ceilings(&crate::kernel::BufferLimits::read()),
+                    TimeOffsets::read(),
+                )))
+            }
             _ => None,
         })
     }
@@ -497,15 +417,15 @@ impl Signal for Guard {
     }
 
     /// Renews a persisted guard's lease; keeps the ceilings the TCP rule compares with current.
-    fn poll(&mut self, _cx: &mut PollCx<'_>) -> bool {
+    fn poll(&mut self, cx: &mut PollCx<'_>) -> bool {
         if let Some((map, lease)) = &mut self.lease
-            && let Err(e) = renew(map, *lease, self.clock)
+            && let Err(e) = renew(map.as_mut(), *lease, self.clock)
         {
             tracing::warn!(error = %e, "guard: could not renew the lease; it fails open when it runs out");
         }
-        let now = ceilings();
+        let now = ceilings(&cx.limits);
         if now != self.limits {
-            match write_ceilings(&mut self.state, now) {
+            match write_ceilings(self.state.as_mut(), now) {
                 Ok(()) => {
                     tracing::info!(
                         rmem_max = now.0,
@@ -630,35 +550,3 @@ const SCOPE: Spec = Spec::gauge(
         "generation",
     ],
 );
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn each_setting_keeps_the_variant_with_exactly_its_hooks() {
-        for enforce in [false, true] {
-            for unbound in [false, true] {
-                let passed: Vec<usize> = passed_over(enforce, unbound)
-                    .into_iter()
-                    .map(|(i, _)| i)
-                    .collect();
-                let kept: Vec<usize> = (0..PROBE.variants.len())
-                    .filter(|i| !passed.contains(i))
-                    .collect();
-                assert_eq!(kept.len(), 1, "{enforce} {unbound}: {kept:?}");
-                let hooks: Vec<String> = PROBE.variants[kept[0]]
-                    .iter()
-                    .map(|h| h.describe())
-                    .collect();
-                let has = |h: &str| hooks.iter().any(|x| x == h);
-                assert_eq!(has("cgroup/getsockopt"), enforce, "{hooks:?}");
-                assert_eq!(has("cgroup/sock_release"), enforce, "{hooks:?}");
-                assert_eq!(has("cgroup/sendmsg4"), unbound, "{hooks:?}");
-                assert!(has("cgroup/bind4") && has("cgroup/connect6"), "{hooks:?}");
-            }
-        }
-        // bufscope check (nothing passed over) loads the variant with every program.
-        assert_eq!(PROBE.variants[0].len(), 8);
-    }
-}
