@@ -618,8 +618,11 @@ pub fn stage(kernels: &[String], steps: &[String]) -> anyhow::Result<Outcome> {
     let script = dir.join("guest.sh");
     std::fs::write(&script, guest_script(&bins, &selected)?)?;
     crate::build::build_packages(true, &["bufscope"])?;
-    // The static binary of `cargo xtask dist`, for the step that runs it alone.
-    crate::dist::build_static(crate::dist::Arch::X86_64)?;
+    // The static binary of `cargo xtask dist`, for the step that runs it alone (only when
+    // that step is selected: it is a whole second release build).
+    if selected.iter().any(|s| s.test == "static_binary") {
+        crate::dist::build_static(crate::dist::Arch::X86_64)?;
+    }
     let bufscope = workspace_root().join(BUFSCOPE);
     let mut out = Outcome {
         steps: Vec::new(),
