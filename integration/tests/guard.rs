@@ -3,6 +3,7 @@
 //! sockets (duplicated with `pidfd_getfd`), iperf3 throughput through an emulated WAN.
 #![allow(clippy::unwrap_used)]
 
+use bufscope_integration::node::{Bpffs, in_mount_namespace};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
@@ -1248,31 +1249,34 @@ impl Drop for PinDir {
 #[test]
 #[ignore = "needs root: run via cargo xtask test"]
 fn persisted_guard_fails_open_after_its_lease() {
-    let pins = PinDir::new("lease");
-    let flag = pins.flag();
-    let e = Exporter::start(&[
-        &flag,
-        "--guard.mode",
-        "enforce",
-        "--guard.persist",
-        "--guard.lease",
-        "3s",
-    ]);
-    let info = e.scrape().sum(
-        "bufscope_guard_scope_info",
-        &[("mode", "enforce"), ("lease_seconds", "3")],
-    );
-    assert_eq!(info, 1.0, "the scope says the lease");
-    assert_eq!(threaded_lock("worker"), 0, "enforced while bufscope runs");
-    e.kill9();
-    assert_eq!(
-        threaded_lock("worker"),
-        0,
-        "still enforced right after bufscope died (persisted, within its lease)"
-    );
-    // No bufscope renews it: after the lease the pinned guard acts no more.
-    std::thread::sleep(Duration::from_secs(4));
-    assert_eq!(threaded_lock("worker"), 2, "failed open after the lease");
+    // A bpffs of its own: pins and links go with the test, whatever the node has.
+    in_mount_namespace(Bpffs::Mounted, || {
+        let pins = PinDir::new("lease");
+        let flag = pins.flag();
+        let e = Exporter::start(&[
+            &flag,
+            "--guard.mode",
+            "enforce",
+            "--guard.persist",
+            "--guard.lease",
+            "3s",
+        ]);
+        let info = e.scrape().sum(
+            "bufscope_guard_scope_info",
+            &[("mode", "enforce"), ("lease_seconds", "3")],
+        );
+        assert_eq!(info, 1.0, "the scope says the lease");
+        assert_eq!(threaded_lock("worker"), 0, "enforced while bufscope runs");
+        e.kill9();
+        assert_eq!(
+            threaded_lock("worker"),
+            0,
+            "still enforced right after bufscope died (persisted, within its lease)"
+        );
+        // No bufscope renews it: after the lease the pinned guard acts no more.
+        std::thread::sleep(Duration::from_secs(4));
+        assert_eq!(threaded_lock("worker"), 2, "failed open after the lease");
+    })
 }
 
 /// Changing the comm scope across a pinned restart takes effect: `--guard.comm python3`
@@ -1280,31 +1284,34 @@ fn persisted_guard_fails_open_after_its_lease() {
 #[test]
 #[ignore = "needs root: run via cargo xtask test"]
 fn comm_scope_change_across_a_pinned_restart_takes_effect() {
-    let pins = PinDir::new("comms");
-    let flag = pins.flag();
-    let start = |list: &str| {
-        Exporter::start(&[
-            &flag,
-            "--guard.mode",
-            "enforce",
-            "--guard.persist",
-            list,
-            "python3",
-        ])
-    };
-    let e = start("--guard.comm");
-    assert_eq!(threaded_lock("worker"), 0, "--guard.comm python3: in scope");
-    e.stop();
-    let e = start("--guard.exclude-comm");
-    assert_eq!(
-        threaded_lock("worker"),
-        2,
-        "--guard.exclude-comm python3 after a pinned restart: out of scope"
-    );
-    e.kill9();
-    let e = start("--guard.comm");
-    assert_eq!(threaded_lock("worker"), 0, "and back in scope");
-    drop(e);
+    // A bpffs of its own: pins and links go with the test, whatever the node has.
+    in_mount_namespace(Bpffs::Mounted, || {
+        let pins = PinDir::new("comms");
+        let flag = pins.flag();
+        let start = |list: &str| {
+            Exporter::start(&[
+                &flag,
+                "--guard.mode",
+                "enforce",
+                "--guard.persist",
+                list,
+                "python3",
+            ])
+        };
+        let e = start("--guard.comm");
+        assert_eq!(threaded_lock("worker"), 0, "--guard.comm python3: in scope");
+        e.stop();
+        let e = start("--guard.exclude-comm");
+        assert_eq!(
+            threaded_lock("worker"),
+            2,
+            "--guard.exclude-comm python3 after a pinned restart: out of scope"
+        );
+        e.kill9();
+        let e = start("--guard.comm");
+        assert_eq!(threaded_lock("worker"), 0, "and back in scope");
+        drop(e);
+    })
 }
 
 /// `enforce` at node scope says so: a warning at start, and `bufscope_guard_scope_info`
@@ -1718,66 +1725,69 @@ fn decisions_now(e: &Exporter, comm: &str, rule: &str, action: &str) -> f64 {
 #[test]
 #[ignore = "needs root: run via cargo xtask test"]
 fn observe_then_enforce_on_kept_pins_raises_the_observed_socket() {
-    let pins = PinDir::new("rollout");
-    let flag = pins.flag();
-    let floor = 1 << 20;
-    let want = 2 * floor.min(sysctl("rmem_max")) as u64;
-    let mut d = UdpDriver::start();
-    let start = |mode: &str| {
-        Exporter::start(&[&flag, "--guard.mode", mode, "--guard.udp-floor", "1048576"])
-    };
-    let e = start("observe");
-    let (s, ino) = d.new_socket();
-    let default = d.rb(&format!("bind {s}"));
-    eventually(Duration::from_secs(10), "observed", || {
-        (decisions_now(&e, "python3", "udp-floor", "observed") >= 1.0).then_some(())
+    // A bpffs of its own: pins and links go with the test, whatever the node has.
+    in_mount_namespace(Bpffs::Mounted, || {
+        let pins = PinDir::new("rollout");
+        let flag = pins.flag();
+        let floor = 1 << 20;
+        let want = 2 * floor.min(sysctl("rmem_max")) as u64;
+        let mut d = UdpDriver::start();
+        let start = |mode: &str| {
+            Exporter::start(&[&flag, "--guard.mode", mode, "--guard.udp-floor", "1048576"])
+        };
+        let e = start("observe");
+        let (s, ino) = d.new_socket();
+        let default = d.rb(&format!("bind {s}"));
+        eventually(Duration::from_secs(10), "observed", || {
+            (decisions_now(&e, "python3", "udp-floor", "observed") >= 1.0).then_some(())
+        });
+        let g_observe = e
+            .scrape()
+            .find("bufscope_guard_scope_info", &[])
+            .next()
+            .and_then(|s| s.labels.get("generation").cloned())
+            .unwrap();
+        e.stop();
+        let e = start("enforce");
+        let g_enforce = e
+            .scrape()
+            .find("bufscope_guard_scope_info", &[])
+            .next()
+            .and_then(|s| s.labels.get("generation").cloned())
+            .unwrap();
+        let kept = e
+            .scrape()
+            .sum("bufscope_bpf_pins_info", &[("outcome", "upgraded")]);
+        assert_eq!(
+            kept, 1.0,
+            "the pinned maps were kept (other programs: upgraded)"
+        );
+        assert_eq!(
+            bufscope_integration::ss_udp_rcvbuf(ino),
+            Some(default as u64)
+        );
+        let after = d.rb(&format!("connect {s}"));
+        let raised = eventually(Duration::from_secs(10), "the raise counted", || {
+            let n = decisions_now(&e, "python3", "udp-floor", "raised");
+            (n >= 1.0).then_some(n)
+        });
+        let (t, _) = d.new_socket();
+        d.rb(&format!("bind {t}"));
+        let small = d.rb(&format!("rcvbuf {t} 65536"));
+        eprintln!(
+            "observe (generation {g_observe}) -> enforce (generation {g_enforce}) on kept pins: \
+             socket bound while observing rb {default}; after connect {after} (ss: {:?}); \
+             {raised} raised; a new socket's SO_RCVBUF 64K -> {small}",
+            bufscope_integration::ss_udp_rcvbuf(ino)
+        );
+        assert_ne!(g_observe, g_enforce);
+        assert_eq!(
+            after as u64, want,
+            "the observed socket raised at its next connect"
+        );
+        assert_eq!(bufscope_integration::ss_udp_rcvbuf(ino), Some(want));
+        assert_eq!(small as u64, want);
     });
-    let g_observe = e
-        .scrape()
-        .find("bufscope_guard_scope_info", &[])
-        .next()
-        .and_then(|s| s.labels.get("generation").cloned())
-        .unwrap();
-    e.stop();
-    let e = start("enforce");
-    let g_enforce = e
-        .scrape()
-        .find("bufscope_guard_scope_info", &[])
-        .next()
-        .and_then(|s| s.labels.get("generation").cloned())
-        .unwrap();
-    let kept = e
-        .scrape()
-        .sum("bufscope_bpf_pins_info", &[("outcome", "upgraded")]);
-    assert_eq!(
-        kept, 1.0,
-        "the pinned maps were kept (other programs: upgraded)"
-    );
-    assert_eq!(
-        bufscope_integration::ss_udp_rcvbuf(ino),
-        Some(default as u64)
-    );
-    let after = d.rb(&format!("connect {s}"));
-    let raised = eventually(Duration::from_secs(10), "the raise counted", || {
-        let n = decisions_now(&e, "python3", "udp-floor", "raised");
-        (n >= 1.0).then_some(n)
-    });
-    let (t, _) = d.new_socket();
-    d.rb(&format!("bind {t}"));
-    let small = d.rb(&format!("rcvbuf {t} 65536"));
-    eprintln!(
-        "observe (generation {g_observe}) -> enforce (generation {g_enforce}) on kept pins: \
-         socket bound while observing rb {default}; after connect {after} (ss: {:?}); \
-         {raised} raised; a new socket's SO_RCVBUF 64K -> {small}",
-        bufscope_integration::ss_udp_rcvbuf(ino)
-    );
-    assert_ne!(g_observe, g_enforce);
-    assert_eq!(
-        after as u64, want,
-        "the observed socket raised at its next connect"
-    );
-    assert_eq!(bufscope_integration::ss_udp_rcvbuf(ino), Some(want));
-    assert_eq!(small as u64, want);
 }
 
 /// A floor change re-decides: sockets raised to 1 MiB under one floor are raised to 2 MiB at
@@ -1785,35 +1795,38 @@ fn observe_then_enforce_on_kept_pins_raises_the_observed_socket() {
 #[test]
 #[ignore = "needs root: run via cargo xtask test"]
 fn a_floor_change_re_decides() {
-    let pins = PinDir::new("floor");
-    let flag = pins.flag();
-    let rmem_max = sysctl("rmem_max") as u64;
-    let start = |floor: &str| {
-        Exporter::start(&[&flag, "--guard.mode", "enforce", "--guard.udp-floor", floor])
-    };
-    let mut d = UdpDriver::start();
-    let e = start("1048576");
-    let (s, ino) = d.new_socket();
-    let first = d.rb(&format!("bind {s}")) as u64;
-    let n1 = eventually(Duration::from_secs(10), "raised", || {
-        let n = decisions_now(&e, "python3", "udp-floor", "raised");
-        (n >= 1.0).then_some(n)
+    // A bpffs of its own: pins and links go with the test, whatever the node has.
+    in_mount_namespace(Bpffs::Mounted, || {
+        let pins = PinDir::new("floor");
+        let flag = pins.flag();
+        let rmem_max = sysctl("rmem_max") as u64;
+        let start = |floor: &str| {
+            Exporter::start(&[&flag, "--guard.mode", "enforce", "--guard.udp-floor", floor])
+        };
+        let mut d = UdpDriver::start();
+        let e = start("1048576");
+        let (s, ino) = d.new_socket();
+        let first = d.rb(&format!("bind {s}")) as u64;
+        let n1 = eventually(Duration::from_secs(10), "raised", || {
+            let n = decisions_now(&e, "python3", "udp-floor", "raised");
+            (n >= 1.0).then_some(n)
+        });
+        e.stop();
+        let e = start("2097152");
+        let second = d.rb(&format!("connect {s}")) as u64;
+        let n2 = eventually(Duration::from_secs(10), "raised again", || {
+            let n = decisions_now(&e, "python3", "udp-floor", "raised");
+            (n >= 1.0).then_some(n)
+        });
+        eprintln!(
+            "floor 1 MiB: rb {first} ({n1} raised); floor 2 MiB after a pinned restart: rb {second} \
+             (ss {:?}, {n2} raised)",
+            bufscope_integration::ss_udp_rcvbuf(ino)
+        );
+        assert_eq!(first, 2 * (1u64 << 20).min(rmem_max));
+        assert_eq!(second, 2 * (2u64 << 20).min(rmem_max));
+        assert_eq!(bufscope_integration::ss_udp_rcvbuf(ino), Some(second));
     });
-    e.stop();
-    let e = start("2097152");
-    let second = d.rb(&format!("connect {s}")) as u64;
-    let n2 = eventually(Duration::from_secs(10), "raised again", || {
-        let n = decisions_now(&e, "python3", "udp-floor", "raised");
-        (n >= 1.0).then_some(n)
-    });
-    eprintln!(
-        "floor 1 MiB: rb {first} ({n1} raised); floor 2 MiB after a pinned restart: rb {second} \
-         (ss {:?}, {n2} raised)",
-        bufscope_integration::ss_udp_rcvbuf(ino)
-    );
-    assert_eq!(first, 2 * (1u64 << 20).min(rmem_max));
-    assert_eq!(second, 2 * (2u64 << 20).min(rmem_max));
-    assert_eq!(bufscope_integration::ss_udp_rcvbuf(ino), Some(second));
 }
 
 /// A socket bound by a process out of scope (a launcher that binds, then execs the program

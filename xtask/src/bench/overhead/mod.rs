@@ -42,6 +42,7 @@ mod exporter;
 mod guard;
 mod harness;
 mod hooks;
+mod loads;
 mod probes;
 mod syscalls;
 
@@ -54,7 +55,7 @@ pub(super) use super::loadavg;
 use crate::util::is_root;
 use datapath::Variant;
 use harness::Bins;
-use probes::Load;
+use loads::Load;
 
 /// The sections, in the order they run.
 const SECTIONS: [&str; 5] = ["probes", "datapath", "syscalls", "exporter", "guard"];
