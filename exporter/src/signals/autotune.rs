@@ -17,7 +17,7 @@ use super::{
     counters_of, who_or_unknown,
 };
 use crate::advice::{Inputs, TuneView};
-use crate::attribution::Attributor;
+use crate::attribution::{Attributor, Cause};
 use crate::bpf::table::PerCpuHash;
 use crate::bpf::{Hook, LoadPlan, PerCpuTable, ProbeSpec};
 use crate::exposition::Spec;
@@ -246,7 +246,7 @@ impl Autotune {
             })
             .map(|(ino, _)| *ino)
             .collect();
-        attr.resolve_inodes(&unknown);
+        attr.resolve_inodes(Cause::Autotune, &unknown);
         for (ino, v) in current {
             let prev = self.map.last.get(&ino);
             let d = match prev {
@@ -257,6 +257,11 @@ impl Autotune {
             let mut owner = prev.and_then(|p| p.owner);
             if d > 0 || owner.is_none() {
                 owner = attr.lookup_inode(ino).or(owner);
+            }
+            // Its owner is being looked up: the new grows wait for it (the map keeps counting;
+            // the delta is taken at the poll after the answer).
+            if d > 0 && owner.is_none() && attr.pending(ino) {
+                continue;
             }
             if d > 0 {
                 let who = who_or_unknown(store, PROBE.name, owner, d);
