@@ -20,9 +20,10 @@
 //! A pass is due when a cause with requests has a token (each cause earns one per
 //! [`CAUSE_EVERY`], up to [`CAUSE_BURST`]: a flood of one kind of request cannot make passes
 //! back to back), and no sooner than [`PASS_GAP`] and [`PASS_DUTY`] times the last pass's
-//! length after it (passes take at most a fifth of a core however the node churns). Each
-//! cause queues at most [`MAX_PENDING`] requests; beyond that a request is counted as dropped
-//! and its counts go to `comm="_unknown"`. Every pass serves every cause's requests.
+//! length after it (background passes take at most a fifth of a core however the node
+//! churns). A scrape whose counts wait runs its pass at once, rate limits aside, so that it
+//! shows every count before it. Each cause queues at most [`MAX_PENDING`] requests; beyond
+//! that a request is counted as dropped and its counts go to `comm="_unknown"`. Every pass serves every cause's requests.
 
 use std::path::Path;
 use std::time::{Duration, Instant};

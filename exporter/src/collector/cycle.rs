@@ -10,13 +10,15 @@ use super::{Collector, Held, Holder, lock_as};
 use crate::attribution::{Found, Lookup};
 
 impl Collector {
-    /// The owner look-up pass to run without the lock, when one is due (with `urgent_only`,
-    /// only when counts wait for it).
-    pub fn lookup_plan(&mut self, urgent_only: bool) -> Option<Lookup> {
-        if urgent_only && !self.attr.lookups_urgent() {
+    /// The owner look-up pass to run without the lock: in the background when one is due
+    /// (the per-cause rate limits); for a request (`for_request`) only when counts wait for
+    /// it, and then at once, whatever the limits say — a scrape shows every count that
+    /// happened before it, and the pass runs between its two holds of the lock.
+    pub fn lookup_plan(&mut self, for_request: bool) -> Option<Lookup> {
+        if for_request && !self.attr.lookups_urgent() {
             return None;
         }
-        self.attr.take_lookup(Instant::now(), false)
+        self.attr.take_lookup(Instant::now(), for_request)
     }
 
     /// Files what a look-up pass found; the rooms count what waited for it at their next
@@ -30,8 +32,8 @@ impl Collector {
 
 /// The collector, locked for a request that arrived at `arrived`, after a poll that started
 /// after it: a scrape reflects everything that happened before it. When counts wait for an
-/// owner look-up that is due, the pass runs between two holds of the lock and a second poll
-/// counts them (the first scrape after a burst on a new socket shows the burst).
+/// owner look-up, the pass runs between two holds of the lock and a second poll counts them
+/// (the first scrape after a burst on a new socket shows the burst).
 pub fn fresh(c: &Mutex<Collector>, arrived: Instant) -> Held<'_> {
     let mut held = lock_as(c, Holder::Request);
     if held.last_poll_started().is_some_and(|t| t >= arrived) {
