@@ -170,6 +170,7 @@ fn load(
             idle: Duration::from_secs(30).max(args.poll_interval * 3),
         },
         advice_window: args.advice_window,
+        advice_retention: args.advice_resolved_retention,
         pins: pins(&mut loaded),
         pinned_since: loaded
             .pins

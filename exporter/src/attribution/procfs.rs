@@ -31,7 +31,8 @@ impl Procfs {
         Self { root: root.into() }
     }
 
-    fn pid_path(&self, pid: u32, rest: &str) -> PathBuf {
+    /// `/proc/<pid>/<rest>` under this mount.
+    pub fn pid_path(&self, pid: u32, rest: &str) -> PathBuf {
         self.root.join(pid.to_string()).join(rest)
     }
 

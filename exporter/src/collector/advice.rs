@@ -23,6 +23,8 @@ pub struct AdviceCache {
     last: Option<(Instant, Arc<Vec<Finding>>)>,
     /// Something the rules read changed since `last` was computed.
     dirty: bool,
+    /// The findings' past: first seen, changes, resolved ones.
+    history: advice::History,
 }
 
 /// What the rules look at, besides the rooms: the store and the sysctl limits.
@@ -36,12 +38,13 @@ pub struct Observed<'a> {
 }
 
 impl AdviceCache {
-    /// Rates measured over `window`.
-    pub fn new(window: Duration) -> Self {
+    /// Rates measured over `window`; resolved findings kept for `retention`.
+    pub fn new(window: Duration, retention: Duration) -> Self {
         Self {
             window,
             last: None,
             dirty: true,
+            history: advice::History::new(retention),
         }
     }
 
@@ -63,6 +66,11 @@ impl AdviceCache {
                 .limits
                 .tcp_rmem_max
                 .unwrap_or(advice::TCP_RMEM_MAX_DEFAULT),
+            tcp_wmem_max: o
+                .limits
+                .tcp_wmem_max
+                .unwrap_or(advice::TCP_WMEM_MAX_DEFAULT),
+            udp_sockets: udp_sockets_in_use(),
             window: self.window,
             ..Inputs::default()
         };
@@ -77,7 +85,8 @@ impl AdviceCache {
         inputs
     }
 
-    /// Findings for tracked processes (those folded or unknown are not actionable).
+    /// Findings for tracked processes (those folded or unknown are not actionable), with
+    /// their past (first seen, resolved) from the cache's history.
     ///
     /// Evaluating the rules walks every socket that ever dropped (10,000 of them cost more
     /// than the rest of a scrape), so the result is reused until something it depends on
@@ -96,7 +105,7 @@ impl AdviceCache {
         // A set, not a scan of every tracked process per finding (1,000 × 1,000 per scrape).
         let tracked: HashSet<u32> = inputs.meta.keys().map(|p| p.tgid).collect();
         let findings: Arc<Vec<Finding>> = Arc::new(
-            advice::evaluate(&inputs)
+            advice::evaluate_with(&inputs, &mut self.history, advice::unix_now())
                 .into_iter()
                 .filter(|f| tracked.contains(&f.process.pid))
                 .collect(),
@@ -105,6 +114,19 @@ impl AdviceCache {
         self.dirty = false;
         findings
     }
+}
+
+/// `UDP: inuse N` of `/proc/net/sockstat` (this namespace).
+fn udp_sockets_in_use() -> Option<u64> {
+    let s = std::fs::read_to_string("/proc/net/sockstat").ok()?;
+    let line = s.lines().find(|l| l.starts_with("UDP: "))?;
+    let mut words = line.split_whitespace();
+    while let Some(w) = words.next() {
+        if w == "inuse" {
+            return words.next()?.parse().ok();
+        }
+    }
+    None
 }
 
 #[cfg(test)]
@@ -145,7 +167,7 @@ mod tests {
         let kernel = FakeTable::new(64);
         let room = locked_socket(&mut b, &kernel);
         let rooms: Vec<Box<dyn Signal>> = vec![Box::new(room)];
-        let mut cache = AdviceCache::new(Duration::from_secs(60));
+        let mut cache = AdviceCache::new(Duration::from_secs(60), Duration::from_secs(1800));
         let o = Observed {
             rooms: &rooms,
             store: &b.store,
@@ -171,7 +193,7 @@ mod tests {
         let kernel = FakeTable::new(64);
         let room = locked_socket(&mut b, &kernel);
         let rooms: Vec<Box<dyn Signal>> = vec![Box::new(room)];
-        let cache = AdviceCache::new(Duration::from_secs(30));
+        let cache = AdviceCache::new(Duration::from_secs(30), Duration::from_secs(1800));
         let i = cache.inputs(&Observed {
             rooms: &rooms,
             store: &b.store,

@@ -45,6 +45,9 @@ use poll::PollLoop;
 use render::{Exposed, RenderCache};
 use ring::RingDispatch;
 
+/// How often a poll evaluates the advice rules when nothing asked for them.
+const FINDINGS_EVERY_POLL: Duration = Duration::from_secs(5);
+
 /// How long `/metrics` reuses an evaluation of the advice rules (the `bufscope_finding`
 /// gauges) even when something changed; `/api/v1/findings` always re-evaluates.
 const FINDINGS_MIN_AGE_SCRAPE: Duration = Duration::from_secs(1);
@@ -68,6 +71,8 @@ pub struct Config {
     pub timing: Timing,
     /// Window over which advice measures rates.
     pub advice_window: Duration,
+    /// How long resolved findings are kept (`--advice.resolved-retention`).
+    pub advice_retention: Duration,
     /// `--bpf.pin-path`: `TOTALS` and the pinned links.
     pub pins: Option<Pins>,
     /// With adopted pins: when the pinned maps began counting (Unix seconds), the
@@ -93,6 +98,7 @@ impl Config {
                 idle: Duration::from_secs(30),
             },
             advice_window: Duration::from_secs(60),
+            advice_retention: crate::advice::history::DEFAULT_RETENTION,
             pins: None,
             pinned_since: None,
             run_stats: None,
@@ -110,6 +116,7 @@ impl Config {
             health,
             timing,
             advice_window,
+            advice_retention,
             pins,
             pinned_since,
             run_stats,
@@ -132,7 +139,7 @@ impl Config {
             stats,
             poll: PollLoop::default(),
             ring: RingDispatch::new(events),
-            advice: AdviceCache::new(advice_window),
+            advice: AdviceCache::new(advice_window, advice_retention),
             gc: Gc::new(timing),
             render,
             pinned,
@@ -246,6 +253,9 @@ impl Collector {
         }
         self.health.rmem_max = self.limits.rmem_max;
         self.health.wmem_max = self.limits.wmem_max;
+        // Findings are evaluated while nobody reads them too, so a finding that cost and
+        // stopped after a fix is seen resolved (their past lives in the advice history).
+        self.findings(FINDINGS_EVERY_POLL);
         self.heartbeat.polled();
     }
 

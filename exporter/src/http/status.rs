@@ -151,6 +151,7 @@ mod tests {
                 evidence: Default::default(),
                 rule: String::new(),
                 guard: Some(String::new()),
+                ..bufscope_api::Finding::default()
             }],
         })
         .unwrap();

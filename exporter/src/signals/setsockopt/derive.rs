@@ -41,6 +41,12 @@ pub fn set_rcvbuf_lock(ev: &SockoptEvent) -> bool {
     ev.ret == 0 && ev.locks_before & SOCK_RCVBUF_LOCK == 0 && ev.locks_after & SOCK_RCVBUF_LOCK != 0
 }
 
+/// True when this call turned send autotuning off for the socket (`SOCK_SNDBUF_LOCK`: a
+/// successful `SO_SNDBUF`/`SO_SNDBUFFORCE`, or `SO_BUF_LOCK` with the bit).
+pub fn set_sndbuf_lock(ev: &SockoptEvent) -> bool {
+    ev.ret == 0 && ev.locks_before & SOCK_SNDBUF_LOCK == 0 && ev.locks_after & SOCK_SNDBUF_LOCK != 0
+}
+
 /// `EINVAL`.
 pub(super) const EINVAL: i32 = 22;
 /// `EPERM`.
@@ -199,6 +205,7 @@ mod tests {
         rmem_max: Some(4_194_304),
         wmem_max: Some(4_194_304),
         tcp_rmem_max: None,
+        tcp_wmem_max: None,
     };
     const FLOORS: Floors = Floors {
         rcvbuf: 2304,
@@ -319,5 +326,12 @@ mod tests {
         e.locks_before = 1;
         e.locks_after = 1;
         assert!(!set_rcvbuf_lock(&e), "SO_SNDBUF lock is not a receive lock");
+        e.locks_before = 0;
+        assert!(set_sndbuf_lock(&e), "SO_SNDBUF set the send lock");
+        e.locks_before = 1;
+        assert!(!set_sndbuf_lock(&e), "already locked");
+        e.locks_before = 0;
+        e.ret = -1;
+        assert!(!set_sndbuf_lock(&e), "a failed call sets nothing");
     }
 }

@@ -1,0 +1,392 @@
+//! What the findings were before: when each was first seen, when its verdict last changed,
+//! its numbers while it cost, and whether a fix took. A per-socket finding that cost and then
+//! stops costing after a change is kept as `resolved` (for `--advice.resolved-retention`) with
+//! the numbers before and after:
+//!
+//! - **resized**: the same socket got a larger buffer and has not dropped since (judged once
+//!   [`RESOLVE_AFTER`] passed since the change; drops/s after = drops since the change ÷ the
+//!   time since it);
+//! - **restarted**: the socket went away and the same program (comm, container, pod) has a
+//!   socket of the same protocol and direction that does not cost (its size and drops/s).
+//!
+//! Drops that merely stop (the traffic went away, nothing changed) make a finding benign, not
+//! resolved. State is bounded by the findings and sockets the rules see.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use bufscope_api::{Resolution, Snapshot, Verdict};
+use bufscope_policy::Direction;
+
+use super::{Finding, Severity};
+use crate::labels::Proto;
+
+/// How long after a buffer change a socket must go without drops before the change is called
+/// a fix.
+pub const RESOLVE_AFTER: u64 = 10;
+
+/// How long resolved findings (and costing ones waiting for their program's new socket) are
+/// kept by default (`--advice.resolved-retention`).
+pub const DEFAULT_RETENTION: Duration = Duration::from_secs(30 * 60);
+
+/// Who a program is across restarts: comm, container, pod, namespace.
+pub type Program = (String, String, String, String);
+
+/// One socket direction as the rules saw it in one evaluation.
+#[derive(Clone, Debug)]
+pub struct Observation {
+    /// Its process.
+    pub pid: u32,
+    /// Its socket.
+    pub inode: u64,
+    /// Its program.
+    pub program: Program,
+    /// Transport.
+    pub proto: Proto,
+    /// Which buffer.
+    pub dir: Direction,
+    /// The buffer's size now.
+    pub bytes: i64,
+    /// Drops so far.
+    pub drops_total: u64,
+    /// Drops/s over the window.
+    pub window_rate: f64,
+    /// The finding's kind (None: nothing to say about it).
+    pub kind: Option<&'static str>,
+}
+
+type Key = (u32, u64, &'static str);
+
+fn dir_key(d: Direction) -> &'static str {
+    match d {
+        Direction::Receive => "receive",
+        Direction::Send => "send",
+    }
+}
+
+#[derive(Clone, Debug)]
+struct Entry {
+    program: Program,
+    proto: Proto,
+    dir: Option<Direction>,
+    first_seen: u64,
+    last_seen: u64,
+    /// The evaluation that last saw it.
+    seen: u64,
+    changed_at: u64,
+    verdict: Option<Verdict>,
+    severity: Severity,
+    bytes: i64,
+    /// When the buffer last changed size, and the drops then.
+    resized: Option<(u64, u64)>,
+    /// The numbers while it last cost.
+    costing: Option<Snapshot>,
+    /// Set once resolved: when.
+    resolved_at: Option<u64>,
+    /// The finding as last shown.
+    shown: Option<Finding>,
+}
+
+/// Findings' past, across evaluations.
+#[derive(Debug)]
+pub struct History {
+    entries: HashMap<Key, Entry>,
+    /// Sockets with nothing to say this evaluation (candidates for a restarted program's
+    /// successor).
+    quiet: Vec<Observation>,
+    /// How long resolved findings are kept.
+    pub retention: Duration,
+    /// Evaluations so far.
+    generation: u64,
+}
+
+impl Default for History {
+    fn default() -> Self {
+        Self::new(DEFAULT_RETENTION)
+    }
+}
+
+impl History {
+    /// Nothing seen yet.
+    pub fn new(retention: Duration) -> Self {
+        Self {
+            entries: HashMap::new(),
+            quiet: Vec::new(),
+            retention,
+            generation: 0,
+        }
+    }
+
+    /// Starts an evaluation.
+    pub fn begin(&mut self) {
+        self.quiet.clear();
+        self.generation += 1;
+    }
+
+    /// A socket direction with nothing to say.
+    pub fn observe_quiet(&mut self, o: &Observation, now: u64) {
+        self.track(o, now);
+        self.quiet.push(o.clone());
+    }
+
+    /// Records the size; returns the entry.
+    fn track(&mut self, o: &Observation, now: u64) -> &mut Entry {
+        let generation = self.generation;
+        let e = self
+            .entries
+            .entry((o.pid, o.inode, dir_key(o.dir)))
+            .or_insert_with(|| Entry {
+                program: o.program.clone(),
+                proto: o.proto,
+                dir: Some(o.dir),
+                first_seen: now,
+                last_seen: now,
+                seen: generation,
+                changed_at: now,
+                verdict: None,
+                severity: Severity::Info,
+                bytes: o.bytes,
+                resized: None,
+                costing: None,
+                resolved_at: None,
+                shown: None,
+            });
+        if e.bytes != o.bytes {
+            e.bytes = o.bytes;
+            e.resized = Some((now, o.drops_total));
+        }
+        e.last_seen = now;
+        e.seen = generation;
+        e
+    }
+
+    /// Seconds since the socket's buffer changed size, while that is within the window's
+    /// judgement (None: no change seen).
+    pub fn seconds_since_change(&mut self, o: &Observation, now: u64) -> Option<u64> {
+        let e = self.track(o, now);
+        e.resized.map(|(at, _)| now.saturating_sub(at))
+    }
+
+    /// Drops/s to judge the socket by: since its buffer changed (when it did and the socket
+    /// cost before), else over the window.
+    pub fn rate(&mut self, o: &Observation, now: u64) -> f64 {
+        let e = self.track(o, now);
+        match (e.resized, &e.costing) {
+            (Some((at, drops_then)), Some(_)) => {
+                let secs = now.saturating_sub(at).max(1) as f64;
+                o.drops_total.saturating_sub(drops_then) as f64 / secs
+            }
+            _ => o.window_rate,
+        }
+    }
+
+    /// Applies the lifecycle to this evaluation's per-socket findings and adds the resolved
+    /// ones still kept.
+    pub fn settle(
+        &mut self,
+        made: Vec<(Finding, Observation)>,
+        now: u64,
+        _window: Duration,
+    ) -> Vec<Finding> {
+        let mut out = Vec::with_capacity(made.len());
+        for (mut f, o) in made {
+            let e = self.track(&o, now);
+            let rate = f.evidence.get("drops_per_second").copied().unwrap_or(0.0);
+            match f.verdict {
+                Some(Verdict::Costing) => {
+                    e.costing = Some(Snapshot {
+                        bytes: o.bytes,
+                        drops_per_second: rate,
+                        inode: o.inode,
+                        pid: o.pid,
+                    });
+                    e.resolved_at = None;
+                }
+                Some(Verdict::Benign) => {
+                    let since_change = e.resized.map(|(at, _)| now.saturating_sub(at));
+                    if let (Some(before), Some(since)) = (&e.costing, since_change)
+                        && o.bytes > before.bytes
+                        && since >= RESOLVE_AFTER
+                    {
+                        let at = *e.resolved_at.get_or_insert(now);
+                        resolve(
+                            &mut f,
+                            Resolution {
+                                at,
+                                before: before.clone(),
+                                after: Snapshot {
+                                    bytes: o.bytes,
+                                    drops_per_second: rate,
+                                    inode: o.inode,
+                                    pid: o.pid,
+                                },
+                                change: "resized".into(),
+                            },
+                        );
+                    } else if let (Some(_), Some(since)) = (&e.costing, since_change)
+                        && since < RESOLVE_AFTER
+                    {
+                        f.summary.push_str(&format!(
+                            " (the buffer changed {since}s ago: called resolved after \
+                             {RESOLVE_AFTER}s without drops)"
+                        ));
+                    }
+                }
+                _ => {}
+            }
+            if e.verdict != f.verdict || e.severity != f.severity {
+                if e.verdict.is_some() {
+                    e.changed_at = now;
+                }
+                e.verdict = f.verdict;
+                e.severity = f.severity;
+            }
+            f.since = e.first_seen;
+            f.changed_at = e.changed_at;
+            e.shown = Some(f.clone());
+            out.push(f);
+        }
+        out
+    }
+
+    /// Ends an evaluation: entries not seen in it are gone (socket closed, process exited);
+    /// those that cost and whose program now has a socket that does not are resolved, and
+    /// resolved ones still kept are added to `out`.
+    pub fn finish(&mut self, out: &mut Vec<Finding>, now: u64) {
+        let retention = self.retention.as_secs();
+        let generation = self.generation;
+        // Sockets not seen now: gone (closed, or their process exited).
+        let quiet = std::mem::take(&mut self.quiet);
+        let costing_now: Vec<(Program, Proto, Option<Direction>)> = self
+            .entries
+            .values()
+            .filter(|e| e.seen == generation && e.verdict == Some(Verdict::Costing))
+            .map(|e| (e.program.clone(), e.proto, e.dir))
+            .collect();
+        let mut gone_keep: Vec<Finding> = Vec::new();
+        self.entries.retain(|_, e| {
+            if e.seen == generation {
+                return true;
+            }
+            if let Some(at) = e.resolved_at {
+                if now.saturating_sub(at) > retention {
+                    return false;
+                }
+                if let Some(f) = &e.shown {
+                    gone_keep.push(f.clone());
+                }
+                return true;
+            }
+            let Some(before) = e.costing.clone() else {
+                return false;
+            };
+            if now.saturating_sub(e.last_seen) > retention {
+                return false;
+            }
+            if costing_now.contains(&(e.program.clone(), e.proto, e.dir)) {
+                // The program's new socket costs too: its own finding says so.
+                return false;
+            }
+            let successor = quiet.iter().find(|q| {
+                q.program == e.program
+                    && q.proto == e.proto
+                    && Some(q.dir) == e.dir
+                    && (q.pid, q.inode) != (before.pid, before.inode)
+            });
+            let Some(q) = successor else {
+                // Not yet (the program restarting): wait, not shown.
+                return true;
+            };
+            let Some(mut f) = e.shown.clone() else {
+                return false;
+            };
+            resolve(
+                &mut f,
+                Resolution {
+                    at: now,
+                    before,
+                    after: Snapshot {
+                        bytes: q.bytes,
+                        drops_per_second: q.window_rate,
+                        inode: q.inode,
+                        pid: q.pid,
+                    },
+                    change: "restarted".into(),
+                },
+            );
+            f.changed_at = now;
+            e.resolved_at = Some(now);
+            e.shown = Some(f.clone());
+            gone_keep.push(f);
+            true
+        });
+        out.extend(gone_keep);
+    }
+
+    /// First seen and last changed for a per-process finding (keyed by pid and kind).
+    pub fn stamp(&mut self, f: &mut Finding, now: u64) {
+        let key = (f.process.pid, 0, f.kind);
+        let generation = self.generation;
+        let e = self.entries.entry(key).or_insert_with(|| Entry {
+            program: Default::default(),
+            proto: Proto::Other,
+            dir: None,
+            first_seen: now,
+            last_seen: now,
+            seen: 0,
+            changed_at: now,
+            verdict: None,
+            severity: f.severity,
+            bytes: 0,
+            resized: None,
+            costing: None,
+            resolved_at: None,
+            shown: None,
+        });
+        if e.severity != f.severity {
+            e.severity = f.severity;
+            e.changed_at = now;
+        }
+        e.last_seen = now;
+        e.seen = generation;
+        f.since = e.first_seen;
+        f.changed_at = e.changed_at;
+    }
+
+    /// Entries kept (for tests and bounds).
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    /// Nothing kept.
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+}
+
+/// Turns `f` into its resolved form.
+fn resolve(f: &mut Finding, r: Resolution) {
+    let how = match r.change.as_str() {
+        "restarted" => format!(
+            "the program's new socket {} (pid {}) has {} and drops {:.1}/s",
+            r.after.inode,
+            r.after.pid,
+            super::kib(r.after.bytes as f64),
+            r.after.drops_per_second
+        ),
+        _ => format!(
+            "the buffer went to {} and the socket has dropped {:.1}/s since",
+            super::kib(r.after.bytes as f64),
+            r.after.drops_per_second
+        ),
+    };
+    f.summary = format!(
+        "resolved: before, {} at {:.1} drops/s; now {how}. Was: {}",
+        super::kib(r.before.bytes as f64),
+        r.before.drops_per_second,
+        f.summary
+    );
+    f.verdict = Some(Verdict::Resolved);
+    f.severity = Severity::Info;
+    f.resolved = Some(r);
+}
