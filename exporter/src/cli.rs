@@ -45,6 +45,10 @@ pub struct ExplainArgs {
     /// Only findings about processes with this name.
     #[arg(long)]
     pub comm: Option<String>,
+    /// Only what changed in this time (new findings, verdicts that moved, resolved ones), e.g.
+    /// `--since 10m` after applying a fix.
+    #[arg(long, value_parser = duration_within(Duration::from_secs(1), Duration::from_secs(7 * 24 * 3600)), value_name = "DURATION")]
+    pub since: Option<Duration>,
     /// Print the raw JSON document instead of text.
     #[arg(long)]
     pub json: bool,
