@@ -207,6 +207,7 @@ mod tests {
                 "pod",
                 "rcvbuf_locks",
                 "setsockopt",
+                "sndbuf_locks",
                 "tcp_autotune_suppressed",
                 "tcp_established",
                 "tcp_wscale_shrunk"
