@@ -111,6 +111,10 @@ pub enum Verdict {
     /// It cost before and stopped after a change (a larger buffer on the socket, or the
     /// program restarted with one): kept for a while with the numbers before and after.
     Resolved,
+    /// It cost, then its socket closed (or its process exited) and no socket of the same
+    /// program has replaced it yet: kept for a while with its last numbers; it becomes
+    /// `resolved` if the program comes back with a socket that does not cost.
+    Gone,
     /// A value this version does not know.
     #[serde(other)]
     Unknown,
@@ -123,6 +127,7 @@ impl Verdict {
             Self::Costing => "costing",
             Self::Benign => "benign",
             Self::Resolved => "resolved",
+            Self::Gone => "gone",
             Self::Unknown => "unknown",
         }
     }
@@ -166,8 +171,13 @@ pub struct Limit<S = String> {
     pub bytes: Option<i64>,
     /// How the socket's namespace sees it: `host` (the socket is in the host's namespace),
     /// `read_only` (the namespace shows the host's value read-only, 6.11+: it cannot be raised
-    /// from there), `absent` (the namespace has no such file: only the host sets it).
+    /// from there), `absent` (the namespace has no such file: only the host sets it), `netns`
+    /// (the namespace has its own, writable value), `unknown` (bufscope could not look:
+    /// `unreadable` says why; `bytes` is then the host's value, which the kernel clamps with).
     pub scope: S,
+    /// Why the namespace's view could not be read (with scope `unknown`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unreadable: Option<String>,
 }
 
 /// The story of one socket's buffer in one direction: every call in order, the final size,

@@ -139,11 +139,21 @@ fn socket_parts(f: &Finding, now: u64, out: &mut String) {
             let v = l
                 .bytes
                 .map_or_else(|| "unknown".to_string(), |b| b.to_string());
+            let unknown;
             let scope = match l.scope.as_str() {
                 "host" => "the host's namespace",
                 "read_only" => "read-only in the socket's namespace: raised only on the host",
                 "absent" => "not visible in the socket's namespace: raised only on the host",
                 "netns" => "the socket's namespace has its own",
+                "unknown" => {
+                    unknown = format!(
+                        "the socket's namespace: {}; the value is the host's",
+                        l.unreadable
+                            .as_deref()
+                            .unwrap_or("not readable from bufscope")
+                    );
+                    &unknown
+                }
                 other => other,
             };
             out.push_str(&format!(

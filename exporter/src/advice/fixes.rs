@@ -169,6 +169,12 @@ pub(super) fn fixes(
             LimitScope::Absent => format!(
                 "{sysctl} does not exist in the pod's network namespace on this kernel: only the host sets it"
             ),
+            LimitScope::Unknown => format!(
+                "{sysctl} in the pod's network namespace is {}; no kernel up to 6.18 lets a \
+                 namespace raise it, so count on the host",
+                ns.and_then(|n| n.unreadable_text())
+                    .unwrap_or_else(|| "not readable from bufscope".to_string())
+            ),
             LimitScope::Host => String::new(),
         };
         out.push(Fix {

@@ -7,10 +7,14 @@
 //!   [`RESOLVE_AFTER`] passed since the change; drops/s after = drops since the change ÷ the
 //!   time since it);
 //! - **restarted**: the socket went away and the same program (comm, container, pod) has a
-//!   socket of the same protocol and direction that does not cost (its size and drops/s).
+//!   socket of the same protocol and direction that does not cost (its size and drops/s) —
+//!   a socket it sized, or one it never sized that the collector found among the program's
+//!   live sockets ([`History::waiting`]: a fix through `rmem_default` and a restart).
 //!
-//! Drops that merely stop (the traffic went away, nothing changed) make a finding benign, not
-//! resolved. State is bounded by the findings and sockets the rules see.
+//! A costing socket that goes away before a successor shows is kept as `gone` with its last
+//! numbers (never dropped silently). Drops that merely stop (the traffic went away, nothing
+//! changed) make a finding benign, not resolved. State is bounded: [`MAX_ENTRIES`] entries,
+//! [`MAX_SHOWN_PER_PROGRAM`] gone or resolved findings per program and kind.
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -85,6 +89,16 @@ struct Entry {
     resolved_at: Option<u64>,
     /// The finding as last shown.
     shown: Option<Finding>,
+    /// The finding as last shown while its socket was there (once it is gone).
+    before_gone: Option<Finding>,
+}
+
+impl Entry {
+    /// The finding as last shown before it was marked gone (a gone finding turned resolved
+    /// tells the story of the socket, not of its absence).
+    fn unshown_gone(&self) -> Option<Finding> {
+        self.before_gone.clone()
+    }
 }
 
 /// Findings' past, across evaluations.
@@ -150,6 +164,7 @@ impl History {
                 costing: None,
                 resolved_at: None,
                 shown: None,
+                before_gone: None,
             });
         if e.bytes != o.bytes {
             e.bytes = o.bytes;
@@ -249,13 +264,14 @@ impl History {
         out
     }
 
-    /// Ends an evaluation: entries not seen in it are gone (socket closed, process exited);
-    /// those that cost and whose program now has a socket that does not are resolved, and
-    /// resolved ones still kept are added to `out`.
+    /// Ends an evaluation: entries not seen in it are gone (socket closed, process exited).
+    /// Those that cost are shown as `gone` with their last numbers until the program has a
+    /// socket of the same protocol and direction that does not cost (then `resolved`,
+    /// `restarted`) or one that costs too (then that socket's own finding says so and this
+    /// one goes), or until the retention passes. Resolved ones still kept are added to `out`.
     pub fn finish(&mut self, out: &mut Vec<Finding>, now: u64) {
         let retention = self.retention.as_secs();
         let generation = self.generation;
-        // Sockets not seen now: gone (closed, or their process exited).
         let quiet = std::mem::take(&mut self.quiet);
         let costing_now: Vec<(Program, Proto, Option<Direction>)> = self
             .entries
@@ -287,6 +303,9 @@ impl History {
                 // The program's new socket costs too: its own finding says so.
                 return false;
             }
+            let Some(mut f) = e.shown.clone() else {
+                return false;
+            };
             let successor = quiet.iter().find(|q| {
                 q.program == e.program
                     && q.proto == e.proto
@@ -294,12 +313,22 @@ impl History {
                     && (q.pid, q.inode) != (before.pid, before.inode)
             });
             let Some(q) = successor else {
-                // Not yet (the program restarting): wait, not shown.
+                // Not (yet) back: shown as gone, with its last numbers.
+                if f.verdict != Some(Verdict::Gone) {
+                    e.before_gone = Some(f.clone());
+                    gone(&mut f, &before, e.last_seen);
+                    e.changed_at = now;
+                    f.changed_at = now;
+                    e.verdict = f.verdict;
+                    e.severity = f.severity;
+                    e.shown = Some(f.clone());
+                }
+                gone_keep.push(f);
                 return true;
             };
-            let Some(mut f) = e.shown.clone() else {
-                return false;
-            };
+            if let Some(was) = e.unshown_gone() {
+                f = was;
+            }
             resolve(
                 &mut f,
                 Resolution {
@@ -315,12 +344,54 @@ impl History {
                 },
             );
             f.changed_at = now;
+            e.changed_at = now;
+            e.verdict = f.verdict;
+            e.severity = f.severity;
             e.resolved_at = Some(now);
             e.shown = Some(f.clone());
             gone_keep.push(f);
             true
         });
+        bound_per_program(&mut gone_keep);
         out.extend(gone_keep);
+        self.bound();
+    }
+
+    /// Programs with a costing socket that is gone and not yet replaced, with its protocol:
+    /// the collector looks up their live sockets (which may never have been sized, so no
+    /// room knows them) so that a restart can be seen to fix it.
+    pub fn waiting(&self) -> Vec<(Program, Proto)> {
+        let mut out: Vec<(Program, Proto)> = self
+            .entries
+            .values()
+            .filter(|e| {
+                e.seen != self.generation
+                    && e.resolved_at.is_none()
+                    && e.costing.is_some()
+                    && e.dir.is_some()
+            })
+            .map(|e| (e.program.clone(), e.proto))
+            .collect();
+        out.sort();
+        out.dedup();
+        out
+    }
+
+    /// Keeps the history within [`MAX_ENTRIES`]: the entries not seen for longest go first.
+    fn bound(&mut self) {
+        if self.entries.len() <= MAX_ENTRIES {
+            return;
+        }
+        let mut ages: Vec<(u64, Key)> = self
+            .entries
+            .iter()
+            .map(|(k, e)| (e.last_seen, *k))
+            .collect();
+        ages.sort_unstable();
+        let excess = self.entries.len() - MAX_ENTRIES;
+        for (_, k) in ages.into_iter().take(excess) {
+            self.entries.remove(&k);
+        }
     }
 
     /// First seen and last changed for a per-process finding (keyed by pid and kind).
@@ -342,6 +413,7 @@ impl History {
             costing: None,
             resolved_at: None,
             shown: None,
+            before_gone: None,
         });
         if e.severity != f.severity {
             e.severity = f.severity;
@@ -362,6 +434,65 @@ impl History {
     pub fn is_empty(&self) -> bool {
         self.entries.is_empty()
     }
+}
+
+/// Gone and resolved findings shown per program at most (the newest kept): a program whose
+/// short-lived processes each cost once does not flood the list.
+pub const MAX_SHOWN_PER_PROGRAM: usize = 16;
+
+/// Entries kept at most (sockets and per-process findings, seen or remembered).
+pub const MAX_ENTRIES: usize = 50_000;
+
+/// Keeps at most [`MAX_SHOWN_PER_PROGRAM`] gone or resolved findings per (program, kind),
+/// the most recently changed.
+fn bound_per_program(fs: &mut Vec<Finding>) {
+    fs.sort_by(|a, b| {
+        let ka = (
+            &a.process.comm,
+            &a.process.container,
+            &a.process.pod,
+            a.kind,
+        );
+        let kb = (
+            &b.process.comm,
+            &b.process.container,
+            &b.process.pod,
+            b.kind,
+        );
+        ka.cmp(&kb).then(b.changed_at.cmp(&a.changed_at))
+    });
+    let mut n = 0usize;
+    let mut last: Option<(String, String, String, &'static str)> = None;
+    fs.retain(|f| {
+        let k = (
+            f.process.comm.clone(),
+            f.process.container.clone(),
+            f.process.pod.clone(),
+            f.kind,
+        );
+        if last.as_ref() == Some(&k) {
+            n += 1;
+        } else {
+            last = Some(k);
+            n = 1;
+        }
+        n <= MAX_SHOWN_PER_PROGRAM
+    });
+}
+
+/// Turns a costing finding whose socket went away into its `gone` form, with its last
+/// numbers.
+fn gone(f: &mut Finding, before: &Snapshot, last_seen: u64) {
+    f.summary = format!(
+        "gone: the socket closed or its process exited while it cost ({} at {:.1} drops/s \
+         when last seen, at {last_seen}); no socket of the same program has replaced it yet. \
+         Was: {}",
+        super::kib(before.bytes as f64),
+        before.drops_per_second,
+        f.summary
+    );
+    f.verdict = Some(Verdict::Gone);
+    f.severity = Severity::Info;
 }
 
 /// Turns `f` into its resolved form.

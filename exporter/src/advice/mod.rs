@@ -232,6 +232,9 @@ pub enum LimitScope {
     Writable,
     /// The namespace has no such file (before 6.11): only the host sets it.
     Absent,
+    /// bufscope could not look (entering the namespace failed: no `CAP_SYS_ADMIN` over it,
+    /// or its processes exited first).
+    Unknown,
 }
 
 impl LimitScope {
@@ -242,6 +245,7 @@ impl LimitScope {
             Self::ReadOnly => "read_only",
             Self::Writable => "netns",
             Self::Absent => "absent",
+            Self::Unknown => "unknown",
         }
     }
 }
@@ -258,6 +262,24 @@ pub struct NsLimits {
     /// The socket's owner runs in a user namespace other than the initial one: a capability
     /// it holds there does not pass `capable(CAP_NET_ADMIN)` for `*FORCE`.
     pub user_ns: bool,
+    /// Why the namespace's view could not be read (an errno of entering it), with
+    /// [`LimitScope::Unknown`].
+    pub unreadable: Option<i32>,
+}
+
+impl NsLimits {
+    /// Why the namespace's view could not be read, in words (None when it was read).
+    pub fn unreadable_text(&self) -> Option<String> {
+        let errno = self.unreadable?;
+        let why = match errno {
+            libc::EPERM => "EPERM: setns needs CAP_SYS_ADMIN over the namespace".to_string(),
+            libc::ENOENT | libc::ESRCH => {
+                "the process exited before bufscope could enter its namespace".to_string()
+            }
+            e => std::io::Error::from_raw_os_error(e).to_string(),
+        };
+        Some(format!("not readable from bufscope ({why})"))
+    }
 }
 
 /// TCP connection shape of one process.
@@ -345,6 +367,26 @@ pub struct Inputs {
     /// UDP sockets in use in the host's namespace (`/proc/net/sockstat`), for what a raised
     /// default would cost.
     pub udp_sockets: Option<u64>,
+    /// Live sockets of the programs whose costing socket is gone ([`History::waiting`]),
+    /// including ones they never sized: a restart's new socket.
+    pub live: Vec<LiveSocket>,
+}
+
+/// A live socket of a program, as sock_diag shows it (`ss -m` `rb`, `tb`, `d`).
+#[derive(Clone, Debug)]
+pub struct LiveSocket {
+    /// Its holder.
+    pub owner: ProcRef,
+    /// Socket inode.
+    pub inode: u64,
+    /// Transport.
+    pub proto: Proto,
+    /// `sk_rcvbuf`.
+    pub rcvbuf: i64,
+    /// `sk_sndbuf`.
+    pub sndbuf: i64,
+    /// Drops so far (`SK_MEMINFO_DROPS`).
+    pub drops: u64,
 }
 
 fn kib(b: f64) -> String {

@@ -566,6 +566,27 @@ pub(super) fn socket_findings(b: &mut Builder<'_>, history: &mut History, now: u
         let f = finding(b, c, kind, &calls, j);
         made.push((f, obs));
     }
+    // Live sockets of programs whose costing socket is gone: a restart's new socket, which
+    // the rules see nowhere else when the program never sizes it.
+    let known: std::collections::HashSet<u64> = cands.iter().map(|c| c.inode).collect();
+    for l in inputs.live.iter().filter(|l| !known.contains(&l.inode)) {
+        for (dir, bytes) in [(Direction::Receive, l.rcvbuf), (Direction::Send, l.sndbuf)] {
+            history.observe_quiet(
+                &Observation {
+                    pid: l.owner.tgid,
+                    inode: l.inode,
+                    program: b.program(&l.owner),
+                    proto: l.proto,
+                    dir,
+                    bytes,
+                    drops_total: l.drops,
+                    window_rate: 0.0,
+                    kind: None,
+                },
+                now,
+            );
+        }
+    }
     let made = history.settle(made, now, inputs.window);
     push_grouped(b, made);
 }
@@ -634,6 +655,7 @@ fn finding(
             (None, _) => host_value,
         },
         scope: ns.map_or("host", |n| n.scope.as_str()),
+        unreadable: ns.and_then(|n| n.unreadable_text()),
     };
     let bytes = c.bytes();
     let proto = c.proto.as_str();

@@ -98,6 +98,7 @@ fn force_refused_then_clamped_fallback_is_one_costing_story() {
             rmem_max: Some(212_992),
             wmem_max: Some(212_992),
             user_ns: false,
+            unreadable: None,
         },
     );
     i.drops.push(dropping(1, 77, 5000, 120.0, 425_984));
@@ -440,6 +441,135 @@ fn a_restart_with_a_larger_buffer_is_resolved() {
     assert!(f.iter().any(|f| f.verdict == Some(Verdict::Resolved)));
     let f = evaluate_with(&i, &mut h, t + 30 + 601);
     assert!(!f.iter().any(|f| f.verdict == Some(Verdict::Resolved)));
+}
+
+/// A costing socket whose program exits with no successor is not dropped silently: it is
+/// shown as `gone` with its last numbers (not counted in `bufscope_finding`'s terms: info),
+/// then goes after the retention.
+#[test]
+fn a_costing_socket_that_goes_away_is_kept_as_gone() {
+    let mut h = History::new(Duration::from_secs(600));
+    let mut i = inputs();
+    i.drops.push(dropping(1, 77, 6000, 100.0, 212_992));
+    let t = 1_796_000_000;
+    let f = evaluate_with(&i, &mut h, t);
+    assert_eq!(f[0].verdict, Some(Verdict::Costing));
+    assert!(h.waiting().is_empty(), "still there");
+    // The process exits: its socket and its drops go; nothing replaces it.
+    i.meta.clear();
+    i.drops.clear();
+    let f = evaluate_with(&i, &mut h, t + 10);
+    assert_eq!(f.len(), 1, "{f:?}");
+    let g = &f[0];
+    assert_eq!(
+        (g.verdict, g.severity, g.kind),
+        (Some(Verdict::Gone), Severity::Info, kind::UDP_RCVBUF_DROPS)
+    );
+    assert_eq!(g.socket.as_ref().map(|s| s.inode), Some(77));
+    assert!(
+        g.summary.starts_with("gone: ") && g.summary.contains("100.0 drops/s"),
+        "{}",
+        g.summary
+    );
+    assert_eq!(g.changed_at, t + 10);
+    assert_eq!(h.waiting().len(), 1, "its program is looked for");
+    // Still gone later (unchanged), then forgotten after the retention.
+    let f = evaluate_with(&i, &mut h, t + 300);
+    assert_eq!((f.len(), f[0].changed_at), (1, t + 10));
+    let f = evaluate_with(&i, &mut h, t + 10 + 601);
+    assert!(f.is_empty(), "{f:?}");
+    assert!(h.waiting().is_empty());
+}
+
+/// A program that never sizes its buffer drops; it is fixed with net.core.rmem_default and a
+/// restart. Its new socket has no calls and no drops, so no room knows it: the collector's
+/// live sockets of the waiting program show it, and the finding turns resolved (restarted)
+/// with the new size.
+#[test]
+fn a_never_sized_socket_fixed_by_rmem_default_and_a_restart_is_resolved() {
+    let mut h = History::new(Duration::from_secs(600));
+    let mut i = inputs();
+    i.drops.push(dropping(1, 77, 6000, 100.0, 212_992));
+    let t = 1_796_000_000;
+    evaluate_with(&i, &mut h, t);
+    // Exit: gone while the program is away.
+    let meta = i.meta[&p(1)].clone();
+    i.meta.clear();
+    i.drops.clear();
+    let f = evaluate_with(&i, &mut h, t + 5);
+    assert_eq!(f[0].verdict, Some(Verdict::Gone));
+    // The program is back (a new pid) with the default raised: one live socket, 8 MiB.
+    i.meta.insert(p(2), meta);
+    i.live.push(LiveSocket {
+        owner: p(2),
+        inode: 99,
+        proto: Proto::Udp,
+        rcvbuf: 8_388_608,
+        sndbuf: 212_992,
+        drops: 0,
+    });
+    let f = evaluate_with(&i, &mut h, t + 10);
+    let x = f
+        .iter()
+        .find(|f| f.verdict == Some(Verdict::Resolved))
+        .unwrap_or_else(|| panic!("{f:?}"));
+    let r = x.resolved.as_ref().unwrap();
+    assert_eq!(r.change, "restarted");
+    assert_eq!(
+        (
+            r.before.pid,
+            r.before.inode,
+            r.before.bytes,
+            r.before.drops_per_second
+        ),
+        (1, 77, 212_992, 100.0)
+    );
+    assert_eq!(
+        (
+            r.after.pid,
+            r.after.inode,
+            r.after.bytes,
+            r.after.drops_per_second
+        ),
+        (2, 99, 8_388_608, 0.0)
+    );
+    assert!(
+        x.summary.starts_with("resolved: ") && !x.summary.contains("gone:"),
+        "the socket's story, not its absence: {}",
+        x.summary
+    );
+    assert_eq!(f.len(), 1, "only the resolved one: {f:?}");
+    assert!(h.waiting().is_empty(), "nothing to look for any more");
+}
+
+/// Many processes of one program that cost at once (a pool of short-lived workers) and all
+/// exit: their gone findings are bounded per program, the newest kept. (A program whose next
+/// socket costs too replaces the gone finding instead: that socket's own finding says so.)
+#[test]
+fn gone_findings_are_bounded_per_program() {
+    let mut h = History::new(Duration::from_secs(600));
+    let mut i = inputs();
+    let meta = i.meta[&p(1)].clone();
+    let t = 1_796_000_000;
+    i.meta.clear();
+    for n in 0..40u32 {
+        i.meta.insert(p(100 + n), meta.clone());
+        i.drops
+            .push(dropping(100 + n, 1000 + u64::from(n), 10, 5.0, 212_992));
+    }
+    let f = evaluate_with(&i, &mut h, t);
+    assert_eq!(
+        f.iter()
+            .filter(|f| f.verdict == Some(Verdict::Costing))
+            .count(),
+        40,
+        "one per process"
+    );
+    i.meta.clear();
+    i.drops.clear();
+    let f = evaluate_with(&i, &mut h, t + 10);
+    assert_eq!(f.len(), history::MAX_SHOWN_PER_PROGRAM, "{f:?}");
+    assert!(f.iter().all(|f| f.verdict == Some(Verdict::Gone)));
 }
 
 /// Many sockets of one process with the same finding: the costliest listed, the rest counted.

@@ -270,6 +270,7 @@ impl Collector {
             rooms: &self.rooms,
             store: &self.store,
             limits: self.limits,
+            procfs: self.attr.procfs(),
         })
     }
 
@@ -280,6 +281,7 @@ impl Collector {
             rooms: &self.rooms,
             store: &self.store,
             limits: self.limits,
+            procfs: self.attr.procfs(),
         };
         self.advice.findings(min_age, &o)
     }

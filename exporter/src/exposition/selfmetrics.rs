@@ -196,7 +196,11 @@ fn findings_family<P: Parts>(store: &Store<P>, findings: &[Finding], out: &mut V
     let tracked: foldhash::HashSet<u32> = store.procs().map(|(p, _)| p.tgid).collect();
     let mut counts: std::collections::BTreeMap<[&str; 7], u64> = std::collections::BTreeMap::new();
     for x in findings.iter().filter(|x| {
-        tracked.contains(&x.process.pid) && x.verdict != Some(bufscope_api::Verdict::Resolved)
+        tracked.contains(&x.process.pid)
+            && !matches!(
+                x.verdict,
+                Some(bufscope_api::Verdict::Resolved | bufscope_api::Verdict::Gone)
+            )
     }) {
         *counts
             .entry([

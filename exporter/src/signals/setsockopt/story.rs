@@ -11,7 +11,7 @@ use foldhash::{HashMap, HashMapExt as _, HashSet};
 
 use crate::advice::{LimitScope, NsLimits, SocketStory, TcpSample};
 use crate::attribution::Procfs;
-use crate::kernel::sock_diag::{Diag, netns_of};
+use crate::kernel::sock_diag::{Diag, in_netns, netns_of};
 use crate::labels::Proto;
 
 /// Most sockets whose story is kept (an arbitrary old one goes first beyond).
@@ -20,43 +20,68 @@ pub const MAX_STORIES: usize = 20_000;
 /// How often locked TCP sockets are read through sock_diag.
 pub const DIAG_EVERY: Duration = Duration::from_secs(5);
 
-/// How a process's network namespace sees the buffer limits (`/proc/<pid>/sys/net/core/*`,
-/// which shows the process's own namespace), and whether it runs in a user namespace other
-/// than the initial one.
+/// How a process's network namespace sees the buffer limits, and whether it runs in a user
+/// namespace other than the initial one.
+///
+/// `/proc/sys/net` shows the namespace of the thread that opens it, so the files are read by a
+/// thread that enters the process's namespace ([`in_netns`], `setns`: `CAP_SYS_ADMIN` over it).
+/// When that fails (no capability, the process already exited) the scope is
+/// [`LimitScope::Unknown`] with the errno, and the finding says it could not be read.
 pub fn ns_limits(procfs: &Procfs, pid: u32, host_netns: Option<u32>) -> NsLimits {
-    let read = |name: &str| -> (Option<i64>, Option<bool>) {
-        let p = procfs.pid_path(pid, &format!("sys/net/core/{name}"));
-        let writable = std::fs::metadata(&p)
-            .ok()
-            .map(|m| m.permissions().mode() & 0o222 != 0);
-        let v = std::fs::read_to_string(&p)
-            .ok()
-            .and_then(|s| s.trim().parse().ok());
-        (v, writable)
-    };
-    let (rmem_max, rw) = read("rmem_max");
-    let (wmem_max, _) = read("wmem_max");
-    let netns = procfs.netns(pid);
-    let scope = if netns.is_some() && netns == host_netns {
-        LimitScope::Host
-    } else {
-        match rw {
-            None => LimitScope::Absent,
-            Some(false) => LimitScope::ReadOnly,
-            Some(true) => LimitScope::Writable,
-        }
-    };
     let user_ns = {
         let mine = std::fs::read_link(procfs.pid_path(pid, "ns/user")).ok();
         let init = std::fs::read_link(procfs.pid_path(1, "ns/user")).ok();
         matches!((mine, init), (Some(a), Some(b)) if a != b)
     };
-    NsLimits {
-        scope,
-        rmem_max,
-        wmem_max,
+    let mut l = NsLimits {
+        scope: LimitScope::Host,
+        rmem_max: None,
+        wmem_max: None,
         user_ns,
+        unreadable: None,
+    };
+    let netns = procfs.netns(pid);
+    if netns.is_some() && netns == host_netns {
+        return l;
     }
+    let read = in_netns(&procfs.pid_path(pid, "ns/net"), || {
+        Ok((core_sysctl("rmem_max")?, core_sysctl("wmem_max")?))
+    });
+    match read {
+        Ok((rmem, wmem)) => {
+            l.scope = match rmem {
+                None => LimitScope::Absent,
+                Some((_, false)) => LimitScope::ReadOnly,
+                Some((_, true)) => LimitScope::Writable,
+            };
+            l.rmem_max = rmem.and_then(|r| r.0);
+            l.wmem_max = wmem.and_then(|w| w.0);
+        }
+        Err(e) => {
+            tracing::debug!(pid, error = %e, "reading rmem_max in the socket's network namespace");
+            l.scope = LimitScope::Unknown;
+            l.unreadable = Some(e.raw_os_error().unwrap_or(libc::EIO));
+        }
+    }
+    l
+}
+
+/// `/proc/sys/net/core/<name>` as the calling thread's network namespace shows it: None when
+/// the namespace has no such file (kernels before 6.11 show the buffer limits only in the
+/// initial one), else its value and whether its mode lets root write it (6.11+: 0444, the
+/// initial namespace's value).
+fn core_sysctl(name: &str) -> std::io::Result<Option<(Option<i64>, bool)>> {
+    let p = Path::new("/proc/sys/net/core").join(name);
+    let meta = match std::fs::metadata(&p) {
+        Ok(m) => m,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(e),
+    };
+    let writable = meta.permissions().mode() & 0o200 != 0;
+    let value = std::fs::read_to_string(&p)
+        .ok()
+        .and_then(|s| s.trim().parse().ok());
+    Ok(Some((value, writable)))
 }
 
 /// The network namespace bufscope itself runs in (the host's, under a DaemonSet with

@@ -16,6 +16,7 @@ fn room() -> Setsockopt {
     Setsockopt {
         stories: HashMap::new(),
         ns_limits: BTreeMap::new(),
+        ns_tried: BTreeMap::new(),
         own_netns: story::own_netns(),
         diag: crate::kernel::sock_diag::Diag::new(),
         diag_at: None,
