@@ -11,7 +11,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use bufscope_integration::fixtures::{WITHOUT_CAP_NET_ADMIN, rmem_max};
-use bufscope_integration::{Exporter, TempDir, Workload, eventually, proc_udp_drops};
+use bufscope_integration::{Exporter, TempDir, Workload, bufscope_bin, eventually, proc_udp_drops};
 use serde_json::Value;
 
 const UNBOUND: &str = "/usr/sbin/unbound";
@@ -363,6 +363,19 @@ fn unbound_without_cap_net_admin_costs_then_a_restart_with_it_resolves() {
     assert!(
         of_socket(&findings(&e), ino2, "costing").is_none(),
         "the new socket does not cost"
+    );
+    // `bufscope explain --since` shows what changed: the resolved finding, on the old pid.
+    let text = run(Command::new(bufscope_bin()).args([
+        "explain",
+        "--url",
+        &format!("http://{}", e.addr),
+        "--since",
+        "10m",
+    ]));
+    assert!(
+        text.lines()
+            .any(|l| l.contains("[resolved]") && l.contains(&format!("unbound (pid {pid1})"))),
+        "{text}"
     );
     u.stop();
 }
