@@ -212,7 +212,8 @@ fn unbound_without_cap_net_admin_costs_then_a_restart_with_it_resolves() {
     )
     .unwrap();
 
-    let e = Exporter::start(&[]);
+    // The closed socket leaves bufscope's rooms at the next GC (a quarter of --retention).
+    let e = Exporter::start(&["--retention", "20s"]);
     let ns = Netns::new();
     // The limit as the socket's namespace sees it, from the kernel.
     let ns_rmem_max: i64 = run(&mut ns.exec(&["cat", "/proc/sys/net/core/rmem_max"]))
@@ -296,7 +297,12 @@ fn unbound_without_cap_net_admin_costs_then_a_restart_with_it_resolves() {
     let limit = &story["limit"];
     assert_eq!(limit["sysctl"], "net.core.rmem_max");
     assert_eq!(limit["bytes"].as_i64(), Some(ns_rmem_max));
-    assert_eq!(limit["scope"], scope, "the namespace's file mode");
+    eprintln!(
+        "limit {limit}; the namespace shows rmem_max {ns_rmem_max} (mode {})",
+        mode.trim()
+    );
+    // Checked last (the rest of the story still runs when it fails).
+    let scope_seen = limit["scope"].clone();
     assert!(f["evidence"]["drops_per_second"].as_f64().unwrap() > 0.0);
     let fixes = f["fixes"].as_array().unwrap();
     let app = fixes
@@ -332,10 +338,26 @@ fn unbound_without_cap_net_admin_costs_then_a_restart_with_it_resolves() {
     let (pid2, ino2) = (u.pid(), u.socket().unwrap());
     let rb2 = ss_rb(&ns, ino2);
     assert_eq!(rb2 as i64, 2 * request, "kernel: FORCE is not clamped");
-    let f = eventually(
-        Duration::from_secs(30),
-        "the finding resolved by the restart",
-        || of_socket(&findings(&e), ino1, "resolved"),
+    // The old socket's drops must first be idle 30 s (the drops room's GC), then the next
+    // evaluation finds the program's new socket.
+    let restarted = std::time::Instant::now();
+    let mut last = Vec::new();
+    let f = loop {
+        let fs = findings(&e);
+        if let Some(f) = of_socket(&fs, ino1, "resolved") {
+            break f;
+        }
+        last = fs;
+        assert!(
+            restarted.elapsed() < Duration::from_secs(120),
+            "no resolved finding for {ino1} within 120 s of the restart: {last:#?}"
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    };
+    drop(last);
+    eprintln!(
+        "resolved {:.0} s after the restart",
+        restarted.elapsed().as_secs_f64()
     );
     let r = &f["resolved"];
     eprintln!(
@@ -378,4 +400,5 @@ fn unbound_without_cap_net_admin_costs_then_a_restart_with_it_resolves() {
         "{text}"
     );
     u.stop();
+    assert_eq!(scope_seen, scope, "the namespace's rmem_max file mode");
 }

@@ -39,6 +39,31 @@ pub use story::{DIAG_EVERY, MAX_STORIES};
 /// How soon a network namespace whose limits could not be read is tried again.
 const NS_RETRY: std::time::Duration = std::time::Duration::from_secs(5);
 
+/// Whether a namespace's view of the limits must be read (again) for a call of process `pid`:
+/// never read; or not readable because the process looked through had exited by then (a
+/// short-lived `ip -n <ns> …` that sized its netlink socket while configuring the namespace
+/// before the daemon started: its events are decoded after it is gone) — at once through
+/// another process —; or not readable for another reason (`EPERM`) — at most every
+/// [`NS_RETRY`].
+fn ns_stale(
+    limits: Option<&NsLimits>,
+    tried: Option<(std::time::Instant, u32)>,
+    pid: u32,
+    now: std::time::Instant,
+) -> bool {
+    let Some(l) = limits else {
+        return true;
+    };
+    if l.scope != LimitScope::Unknown {
+        return false;
+    }
+    let Some((at, by)) = tried else {
+        return true;
+    };
+    let exited = matches!(l.unreadable, Some(libc::ENOENT | libc::ESRCH));
+    (exited && by != pid) || now.duration_since(at) >= NS_RETRY
+}
+
 /// The probe.
 pub const PROBE: ProbeSpec = ProbeSpec {
     name: "setsockopt",
@@ -175,8 +200,8 @@ pub struct Setsockopt {
     stories: HashMap<u64, SocketStory>,
     /// How each network namespace of those sockets sees the limits (read once per namespace).
     ns_limits: BTreeMap<u32, NsLimits>,
-    /// When each namespace's view was last read.
-    ns_tried: BTreeMap<u32, std::time::Instant>,
+    /// When each namespace's view was last read, and through which process.
+    ns_tried: BTreeMap<u32, (std::time::Instant, u32)>,
     /// bufscope's own network namespace.
     own_netns: Option<u32>,
     /// sock_diag sockets, one per namespace.
@@ -258,22 +283,16 @@ impl Setsockopt {
                 self.stories.remove(&k);
             }
         }
-        // Read once per namespace; a namespace that could not be read (its process exited
-        // first, say) is tried again on a later call, at most every NS_RETRY.
+        // Read once per namespace; one that could not be read is read again (ns_stale).
         let now = std::time::Instant::now();
-        let stale = match self.ns_limits.get(&ev.netns) {
-            None => true,
-            Some(l) => {
-                l.scope == LimitScope::Unknown
-                    && self
-                        .ns_tried
-                        .get(&ev.netns)
-                        .is_none_or(|t| now.duration_since(*t) >= NS_RETRY)
-            }
-        };
-        if stale {
+        if ns_stale(
+            self.ns_limits.get(&ev.netns),
+            self.ns_tried.get(&ev.netns).copied(),
+            owner.tgid,
+            now,
+        ) {
             let l = story::ns_limits(procfs, owner.tgid, self.own_netns);
-            self.ns_tried.insert(ev.netns, now);
+            self.ns_tried.insert(ev.netns, (now, owner.tgid));
             self.ns_limits.insert(ev.netns, l);
         }
         let effective = if option.is_send() {

@@ -219,3 +219,34 @@ fn unowned_calls_and_gc() {
     b.gc(&mut r, &HashSet::default());
     assert!(r.stories.is_empty() && r.ns_limits.is_empty());
 }
+
+/// A namespace whose limits could not be read because the process looked through had exited
+/// (an `ip -n` that configured it) is read again through the next process that calls there;
+/// one refused for another reason (EPERM) waits NS_RETRY; one read is not read again.
+#[test]
+fn a_namespace_read_through_an_exited_process_is_read_again() {
+    let now = std::time::Instant::now();
+    let limits = |scope, unreadable| NsLimits {
+        scope,
+        rmem_max: None,
+        wmem_max: None,
+        user_ns: false,
+        unreadable,
+    };
+    let unreadable = |errno| limits(LimitScope::Unknown, Some(errno));
+    let exited = unreadable(libc::ENOENT);
+    assert!(ns_stale(None, None, 10, now), "never read");
+    assert!(
+        ns_stale(Some(&exited), Some((now, 9)), 10, now),
+        "another process, at once"
+    );
+    assert!(
+        !ns_stale(Some(&exited), Some((now, 10)), 10, now),
+        "not through the same exited process again"
+    );
+    let refused = unreadable(libc::EPERM);
+    assert!(!ns_stale(Some(&refused), Some((now, 9)), 10, now));
+    assert!(ns_stale(Some(&refused), Some((now, 9)), 10, now + NS_RETRY));
+    let read = limits(LimitScope::ReadOnly, None);
+    assert!(!ns_stale(Some(&read), Some((now, 9)), 10, now));
+}
