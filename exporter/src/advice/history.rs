@@ -258,6 +258,9 @@ impl History {
             }
             f.since = e.first_seen;
             f.changed_at = e.changed_at;
+            if let Some(prev) = &e.shown {
+                keep_what_was_known(&mut f, prev);
+            }
             e.shown = Some(f.clone());
             out.push(f);
         }
@@ -478,6 +481,31 @@ fn bound_per_program(fs: &mut Vec<Finding>) {
         }
         n <= MAX_SHOWN_PER_PROGRAM
     });
+}
+
+/// A closed socket leaves the setsockopt room at its GC, its drops later (once idle), and its
+/// process the store after `--retention`: in between, its finding would be rebuilt from the
+/// drops alone — "never sized", no limit, no name — and that is what `gone` and `resolved`
+/// would then show. Once a socket's story is known, the finding keeps it (and its process's
+/// name), with this evaluation's verdict, severity and drop figures.
+fn keep_what_was_known(f: &mut Finding, prev: &Finding) {
+    let untold = |g: &Finding| g.story.as_ref().is_none_or(|s| s.calls_total == 0);
+    if untold(f) && !untold(prev) {
+        let mut g = prev.clone();
+        g.verdict = f.verdict;
+        g.severity = f.severity;
+        g.since = f.since;
+        g.changed_at = f.changed_at;
+        for k in ["drops_total", "drops_per_second"] {
+            if let Some(v) = f.evidence.get(k) {
+                g.evidence.insert(k, *v);
+            }
+        }
+        *f = g;
+    }
+    if f.process.comm.is_empty() && !prev.process.comm.is_empty() {
+        f.process = prev.process.clone();
+    }
 }
 
 /// Turns a costing finding whose socket went away into its `gone` form, with its last

@@ -795,3 +795,49 @@ fn findings_rank_by_what_they_cost_now() {
     );
     assert!(f[0].summary.contains("dropping 1000/s"), "{}", f[0].summary);
 }
+
+/// The socket closed: the setsockopt room forgot its story at its GC and its process left the
+/// store, while its drops are still there. Its finding keeps the story and the name it had.
+#[test]
+fn a_closed_sockets_finding_keeps_its_story_while_its_drops_linger() {
+    let mut h = History::new(Duration::from_secs(600));
+    let mut i = inputs();
+    i.stories.push(story(
+        1,
+        77,
+        Proto::Udp,
+        &[
+            rec(
+                BufOption::RcvbufForce,
+                7 << 20,
+                212_992,
+                -libc::EPERM,
+                false,
+            ),
+            rec(BufOption::Rcvbuf, 7 << 20, 425_984, 0, true),
+        ],
+    ));
+    i.drops.push(dropping(1, 77, 5000, 120.0, 425_984));
+    let t = 1_796_000_000;
+    let first = evaluate_with(&i, &mut h, t);
+    let was = first
+        .iter()
+        .find(|f| f.socket.as_ref().is_some_and(|s| s.inode == 77))
+        .unwrap()
+        .clone();
+    assert!(was.story.is_some());
+    i.stories.clear();
+    i.meta.clear();
+    i.drops = vec![dropping(1, 77, 5000, 80.0, 425_984)];
+    let f = evaluate_with(&i, &mut h, t + 5);
+    let now = f
+        .iter()
+        .find(|f| f.socket.as_ref().is_some_and(|s| s.inode == 77))
+        .unwrap_or_else(|| panic!("{f:#?}"));
+    assert_eq!(now.story, was.story, "the story it had");
+    assert_eq!(now.process.comm, "wireguard-go");
+    assert_eq!(
+        now.evidence["drops_per_second"], 80.0,
+        "this evaluation's rate"
+    );
+}
