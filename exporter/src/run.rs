@@ -10,7 +10,7 @@ use tokio::io::unix::AsyncFd;
 
 use bufscope_common::maps;
 
-use crate::attribution::{Attributor, OwnersMap, Procfs};
+use crate::attribution::{Attributor, OwnersMap, Procfs, UdpSocketsMap};
 use crate::bpf::ring::Ring;
 use crate::bpf::{self, LoadPlan, Probes, Purpose, Stats};
 use crate::cli::RunArgs;
@@ -92,9 +92,9 @@ pub async fn run(args: RunArgs, addrs: Vec<std::net::SocketAddr>) -> anyhow::Res
         heartbeat,
         stale_after: (args.poll_interval.max(EVENTS_DRAIN_EVERY) * http::STALE_INTERVALS)
             .max(http::STALE_AT_LEAST),
-        in_flight: Arc::new(tokio::sync::Semaphore::new(http::MAX_IN_FLIGHT)),
-        queued: Arc::default(),
+        slots: http::clients::Slots::new(),
     };
+    let health_only = http::health_only_router(app.clone());
     let router = http::router(app, &args.telemetry_path, auth);
     let local = listener
         .local_addr()
@@ -113,9 +113,11 @@ pub async fn run(args: RunArgs, addrs: Vec<std::net::SocketAddr>) -> anyhow::Res
     match tls {
         Some(cfg) => {
             let l = TlsListener::new(listener, cfg, permits.clone()).context("TLS listener")?;
-            http::serve::serve(l, router, permits, shutdown_signal()).await;
+            http::serve::serve(l, router, health_only, permits, shutdown_signal()).await;
         }
-        None => http::serve::serve(listener, router, permits, shutdown_signal()).await,
+        None => {
+            http::serve::serve(listener, router, health_only, permits, shutdown_signal()).await;
+        }
     }
     events_task.abort();
     poll_task.abort();
@@ -167,7 +169,7 @@ fn load(
             // Each GC reads /proc/<pid>/stat of every tracked process: a quarter of the
             // retention window is often enough for exited processes to leave on time.
             gc_every: (args.retention / 4).clamp(Duration::from_secs(2), Duration::from_secs(60)),
-            idle: Duration::from_secs(30).max(args.poll_interval * 3),
+            idle: gc_idle().max(args.poll_interval * 3),
         },
         advice_window: args.advice_window,
         advice_retention: args.advice_resolved_retention,
@@ -183,7 +185,7 @@ fn load(
         },
         ..collector::Config::new(
             Store::new(args.max_processes, args.retention),
-            attributor(args, built.services.owners),
+            attributor(args, built.services.owners, built.services.udp_sockets),
         )
     }
     .build();
@@ -191,13 +193,19 @@ fn load(
 }
 
 /// The attribution service: `/proc` (`--path.procfs`), `OWNERS` when a program fills it,
-/// pod labels from `--kubernetes.log-dir` (default /var/log; "" for none).
-fn attributor(args: &RunArgs, owners: Option<OwnersMap>) -> Attributor {
+/// `UDP_SOCKETS` when the owners probe runs, pod labels from `--kubernetes.log-dir` (default
+/// /var/log; "" for none).
+fn attributor(
+    args: &RunArgs,
+    owners: Option<OwnersMap>,
+    udp_sockets: Option<UdpSocketsMap>,
+) -> Attributor {
     let log_dir = args
         .kubernetes_log_dir
         .clone()
         .unwrap_or_else(|| std::path::PathBuf::from("/var/log"));
     Attributor::new(Procfs::new(&args.procfs), owners)
+        .with_udp_sockets(udp_sockets)
         .with_pods(Some(log_dir).filter(|d| !d.as_os_str().is_empty()))
 }
 
@@ -379,4 +387,19 @@ async fn shutdown_signal() {
         _ = term => {}
     }
     tracing::info!("shutting down");
+}
+
+/// How long a map entry must be idle before the GC may collect it: 30 s. Debug builds (the
+/// tests' binary, never a release) take `BUFSCOPE_DEBUG_GC_IDLE` (e.g. `3s`) instead, so the
+/// tests that wait for the GC by design wait seconds, not half a minute.
+fn gc_idle() -> Duration {
+    const IDLE: Duration = Duration::from_secs(30);
+    #[cfg(debug_assertions)]
+    if let Ok(v) = std::env::var("BUFSCOPE_DEBUG_GC_IDLE") {
+        match bufscope_policy::units::parse_duration(&v) {
+            Ok(d) => return d,
+            Err(e) => tracing::warn!("BUFSCOPE_DEBUG_GC_IDLE={v:?} ignored: {e}"),
+        }
+    }
+    IDLE
 }
