@@ -82,6 +82,8 @@ pub struct ProcessRow {
     pub failed: u64,
     /// Sockets that got `SOCK_RCVBUF_LOCK` (TCP receive autotuning off).
     pub rcvbuf_locks: u64,
+    /// Sockets that got `SOCK_SNDBUF_LOCK` (TCP send autotuning off).
+    pub sndbuf_locks: u64,
 
     // The tcp_state room.
     /// TCP connections established.
@@ -210,6 +212,7 @@ mod tests {
                 "pod",
                 "rcvbuf_locks",
                 "setsockopt",
+                "sndbuf_locks",
                 "tcp_autotune_suppressed",
                 "tcp_established",
                 "tcp_wscale_shrunk"

@@ -203,6 +203,8 @@ pub struct NetlinkView {
     pub owner: Option<ProcRef>,
     /// Socket inode.
     pub inode: u64,
+    /// Inode of its network namespace.
+    pub netns: u32,
     /// Netlink protocol (`NETLINK_ROUTE` = 0, `NETLINK_XFRM` = 6, …).
     pub protocol: u16,
     /// Multicast groups it listens to (the first 32).
@@ -275,7 +277,9 @@ pub(super) fn netlink_overruns(b: &mut Builder<'_>) {
              CAP_NET_ADMIN; not capped by net.core.rmem_max={}), else SO_RCVBUF with \
              net.core.rmem_max >= {want}{}",
             kib(want as f64),
-            limit(b.inputs.rmem_max),
+            b.inputs
+                .rmem_max
+                .map_or_else(|| "unknown".to_string(), |v| v.to_string()),
             daemon_hint(worst.protocol)
         );
         if worst.no_enobufs == Some(true) {
@@ -310,6 +314,7 @@ pub(super) fn netlink_overruns(b: &mut Builder<'_>) {
             Some(SocketRef {
                 inode: worst.inode,
                 proto: "netlink",
+                netns: u64::from(worst.netns),
             }),
             summary,
             fix,
@@ -377,6 +382,7 @@ mod xfrm_tests {
         let lost = NetlinkView {
             owner: Some(owner),
             inode: 5,
+            netns: 4026531840,
             protocol: NETLINK_XFRM,
             groups: 0x1,
             overruns: 340,
@@ -486,6 +492,7 @@ mod tests {
                 start_ticks: 1,
             }),
             inode: 93093,
+            netns: 4026531840,
             protocol: 6,
             groups: 0x4,
             overruns: 5991,

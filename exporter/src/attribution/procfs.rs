@@ -36,7 +36,8 @@ impl Procfs {
         &self.root
     }
 
-    fn pid_path(&self, pid: u32, rest: &str) -> PathBuf {
+    /// `/proc/<pid>/<rest>` under this mount.
+    pub fn pid_path(&self, pid: u32, rest: &str) -> PathBuf {
         self.root.join(pid.to_string()).join(rest)
     }
 

@@ -55,10 +55,9 @@ pub struct Health {
 
 const FINDING: Spec = Spec::gauge(
     "bufscope_finding",
-    "Active findings (1 per process and kind); /api/v1/findings and `bufscope explain` say what to change.",
+    "Active findings per program, kind and severity (the value: how many, one per socket and buffer direction for the per-socket kinds, one per process for the others; resolved ones are not counted); /api/v1/findings and `bufscope explain` name the sockets and say what to change.",
     &[
         "comm",
-        "pid",
         "container",
         "pod",
         "namespace",
@@ -188,27 +187,35 @@ pub fn families<P: Parts>(
     f.done(out);
 }
 
-/// `bufscope_finding`: one series per finding of a process tracked now.
+/// `bufscope_finding`: per program (no pid, no socket: bounded by programs × kinds ×
+/// severities), how many active findings of processes tracked now.
 fn findings_family<P: Parts>(store: &Store<P>, findings: &[Finding], out: &mut Vec<MetricFamily>) {
     let mut f = FINDING.family();
-    // Findings may be up to a second old (see `Collector::findings`): show only those of
+    // Findings may be up to a second old (see `Collector::findings`): count only those of
     // processes tracked now, so the finding series stay within --max-processes too.
     let tracked: foldhash::HashSet<u32> = store.procs().map(|(p, _)| p.tgid).collect();
-    for x in findings.iter().filter(|x| tracked.contains(&x.process.pid)) {
-        let pid = x.process.pid.to_string();
-        f.push(
-            &[
+    let mut counts: std::collections::BTreeMap<[&str; 7], u64> = std::collections::BTreeMap::new();
+    for x in findings.iter().filter(|x| {
+        tracked.contains(&x.process.pid)
+            && !matches!(
+                x.verdict,
+                Some(bufscope_api::Verdict::Resolved | bufscope_api::Verdict::Gone)
+            )
+    }) {
+        *counts
+            .entry([
                 x.process.comm.as_str(),
-                pid.as_str(),
                 x.process.container.as_str(),
                 x.process.pod.as_str(),
                 x.process.namespace.as_str(),
                 x.process.container_name.as_str(),
                 x.kind,
                 x.severity.as_str(),
-            ],
-            1.0,
-        );
+            ])
+            .or_default() += 1;
+    }
+    for (labels, n) in &counts {
+        f.push(labels, *n as f64);
     }
     f.done(out);
 }

@@ -25,6 +25,7 @@ use super::netlink::namespaces::Namespaces;
 use super::netlink::table;
 use super::{AdviceCx, BuildCx, NoFlags, PollCx, ProcStats, Room, Services, Signal};
 use crate::advice::{Inputs, XfrmView};
+use crate::attribution::Cause;
 use crate::bpf::{Hook, LoadPlan, ProbeSpec};
 use crate::exposition::Spec;
 use crate::store::{ProcMeta, ProcRef};
@@ -99,6 +100,9 @@ pub struct Netns {
     pub owner: Option<(ProcRef, ProcMeta)>,
     /// When the daemon was last looked for.
     pub owner_at: Option<Instant>,
+    /// Whether a look-up of its daemon's sockets has not answered yet (looked for again at
+    /// the next poll, counts moving or not).
+    pub owner_pending: bool,
 }
 
 /// Applies one read of a namespace's counters: returns the increments (reason, n).
@@ -184,7 +188,8 @@ impl Room for Xfrm {
 impl Xfrm {
     /// The IKE daemon of namespace `netns` (read through `pid`): the holder of an XFRM
     /// netlink socket bound to groups, else of any XFRM netlink socket, else of a PF_KEY one.
-    fn find_owner(cx: &mut PollCx<'_>, pid: u32) -> Option<ProcRef> {
+    /// Also says whether a look-up for one of those sockets is still pending.
+    fn find_owner(cx: &mut PollCx<'_>, pid: u32) -> (Option<ProcRef>, bool) {
         let procfs = cx.attr.procfs();
         let rows = procfs
             .read_text(pid, "net/netlink")
@@ -210,11 +215,13 @@ impl Xfrm {
             );
         }
         if candidates.is_empty() {
-            return None;
+            return (None, false);
         }
         let wanted: HashSet<u64> = candidates.iter().copied().collect();
-        cx.attr.resolve_inodes(&wanted);
-        candidates.iter().find_map(|i| cx.attr.lookup_inode(*i))
+        cx.attr.resolve_inodes(Cause::Holders, &wanted);
+        let found = candidates.iter().find_map(|i| cx.attr.lookup_inode(*i));
+        let pending = found.is_none() && candidates.iter().any(|i| cx.attr.pending(*i));
+        (found, pending)
     }
 
     /// Folds the namespace counting least recently into `_other` while over the bound.
@@ -260,11 +267,15 @@ impl Signal for Xfrm {
             let n = self.series.entry(netns).or_default();
             n.alive = true;
             let inc = apply(n, counters, baseline);
-            if inc.is_empty() {
-                continue;
+            let waiting = n.owner_pending;
+            if !inc.is_empty() {
+                moved = true;
+                n.changed = Some(now);
             }
-            moved = true;
-            n.changed = Some(now);
+            let look = waiting
+                || (!inc.is_empty()
+                    && n.owner_at
+                        .is_none_or(|t| now.duration_since(t) >= OWNER_REFRESH));
             for (reason, d) in inc {
                 let total = n.counted.entry(reason.clone()).or_default();
                 *total += d;
@@ -272,13 +283,15 @@ impl Signal for Xfrm {
                 h.push((now, *total));
                 h.retain(|(t, _)| now.duration_since(*t) <= crate::advice::MAX_WINDOW);
             }
-            let look = n
-                .owner_at
-                .is_none_or(|t| now.duration_since(t) >= OWNER_REFRESH);
             if look {
-                let found = Self::find_owner(cx, pid).map(|p| (p, cx.attr.meta(&p)));
+                let (found, pending) = Self::find_owner(cx, pid);
+                let found = found.map(|p| (p, cx.attr.meta(&p)));
                 if let Some(n) = self.series.get_mut(&netns) {
-                    n.owner_at = Some(now);
+                    n.owner_pending = pending;
+                    if !pending {
+                        n.owner_at = Some(now);
+                    }
+                    moved |= waiting && found.is_some();
                     let kept = n.owner.take().filter(|(p, _)| cx.attr.alive(p));
                     n.owner = found.or(kept);
                 }

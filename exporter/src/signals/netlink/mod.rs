@@ -27,6 +27,7 @@ use prometheus::proto::MetricFamily;
 
 use super::{AdviceCx, BuildCx, NoFlags, Part, PollCx, ProcStats, Room, Services, Signal};
 use crate::advice::{Inputs, NetlinkView};
+use crate::attribution::Cause;
 use crate::bpf::{Hook, LoadPlan, ProbeSpec};
 use crate::exposition::Spec;
 use crate::store::{ProcRef, Who};
@@ -122,6 +123,8 @@ pub struct Sock {
     pub counted: u64,
     /// Who its overruns went to.
     pub owner: Option<ProcRef>,
+    /// Overruns read while its owner was being looked up: counted once the look-up answers.
+    pub held: u64,
     /// Receive buffer and `NETLINK_NO_ENOBUFS`, when read.
     pub options: Option<sockopt::Options>,
     /// When `options` was last read (or tried).
@@ -212,6 +215,7 @@ pub fn apply(
                         drops: r.drops,
                         counted: if baseline { 0 } else { r.drops },
                         owner: None,
+                        held: 0,
                         options: None,
                         options_at: None,
                         history,
@@ -337,11 +341,31 @@ impl Signal for Netlink {
         self.namespaces_read = read.len();
         let baseline = !self.polled;
         self.polled = true;
+        // Overruns held for a look-up of a socket that is now gone go to `_unknown` below.
+        let held_before: HashMap<u64, u64> = self
+            .socks
+            .iter()
+            .filter(|(_, s)| s.held > 0)
+            .map(|(i, s)| (*i, s.held))
+            .collect();
         let changes = apply(&mut self.socks, &rows, &read, baseline, now);
         for ino in &changes.gone {
+            if let Some(h) = held_before.get(ino) {
+                cx.store.count_unknown(PROBE.name, *h);
+            }
             cx.attr.forget_inode(*ino);
         }
-        if changes.counted.is_empty() {
+        // New overruns, and those held at earlier polls (their look-up may have answered).
+        let mut due: HashMap<u64, u64> = self
+            .socks
+            .iter()
+            .filter(|(_, s)| s.held > 0)
+            .map(|(i, _)| (*i, 0))
+            .collect();
+        for (ino, d) in &changes.counted {
+            *due.entry(*ino).or_default() += d;
+        }
+        if due.is_empty() {
             return !changes.gone.is_empty();
         }
         let moved: HashSet<u64> = changes.counted.iter().map(|(i, _)| *i).collect();
@@ -352,16 +376,28 @@ impl Signal for Netlink {
             .filter(|i| cx.attr.lookup_inode(**i).is_none())
             .copied()
             .collect();
-        cx.attr.resolve_inodes(&unknown);
-        for (ino, d) in &changes.counted {
-            let Some(s) = self.socks.get_mut(ino) else {
+        cx.attr.resolve_inodes(Cause::Drops, &unknown);
+        let mut counted_any = !changes.gone.is_empty();
+        for (ino, d) in due {
+            let Some(s) = self.socks.get_mut(&ino) else {
                 continue;
             };
-            let owner = cx.attr.lookup_inode(*ino).or(s.owner);
+            let owner = cx.attr.lookup_inode(ino).or(s.owner);
             s.owner = owner;
+            // Its owner is being looked up: the overruns wait for the answer (no `_unknown`
+            // for a socket whose owner is found a poll later).
+            if owner.is_none() && cx.attr.pending(ino) {
+                s.held += d;
+                continue;
+            }
+            let d = d + std::mem::take(&mut s.held);
+            if d == 0 {
+                continue;
+            }
+            counted_any = true;
             let protocol = s.protocol;
             if owner.is_none() {
-                cx.store.count_unknown(PROBE.name, *d);
+                cx.store.count_unknown(PROBE.name, d);
             }
             let attr = &*cx.attr;
             *cx.store
@@ -373,9 +409,9 @@ impl Signal for Netlink {
                 .overruns
                 .entry(protocol)
                 .or_default() += d;
-            self.refresh_options(*ino, cx, now);
+            self.refresh_options(ino, cx, now);
         }
-        true
+        counted_any
     }
 
     fn referenced(&self, out: &mut foldhash::HashSet<ProcRef>) {
@@ -390,6 +426,7 @@ impl Signal for Netlink {
                 .map(|(ino, s)| NetlinkView {
                     owner: s.owner,
                     inode: *ino,
+                    netns: s.netns,
                     protocol: s.protocol,
                     groups: s.groups,
                     overruns: s.counted,
