@@ -95,6 +95,10 @@ pub struct ProcessRow {
     /// Autotuning grows the kernel wanted but a buffer lock suppressed.
     pub tcp_autotune_suppressed: u64,
 
+    // The netlink room.
+    /// Netlink messages lost on a full receive buffer (overruns, `ENOBUFS`), all families.
+    pub netlink_overruns: u64,
+
     // The guard room.
     /// Guard decisions by `rule/action` (`tcp-autotune/skip`, …).
     pub guard: BTreeMap<String, u64>,
@@ -203,6 +207,7 @@ mod tests {
                 "failed",
                 "guard",
                 "namespace",
+                "netlink_overruns",
                 "pid",
                 "pod",
                 "rcvbuf_locks",

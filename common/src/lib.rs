@@ -691,6 +691,8 @@ pub mod total_family {
     pub const AUTOTUNE_RETIRED: u8 = 7;
     /// Sockets that got `SOCK_SNDBUF_LOCK` (by proto).
     pub const SNDBUF_LOCKS: u8 = 8;
+    /// Netlink overruns (by netlink protocol, in the `proto` byte).
+    pub const NETLINK_OVERRUNS: u8 = 9;
 }
 
 /// Declares the `STATS` slots once each: its index constant and, for a slot that counts a

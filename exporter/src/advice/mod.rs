@@ -364,6 +364,10 @@ pub struct Inputs {
     pub window: Duration,
     /// What the guard did, per process and rule.
     pub guard: Vec<GuardAct>,
+    /// Netlink sockets that overran.
+    pub netlink: Vec<NetlinkView>,
+    /// XFRM errors of namespaces with a known IKE daemon.
+    pub xfrm: Vec<XfrmView>,
     /// Every socket with buffer calls (the setsockopt room).
     pub stories: Vec<SocketStory>,
     /// How each network namespace of those sockets sees the limits.
@@ -537,6 +541,8 @@ pub fn evaluate_with(inputs: &Inputs, history: &mut History, now: u64) -> Vec<Fi
     tun_ring(&mut b);
     tcp_locks(&mut b);
     autotune(&mut b);
+    dataplanes::netlink_overruns(&mut b);
+    dataplanes::xfrm_errors(&mut b);
     for f in &mut b.out[per_socket..] {
         history.stamp(f, now);
     }
@@ -629,6 +635,7 @@ fn mark_guarded(out: &mut [Finding], acts: &[GuardAct]) {
     }
 }
 
+mod dataplanes;
 mod fixes;
 pub mod history;
 mod rules;
@@ -636,6 +643,7 @@ mod sockets;
 #[cfg(test)]
 mod tests;
 
+pub use dataplanes::{NetlinkView, XfrmView, kinds as dataplane_kinds};
 pub use history::History;
 use rules::{autotune, tcp_drops, tcp_locks, tun_ring};
 pub use sockets::MAX_PER_KIND;

@@ -71,6 +71,12 @@ impl Procfs {
         parse_bracketed(link.to_str()?, "net:[")
     }
 
+    /// `/proc/<pid>/<file>` as text (e.g. `net/netlink`: the table of `pid`'s network
+    /// namespace); None when it cannot be read (the process exited, the file does not exist).
+    pub fn read_text(&self, pid: u32, file: &str) -> Option<String> {
+        crate::kernel::read_lossy(self.pid_path(pid, file))
+    }
+
     /// Start time of `pid` in clock ticks since boot (field 22 of `/proc/<pid>/stat`).
     pub fn start_ticks(&self, pid: u32) -> Option<u64> {
         stat_start_ticks(&std::fs::read(self.pid_path(pid, "stat")).ok()?)
