@@ -131,6 +131,11 @@ impl History {
         }
     }
 
+    /// Entries remembered (sockets and per-process findings, seen or gone).
+    pub fn remembered(&self) -> usize {
+        self.entries.len()
+    }
+
     /// Starts an evaluation.
     pub fn begin(&mut self) {
         self.quiet.clear();
@@ -357,7 +362,32 @@ impl History {
         });
         bound_per_program(&mut gone_keep);
         out.extend(gone_keep);
+        self.bound_remembered();
         self.bound();
+    }
+
+    /// Remembers at most [`MAX_SHOWN_PER_PROGRAM`] gone or resolved sockets per program and
+    /// kind (the most recently changed, as shown): a program whose short-lived processes
+    /// each cost once (one socket each) keeps what is shown of it, not every socket it had
+    /// for the retention (5,000 of them held ~50 MB of findings).
+    fn bound_remembered(&mut self) {
+        let generation = self.generation;
+        let mut per: HashMap<(Program, Proto, Option<Direction>), Vec<(u64, Key)>> = HashMap::new();
+        for (k, e) in &self.entries {
+            if e.seen != generation && e.shown.is_some() {
+                per.entry((e.program.clone(), e.proto, e.dir))
+                    .or_default()
+                    .push((e.changed_at, *k));
+            }
+        }
+        for (_, mut v) in per {
+            if v.len() > MAX_SHOWN_PER_PROGRAM {
+                v.sort_unstable_by(|a, b| b.0.cmp(&a.0));
+                for (_, k) in v.into_iter().skip(MAX_SHOWN_PER_PROGRAM) {
+                    self.entries.remove(&k);
+                }
+            }
+        }
     }
 
     /// Programs with a costing socket that is gone and not yet replaced, with its protocol:
