@@ -36,6 +36,9 @@ pub const DEFAULT_RETENTION: Duration = Duration::from_secs(30 * 60);
 /// Who a program is across restarts: comm, container, pod, namespace.
 pub type Program = (String, String, String, String);
 
+/// A program's sockets of one protocol and direction.
+type Kind = (Program, Proto, Option<Direction>);
+
 /// One socket direction as the rules saw it in one evaluation.
 #[derive(Clone, Debug)]
 pub struct Observation {
@@ -372,7 +375,7 @@ impl History {
     /// for the retention (5,000 of them held ~50 MB of findings).
     fn bound_remembered(&mut self) {
         let generation = self.generation;
-        let mut per: HashMap<(Program, Proto, Option<Direction>), Vec<(u64, Key)>> = HashMap::new();
+        let mut per: HashMap<Kind, Vec<(u64, Key)>> = HashMap::new();
         for (k, e) in &self.entries {
             if e.seen != generation && e.shown.is_some() {
                 per.entry((e.program.clone(), e.proto, e.dir))
@@ -382,7 +385,7 @@ impl History {
         }
         for (_, mut v) in per {
             if v.len() > MAX_SHOWN_PER_PROGRAM {
-                v.sort_unstable_by(|a, b| b.0.cmp(&a.0));
+                v.sort_unstable_by_key(|(changed, _)| std::cmp::Reverse(*changed));
                 for (_, k) in v.into_iter().skip(MAX_SHOWN_PER_PROGRAM) {
                     self.entries.remove(&k);
                 }
