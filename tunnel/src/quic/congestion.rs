@@ -125,6 +125,9 @@ impl DeliveryFloor {
 pub struct TunnelConfig {
     floor: u64,
     follow_delivery: bool,
+    /// CUBIC starts in congestion avoidance, as just after backing off from the floor,
+    /// instead of in slow start above it.
+    avoid_from_start: bool,
 }
 
 impl TunnelConfig {
@@ -134,6 +137,7 @@ impl TunnelConfig {
         Self {
             floor,
             follow_delivery: true,
+            avoid_from_start: false,
         }
     }
 
@@ -143,6 +147,7 @@ impl TunnelConfig {
         Self {
             floor,
             follow_delivery: false,
+            avoid_from_start: true,
         }
     }
 }
@@ -151,8 +156,16 @@ impl ControllerFactory for TunnelConfig {
     fn build(self: Arc<Self>, now: Instant, current_mtu: u16) -> Box<dyn Controller> {
         let mut cubic = CubicConfig::default();
         cubic.initial_window(self.floor);
+        let mut cubic = Arc::new(cubic).build(now, current_mtu);
+        if self.avoid_from_start {
+            // As if it had just lost a packet at the floor: the window (under the floor) is
+            // 0.7 × the floor, the curve's maximum the floor, so CUBIC reaches the floor again
+            // only after K = ∛(floor in packets × 0.3 / 0.4) seconds (15.6 s at 7 MiB and 1452
+            // bytes) and then grows past it on its convex curve, never in slow start.
+            cubic.on_congestion_event(now, now, false, 0);
+        }
         Box::new(Tunnel {
-            cubic: Arc::new(cubic).build(now, current_mtu),
+            cubic,
             floor: self.floor,
             delivered: self.follow_delivery.then(DeliveryFloor::default),
         })
@@ -279,6 +292,27 @@ mod tests {
         assert!(
             d.delivered.is_some(),
             "datagram mode follows the delivery rate"
+        );
+    }
+
+    #[test]
+    fn stream_mode_starts_in_congestion_avoidance_datagram_mode_in_slow_start() {
+        let now = Instant::now();
+        let s = Arc::new(TunnelConfig::stream(FLOOR)).build(now, 1452);
+        assert_eq!(s.window(), FLOOR);
+        // quinn's CUBIC as just after a loss at the floor: its window 0.7 × the floor, and
+        // its slow-start threshold there too (not u64::MAX), so above the floor it grows on
+        // CUBIC's curve, not by what each ACK acknowledges.
+        let at = (FLOOR as f64 * 0.7) as u64;
+        assert_eq!(s.metrics().ssthresh, Some(at));
+        let s = s.into_any().downcast::<Tunnel>().expect("a Tunnel");
+        assert_eq!(s.cubic.window(), at);
+        let d = Arc::new(TunnelConfig::datagram(FLOOR)).build(now, 1452);
+        assert_eq!(d.window(), FLOOR);
+        assert_eq!(
+            d.metrics().ssthresh,
+            Some(u64::MAX),
+            "slow start above the floor"
         );
     }
 
