@@ -154,7 +154,8 @@ impl TunnelConfig {
     }
 
     /// Stream mode: the window starts at and never falls below `floor` bytes; above that it is
-    /// CUBIC's, the only controller there that sees the path's losses.
+    /// CUBIC's, the only controller there that sees the path's losses, in congestion avoidance
+    /// from the start (no slow start above the floor).
     pub fn stream(floor: u64) -> Self {
         Self {
             floor,
