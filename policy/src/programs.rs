@@ -91,10 +91,14 @@ impl Program {
     }
 }
 
-/// quic-go's request (`protocol.DesiredReceiveBufferSize`, and the send side's twin).
-const QUIC_GO_NOTE: &str = "quic-go asks for 7 MiB in each direction on its UDP socket and \
-    has no setting for it; it warns (\"failed to sufficiently increase receive buffer size\") \
-    only when the readback is below 7 MiB";
+/// quic-go's requests (`protocol.DesiredReceiveBufferSize`, and the send side's twin), by
+/// generation.
+const QUIC_GO_NOTE: &str = "quic-go sizes its UDP socket itself: \
+    the generation Debian 12's Caddy 2.6 vendors (github.com/lucas-clemente/quic-go) asks \
+    SO_RCVBUF 2 MiB on the receive side only, and only when the socket has less; current \
+    releases ask 7 MiB in each direction and then the FORCE option when the readback is short. \
+    It warns (\"failed to sufficiently increase receive buffer size\") only when the readback \
+    is below its request";
 
 /// The programs bufscope knows.
 pub const PROGRAMS: &[Program] = &[
@@ -216,7 +220,9 @@ pub const PROGRAMS: &[Program] = &[
         send: None,
         note: QUIC_GO_NOTE,
         source: "quic-go sys_conn_buffers*.go: SetReadBuffer(7 MiB), readback, then \
-                 SO_RCVBUFFORCE when short (Debian 12 caddy 2.6 vendors quic-go)",
+                 SO_RCVBUFFORCE when short; Debian 12 caddy 2.6.2 as bufscope saw it \
+                 (integration/tests/findings_live.rs): one SO_RCVBUF of 2097152, read back \
+                 4194304 on 6.18, no FORCE, no warning",
     },
     Program {
         name: "cloudflared (quic-go)",
