@@ -65,8 +65,10 @@ struct Daemon {
     log: PathBuf,
     /// Its `/proc/<pid>/comm` once it runs (not the wrappers' that exec it).
     comm: &'static str,
-    /// The UDP port on 127.0.0.1 whose socket the test watches.
+    /// The UDP port whose socket the test watches.
     port: u16,
+    /// Its local address as `/proc/net/udp` writes it (`0100007F` 127.0.0.1, `00000000` any).
+    addr: &'static str,
 }
 
 impl Daemon {
@@ -79,6 +81,18 @@ impl Daemon {
         env: &[(&str, &str)],
         comm: &'static str,
         port: u16,
+        log: PathBuf,
+    ) -> Self {
+        Self::start_on(ns, argv, env, comm, ("0100007F", port), log)
+    }
+
+    /// [`Daemon::start`] for a socket on `addr` (as `/proc/net/udp` writes it) and port.
+    fn start_on(
+        ns: &Netns,
+        argv: &[&str],
+        env: &[(&str, &str)],
+        comm: &'static str,
+        (addr, port): (&'static str, u16),
         log: PathBuf,
     ) -> Self {
         let out = std::fs::File::create(&log).unwrap();
@@ -95,6 +109,7 @@ impl Daemon {
             log,
             comm,
             port,
+            addr,
         };
         eventually(
             Duration::from_secs(20),
@@ -115,11 +130,11 @@ impl Daemon {
             .to_string()
     }
 
-    /// The inode of its UDP socket on 127.0.0.1:`port`, from `/proc/<pid>/net/udp` (its
+    /// The inode of its UDP socket on `addr`:`port`, from `/proc/<pid>/net/udp` (its
     /// namespace's), held by it (`/proc/<pid>/fd`).
     fn socket(&self) -> Option<u64> {
         let text = std::fs::read_to_string(format!("/proc/{}/net/udp", self.pid())).ok()?;
-        let local = format!("0100007F:{:04X}", self.port);
+        let local = format!("{}:{:04X}", self.addr, self.port);
         let inode: u64 = text.lines().skip(1).find_map(|l| {
             let f: Vec<&str> = l.split_whitespace().collect();
             (f.get(1) == Some(&local.as_str()))
@@ -648,5 +663,300 @@ fn caddy_http3_quic_go_sizing_costs_only_while_its_socket_drops() {
     );
     assert_eq!(f["evidence"]["drops_per_second"].as_f64(), Some(0.0), "{f}");
     assert_ne!(f["severity"], "critical", "{f}");
+    c.stop();
+}
+
+/// One field of `ss -tnieimH` for a connection: the number after `key` (up to the next
+/// non-numeric character), e.g. `tb` inside `skmem:(…)`, `rtt:`, `bytes_acked:`.
+fn ss_field(line: &str, key: &str) -> Option<f64> {
+    line.split([' ', ',', '(', ')'])
+        .find_map(|t| t.strip_prefix(key))
+        .and_then(|v| {
+            let n: String = v
+                .chars()
+                .take_while(|c| c.is_ascii_digit() || *c == '.')
+                .collect();
+            n.parse().ok()
+        })
+}
+
+/// The sender's connection as `ss -tnieimH` shows it in the lab's namespace `a`: the socket's
+/// line and its detail lines joined.
+fn ss_conn(ns: &bufscope_netlab::Netns, port: u16) -> Option<String> {
+    let filter = format!("dport = :{port}");
+    let text = ns
+        .exec("ss", ["-tnieimH", "state", "established", filter.as_str()])
+        .ok()?;
+    let joined = text.split_whitespace().collect::<Vec<_>>().join(" ");
+    (!joined.is_empty()).then_some(joined)
+}
+
+/// A sender that sets `SO_SNDBUF` 96,000 on its established TCP connection (a VPN worker's
+/// accepted TLS socket does this): the kernel sets `SOCK_SNDBUF_LOCK` and pins the send buffer
+/// at 192,000 bytes for the connection's life. Through the WAN lab's 200 Mbit/s, 100 ms link,
+/// that buffer, not the link, sets the rate. bufscope's `tcp_sndbuf_lock` finding for that
+/// socket gives the buffer, the RTT and the ceiling (buffer ÷ RTT), the rate and the share of
+/// time the send buffer limited the connection, each checked against the kernel's `tcp_info`
+/// and skmem (`ss -tnim`), and says it costs.
+#[test]
+#[ignore = "needs root: run via cargo xtask test"]
+fn tcp_send_lock_on_an_established_connection_caps_it_at_buffer_over_rtt() {
+    use bufscope_integration::Spawned;
+    use bufscope_netlab::{Lab, LabConfig, LinkParams};
+    const TCP_PORT: u16 = 5401;
+    const SNDBUF: u32 = 96_000;
+    let e = Exporter::start(&[]);
+    let lab = Lab::new(LabConfig::wan("bsfs", LinkParams::mbit(200).rtt_ms(100))).unwrap();
+    let b_addr = lab.addr_b().to_string();
+    let _sink = Spawned::new(lab.b().command("python3").args([
+        "-c",
+        &format!(
+            "import socket\nl=socket.socket()\nl.setsockopt(socket.SOL_SOCKET,socket.SO_REUSEADDR,1)\n\
+             l.bind(('{b_addr}',{TCP_PORT}))\nl.listen(1)\nc,_=l.accept()\n\
+             while c.recv(1<<16): pass\n"
+        ),
+    ]));
+    std::thread::sleep(Duration::from_millis(500));
+    let sender = Spawned::new(
+        lab.a()
+            .command("python3")
+            .args([
+                "-c",
+                &format!(
+                    "import socket,sys,time\ns=socket.create_connection(('{b_addr}',{TCP_PORT}))\n\
+                     s.setsockopt(socket.SOL_SOCKET,socket.SO_SNDBUF,{SNDBUF})\n\
+                     print('READY',s.getsockopt(socket.SOL_SOCKET,socket.SO_SNDBUF),flush=True)\n\
+                     b=b'x'*65536\nend=time.time()+40\n\
+                     while time.time()<end: s.sendall(b)\n"
+                ),
+            ])
+            .stdout(Stdio::null()),
+    );
+    let pid = sender.pid();
+    let pid_s = pid.to_string();
+    let conn = eventually(Duration::from_secs(10), "the sender's connection", || {
+        ss_conn(lab.a(), TCP_PORT).filter(|c| c.contains("ino:") && ss_field(c, "tb").is_some())
+    });
+    let ino = ss_field(&conn, "ino:").unwrap() as u64;
+    let tb = ss_field(&conn, "tb").unwrap() as u64;
+    assert_eq!(
+        tb,
+        2 * u64::from(SNDBUF),
+        "kernel: the locked send buffer is doubled: {conn}"
+    );
+    // The connection reaches its ceiling; bufscope reads tcp_info every 5 s.
+    let f = eventually(
+        Duration::from_secs(30),
+        "a costing tcp_sndbuf_lock finding for the sender's socket",
+        || {
+            findings(&e).into_iter().find(|f| {
+                f["socket"]["inode"].as_u64() == Some(ino)
+                    && f["kind"] == "tcp_sndbuf_lock"
+                    && f["verdict"] == "costing"
+            })
+        },
+    );
+    // The kernel's view right after: rtt (ms), bytes_acked over 3 s, send-buffer-limited time.
+    let k1 = ss_conn(lab.a(), TCP_PORT).unwrap();
+    std::thread::sleep(Duration::from_secs(3));
+    let k2 = ss_conn(lab.a(), TCP_PORT).unwrap();
+    let acked = |c: &str| ss_field(c, "bytes_acked:").unwrap();
+    let kernel_bps = (acked(&k2) - acked(&k1)) * 8.0 / 3.0;
+    let kernel_rtt_us = ss_field(&k2, "rtt:").unwrap() * 1000.0;
+    let ev = &f["evidence"];
+    let rtt_us = ev["rtt_us"].as_f64().unwrap();
+    let ceiling = ev["throughput_ceiling_bps"].as_f64().unwrap();
+    let observed = ev["observed_bps"].as_f64().unwrap_or(0.0);
+    let limited = ev["sndbuf_limited_ratio"].as_f64().unwrap_or(-1.0);
+    eprintln!(
+        "tcp send lock pid {pid} ino {ino}: kernel tb {tb} rtt {kernel_rtt_us:.0} µs rate \
+         {:.2} Mbit/s ({}); bufscope sndbuf_bytes {} rtt_us {rtt_us} ceiling {:.2} Mbit/s \
+         observed {:.2} Mbit/s sndbuf_limited {limited:.2} severity {}\nstory {}\nfixes {:#}",
+        kernel_bps / 1e6,
+        k2.split(' ')
+            .filter(|t| t.starts_with("sndbuf_limited") || t.starts_with("busy"))
+            .collect::<Vec<_>>()
+            .join(" "),
+        ev["sndbuf_bytes"],
+        ceiling / 1e6,
+        observed / 1e6,
+        f["severity"],
+        f["story"],
+        f["fixes"]
+    );
+    assert_eq!(f["process"]["pid"].as_u64(), Some(u64::from(pid)));
+    assert_eq!(ev["sndbuf_bytes"].as_f64(), Some(tb as f64), "ss -m tb");
+    assert_eq!(f["story"]["final_bytes"].as_u64(), Some(tb), "ss -m tb");
+    assert_eq!(f["story"]["direction"], "send");
+    // tcp_info's srtt, sampled at another moment of a steady 100 ms path.
+    assert!(
+        (rtt_us - kernel_rtt_us).abs() <= 0.2 * kernel_rtt_us && rtt_us >= 90_000.0,
+        "rtt: bufscope {rtt_us} µs, kernel {kernel_rtt_us} µs"
+    );
+    // The ceiling is the locked buffer over the RTT; the kernel's rate stays under it and the
+    // link (200 Mbit/s) is far above: the buffer is what limits.
+    let expect = tb as f64 * 8.0 / (rtt_us / 1e6);
+    assert!(
+        (ceiling - expect).abs() <= 0.01 * expect,
+        "ceiling {ceiling} = {tb} B × 8 ÷ {rtt_us} µs"
+    );
+    assert!(
+        kernel_bps <= 1.1 * ceiling && kernel_bps >= 0.4 * ceiling,
+        "kernel's rate {kernel_bps} bit/s against bufscope's ceiling {ceiling}"
+    );
+    assert!(kernel_bps < 100e6, "the 200 Mbit/s link is not the limit");
+    assert!(
+        observed >= 0.5 * kernel_bps && observed <= 1.5 * kernel_bps,
+        "bufscope's observed {observed} against the kernel's {kernel_bps}"
+    );
+    assert!(limited >= 0.1, "tcpi_sndbuf_limited share {limited}");
+    let calls = f["story"]["calls"].as_array().unwrap();
+    assert_eq!(calls.len(), 1, "{calls:?}");
+    assert_eq!(calls[0]["option"], "SO_SNDBUF");
+    assert_eq!(calls[0]["requested"].as_u64(), Some(u64::from(SNDBUF)));
+    assert_eq!(calls[0]["effective"].as_u64(), Some(tb));
+    let n = notes(&calls[0]);
+    assert!(n.contains(&"locked") && n.contains(&"established"), "{n:?}");
+    let fixes = f["fixes"].as_array().unwrap();
+    assert!(
+        fixes[0]["how"]
+            .as_str()
+            .unwrap()
+            .contains("does not change the window scale"),
+        "{fixes:?}"
+    );
+    assert_eq!(
+        e.scrape().sum(
+            "bufscope_sndbuf_locks_total",
+            &[("pid", pid_s.as_str()), ("proto", "tcp")]
+        ),
+        1.0
+    );
+}
+
+const CHARON: &str = "/usr/lib/ipsec/charon";
+
+/// strongSwan's charon as Debian packages it (`strongswan-charon`), in `ns` with a
+/// strongswan.conf of its own (`STRONGSWAN_CONF`): the IKE sockets on UDP 500 and 4500, and
+/// kernel-netlink's XFRM socket sized by its key (`receive_buffer_size`, with FORCE).
+fn charon(ns: &Netns, dir: &Path, log: PathBuf) -> Daemon {
+    let conf = dir.join("strongswan.conf");
+    std::fs::write(
+        &conf,
+        "charon {\n    load = random nonce aes sha1 sha2 hmac gmp pem pkcs1 x509 pubkey \
+         kernel-netlink socket-default\n    install_routes = no\n    port = 500\n    \
+         port_nat_t = 4500\n    plugins {\n        kernel-netlink {\n            \
+         receive_buffer_size = 8388608\n            force_receive_buffer_size = yes\n        \
+         }\n    }\n    filelog {\n        stderr {\n            default = 1\n        }\n    \
+         }\n}\n",
+    )
+    .unwrap();
+    let conf_s = conf.display().to_string();
+    Daemon::start_on(
+        ns,
+        &[CHARON],
+        &[("STRONGSWAN_CONF", conf_s.as_str())],
+        "charon",
+        ("00000000", 500),
+        log,
+    )
+}
+
+/// charon never sizes its IKE UDP sockets (the kernel shows `rmem_default`); stopped under a
+/// flood, its UDP 500 socket drops, and bufscope's one finding for it has no calls, the kernel's
+/// size and drops, and fixes that fit: charon's own key sizes its netlink socket, not this one
+/// (no application fix), and on the host a size the program never asks for needs
+/// `rmem_default` or the guard, not `rmem_max`.
+#[test]
+#[ignore = "needs root and strongswan-charon: run via cargo xtask test"]
+fn charon_ike_socket_never_sized_costs_when_it_drops_and_its_netlink_key_is_not_the_fix() {
+    assert!(
+        Path::new(CHARON).exists(),
+        "{CHARON} missing: cargo xtask setup installs the Debian package strongswan-charon"
+    );
+    let dir = TempDir::new("findings-charon");
+    let e = Exporter::start(&[]);
+    let ns = Netns::new("charon");
+    let rmem_default: u64 = run(&mut ns.exec(&["cat", "/proc/sys/net/core/rmem_default"]))
+        .trim()
+        .parse()
+        .unwrap();
+    let c = charon(&ns, dir.path(), dir.path().join("charon.log"));
+    let (pid, ino) = (c.pid(), c.socket().unwrap());
+    let pid_s = pid.to_string();
+    let rb = ss_rb(&ns, ino);
+    assert_eq!(
+        rb, rmem_default,
+        "kernel: charon never sizes its IKE socket"
+    );
+    let drops = c.overflow(ino, rb / 250);
+    assert!(drops > 0, "the flood overflowed {rb} B");
+    let f = eventually(
+        Duration::from_secs(20),
+        "a costing finding for charon's UDP 500 socket with the kernel's drops",
+        || {
+            of_socket(&findings(&e), ino, "costing")
+                .filter(|f| f["evidence"]["drops_total"].as_f64() == Some(drops as f64))
+        },
+    );
+    eprintln!(
+        "charon pid {pid} ino {ino}: kernel rb {rb} (rmem_default {rmem_default}) drops {drops}; \
+         bufscope kind {} final_bytes {} drops_total {} drops/s {} severity {}\nstory {}\n\
+         fixes {:#}",
+        f["kind"],
+        f["story"]["final_bytes"],
+        f["evidence"]["drops_total"],
+        f["evidence"]["drops_per_second"],
+        f["severity"],
+        f["story"],
+        f["fixes"]
+    );
+    let fs = findings(&e);
+    assert_eq!(
+        fs.iter()
+            .filter(|f| f["socket"]["inode"].as_u64() == Some(ino))
+            .count(),
+        1,
+        "one finding for the socket"
+    );
+    assert_eq!(f["kind"], "udp_rcvbuf_drops");
+    assert_eq!(f["process"]["comm"], "charon");
+    assert_eq!(f["process"]["pid"].as_u64(), Some(u64::from(pid)));
+    assert_eq!(f["story"]["final_bytes"].as_u64(), Some(rb), "ss -m rb");
+    assert_eq!(
+        f["story"]["calls"].as_array().map_or(0, Vec::len),
+        0,
+        "never sized: {}",
+        f["story"]
+    );
+    let fixes = f["fixes"].as_array().unwrap();
+    assert_eq!(fixes[0]["scope"], "application");
+    assert_eq!(
+        fixes[0]["possible"], false,
+        "receive_buffer_size sizes the netlink socket: {}",
+        fixes[0]
+    );
+    assert!(fixes[0]["config_key"].is_null(), "{}", fixes[0]);
+    let host = fixes
+        .iter()
+        .find(|x| x["scope"] == "host")
+        .unwrap_or_else(|| panic!("{fixes:?}"));
+    let how = host["how"].as_str().unwrap();
+    assert!(
+        how.contains("never asks for a size") && how.contains("net.core.rmem_default"),
+        "{how}"
+    );
+    assert_eq!(
+        e.scrape().sum(
+            "bufscope_socket_drops_total",
+            &[
+                ("pid", pid_s.as_str()),
+                ("proto", "udp"),
+                ("reason", "SOCKET_RCVBUFF")
+            ]
+        ),
+        drops as f64,
+        "the kernel's drops column"
+    );
     c.stop();
 }

@@ -92,7 +92,8 @@ pub(super) fn fixes(
 
     // The application.
     out.push(match program {
-        Some(p) => match p.knob(c.dir) {
+        // A key for another kind of socket (strongSwan's sizes its netlink socket) is none.
+        Some(p) => match p.knob(c.dir).filter(|k| k.sizes(c.proto.as_str())) {
             Some(k) => Fix {
                 scope: "application",
                 possible: true,
@@ -273,7 +274,11 @@ fn tcp_lock_fixes(
     } else {
         " (set after the handshake it did not change the window scale)"
     };
-    let app = match program.and_then(|p| p.knob(c.dir).map(|k| (p, k))) {
+    let app = match program.and_then(|p| {
+        p.knob(c.dir)
+            .filter(|k| k.sizes(c.proto.as_str()))
+            .map(|k| (p, k))
+    }) {
         Some((p, k)) => Fix {
             scope: "application",
             possible: true,

@@ -267,6 +267,30 @@ fn a_request_granted_in_full_is_not_fixed_by_the_ceiling_or_the_capability() {
     );
 }
 
+/// strongSwan's charon: its key (kernel-netlink's receive_buffer_size) sizes its XFRM netlink
+/// socket, not the IKE UDP sockets it never sizes: a drop on UDP 500 is not fixed by that key.
+#[test]
+fn a_key_for_another_kind_of_socket_is_not_the_application_fix() {
+    let mut i = inputs();
+    i.meta.get_mut(&p(1)).unwrap().comm = "charon".into();
+    i.drops.push(dropping(1, 13, 400, 30.0, 212_992));
+    let f = evaluate(&i);
+    let d = f
+        .iter()
+        .find(|f| f.socket.as_ref().is_some_and(|s| s.inode == 13))
+        .unwrap();
+    assert_eq!(d.fixes[0].scope, "application");
+    assert!(!d.fixes[0].possible, "{:#?}", d.fixes);
+    assert_eq!(d.fixes[0].config_key, None);
+    assert!(
+        d.fixes[0]
+            .how
+            .starts_with("strongSwan charon has no setting for it"),
+        "{}",
+        d.fixes[0].how
+    );
+}
+
 /// A socket that dropped before the window and not in it costs nothing now.
 #[test]
 fn past_drops_on_a_default_buffer_are_benign() {
