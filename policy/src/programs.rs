@@ -312,7 +312,9 @@ mod tests {
             }
         }
         assert!(program("nebula").is_some_and(|p| p.sizing.tries_force()));
-        let charon = program("charon").and_then(|p| p.receive).unwrap();
+        let charon = program("charon")
+            .and_then(|p| p.receive)
+            .expect("charon has a receive key");
         assert!(charon.sizes("netlink") && !charon.sizes("udp"));
         assert!(program("openvpn").is_some_and(|p| !p.sizing.tries_force()));
     }
