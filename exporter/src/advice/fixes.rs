@@ -229,6 +229,8 @@ pub(super) fn fixes(
         let every = b
             .inputs
             .udp_sockets
+            // None in the host's namespace (the sockets are in others') says nothing useful.
+            .filter(|&u| u > 0)
             .map(|u| {
                 format!(
                     " ({u} UDP sockets in the host's namespace now: up to {} if every one filled)",
