@@ -176,16 +176,19 @@ impl Room for Wireguard {
     fn prepare(flags: &Flags, plan: &mut LoadPlan) -> anyhow::Result<()> {
         // The sites are addresses of this boot's module load: nothing to keep across a restart.
         plan.unpinned(PROBE.name);
+        // `bufscope check` loads it wherever it could run, to say whether it would attach.
+        if plan.purpose == crate::bpf::Purpose::Check {
+            return Ok(());
+        }
         match flags.queue_drops {
             QueueDrops::On => {}
             QueueDrops::Off => {
-                plan.pass_over(PROBE.name, 0, "--wireguard.queue-drops off");
+                plan.leave_off(PROBE.name, "off (--wireguard.queue-drops off)");
             }
             QueueDrops::Auto if !module_present() => {
-                plan.pass_over(
+                plan.leave_off(
                     PROBE.name,
-                    0,
-                    "no wireguard module loaded at start (--wireguard.queue-drops auto; `on` attaches anyway)",
+                    "off: no wireguard module loaded at start (--wireguard.queue-drops auto; on attaches anyway)",
                 );
             }
             QueueDrops::Auto => {}

@@ -8,7 +8,9 @@
 //! - UDP drops exact vs `/proc/<pid>/net/udp{,6}` (receiver started before and after bufscope,
 //!   another netns, IPv6), also with the best drop hook refused;
 //! - TCP locks and window scale vs `ss -tni`; setsockopt clamp, `SO_RCVBUFFORCE`, EPERM;
-//! - autotuning vs an independent bpftrace count, also with fentry/fexit refused.
+//! - autotuning vs an independent bpftrace count, also with fentry/fexit refused;
+//! - kernel WireGuard's queue drops vs what the module lost (a flood through a tunnel between
+//!   two namespaces: the receiver's veth rx − its wg device's rx).
 //!
 //! One guest at a time (TCG is CPU-heavy on 2 cores), 2 GiB and 2 vCPUs as measured.
 
