@@ -121,7 +121,7 @@ pub(super) const STEPS: &[Step] = &[
         shared: None,
     },
     Step {
-        name: "kernel WireGuard queue drops vs the module's loss (veth rx - wg0 rx), flood through a two-namespace tunnel",
+        name: "kernel WireGuard drops vs the module's loss (veth rx - wg0 rx): junk to its port, a tunnel data message sent again faster than it decrypts",
         test: "wireguard",
         env: &[],
         args: &["kernel_wireguard_queue_drops"],
