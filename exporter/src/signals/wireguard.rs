@@ -388,7 +388,7 @@ ffffffffc0a20000 d wg_netdev_ops\t[wireguard]
         let out = bench.families(&room);
         let f = out
             .iter()
-            .find(|f| f.get_name() == "bufscope_wireguard_drops_total")
+            .find(|f| f.name() == "bufscope_wireguard_drops_total")
             .unwrap();
         let got: Vec<(String, f64)> = f
             .get_metric()
@@ -397,7 +397,7 @@ ffffffffc0a20000 d wg_netdev_ops\t[wireguard]
                 (
                     m.get_label()
                         .iter()
-                        .map(|l| l.get_value())
+                        .map(|l| l.value())
                         .collect::<Vec<_>>()
                         .join(","),
                     m.get_counter().get_value(),
@@ -413,7 +413,7 @@ ffffffffc0a20000 d wg_netdev_ops\t[wireguard]
         );
         let sites = out
             .iter()
-            .find(|f| f.get_name() == "bufscope_wireguard_discard_sites")
+            .find(|f| f.name() == "bufscope_wireguard_discard_sites")
             .unwrap();
         // This machine's module state decides the sites (none without the module).
         let want = if module_present() { 3.0 } else { 0.0 };
