@@ -239,8 +239,10 @@ impl Room for Wireguard {
 impl Wireguard {
     /// Resolves the discard sites again when the module appeared, went or was reloaded.
     fn refresh_sites(&mut self) {
+        // Once per module load: a failed resolution (hidden addresses) is not retried on
+        // every poll (kallsyms is megabytes), only when the module changes.
         let id = module_identity();
-        if id == self.resolved_for && (id.is_none() || self.resolved > 0) {
+        if id == self.resolved_for {
             return;
         }
         let sites = match &id {
@@ -252,10 +254,12 @@ impl Wireguard {
         let sites = match sites {
             Ok(s) => s,
             Err(e) => {
-                if self.resolved_for != id {
-                    tracing::warn!(
-                        "kernel WireGuard's discard sites not resolved ({e}): its drops are not counted"
-                    );
+                tracing::warn!(
+                    "kernel WireGuard's discard sites not resolved ({e}): its drops are not counted"
+                );
+                // No stale ranges of an earlier load.
+                if let Err(e) = self.sites.insert(0, WgSites::default()) {
+                    tracing::warn!("{e:#}");
                 }
                 self.resolved_for = id;
                 self.resolved = 0;
