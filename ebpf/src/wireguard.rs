@@ -5,6 +5,10 @@
 //! address ranges of the module's discard sites into `WG_SITES` (from `/proc/kallsyms`), and
 //! this program counts the packets consumed there, by why, per (namespace, UDP port).
 //!
+//! The port is the outer UDP header's destination (the device's listen port). A packet freed
+//! after `wg_reset_packet` (one whose inner header the peer may not send, counted in the
+//! device's `rx_errors` too) has its inner headers by then: its port is the inner one.
+//!
 //! `consume_skb` runs for every packet the kernel consumes, so the hot path is one argument
 //! load, one inlined array lookup and three range compares; the rest (helper reads of the skb)
 //! runs only for the module's discards.
