@@ -64,8 +64,9 @@ pub enum QueueDrops {
 #[group(skip)]
 pub struct Flags {
     /// auto (attach `tp_btf/consume_skb` where the wireguard module is loaded at start) | on |
-    /// off. The hook runs for every packet the kernel consumes; it counts only those kernel
-    /// WireGuard discards.
+    /// off. The hook runs for every packet the kernel consumes (measured on 6.18: a reading
+    /// UDP receiver at 95-97% of its rate without it); it counts only those kernel WireGuard
+    /// discards.
     #[arg(long = "wireguard.queue-drops", value_enum, default_value_t = QueueDrops::Auto)]
     pub queue_drops: QueueDrops,
 }
