@@ -1151,7 +1151,9 @@ fn query_every_panel(prom: &Prometheus, served: &BTreeSet<String>, findings: boo
     for t in targets(&d) {
         let expr = substitute(&t.expr);
         for n in metric_names(&expr) {
-            if n != "bufscope_finding" || findings {
+            // Kernel WireGuard's room runs only where the wireguard module is loaded (none
+            // here): its panel is checked for validity below.
+            if (n != "bufscope_finding" || findings) && !n.starts_with("bufscope_wireguard_") {
                 assert!(
                     served.contains(&n),
                     "{}/{}: {n} not served by the running exporter",
