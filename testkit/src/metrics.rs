@@ -192,14 +192,24 @@ mod tests {
         let before = h(10, 10, 10);
         let after = h(60, 110, 110);
         // 100 new observations: 50 up to 10 ms, 50 in (10, 20] ms.
-        let p50 = after.histogram_quantile(Some(&before), "h", &[], 0.5).unwrap();
+        let p50 = after
+            .histogram_quantile(Some(&before), "h", &[], 0.5)
+            .expect("observations");
         assert!((p50 - 0.01).abs() < 1e-9, "{p50}");
-        let p99 = after.histogram_quantile(Some(&before), "h", &[], 0.99).unwrap();
+        let p99 = after
+            .histogram_quantile(Some(&before), "h", &[], 0.99)
+            .expect("observations");
         assert!((p99 - 0.0198).abs() < 1e-9, "{p99}");
         // In +Inf: the highest finite bound.
         let over = h(60, 110, 210);
-        assert_eq!(over.histogram_quantile(Some(&before), "h", &[], 0.99), Some(0.02));
-        assert_eq!(before.histogram_quantile(Some(&before), "h", &[], 0.99), None);
+        assert_eq!(
+            over.histogram_quantile(Some(&before), "h", &[], 0.99),
+            Some(0.02)
+        );
+        assert_eq!(
+            before.histogram_quantile(Some(&before), "h", &[], 0.99),
+            None
+        );
     }
 
     #[test]

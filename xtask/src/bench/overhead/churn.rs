@@ -122,7 +122,10 @@ fn phase(a: &Args, bins: &Bins, lab: &Lab, dest: &str, bufscope: bool) -> anyhow
     let c1 = churned(&mut churn)?;
     let ok = field(&opened, "ok")? as usize;
     if ok != a.churn_conns {
-        bail!("only {ok} of {} connections opened: {opened}", a.churn_conns);
+        bail!(
+            "only {ok} of {} connections opened: {opened}",
+            a.churn_conns
+        );
     }
     let mut p = Phase {
         churn_rate: (c1.0 - c0.0) / (c1.1 - c0.1),
@@ -179,8 +182,11 @@ pub(super) fn section(a: &Args, bins: &Bins) -> anyhow::Result<String> {
     if a.churn_conns == 0 || a.churn_rate.is_nan() || a.churn_rate <= 0.0 {
         bail!("--churn-conns and --churn-rate must be above 0");
     }
-    let lab = Lab::new(LabConfig::wan("bsovc", LinkParams::mbit(100).rtt_ms(RTT_MS)))
-        .context("the 190 ms WAN lab (netlab)")?;
+    let lab = Lab::new(LabConfig::wan(
+        "bsovc",
+        LinkParams::mbit(100).rtt_ms(RTT_MS),
+    ))
+    .context("the 190 ms WAN lab (netlab)")?;
     let (_listener, ready) = bins.workload(
         Some(lab.b().name()),
         &["tcp-accept-hold", "--bind", &lab.addr_b().to_string()],
@@ -188,7 +194,9 @@ pub(super) fn section(a: &Args, bins: &Bins) -> anyhow::Result<String> {
     let dest = format!(
         "{}:{}",
         lab.addr_b(),
-        ready.get("port").context("tcp-accept-hold's READY has no port")?
+        ready
+            .get("port")
+            .context("tcp-accept-hold's READY has no port")?
     );
     let (mut none, mut with) = (Vec::new(), Vec::new());
     for round in 0..a.runs {
@@ -280,9 +288,10 @@ pub(super) fn section(a: &Args, bins: &Bins) -> anyhow::Result<String> {
         .filter_map(|p| p.established)
         .map(|(got, want, secs)| format!("{got}/{want} ({secs:.1} s)"))
         .collect();
-    let all_exact = with
-        .iter()
-        .all(|p| p.established.is_some_and(|(g, w, _)| g == w && w == a.churn_conns));
+    let all_exact = with.iter().all(|p| {
+        p.established
+            .is_some_and(|(g, w, _)| g == w && w == a.churn_conns)
+    });
     let lock_p99 = median(&with.iter().filter_map(|p| p.lock_p99).collect::<Vec<_>>());
     let _ = write!(
         out,

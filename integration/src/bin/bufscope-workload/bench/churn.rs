@@ -107,11 +107,7 @@ pub(crate) fn tcp_open(a: &Args) -> anyhow::Result<()> {
         // Start every connection that is due.
         let due = ((started.elapsed().as_secs_f64() * rate) as usize + 1).min(n);
         while begun < due {
-            let s = Socket::new(
-                Domain::for_address(to),
-                Type::STREAM,
-                Some(Protocol::TCP),
-            )?;
+            let s = Socket::new(Domain::for_address(to), Type::STREAM, Some(Protocol::TCP))?;
             s.set_nonblocking(true)?;
             match s.connect(&SockAddr::from(to)) {
                 Ok(()) => {
