@@ -1,7 +1,8 @@
 //! The collector's two ways in, each holding its lock only for what needs it: a request's
-//! fresh view ([`fresh`]) and the background cycle ([`background`]: poll, GC, owner
-//! look-ups). Passes over `/proc` (GC's, the look-ups') run between two holds: a scrape
-//! waits for the lock only while the maps are read and the answers filed.
+//! fresh view ([`fresh`]) and the background cycle ([`background`]: poll, advice, GC, owner
+//! look-ups). Passes over `/proc` (GC's, the look-ups') and the evaluation of the advice
+//! rules run between two holds: a scrape waits for the lock only while the maps are read and
+//! the answers filed.
 
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -66,15 +67,20 @@ pub fn fresh(c: &Mutex<Collector>, arrived: Instant) -> Held<'_> {
     held
 }
 
-/// One background cycle (the poll task's, every `--poll-interval`): a poll; GC when due,
+/// One background cycle (the poll task's, every `--poll-interval`): a poll; the advice
+/// rules when due, evaluated between two holds; GC when due,
 /// its `/proc` pass between two holds; the owner look-ups when due, likewise, then a poll
 /// when counts waited for them.
 pub fn background(c: &Mutex<Collector>) {
-    let gc = {
+    let (advice, gc) = {
         let mut held = lock_as(c, Holder::Poll);
         held.poll();
-        held.gc_due().then(|| held.gc_plan())
+        (held.advice_plan(), held.gc_due().then(|| held.gc_plan()))
     };
+    if let Some(job) = advice {
+        let done = job.run();
+        lock_as(c, Holder::Poll).advice_apply(done);
+    }
     if let Some(plan) = gc {
         let scan = plan.scan();
         lock_as(c, Holder::Gc).gc_apply(scan);

@@ -42,6 +42,7 @@ use crate::kernel::BufferLimits;
 use crate::signals::{PollCx, Signal, Store};
 
 use advice::{AdviceCache, Observed};
+pub use advice::{Evaluated, Evaluation};
 pub use cycle::{background, fresh};
 use gc::Gc;
 pub use gc::{GcPlan, GcScan, Timing};
@@ -53,12 +54,10 @@ use poll::PollLoop;
 use render::{Exposed, RenderCache};
 use ring::RingDispatch;
 
-/// How often a poll evaluates the advice rules when nothing asked for them.
+/// How often the poll task evaluates the advice rules, at most, while what they read keeps
+/// changing (without the collector's lock: [`Collector::advice_plan`]). `/metrics` shows the
+/// last evaluation (the `bufscope_finding` gauges); `/api/v1/findings` re-evaluates.
 const FINDINGS_EVERY_POLL: Duration = Duration::from_secs(5);
-
-/// How long `/metrics` reuses an evaluation of the advice rules (the `bufscope_finding`
-/// gauges) even when something changed; `/api/v1/findings` always re-evaluates.
-const FINDINGS_MIN_AGE_SCRAPE: Duration = Duration::from_secs(1);
 
 /// Everything a collector is made of, gathered by `bufscope run` (or a test) and built in one
 /// call.
@@ -268,9 +267,6 @@ impl Collector {
         }
         self.health.rmem_max = self.limits.rmem_max;
         self.health.wmem_max = self.limits.wmem_max;
-        // Findings are evaluated while nobody reads them too, so a finding that cost and
-        // stopped after a fix is seen resolved (their past lives in the advice history).
-        self.findings(FINDINGS_EVERY_POLL);
         self.heartbeat.polled();
     }
 
@@ -299,6 +295,26 @@ impl Collector {
             procfs: self.attr.procfs(),
         };
         self.advice.findings(min_age, &o)
+    }
+
+    /// The evaluation of the advice rules to run without the lock, when one is due (the poll
+    /// task's, [`background`]): findings are evaluated while nobody reads them too, so a
+    /// finding that cost and stopped after a fix is seen resolved (their past lives in the
+    /// advice history), and no scrape waits for an evaluation.
+    pub fn advice_plan(&mut self) -> Option<Evaluation> {
+        let o = Observed {
+            rooms: &self.rooms,
+            store: &self.store,
+            limits: self.limits,
+            procfs: self.attr.procfs(),
+        };
+        self.advice.plan(FINDINGS_EVERY_POLL, &o)
+    }
+
+    /// Files what an evaluation run without the lock found; the next scrape shows it.
+    pub fn advice_apply(&mut self, done: Evaluated) {
+        self.advice.apply(done);
+        self.render.changed();
     }
 
     /// The `/api/v1/findings` document.
@@ -339,7 +355,17 @@ impl Collector {
     /// body in this format was rendered (they queued behind one poll) get that body.
     pub fn render_shared(&mut self, format: Format) -> Bytes {
         self.health.map_entries = self.rooms.iter().filter_map(|s| s.map_fill()).collect();
-        let findings = self.findings(FINDINGS_MIN_AGE_SCRAPE);
+        // The poll task's last evaluation: evaluating 10,000 sockets' findings here made every
+        // scrape after a poll hold the lock for a few hundred milliseconds.
+        let findings = {
+            let o = Observed {
+                rooms: &self.rooms,
+                store: &self.store,
+                limits: self.limits,
+                procfs: self.attr.procfs(),
+            };
+            self.advice.latest(&o)
+        };
         let runs = self.probe_runs();
         self.lock_stats.roll(std::time::Instant::now());
         let mut own = Vec::new();
