@@ -194,6 +194,11 @@ impl AdviceCache {
         Some(Evaluation { inputs, history })
     }
 
+    /// Whether an evaluation runs without the lock ([`AdviceCache::plan`]).
+    pub fn running(&self) -> bool {
+        self.evaluating
+    }
+
     /// Files what an [`Evaluation`] found; returns the findings.
     pub fn apply(&mut self, done: Evaluated) -> Arc<Vec<Finding>> {
         self.history = done.history;

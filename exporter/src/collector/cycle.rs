@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 const IN_FLIGHT_WAIT: Duration = Duration::from_secs(2);
 
 use super::{Collector, Held, Holder, lock_as};
+use crate::advice::Report;
 use crate::attribution::{Found, Lookup};
 
 impl Collector {
@@ -65,6 +66,20 @@ pub fn fresh(c: &Mutex<Collector>, arrived: Instant) -> Held<'_> {
     held.lookup_apply(found);
     held.poll();
     held
+}
+
+/// The `/api/v1/findings` document for a request that arrived at `arrived`: the rules
+/// evaluated after a poll that started after it. When the poll task is evaluating them
+/// without the lock, the request waits for that (without the lock) and evaluates after it.
+pub fn report(c: &Mutex<Collector>, arrived: Instant) -> Report {
+    let mut held = fresh(c, arrived);
+    let deadline = Instant::now() + IN_FLIGHT_WAIT;
+    while held.advice_running() && Instant::now() < deadline {
+        drop(held);
+        std::thread::sleep(Duration::from_millis(2));
+        held = lock_as(c, Holder::Request);
+    }
+    held.report()
 }
 
 /// One background cycle (the poll task's, every `--poll-interval`): a poll; the advice

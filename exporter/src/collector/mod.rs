@@ -43,7 +43,7 @@ use crate::signals::{PollCx, Signal, Store};
 
 use advice::{AdviceCache, Observed};
 pub use advice::{Evaluated, Evaluation};
-pub use cycle::{background, fresh};
+pub use cycle::{background, fresh, report};
 use gc::Gc;
 pub use gc::{GcPlan, GcScan, Timing};
 pub use heartbeat::Heartbeat;
@@ -311,6 +311,11 @@ impl Collector {
         self.advice.plan(FINDINGS_EVERY_POLL, &o)
     }
 
+    /// Whether the poll task is evaluating the advice rules without the lock.
+    pub fn advice_running(&self) -> bool {
+        self.advice.running()
+    }
+
     /// Files what an evaluation run without the lock found; the next scrape shows it.
     pub fn advice_apply(&mut self, done: Evaluated) {
         self.advice.apply(done);
@@ -416,6 +421,99 @@ mod tests {
     use crate::signals::setsockopt::Setsockopt;
     use crate::signals::testkit::{Bench, gone_inode, me, my_proc};
     use bufscope_common::{AutotuneVal, IPPROTO_TCP, SO_RCVBUF, SockoptEvent, event_kind};
+
+    /// A collector whose one room has a socket with its autotuning suppressed at a high RTT
+    /// (the `tcp_autotune_suppressed` finding).
+    fn with_a_finding() -> (Mutex<Collector>, FakeTable<u64, Vec<AutotuneVal>>) {
+        let b = Bench::new();
+        let kernel = FakeTable::new(16);
+        b.owners.set(gone_inode(60), me());
+        kernel.set(
+            gone_inode(60),
+            vec![AutotuneVal {
+                grow_events: 50,
+                suppressed: 50,
+                last_ns: 1,
+                rtt_us: 190_000,
+                rcvbuf: 131_072,
+                copied: 131_072,
+                interval_us: 190_000,
+                userlocks: bufscope_common::SOCK_RCVBUF_LOCK as u32,
+                ..AutotuneVal::default()
+            }],
+        );
+        let rooms: Vec<Box<dyn Signal>> = vec![Box::new(Autotune::new(kernel.boxed(), 16))];
+        let c = Config {
+            rooms,
+            ..Config::new(b.store, b.attr)
+        }
+        .build();
+        (Mutex::new(c), kernel)
+    }
+
+    /// The poll task evaluates the findings without the lock; a scrape meanwhile renders the
+    /// last evaluation instead of evaluating (or waiting); `/api/v1/findings` waits for the
+    /// running evaluation and evaluates after it.
+    #[test]
+    fn findings_are_evaluated_off_the_lock_and_scrapes_never_evaluate() {
+        let (c, _kernel) = with_a_finding();
+        background(&c);
+        let first = {
+            let mut held = lock(&c);
+            let g: &mut Collector = &mut held;
+            assert!(!g.advice_running());
+            let f = g.advice.latest(&Observed {
+                rooms: &g.rooms,
+                store: &g.store,
+                limits: g.limits,
+                procfs: g.attr.procfs(),
+            });
+            assert!(
+                f.iter().any(|f| f.process.pid == my_proc().tgid),
+                "the background cycle evaluated: {f:?}"
+            );
+            f
+        };
+        // Due again (something changed, older than FINDINGS_EVERY_POLL): taken off the lock.
+        let job = {
+            let mut held = lock_as(&c, Holder::Poll);
+            let g: &mut Collector = &mut held;
+            g.advice.dirty();
+            g.advice.plan(
+                Duration::ZERO,
+                &Observed {
+                    rooms: &g.rooms,
+                    store: &g.store,
+                    limits: g.limits,
+                    procfs: g.attr.procfs(),
+                },
+            )
+        }
+        .unwrap();
+        let body = lock(&c).render_shared(Format::Text);
+        let text = String::from_utf8_lossy(&body);
+        assert!(
+            text.contains("bufscope_finding{") && text.contains("tcp_autotune_suppressed"),
+            "the last evaluation rendered while one runs: {text}"
+        );
+        std::thread::scope(|s| {
+            let api = s.spawn(|| report(&c, std::time::Instant::now()));
+            std::thread::sleep(Duration::from_millis(100));
+            assert!(!api.is_finished(), "waits for the running evaluation");
+            lock_as(&c, Holder::Poll).advice_apply(job.run());
+            let r = api.join().unwrap();
+            let f = r
+                .findings
+                .iter()
+                .find(|f| f.process.pid == my_proc().tgid)
+                .unwrap();
+            let was = first
+                .iter()
+                .find(|f| f.process.pid == my_proc().tgid)
+                .unwrap();
+            assert_eq!(f.since, was.since, "evaluated with the history put back");
+        });
+    }
 
     /// A collector built in one call from fakes: a poll drains the ring buffer first, reads
     /// the maps, and every scrape of one generation shares one body.
