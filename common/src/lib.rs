@@ -623,10 +623,10 @@ pub struct EstablishedEvent {
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct TotalKey {
-    /// Start time of the process in clock ticks since boot (`/proc/<pid>/stat` field 22):
-    /// with `tgid`, tells a reused pid apart.
+    /// The identity's hash (its labels': the program and where it runs), or, in entries of
+    /// earlier versions, the start time of a process.
     pub start_ticks: u64,
-    /// Process id (thread-group id).
+    /// 0 for an identity's entry (earlier versions: the process id).
     pub tgid: u32,
     /// Which counter: one of [`total_family`].
     pub family: u8,
@@ -655,6 +655,15 @@ pub mod total_family {
     /// Suppressed autotuning grows on sockets whose `AUTOTUNE` entries were collected
     /// (closed sockets of a live process).
     pub const AUTOTUNE_RETIRED: u8 = 7;
+    /// Buffer drops (by proto; the option byte holds the kernel's drop reason number) of an
+    /// identity's departed processes.
+    pub const DROPS: u8 = 8;
+    /// Suppressed autotuning grows of an identity's departed processes (all of them).
+    pub const AUTOTUNE_SUPPRESSED: u8 = 9;
+    /// 1: the identity had series of its own.
+    pub const OWN_SERIES: u8 = 10;
+    /// Guard decisions (the proto byte holds the rule, the option byte the action).
+    pub const GUARD_DECISIONS: u8 = 11;
 }
 
 /// A BPF map as both sides name it: its name in the object (the `static` of its `#[map]` in

@@ -3,10 +3,11 @@
 
 use prometheus::proto::MetricFamily;
 
-use super::Spec;
+use super::{Family, PROCESS_LABELS, Spec, identity_labels};
 use crate::advice::Finding;
 use crate::bpf::pins::PinsReport;
-use crate::store::{Parts, Store};
+use crate::store::series::OVERFLOW;
+use crate::store::{Admission, Parts, ProcRef, Row, Store};
 
 /// One probe's state (`bufscope_probe_attached`, `bufscope_probe_pinned`).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -51,21 +52,44 @@ pub struct Health {
     pub wmem_max: Option<i64>,
     /// `--bpf.pin-path`: what the start found and did (None: nothing pinned).
     pub pins: Option<PinsReport>,
+    /// Processes refused pod labels, by reason.
+    pub pod_labels_refused: Vec<(&'static str, u64)>,
 }
 
 const FINDING: Spec = Spec::gauge(
     "bufscope_finding",
-    "Active findings (1 per process and kind); /api/v1/findings and `bufscope explain` say what to change.",
-    &[
-        "comm",
-        "pid",
-        "container",
-        "pod",
-        "namespace",
-        "container_name",
-        "kind",
-        "severity",
-    ],
+    "Active findings (1 per identity and kind: some process of that program and place has it); /api/v1/findings and `bufscope explain` say which process and what to change.",
+    &["kind", "severity"],
+);
+const PROCESS_INFO: Spec = Spec::gauge(
+    "bufscope_process_info",
+    "The processes behind an identity's series (1 per long-lived process or process with a finding, within --max-series): join on the identity labels with group_left(pid).",
+    &["pid"],
+);
+const SERIES_BUDGET: Spec = Spec::gauge(
+    "bufscope_series_budget",
+    "--max-series: the per-process series this node may show (identities' counters, and a fifth of it for bufscope_process_info).",
+    &[],
+);
+const SERIES: Spec = Spec::gauge(
+    "bufscope_series",
+    "Per-process series shown now (the counters of identities with series of their own).",
+    &[],
+);
+const SERIES_IDENTITIES: Spec = Spec::gauge(
+    "bufscope_series_identities",
+    "Identities (program and place) with series of their own.",
+    &[],
+);
+const SERIES_OVERFLOW: Spec = Spec::counter(
+    "bufscope_series_overflow_processes_total",
+    "Processes whose counts went to the overflow series (otel_metric_overflow=\"true\") because their identity got no series of its own (--max-series or --max-processes reached).",
+    &[],
+);
+const POD_LABELS_REFUSED: Spec = Spec::counter(
+    "bufscope_pod_labels_refused_total",
+    "Processes whose cgroup looked like a kubelet's pod but was not the kubelet's own (a user-delegated subtree, outside the kubelet's root, another layout, a directory not owned by root): they keep their own cgroup, no pod labels.",
+    &["reason"],
 );
 const PROBE_ATTACHED: Spec = Spec::gauge(
     "bufscope_probe_attached",
@@ -94,12 +118,12 @@ const MAP_MAX_ENTRIES: Spec = Spec::gauge(
 );
 const TRACKED: Spec = Spec::gauge(
     "bufscope_tracked_processes",
-    "Processes with their own series (bounded by --max-processes).",
+    "Processes tracked one by one (status page, API; bounded by --max-processes).",
     &[],
 );
 const FOLDED: Spec = Spec::counter(
     "bufscope_folded_processes_total",
-    "Processes folded into comm=\"_other\" because --max-processes was reached.",
+    "Processes that left the per-process detail because --max-processes was reached (their counts stay on their identity's series).",
     &[],
 );
 const RMEM_MAX: Spec = Spec::gauge(
@@ -154,6 +178,7 @@ pub fn families<P: Parts>(
     out: &mut Vec<MetricFamily>,
 ) {
     findings_family(store, findings, out);
+    process_info(store, findings, out);
     probes_family(health, out);
     let mut f = ATTRIBUTION_UNKNOWN.family();
     for probe in attributed {
@@ -176,6 +201,15 @@ pub fn families<P: Parts>(
     max.done(out);
     single(&TRACKED, store.len() as f64, out);
     single(&FOLDED, store.folded as f64, out);
+    single(&SERIES_BUDGET, store.budget as f64, out);
+    single(&SERIES, store.series_used as f64, out);
+    single(&SERIES_IDENTITIES, store.own_identities() as f64, out);
+    single(&SERIES_OVERFLOW, store.overflowed as f64, out);
+    let mut f = POD_LABELS_REFUSED.family();
+    for (reason, n) in &health.pod_labels_refused {
+        f.push(&[reason], *n as f64);
+    }
+    f.done(out);
     if let Some(v) = health.rmem_max {
         single(&RMEM_MAX, v as f64, out);
     }
@@ -188,27 +222,85 @@ pub fn families<P: Parts>(
     f.done(out);
 }
 
-/// `bufscope_finding`: one series per finding of a process tracked now.
+/// The identity row (labels only) of process `p`'s series, when it is shown.
+fn shown_identity<P: Parts>(store: &Store<P>, p: &ProcRef) -> Option<Row<()>> {
+    let s = store.get(p)?;
+    let id = store.identity(s.series)?;
+    let overflow = s.series == OVERFLOW;
+    (overflow || id.admission == Admission::Own).then(|| {
+        let mut stats = crate::store::ProcStats::new_row(id.meta.clone());
+        stats.series = s.series;
+        Row {
+            id: s.series,
+            overflow,
+            stats,
+        }
+    })
+}
+
+/// `bufscope_finding`: one series per identity shown and kind of finding its processes have
+/// (findings may be up to a second old: only those of processes tracked now).
 fn findings_family<P: Parts>(store: &Store<P>, findings: &[Finding], out: &mut Vec<MetricFamily>) {
-    let mut f = FINDING.family();
-    // Findings may be up to a second old (see `Collector::findings`): show only those of
-    // processes tracked now, so the finding series stay within --max-processes too.
-    let tracked: foldhash::HashSet<u32> = store.procs().map(|(p, _)| p.tgid).collect();
-    for x in findings.iter().filter(|x| tracked.contains(&x.process.pid)) {
-        let pid = x.process.pid.to_string();
-        f.push(
-            &[
-                x.process.comm.as_str(),
-                pid.as_str(),
-                x.process.container.as_str(),
-                x.process.pod.as_str(),
-                x.process.namespace.as_str(),
-                x.process.container_name.as_str(),
-                x.kind,
-                x.severity.as_str(),
-            ],
-            1.0,
-        );
+    let by_pid: foldhash::HashMap<u32, ProcRef> =
+        store.procs().map(|(p, _)| (p.tgid, *p)).collect();
+    let mut seen = std::collections::BTreeSet::new();
+    let mut rows = Vec::new();
+    for x in findings {
+        let Some(row) = by_pid
+            .get(&x.process.pid)
+            .and_then(|p| shown_identity(store, p))
+        else {
+            continue;
+        };
+        if seen.insert((row.id, x.kind, x.severity.as_str())) {
+            rows.push((row, x.kind, x.severity.as_str()));
+        }
+    }
+    let mut f = Family::new(&FINDING, [PROCESS_LABELS, FINDING.labels].concat());
+    for (row, kind, severity) in &rows {
+        let base = identity_labels(row);
+        f.push_values(base.iter().copied().chain([*kind, *severity]), 1.0);
+    }
+    f.done(out);
+}
+
+/// How long a process must have run to get a `bufscope_process_info` series without a
+/// finding: longer than a cron job or a health check, so that short-lived processes leave no
+/// series of their own.
+pub const INFO_MIN_AGE_SECS: f64 = 60.0;
+
+/// `bufscope_process_info{<identity>,pid} 1`: the processes that matter behind the shown
+/// identities — those with a finding, then those running for [`INFO_MIN_AGE_SECS`], oldest
+/// first — at most [`Store::info_budget`].
+fn process_info<P: Parts>(store: &Store<P>, findings: &[Finding], out: &mut Vec<MetricFamily>) {
+    let with_finding: foldhash::HashSet<u32> = findings.iter().map(|f| f.process.pid).collect();
+    let uptime = std::fs::read_to_string("/proc/uptime")
+        .ok()
+        .and_then(|s| s.split_whitespace().next()?.parse::<f64>().ok());
+    let hz = crate::attribution::procfs::clk_tck().max(1) as f64;
+    let mut picked: Vec<(bool, u64, ProcRef)> = store
+        .procs()
+        .filter(|(_, s)| s.exited.is_none())
+        .filter_map(|(p, _)| {
+            let finding = with_finding.contains(&p.tgid);
+            let old = uptime.is_some_and(|u| u - p.start_ticks as f64 / hz >= INFO_MIN_AGE_SECS);
+            (finding || old).then_some((!finding, p.start_ticks, *p))
+        })
+        .collect();
+    picked.sort_unstable();
+    let mut f = Family::new(&PROCESS_INFO, [PROCESS_LABELS, PROCESS_INFO.labels].concat());
+    let mut n = 0;
+    for (_, _, p) in picked {
+        if n >= store.info_budget() {
+            break;
+        }
+        let Some(row) = shown_identity(store, &p).filter(|r| !r.overflow) else {
+            continue;
+        };
+        let pid = p.tgid.to_string();
+        let base = identity_labels(&row);
+        f.push_values(base.iter().copied().chain([pid.as_str()]), 1.0);
+        n += 1;
     }
     f.done(out);
 }
