@@ -537,6 +537,108 @@ mod tests {
         );
     }
 
+    fn cg(path: &str) -> String {
+        format!("0::/{path}\n")
+    }
+
+    /// Only the kubelet's layout from the top of the hierarchy names a pod; a user's
+    /// delegated subtree, a path elsewhere or a cgroup made inside a container's own keep
+    /// the process's own identity (its cgroup) and are counted.
+    #[test]
+    fn pod_labels_only_from_the_kubelets_hierarchy() {
+        let root = std::env::temp_dir().join(format!("bufscope-k8s-forge-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&root);
+        let pod_dir = root.join(format!("pods/vpn-edge_wg-gw-7d9f_{UID}"));
+        std::fs::create_dir_all(pod_dir.join("wireguard-go")).unwrap();
+        std::fs::create_dir_all(root.join("containers")).unwrap();
+        std::os::unix::fs::symlink(
+            pod_dir.join("wireguard-go"),
+            root.join(format!("containers/wg-gw-7d9f_vpn-edge_wireguard-go-{ID}.log")),
+        )
+        .unwrap();
+        let pods = Pods::new(Some(root.clone()));
+        let uid = UID.replace('-', "_");
+        let real = format!(
+            "kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod{uid}.slice/cri-containerd-{ID}.scope"
+        );
+        let place = pods.place(&cg(&real));
+        assert_eq!(
+            (place.pod.pod.as_str(), place.container.as_str(), place.cgroup.as_str()),
+            ("wg-gw-7d9f", ID, "")
+        );
+        assert_eq!(place.refused, None);
+        let cgroupfs = pods.place(&cg(&format!("kubepods/burstable/pod{UID}/{ID}")));
+        assert_eq!(cgroupfs.pod.namespace, "vpn-edge");
+        let guaranteed = pods.place(&cg(&format!("kubepods.slice/kubepods-pod{uid}.slice/crio-{ID}.scope")));
+        assert_eq!(guaranteed.pod.pod, "wg-gw-7d9f");
+        for (path, reason, cgroup) in [
+            (
+                format!("user.slice/user-65534.slice/user@65534.service/{real}"),
+                refused::USER_DELEGATED,
+                "user.slice/user-65534.slice/user@65534.service",
+            ),
+            (
+                format!("system.slice/{real}"),
+                refused::OUTSIDE_ROOT,
+                "system.slice/kubepods.slice/kubepods-besteffort.slice",
+            ),
+            (
+                format!("kubepods.slice/evil.slice/kubepods-besteffort-pod{uid}.slice/cri-containerd-{ID}.scope"),
+                refused::LAYOUT,
+                "kubepods.slice/evil.slice/kubepods-besteffort-pod",
+            ),
+        ] {
+            let p = pods.place(&cg(&path));
+            assert_eq!(p.refused, Some(reason), "{path}");
+            assert_eq!((p.container.as_str(), p.pod.clone()), ("", PodLabels::default()), "{path}");
+            // Its own cgroup, up to its service (or without its own scopes).
+            assert!(p.cgroup.starts_with(cgroup) && !p.cgroup.ends_with(".scope"), "{path}: {}", p.cgroup);
+        }
+        // A cgroup a container made inside its own names that container, whatever it is
+        // called.
+        let other = "a".repeat(64);
+        let nested = pods.place(&cg(&format!(
+            "kubepods.slice/kubepods-burstable.slice/kubepods-burstable-podffff.slice/cri-containerd-{other}.scope/{real}"
+        )));
+        assert_eq!((nested.container.as_str(), nested.refused), (other.as_str(), None));
+        assert_ne!(nested.pod.pod, "wg-gw-7d9f");
+        let counts: std::collections::BTreeMap<_, _> = pods.refused().into_iter().collect();
+        assert_eq!(counts[refused::USER_DELEGATED], 1);
+        assert_eq!(counts[refused::OUTSIDE_ROOT], 1);
+        assert_eq!(counts[refused::LAYOUT], 1);
+        // Outside kubepods: the container runtimes' own ids, and host services.
+        let podman = pods.place(&cg(&format!(
+            "user.slice/user-1000.slice/user@1000.service/user.slice/libpod-{ID}.scope"
+        )));
+        assert_eq!((podman.container.as_str(), podman.refused), (ID, None));
+        let host = pods.place(&cg("system.slice/nginx.service"));
+        assert_eq!(host.cgroup, "system.slice/nginx.service");
+        std::fs::remove_dir_all(&root).unwrap();
+    }
+
+    /// Where the host's cgroup2 is visible, the kubelet's root, the pod's and the
+    /// container's directories must be owned by root.
+    #[test]
+    fn kubelet_directories_not_owned_by_root_are_refused() {
+        use std::os::unix::fs::MetadataExt as _;
+        let root = std::env::temp_dir().join(format!("bufscope-cg-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&root);
+        let path = format!("kubepods.slice/kubepods-pod{}.slice/cri-containerd-{ID}.scope", "a1");
+        std::fs::create_dir_all(root.join(&path)).unwrap();
+        let pods = Pods::new(None).with_cgroup_root(Some(root.clone()));
+        let me_root = std::fs::metadata(&root).unwrap().uid() == 0;
+        if me_root {
+            assert_eq!(pods.place(&cg(&path)).refused, None, "root's: accepted");
+            // A directory a user owns, even in the right place, names no pod.
+            std::os::unix::fs::chown(root.join("kubepods.slice/kubepods-poda1.slice"), Some(65534), None)
+                .unwrap();
+        }
+        let p = pods.place(&cg(&path));
+        assert_eq!(p.refused, Some(refused::NOT_ROOT_OWNED));
+        assert_eq!(p.container, "");
+        std::fs::remove_dir_all(&root).unwrap();
+    }
+
     #[test]
     fn from_a_kubelet_layout_links_first_then_the_pod_uid() {
         let root = std::env::temp_dir().join(format!("bufscope-k8s-{}", std::process::id()));
