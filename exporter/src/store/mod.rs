@@ -271,6 +271,30 @@ impl<P: Parts> Store<P> {
         self.procs.get_mut(&p)
     }
 
+    /// Puts series at 0 for process `p`, known to hold a socket that has not counted
+    /// anything yet (`zero` adds the zero counts: e.g. UDP buffer drops, so that Prometheus
+    /// sees the first drops as an increase): on its entry (a [`Store::placeholder`]) where
+    /// there is room for one, else on its identity directly (made if needed), so that the
+    /// zero series exist even while the per-process detail is full.
+    pub fn zero_series(&mut self, p: ProcRef, meta: impl FnOnce() -> ProcMeta, zero: impl FnOnce(&mut P)) {
+        if self.procs.contains_key(&p) || self.procs.len() < self.max_processes {
+            if let Some(s) = self.placeholder(p, meta) {
+                zero(&mut s.parts);
+            }
+            return;
+        }
+        let meta = meta();
+        let Some(id) = self.join(&meta, false) else {
+            return;
+        };
+        if let Some(s) = self.series.get_mut(&id) {
+            // No process of it is tracked: it stays the retention window, as one that left.
+            s.members = s.members.saturating_sub(1);
+            s.last_left = Instant::now();
+            zero(&mut s.departed);
+        }
+    }
+
     /// Gives tracked process `p` new labels (`meta`: its `comm` changed with an `exec`). Its
     /// counts so far stay on its old identity's series; from now on it counts on its new
     /// identity's, whose drop series start at 0 (a name it had before: that identity's

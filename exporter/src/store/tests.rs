@@ -308,3 +308,23 @@ fn identity_hashes_are_stable() {
     );
     assert_eq!(identity_hash(&ProcMeta::default()), 15_556_837_164_214_743_357);
 }
+
+/// With the detail full, a UDP holder's zero series still exists, on its identity.
+#[test]
+fn zero_series_exist_even_with_the_detail_full() {
+    let mut s = Store::new(1, Duration::from_secs(600));
+    s.proc_mut(p(1), meta("busy")).parts.n += 1;
+    s.zero_series(proc_ref(2), meta("quiet"), |parts| parts.add("udp", 0));
+    assert_eq!(s.len(), 1, "no room: no entry, nothing folded");
+    let rows = {
+        s.admit(|r| r.stats.parts.by.len() + usize::from(r.stats.parts.n > 0));
+        s.rows()
+    };
+    let quiet = rows.iter().find(|r| r.stats.meta.comm == "quiet").unwrap();
+    assert_eq!(quiet.stats.parts.by.get("udp"), Some(&0));
+    // Its first drops continue that series.
+    s.proc_mut(p(2), meta("quiet")).parts.add("udp", 9);
+    let rows = s.rows();
+    let quiet = rows.iter().find(|r| r.stats.meta.comm == "quiet").unwrap();
+    assert_eq!(quiet.stats.parts.by.get("udp"), Some(&9));
+}

@@ -205,18 +205,20 @@ impl Drops {
 const UDP_RCVBUF_REASON: &str = "SOCKET_RCVBUFF";
 
 impl Drops {
-    /// Gives each process newly known to hold a UDP socket its
-    /// `{proto="udp",reason="SOCKET_RCVBUFF"}` series at 0 (room permitting:
-    /// [`Store::placeholder`]), so that Prometheus sees its first drops as an increase.
+    /// Gives each process newly known to hold a UDP socket its identity's
+    /// `{proto="udp",reason="SOCKET_RCVBUFF"}` series at 0 ([`Store::zero_series`]), so that
+    /// Prometheus sees its first drops as an increase.
     pub(super) fn zero_udp_series(&self, cx: &mut PollCx<'_>) {
         if self.reasons.value(UDP_RCVBUF_REASON).is_none() {
             return;
         }
         for p in cx.attr.new_udp_holders() {
             let attr = &*cx.attr;
-            if let Some(s) = cx.store.placeholder(p, || attr.meta(&p)) {
-                s.parts.drops.add(Proto::Udp, UDP_RCVBUF_REASON, 0);
-            }
+            cx.store.zero_series(
+                p,
+                || attr.meta(&p),
+                |parts| parts.drops.add(Proto::Udp, UDP_RCVBUF_REASON, 0),
+            );
         }
     }
 }
