@@ -23,7 +23,9 @@ pub fn drop_reason_number(name: &str) -> Option<u16> {
 /// The name of drop reason `v` on this kernel, if registered.
 pub fn drop_reason_name(v: u16) -> Option<String> {
     let r = DROP_REASONS.read().ok()?;
-    r.iter().find(|(n, _)| *n == v).map(|(_, name)| name.clone())
+    r.iter()
+        .find(|(n, _)| *n == v)
+        .map(|(_, name)| name.clone())
 }
 
 /// Transport of a socket, as the `proto` label says it.

@@ -817,7 +817,10 @@ fn wait_until_the_exporter_serves_the_workload(
 ) -> BTreeSet<String> {
     let served = eventually(Duration::from_secs(15), "the workload in /metrics", || {
         let m = a.scrape();
-        let ok = m.sum("bufscope_socket_drops_total", &[("comm", &pid(&scene.recv))]) > 0.0
+        let ok = m.sum(
+            "bufscope_socket_drops_total",
+            &[("comm", &pid(&scene.recv))],
+        ) > 0.0
             && m.sum(
                 "bufscope_socket_drops_total",
                 &[("comm", &pid(&scene.crecv))],
@@ -1214,8 +1217,14 @@ fn alerts_expected_to_fire(
                 ("namespace", K8S.1.to_string()),
             ],
         ),
-        ("BufscopeTcpRcvbufLocked", vec![("comm", pid(&scene.locked))]),
-        ("BufscopeTcpWscaleShrunk", vec![("comm", pid(&scene.locked))]),
+        (
+            "BufscopeTcpRcvbufLocked",
+            vec![("comm", pid(&scene.locked))],
+        ),
+        (
+            "BufscopeTcpWscaleShrunk",
+            vec![("comm", pid(&scene.locked))],
+        ),
         (
             "BufscopeBufferRequestClamped",
             vec![("comm", pid(&scene.clamp)), ("option", "SO_RCVBUF".into())],

@@ -107,12 +107,6 @@ pub fn comm_of(pid: &str) -> Option<String> {
     }
 }
 
-/// Remembers the `comm` of process `pid` now (call while it runs, before reading metrics
-/// after it exited).
-pub fn remember_comm(pid: u32) {
-    comm_of(&pid.to_string());
-}
-
 /// Parses `{a="x",b="y\"z"}` and returns the labels and the text after `}`.
 fn parse_labels(s: &str) -> (BTreeMap<String, String>, &str) {
     let mut labels = BTreeMap::new();
@@ -164,11 +158,17 @@ mod tests {
     fn a_pid_selects_the_identity_of_its_process() {
         let me = std::process::id().to_string();
         let comm = comm_of(&me).unwrap();
-        let text = format!("x_total{{comm=\"{comm}\"}} 2\nx_total{{comm=\"other\"}} 3\nbufscope_process_info{{comm=\"{comm}\",pid=\"{me}\"}} 1\n");
+        let text = format!(
+            "x_total{{comm=\"{comm}\"}} 2\nx_total{{comm=\"other\"}} 3\nbufscope_process_info{{comm=\"{comm}\",pid=\"{me}\"}} 1\n"
+        );
         let m = Metrics::parse(&text);
         assert_eq!(m.sum("x_total", &[("pid", &me)]), 2.0);
         assert_eq!(m.sum("bufscope_process_info", &[("pid", &me)]), 1.0);
-        assert_eq!(m.sum("x_total", &[("pid", "4194305")]), 0.0, "no such process");
+        assert_eq!(
+            m.sum("x_total", &[("pid", "4194305")]),
+            0.0,
+            "no such process"
+        );
     }
 
     #[test]

@@ -64,8 +64,7 @@ pub fn service_cgroup(path: &str) -> String {
         return comps[..=i].join("/");
     }
     let mut end = comps.len();
-    while end > 0 && comps[end - 1].ends_with(".scope") && !(end == 1 && comps[0] == "init.scope")
-    {
+    while end > 0 && comps[end - 1].ends_with(".scope") && !(end == 1 && comps[0] == "init.scope") {
         end -= 1;
     }
     if end == 0 {
@@ -82,15 +81,24 @@ mod tests {
     fn service_cgroups_name_services_not_sessions() {
         for (path, want) in [
             ("system.slice/nginx.service", "system.slice/nginx.service"),
-            ("/system.slice/nginx.service/worker", "system.slice/nginx.service"),
+            (
+                "/system.slice/nginx.service/worker",
+                "system.slice/nginx.service",
+            ),
             (
                 "user.slice/user-1000.slice/user@1000.service/app.slice/x.scope",
                 "user.slice/user-1000.slice/user@1000.service",
             ),
-            ("user.slice/user-1000.slice/session-4.scope", "user.slice/user-1000.slice"),
+            (
+                "user.slice/user-1000.slice/session-4.scope",
+                "user.slice/user-1000.slice",
+            ),
             ("init.scope", "init.scope"),
             ("", "/"),
-            ("/../../system.slice/chronyd.service", "system.slice/chronyd.service"),
+            (
+                "/../../system.slice/chronyd.service",
+                "system.slice/chronyd.service",
+            ),
             ("bufscope-test/child", "bufscope-test/child"),
         ] {
             assert_eq!(service_cgroup(path), want, "{path}");
@@ -100,7 +108,10 @@ mod tests {
     #[test]
     fn the_unified_path() {
         assert_eq!(unified_path("12:pids:/x\n0::/a/b.scope\n"), "a/b.scope");
-        assert_eq!(unified_path("1:name=systemd:/system.slice/a.service\n"), "system.slice/a.service");
+        assert_eq!(
+            unified_path("1:name=systemd:/system.slice/a.service\n"),
+            "system.slice/a.service"
+        );
         assert_eq!(unified_path(""), "");
     }
 

@@ -162,7 +162,9 @@ fn kubelet_layout(path: &str) -> Option<(String, String, usize)> {
 /// Why `path` (absolute) is not the kubelet's, for one that names a kubepods cgroup.
 fn refusal(path: &str) -> &'static str {
     let c: Vec<&str> = path.split('/').filter(|c| !c.is_empty()).collect();
-    if c.iter().any(|c| c.starts_with("user@") && c.ends_with(".service")) {
+    if c.iter()
+        .any(|c| c.starts_with("user@") && c.ends_with(".service"))
+    {
         refused::USER_DELEGATED
     } else if !matches!(c.first(), Some(&"kubepods.slice" | &"kubepods")) {
         refused::OUTSIDE_ROOT
@@ -553,7 +555,9 @@ mod tests {
         std::fs::create_dir_all(root.join("containers")).unwrap();
         std::os::unix::fs::symlink(
             pod_dir.join("wireguard-go"),
-            root.join(format!("containers/wg-gw-7d9f_vpn-edge_wireguard-go-{ID}.log")),
+            root.join(format!(
+                "containers/wg-gw-7d9f_vpn-edge_wireguard-go-{ID}.log"
+            )),
         )
         .unwrap();
         let pods = Pods::new(Some(root.clone()));
@@ -563,13 +567,19 @@ mod tests {
         );
         let place = pods.place(&cg(&real));
         assert_eq!(
-            (place.pod.pod.as_str(), place.container.as_str(), place.cgroup.as_str()),
+            (
+                place.pod.pod.as_str(),
+                place.container.as_str(),
+                place.cgroup.as_str()
+            ),
             ("wg-gw-7d9f", ID, "")
         );
         assert_eq!(place.refused, None);
         let cgroupfs = pods.place(&cg(&format!("kubepods/burstable/pod{UID}/{ID}")));
         assert_eq!(cgroupfs.pod.namespace, "vpn-edge");
-        let guaranteed = pods.place(&cg(&format!("kubepods.slice/kubepods-pod{uid}.slice/crio-{ID}.scope")));
+        let guaranteed = pods.place(&cg(&format!(
+            "kubepods.slice/kubepods-pod{uid}.slice/crio-{ID}.scope"
+        )));
         assert_eq!(guaranteed.pod.pod, "wg-gw-7d9f");
         for (path, reason, cgroup) in [
             (
@@ -583,16 +593,26 @@ mod tests {
                 "system.slice/kubepods.slice/kubepods-besteffort.slice",
             ),
             (
-                format!("kubepods.slice/evil.slice/kubepods-besteffort-pod{uid}.slice/cri-containerd-{ID}.scope"),
+                format!(
+                    "kubepods.slice/evil.slice/kubepods-besteffort-pod{uid}.slice/cri-containerd-{ID}.scope"
+                ),
                 refused::LAYOUT,
                 "kubepods.slice/evil.slice/kubepods-besteffort-pod",
             ),
         ] {
             let p = pods.place(&cg(&path));
             assert_eq!(p.refused, Some(reason), "{path}");
-            assert_eq!((p.container.as_str(), p.pod.clone()), ("", PodLabels::default()), "{path}");
+            assert_eq!(
+                (p.container.as_str(), p.pod.clone()),
+                ("", PodLabels::default()),
+                "{path}"
+            );
             // Its own cgroup, up to its service (or without its own scopes).
-            assert!(p.cgroup.starts_with(cgroup) && !p.cgroup.ends_with(".scope"), "{path}: {}", p.cgroup);
+            assert!(
+                p.cgroup.starts_with(cgroup) && !p.cgroup.ends_with(".scope"),
+                "{path}: {}",
+                p.cgroup
+            );
         }
         // A cgroup a container made inside its own names that container, whatever it is
         // called.
@@ -600,7 +620,10 @@ mod tests {
         let nested = pods.place(&cg(&format!(
             "kubepods.slice/kubepods-burstable.slice/kubepods-burstable-podffff.slice/cri-containerd-{other}.scope/{real}"
         )));
-        assert_eq!((nested.container.as_str(), nested.refused), (other.as_str(), None));
+        assert_eq!(
+            (nested.container.as_str(), nested.refused),
+            (other.as_str(), None)
+        );
         assert_ne!(nested.pod.pod, "wg-gw-7d9f");
         let counts: std::collections::BTreeMap<_, _> = pods.refused().into_iter().collect();
         assert_eq!(counts[refused::USER_DELEGATED], 1);
@@ -623,15 +646,22 @@ mod tests {
         use std::os::unix::fs::MetadataExt as _;
         let root = std::env::temp_dir().join(format!("bufscope-cg-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&root);
-        let path = format!("kubepods.slice/kubepods-pod{}.slice/cri-containerd-{ID}.scope", "a1");
+        let path = format!(
+            "kubepods.slice/kubepods-pod{}.slice/cri-containerd-{ID}.scope",
+            "a1"
+        );
         std::fs::create_dir_all(root.join(&path)).unwrap();
         let pods = Pods::new(None).with_cgroup_root(Some(root.clone()));
         let me_root = std::fs::metadata(&root).unwrap().uid() == 0;
         if me_root {
             assert_eq!(pods.place(&cg(&path)).refused, None, "root's: accepted");
             // A directory a user owns, even in the right place, names no pod.
-            std::os::unix::fs::chown(root.join("kubepods.slice/kubepods-poda1.slice"), Some(65534), None)
-                .unwrap();
+            std::os::unix::fs::chown(
+                root.join("kubepods.slice/kubepods-poda1.slice"),
+                Some(65534),
+                None,
+            )
+            .unwrap();
         }
         let p = pods.place(&cg(&path));
         assert_eq!(p.refused, Some(refused::NOT_ROOT_OWNED));

@@ -280,7 +280,10 @@ mod tests {
 
         let mut after = Bench::new();
         pinned(&mut after, &map, true);
-        assert!(after.store.get(&me).is_some(), "the live process is tracked again");
+        assert!(
+            after.store.get(&me).is_some(),
+            "the live process is tracked again"
+        );
         // The live process's drops come back from the pinned map; its events are in the
         // identity's record.
         after
@@ -290,7 +293,10 @@ mod tests {
             .drops
             .add(Proto::Udp, "SOCKET_RCVBUFF", 7);
         let row = my_row(&mut after);
-        assert_eq!(row.stats.parts.drops.packets, before.stats.parts.drops.packets);
+        assert_eq!(
+            row.stats.parts.drops.packets,
+            before.stats.parts.drops.packets
+        );
         assert_eq!(
             row.stats.parts.tcp_state.established,
             before.stats.parts.tcp_state.established
@@ -326,7 +332,11 @@ mod tests {
                 tgid: 5_000_000 + i,
                 start_ticks: 1,
             };
-            let comm = if i % 2 == 0 { "resolver" } else { "healthcheck" };
+            let comm = if i % 2 == 0 {
+                "resolver"
+            } else {
+                "healthcheck"
+            };
             b.store
                 .proc_mut(Who::Proc(p), || ProcMeta {
                     comm: comm.into(),

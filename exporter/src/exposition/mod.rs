@@ -263,11 +263,15 @@ mod tests {
             "{text}"
         );
         assert!(
-            text.contains(r#"k{comm="sshd",container="",cgroup="system.slice/ssh.service",kind="y"} 1"#),
+            text.contains(
+                r#"k{comm="sshd",container="",cgroup="system.slice/ssh.service",kind="y"} 1"#
+            ),
             "{text}"
         );
         assert!(
-            text.contains(r#"k{comm="_other",container="",otel_metric_overflow="true",kind="z"} 1"#),
+            text.contains(
+                r#"k{comm="_other",container="",otel_metric_overflow="true",kind="z"} 1"#
+            ),
             "{text}"
         );
     }

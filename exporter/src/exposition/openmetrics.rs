@@ -387,10 +387,7 @@ mod tests {
             .parse()
             .unwrap();
         let born = unix_seconds(rows[0].stats.born);
-        assert_eq!(
-            ct, born,
-            "a new identity's series were 0 when it was made"
-        );
+        assert_eq!(ct, born, "a new identity's series were 0 when it was made");
         // Info and gauge families; HELP escapes the double quote.
         assert!(text.contains("# TYPE bufscope_build info\nbufscope_build_info{version=\"1.2.3\",kernel=\"6.18\"} 1\n"), "{text}");
         assert!(

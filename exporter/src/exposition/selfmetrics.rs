@@ -288,7 +288,10 @@ fn process_info<P: Parts>(store: &Store<P>, findings: &[Finding], out: &mut Vec<
         })
         .collect();
     picked.sort_unstable();
-    let mut f = Family::new(&PROCESS_INFO, [PROCESS_LABELS, PROCESS_INFO.labels].concat());
+    let mut f = Family::new(
+        &PROCESS_INFO,
+        [PROCESS_LABELS, PROCESS_INFO.labels].concat(),
+    );
     let mut n = 0;
     for (_, _, p) in picked {
         if n >= store.info_budget() {

@@ -276,7 +276,12 @@ impl<P: Parts> Store<P> {
     /// sees the first drops as an increase): on its entry (a [`Store::placeholder`]) where
     /// there is room for one, else on its identity directly (made if needed), so that the
     /// zero series exist even while the per-process detail is full.
-    pub fn zero_series(&mut self, p: ProcRef, meta: impl FnOnce() -> ProcMeta, zero: impl FnOnce(&mut P)) {
+    pub fn zero_series(
+        &mut self,
+        p: ProcRef,
+        meta: impl FnOnce() -> ProcMeta,
+        zero: impl FnOnce(&mut P),
+    ) {
         if self.procs.contains_key(&p) || self.procs.len() < self.max_processes {
             if let Some(s) = self.placeholder(p, meta) {
                 zero(&mut s.parts);

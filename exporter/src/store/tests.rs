@@ -86,8 +86,14 @@ fn folding_out_of_the_detail_moves_no_count_between_series() {
     assert_eq!(s.len(), 2);
     assert_eq!(s.folded, 1);
     let after = shown(&mut s);
-    assert_eq!(after["a"], 5, "a's series goes on with a's counts: {after:?}");
-    assert!(!after.contains_key("_other!"), "nothing went to the overflow");
+    assert_eq!(
+        after["a"], 5,
+        "a's series goes on with a's counts: {after:?}"
+    );
+    assert!(
+        !after.contains_key("_other!"),
+        "nothing went to the overflow"
+    );
     // a counts again: a new entry of the same identity, the series goes on from 5.
     s.proc_mut(p(1), meta("a")).parts.n += 2;
     assert_eq!(shown(&mut s)["a"], 7);
@@ -106,7 +112,11 @@ fn short_lived_processes_of_one_program_share_its_series() {
             s.proc_mut(p(1), meta("wg")).parts.n += 1;
         }
         let seen = shown(&mut s);
-        assert_eq!(seen["resolver"], u64::from(i) + 1, "monotone, every count once");
+        assert_eq!(
+            seen["resolver"],
+            u64::from(i) + 1,
+            "monotone, every count once"
+        );
     }
     assert_eq!(s.own_identities(), 2);
     assert!(s.len() <= 10);
@@ -137,7 +147,10 @@ fn identities_beyond_the_budget_count_on_the_overflow_series() {
     s.proc_mut(p(4), meta("d")).parts.n += 1;
     s.proc_mut(p(9), meta("e")).parts.n += 1;
     let seen = shown(&mut s);
-    assert_eq!(seen["_other!"], 22, "d's later counts, and e's new process's");
+    assert_eq!(
+        seen["_other!"], 22,
+        "d's later counts, and e's new process's"
+    );
     assert_eq!(seen.values().sum::<u64>(), 52);
     assert_eq!(s.own_identities(), 3);
 }
@@ -171,7 +184,11 @@ fn identities_leave_the_retention_after_their_last_process() {
     std::thread::sleep(Duration::from_millis(35));
     s.expire(|_| false);
     assert!(s.is_empty());
-    assert_eq!(shown(&mut s)["a"], 4, "the process left, its identity waits");
+    assert_eq!(
+        shown(&mut s)["a"],
+        4,
+        "the process left, its identity waits"
+    );
     s.proc_mut(p(2), meta("a")).parts.n += 1;
     assert_eq!(shown(&mut s)["a"], 5);
     s.expire(|_| false);
@@ -306,7 +323,10 @@ fn identity_hashes_are_stable() {
             ..ProcMeta::default()
         })
     );
-    assert_eq!(identity_hash(&ProcMeta::default()), 15_556_837_164_214_743_357);
+    assert_eq!(
+        identity_hash(&ProcMeta::default()),
+        15_556_837_164_214_743_357
+    );
 }
 
 /// With the detail full, a UDP holder's zero series still exists, on its identity.

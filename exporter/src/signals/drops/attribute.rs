@@ -94,10 +94,7 @@ impl Drops {
                 .held
                 .get(&k)
                 .is_some_and(|h| now.duration_since(h.since) >= self.hold);
-            if self.adopted
-                && k.site == drop_site::SOCKET
-                && who.is_some_and(|p| !attr.alive(&p))
-            {
+            if self.adopted && k.site == drop_site::SOCKET && who.is_some_and(|p| !attr.alive(&p)) {
                 // The first read of adopted maps: a closed socket of a process that exited
                 // before the restart. Its counts are on its identity already (kept in
                 // `TOTALS` with the process's), or left with it while no bufscope ran.

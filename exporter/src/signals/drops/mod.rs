@@ -219,9 +219,7 @@ impl Room for Drops {
             return Ok(None);
         }
         // Counters kept across restarts name reasons by number.
-        crate::labels::register_drop_reasons(
-            env.reasons.iter().map(|(v, n)| (v, n.to_string())),
-        );
+        crate::labels::register_drop_reasons(env.reasons.iter().map(|(v, n)| (v, n.to_string())));
         let mut room = Self::new(
             PerCpuHash::take(ebpf, maps::DROPS)?,
             setup.flags.entries,

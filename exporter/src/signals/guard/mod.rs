@@ -26,8 +26,8 @@ pub use settings::{Flags, GuardMode, Settings, bpf_config, policy_tcp_autotune, 
 use settings::{Setup, require_enforce, resolve};
 
 use super::{
-    AdviceCx, Attached, BuildCx, Part, PollCx, Room, Row, Services, Signal, ValidateCx,
-    decode, setsockopt, take_map,
+    AdviceCx, Attached, BuildCx, Part, PollCx, Room, Row, Services, Signal, ValidateCx, decode,
+    setsockopt, take_map,
 };
 use crate::advice::{GuardAct, Inputs};
 use crate::bpf::{Hook, LoadPlan, ProbeSpec, Purpose};
