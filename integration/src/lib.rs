@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use bufscope_testkit::LineChild;
 // Shared with the benchmarks (`cargo xtask bench`): see `bufscope-testkit`.
-pub use bufscope_testkit::{Metrics, Sample, proc_udp_drops, terminate};
+pub use bufscope_testkit::{Metrics, Sample, comm_of, proc_udp_drops, terminate};
 
 /// The value of a testkit helper, or a panic with its error (tests panic with a message).
 fn ok<T>(r: anyhow::Result<T>) -> T {

@@ -768,7 +768,7 @@ fn a_container_laid_out_as_the_kubelet_does_gets_its_pod_namespace_and_name() {
     );
     // Host processes carry none of them (bufscope's own series have no pid).
     for s in m.find("bufscope_socket_drops_total", &[]) {
-        if s.labels["pid"] != pid_s {
+        if bufscope_integration::comm_of(&pid_s).as_ref() != s.labels.get("comm") {
             assert!(!s.labels.contains_key("pod"), "{s:?}");
         }
     }

@@ -67,12 +67,25 @@ fn rss_kib(pid: u32) -> u64 {
 }
 
 /// Distinct non-empty `pid` label values over the per-process families.
+/// The distinct identities (program and place) with series of their own in a scrape: what a
+/// node's per-process series are keyed by (no pid).
 fn distinct_pids(m: &Metrics) -> BTreeSet<String> {
     m.samples
         .iter()
-        .filter_map(|s| s.labels.get("pid"))
-        .filter(|p| !p.is_empty())
-        .cloned()
+        .filter(|s| s.labels.contains_key("comm") && !s.labels.contains_key("otel_metric_overflow"))
+        .filter(|s| s.name != "bufscope_process_info")
+        .map(|s| {
+            [
+                "comm",
+                "container",
+                "cgroup",
+                "pod",
+                "namespace",
+                "container_name",
+            ]
+            .map(|k| s.labels.get(k).cloned().unwrap_or_default())
+            .join("/")
+        })
         .collect()
 }
 
@@ -430,7 +443,7 @@ fn assert_no_bpf_side_losses_since(e: &Exporter, base: &Metrics) {
 fn assert_series_stayed_within_the_bound(peak_pids: usize, peak_tracked: usize, max: usize) {
     assert!(
         peak_pids <= max,
-        "{peak_pids} pid series > --max-processes {max}"
+        "{peak_pids} identities with series > --max-processes {max}"
     );
     assert!(peak_tracked <= max, "{peak_tracked} tracked > {max}");
 }
@@ -464,9 +477,7 @@ fn wait_for_retention_and_map_gc_to_remove_the_round(e: &Exporter, netns: u32, c
             .samples
             .iter()
             .filter(|s| s.labels.get("comm").map(String::as_str) == Some(comm))
-            .filter_map(|s| s.labels.get("pid").cloned())
-            .collect::<BTreeSet<_>>()
-            .len();
+            .count();
         if entries == 0 && series == 0 {
             break;
         }
