@@ -131,9 +131,9 @@ fn series_stay_within_the_budget_while_short_lived_processes_come_and_go() {
     std::thread::sleep(Duration::from_secs(3));
     let start = Instant::now();
     let (mut short_kernel, mut long_kernel) = (0u64, 0u64);
-    for round in 0..6 {
+    for flooded in &long[..6] {
         short_kernel += churn("fleet-short", 50, 4);
-        long_kernel += flood(&long[round], 3000);
+        long_kernel += flood(flooded, 3000);
         std::thread::sleep(Duration::from_secs(10));
     }
     // Every long-lived process has run a minute by now: its info series is due.

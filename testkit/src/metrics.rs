@@ -157,7 +157,7 @@ mod tests {
     #[test]
     fn a_pid_selects_the_identity_of_its_process() {
         let me = std::process::id().to_string();
-        let comm = comm_of(&me).unwrap();
+        let comm = comm_of(&me).expect("our own comm");
         let text = format!(
             "x_total{{comm=\"{comm}\"}} 2\nx_total{{comm=\"other\"}} 3\nbufscope_process_info{{comm=\"{comm}\",pid=\"{me}\"}} 1\n"
         );

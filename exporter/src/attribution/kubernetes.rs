@@ -115,9 +115,9 @@ pub struct Place {
 fn kubelet_layout(path: &str) -> Option<(String, String, usize)> {
     let c: Vec<&str> = path.split('/').filter(|c| !c.is_empty()).collect();
     let qos = |s: &str| matches!(s, "besteffort" | "burstable");
-    let (systemd, mut i) = match c.first()? {
-        &"kubepods.slice" => (true, 1),
-        &"kubepods" => (false, 1),
+    let (systemd, mut i) = match *c.first()? {
+        "kubepods.slice" => (true, 1),
+        "kubepods" => (false, 1),
         _ => return None,
     };
     let pod = if systemd {
