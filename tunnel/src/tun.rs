@@ -71,7 +71,7 @@ impl Tun {
         }
         req.name[..bytes.len()].copy_from_slice(bytes);
         // SAFETY: TUNSETIFF reads/writes an ifreq; IfReq has the kernel's layout and size (40).
-        let rc = unsafe { libc::ioctl(file.as_raw_fd(), TUNSETIFF, &mut req as *mut IfReq) };
+        let rc = unsafe { libc::ioctl(file.as_raw_fd(), TUNSETIFF as _, &mut req as *mut IfReq) };
         if rc < 0 {
             let e = io::Error::last_os_error();
             return Err(match e.raw_os_error() {
@@ -93,7 +93,7 @@ impl Tun {
         if offload {
             let features = TUN_F_CSUM | TUN_F_TSO4 | TUN_F_TSO6;
             // SAFETY: TUNSETOFFLOAD takes an unsigned int by value.
-            let rc = unsafe { libc::ioctl(file.as_raw_fd(), TUNSETOFFLOAD, features) };
+            let rc = unsafe { libc::ioctl(file.as_raw_fd(), TUNSETOFFLOAD as _, features) };
             if rc < 0 {
                 // The device keeps its vnet header; the kernel just never sends bursts.
                 tracing::warn!(

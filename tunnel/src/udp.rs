@@ -283,7 +283,8 @@ impl Sender {
                 .cast();
             h.msg_hdr.msg_namelen = dest.len;
             h.msg_hdr.msg_iov = &mut self.iov[i];
-            h.msg_hdr.msg_iovlen = end - i;
+            // `as _`: size_t in glibc's msghdr, int in musl's (the static build).
+            h.msg_hdr.msg_iovlen = (end - i) as _;
             h.msg_hdr.msg_flags = 0;
             if end - i > 1 {
                 let c = &mut self.ctrl[msgs];
@@ -319,7 +320,8 @@ impl Sender {
             };
             if rc > 0 {
                 for m in &self.hdr[next..next + rc as usize] {
-                    sent += m.msg_hdr.msg_iovlen;
+                    let segs: usize = m.msg_hdr.msg_iovlen as _;
+                    sent += segs;
                 }
                 next += rc as usize;
                 continue;
@@ -328,7 +330,7 @@ impl Sender {
             if e.kind() == io::ErrorKind::Interrupted {
                 continue;
             }
-            let segs = self.hdr[next].msg_hdr.msg_iovlen;
+            let segs: usize = self.hdr[next].msg_hdr.msg_iovlen as _;
             if segs > 1
                 && matches!(
                     e.raw_os_error(),
@@ -492,7 +494,8 @@ impl Receiver {
                 fd,
                 self.hdr.as_mut_ptr(),
                 RX_MSGS as libc::c_uint,
-                libc::MSG_DONTWAIT,
+                // `as _`: int flags in glibc's recvmmsg, unsigned in musl's.
+                libc::MSG_DONTWAIT as _,
                 std::ptr::null_mut(),
             )
         };

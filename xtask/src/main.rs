@@ -6,6 +6,7 @@ use clap::{Parser, Subcommand};
 mod apt;
 mod bench;
 mod build;
+mod dist;
 mod image;
 mod lab;
 mod libtest;
@@ -30,6 +31,9 @@ enum Cmd {
     Build(build::Args),
     /// Build the container image with podman (release binary, `localhost/bufscope:dev`).
     Image(image::Args),
+    /// Build the release artifacts for gateways without Kubernetes: static binaries, .deb,
+    /// .rpm, SBOMs, SHA256SUMS (target/dist; docs/packages.md).
+    Dist(dist::Args),
     /// Set up, build and run the exporter (`bufscope run`), printing the metrics URL.
     Run(run::Args),
     /// Set up, then run unit tests and the privileged integration tests (serially).
@@ -50,6 +54,7 @@ fn main() -> anyhow::Result<()> {
         Cmd::Setup(a) => setup::run(&a),
         Cmd::Build(a) => build::run(&a),
         Cmd::Image(a) => image::run(&a),
+        Cmd::Dist(a) => dist::run(&a),
         Cmd::Run(a) => run::run(&a),
         Cmd::Test(a) => test::run(&a),
         Cmd::Lab(a) => lab::run(&a),

@@ -81,6 +81,9 @@ pub fn run(a: &Args) -> anyhow::Result<()> {
         ensure_pip_packages()?;
         // podman + runc, mmdebstrap, the containers.conf drop-in, the local base image.
         crate::image::setup()?;
+        // The static (musl) target, cargo-deb, cargo-generate-rpm, cargo-cyclonedx (pinned),
+        // musl-tools, rpm, and the Debian 12 image with systemd the package tests install into.
+        crate::dist::setup()?;
         // QEMU, virtme-ng and the pinned guest kernels of the kernel matrix (cached).
         crate::matrix::setup()?;
         if a.bench_peers {

@@ -188,6 +188,13 @@ const STEPS: &[Step] = &[
         args: &["autotune_suppressed"],
         when: None,
     },
+    Step {
+        name: "static binary (cargo xtask dist) alone in an empty root: check passes, same hooks",
+        test: "static_binary",
+        env: "",
+        args: &["static_bufscope_runs_alone_and_check_passes"],
+        when: None,
+    },
 ];
 
 /// The steps `filters` select (every step when empty): a step is selected when its name
@@ -591,6 +598,8 @@ pub fn stage(kernels: &[String], steps: &[String]) -> anyhow::Result<Outcome> {
     let script = dir.join("guest.sh");
     std::fs::write(&script, guest_script(&bins, &selected)?)?;
     crate::build::build_packages(true, &["bufscope"])?;
+    // The static binary of `cargo xtask dist`, for the step that runs it alone.
+    crate::dist::build_static(crate::dist::Arch::X86_64)?;
     let bufscope = workspace_root().join(BUFSCOPE);
     let mut out = Outcome {
         steps: Vec::new(),
