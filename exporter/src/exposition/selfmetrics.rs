@@ -269,9 +269,13 @@ fn findings_family<P: Parts>(store: &Store<P>, findings: &[Finding], out: &mut V
 /// series of their own.
 pub const INFO_MIN_AGE_SECS: f64 = 60.0;
 
+/// How long a process with a finding must have run to get one: a process that lives for a
+/// moment and drops leaves no series of its own either.
+pub const INFO_MIN_AGE_FINDING_SECS: f64 = 10.0;
+
 /// `bufscope_process_info{<identity>,pid} 1`: the processes that matter behind the shown
-/// identities — those with a finding, then those running for [`INFO_MIN_AGE_SECS`], oldest
-/// first — at most [`Store::info_budget`].
+/// identities — those with a finding (running for [`INFO_MIN_AGE_FINDING_SECS`]), then those
+/// running for [`INFO_MIN_AGE_SECS`], oldest first — at most [`Store::info_budget`].
 fn process_info<P: Parts>(store: &Store<P>, findings: &[Finding], out: &mut Vec<MetricFamily>) {
     let with_finding: foldhash::HashSet<u32> = findings.iter().map(|f| f.process.pid).collect();
     let uptime = std::fs::read_to_string("/proc/uptime")
@@ -282,9 +286,9 @@ fn process_info<P: Parts>(store: &Store<P>, findings: &[Finding], out: &mut Vec<
         .procs()
         .filter(|(_, s)| s.exited.is_none())
         .filter_map(|(p, _)| {
-            let finding = with_finding.contains(&p.tgid);
-            let old = uptime.is_some_and(|u| u - p.start_ticks as f64 / hz >= INFO_MIN_AGE_SECS);
-            (finding || old).then_some((!finding, p.start_ticks, *p))
+            let age = uptime.map_or(0.0, |u| u - p.start_ticks as f64 / hz);
+            let finding = with_finding.contains(&p.tgid) && age >= INFO_MIN_AGE_FINDING_SECS;
+            (finding || age >= INFO_MIN_AGE_SECS).then_some((!finding, p.start_ticks, *p))
         })
         .collect();
     picked.sort_unstable();
@@ -340,4 +344,167 @@ fn pins_families(health: &Health, out: &mut Vec<MetricFamily>) {
         );
     }
     f.done(out);
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use crate::exposition::encode;
+    use crate::signals::Store;
+    use crate::store::{ProcMeta, Who};
+    use std::time::Duration;
+
+    fn proc(tgid: u32) -> Who {
+        // Started a tick after boot: long-lived.
+        Who::Proc(ProcRef {
+            tgid,
+            start_ticks: 1,
+        })
+    }
+
+    /// The info series name the long-lived processes of shown identities, at most a fifth
+    /// of the budget, with the identity's labels and the pid; the budget's gauges say how
+    /// full it is.
+    #[test]
+    fn process_info_is_bounded_and_joinable() {
+        let mut store = Store::new(100, Duration::from_secs(60)).with_series_budget(10);
+        let wg = || ProcMeta {
+            comm: "wireguard-go".into(),
+            cgroup: "system.slice/wg.service".into(),
+            ..ProcMeta::default()
+        };
+        for pid in [101, 102, 103] {
+            store.proc_mut(proc(pid), wg).parts.tcp_state.established += 1;
+        }
+        store.admit(|_| 1);
+        store.series_used = 1;
+        let mut out = Vec::new();
+        families(
+            &store,
+            &Health::default(),
+            &[],
+            std::iter::empty(),
+            &mut out,
+        );
+        let text = encode(&out).unwrap();
+        let info: Vec<&str> = text
+            .lines()
+            .filter(|l| l.starts_with("bufscope_process_info{"))
+            .collect();
+        assert_eq!(info.len(), 2, "a fifth of 10: {info:?}");
+        assert!(
+            info[0].starts_with(
+                r#"bufscope_process_info{comm="wireguard-go",container="",cgroup="system.slice/wg.service",pid="#
+            ),
+            "{info:?}"
+        );
+        assert!(text.contains("bufscope_series_budget 10\n"), "{text}");
+        assert!(text.contains("bufscope_series 1\n"), "{text}");
+        assert!(text.contains("bufscope_series_identities 1\n"), "{text}");
+        assert!(
+            text.contains("bufscope_series_overflow_processes_total 0\n"),
+            "{text}"
+        );
+    }
+
+    /// A process with a finding gets its info series once it has run
+    /// [`INFO_MIN_AGE_FINDING_SECS`], one without only after [`INFO_MIN_AGE_SECS`]: a process
+    /// that lives for a moment and drops leaves no series of its own.
+    #[test]
+    fn a_finding_shortens_the_age_not_to_zero() {
+        let uptime: f64 = std::fs::read_to_string("/proc/uptime")
+            .unwrap()
+            .split_whitespace()
+            .next()
+            .unwrap()
+            .parse()
+            .unwrap();
+        let hz = crate::attribution::procfs::clk_tck() as f64;
+        // Started `ago` seconds before now.
+        let started = |tgid: u32, ago: f64| {
+            Who::Proc(ProcRef {
+                tgid,
+                start_ticks: ((uptime - ago) * hz) as u64,
+            })
+        };
+        let mut store = Store::new(100, Duration::from_secs(60)).with_series_budget(100);
+        let meta = || ProcMeta {
+            comm: "resolver".into(),
+            ..ProcMeta::default()
+        };
+        // 201: a moment old with a finding; 202: 30 s with one; 203: 30 s without.
+        for (pid, ago) in [(201, 1.0), (202, 30.0), (203, 30.0)] {
+            store
+                .proc_mut(started(pid, ago), meta)
+                .parts
+                .tcp_state
+                .established += 1;
+        }
+        store.admit(|_| 1);
+        let finding = |pid: u32| Finding {
+            kind: "udp_rcvbuf_drops",
+            severity: bufscope_api::Severity::Warning,
+            process: bufscope_api::ProcessRef {
+                pid,
+                ..Default::default()
+            },
+            socket: None,
+            summary: String::new(),
+            fix: String::new(),
+            evidence: Default::default(),
+            rule: "",
+            guard: None,
+        };
+        let mut out = Vec::new();
+        families(
+            &store,
+            &Health::default(),
+            &[finding(201), finding(202)],
+            std::iter::empty(),
+            &mut out,
+        );
+        let text = encode(&out).unwrap();
+        let pids: Vec<&str> = text
+            .lines()
+            .filter(|l| l.starts_with("bufscope_process_info{"))
+            .filter_map(|l| l.split("pid=\"").nth(1)?.split('"').next())
+            .collect();
+        assert_eq!(pids, ["202"], "{text}");
+        // The identity's finding is shown all the same.
+        assert!(
+            text.contains(r#"bufscope_finding{comm="resolver""#),
+            "{text}"
+        );
+    }
+
+    /// A process whose identity went to the overflow series has no info series.
+    #[test]
+    fn no_info_for_the_overflow() {
+        let mut store = Store::new(100, Duration::from_secs(60)).with_series_budget(1);
+        store
+            .proc_mut(proc(7), || ProcMeta {
+                comm: "late".into(),
+                ..ProcMeta::default()
+            })
+            .parts
+            .tcp_state
+            .established = 1;
+        // Its two series do not fit a budget of one.
+        store.admit(|_| 2);
+        let mut out = Vec::new();
+        families(
+            &store,
+            &Health::default(),
+            &[],
+            std::iter::empty(),
+            &mut out,
+        );
+        let text = encode(&out).unwrap();
+        assert!(!text.contains("bufscope_process_info{"), "{text}");
+        assert!(
+            text.contains("bufscope_series_overflow_processes_total 1\n"),
+            "{text}"
+        );
+    }
 }
