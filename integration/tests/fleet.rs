@@ -195,14 +195,20 @@ fn series_stay_within_the_budget_while_short_lived_processes_come_and_go() {
 }
 
 /// Drops of 8 receivers while at most 4 processes are tracked one by one, and again while
-/// only 4 programs fit the series budget: the processes leave the detail in turn and half the
-/// programs count on the overflow series, and `sum(increase())` still equals the sum of the
-/// drops columns (scraped every 0.5 s, as the measurement that found the double count).
+/// only some of the 8 programs fit the series budget: the processes leave the detail in turn
+/// and the programs that did not fit count on the overflow series, and `sum(increase())`
+/// still equals the sum of the drops columns (scraped every 0.5 s, as the measurement that
+/// found the double count).
+///
+/// A receiver's identity renders 5 series (`setsockopt`, `_clamped`, `_failed`, the lock, the
+/// drops at 0): `--max-series 40` leaves 32 for counters, so at most 6 of the 8 fit next to
+/// the exporters', Prometheus' and this test's own identities (under 20 series here), and at
+/// least 2 do not.
 #[test]
 #[ignore = "needs root: run via cargo xtask test"]
 fn sum_increase_equals_the_kernel_through_folds_and_the_overflow_series() {
     let folds = Exporter::start(&["--max-processes", "4"]);
-    let overflow = Exporter::start(&["--max-series", "5"]);
+    let overflow = Exporter::start(&["--max-series", "40"]);
     let rx: Vec<Workload> = (0..8)
         .map(|_| Workload::start(&["udp-recv", "--rcvbuf", "4096"]))
         .collect();
@@ -218,14 +224,22 @@ fn sum_increase_equals_the_kernel_through_folds_and_the_overflow_series() {
                     folds.addr
                 ),
             );
-            let o = scalar(
+            // Some receivers on series of their own, the others on the overflow's.
+            let own = scalar(
                 &prom,
                 &format!(
-                    r#"count(bufscope_socket_drops_total{{instance="{}",comm=~"wl.*|_other"}})"#,
+                    r#"count(bufscope_socket_drops_total{{instance="{}",comm=~"wl.*"}})"#,
                     overflow.addr
                 ),
             );
-            (f >= 8.0 && o >= 5.0).then_some(())
+            let other = scalar(
+                &prom,
+                &format!(
+                    r#"count(bufscope_socket_drops_total{{instance="{}",comm="_other",otel_metric_overflow="true"}})"#,
+                    overflow.addr
+                ),
+            );
+            (f >= 8.0 && own >= 1.0 && other >= 1.0).then_some(())
         },
     );
     std::thread::sleep(Duration::from_secs(2));
@@ -237,7 +251,7 @@ fn sum_increase_equals_the_kernel_through_folds_and_the_overflow_series() {
     }
     std::thread::sleep(Duration::from_secs(3));
     let window = format!("{}s", start.elapsed().as_secs() + 2);
-    for (e, what) in [(&folds, "--max-processes 4"), (&overflow, "--max-series 5")] {
+    for (e, what) in [(&folds, "--max-processes 4"), (&overflow, "--max-series 40")] {
         let got = scalar(
             &prom,
             &format!(
@@ -265,11 +279,13 @@ fn sum_increase_equals_the_kernel_through_folds_and_the_overflow_series() {
         "bufscope_socket_drops_total",
         &[("comm", "_other"), ("otel_metric_overflow", "true")],
     );
+    // Each receiver drops about 2,000 of its 3,000 (a 4 KiB buffer).
     assert!(
-        on_overflow >= 3.0 * 2000.0,
-        "half went to the overflow: {on_overflow}"
+        on_overflow >= 2.0 * 1000.0 && on_overflow <= kernel as f64 - 1000.0,
+        "at least two receivers on the overflow series, at least one on its own: {on_overflow} of {kernel}"
     );
-    assert!(m.sum("bufscope_series_overflow_processes_total", &[]) >= 4.0);
+    eprintln!("--max-series 40: {on_overflow} of the kernel's {kernel} drops on the overflow series");
+    assert!(m.sum("bufscope_series_overflow_processes_total", &[]) >= 2.0);
     assert!(m.sum("bufscope_series", &[]) <= m.sum("bufscope_series_budget", &[]));
 }
 
