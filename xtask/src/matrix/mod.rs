@@ -584,6 +584,12 @@ fn chosen_hooks(text: &str) -> Vec<(String, String)> {
         .collect()
 }
 
+/// Where a run writes the script its guests execute: inside this checkout's `target/`, so that
+/// two checkouts running the matrix at once never run each other's script (and binaries).
+fn run_dir() -> PathBuf {
+    workspace_root().join("target/matrix-run")
+}
+
 /// Runs the matrix for `kernels` (all pinned kernels when empty) and the guest steps `steps`
 /// select (all when empty; see `--step`); the outcome lists every failure, each with the
 /// command that reruns it.
@@ -593,7 +599,7 @@ pub fn stage(kernels: &[String], steps: &[String]) -> anyhow::Result<Outcome> {
     let pins = selected_pins(kernels)?;
     let selected = selected_steps(steps)?;
     let bins = test_binaries(&selected)?;
-    let dir = cache_dir().join("run");
+    let dir = run_dir();
     std::fs::create_dir_all(&dir)?;
     let script = dir.join("guest.sh");
     std::fs::write(&script, guest_script(&bins, &selected)?)?;
@@ -751,7 +757,7 @@ pub fn run_in_guest(name: &str, command: &str, timeout: Duration) -> anyhow::Res
         .find(|p| p.name == name)
         .with_context(|| format!("no pinned kernel {name:?} in kernels.pin"))?;
     let k = kernels::ensure(&pin)?;
-    let dir = cache_dir().join("run");
+    let dir = run_dir();
     std::fs::create_dir_all(&dir)?;
     let script = dir.join("guest-command.sh");
     std::fs::write(
