@@ -666,6 +666,19 @@ pub mod total_family {
     pub const GUARD_DECISIONS: u8 = 11;
 }
 
+/// Declares the `STATS` slots once each: its index constant and, for a slot that counts a
+/// loss, the `cause` label of `bufscope_bpf_events_lost_total` (collected into
+/// [`stat::LOSSES`], which the exporter reports from: a new loss slot cannot be left out).
+macro_rules! stat_slots {
+    ($($(#[$m:meta])* $name:ident = $v:literal $(, lost $cause:literal)?;)*) => {
+        $( $(#[$m])* pub const $name: u32 = $v; )*
+        /// Every slot that counts a loss, with its `cause` label, in index order.
+        pub const LOSSES: &[(u32, &str)] = &[$($(($name, $cause),)?)*];
+        /// Number of slots.
+        pub const COUNT: u32 = [$($name),*].len() as u32;
+    };
+}
+
 /// A BPF map as both sides name it: its name in the object (the `static` of its `#[map]` in
 /// `bufscope-ebpf`, whose definition sizes it with `default_entries`) and its default size
 /// (entries; bytes for a ring buffer), which userspace may override at load (`--<room>.map-entries`).
@@ -787,29 +800,52 @@ pub mod maps {
 
 /// Indexes of the `STATS` per-CPU array: the probes' own health counters.
 pub mod stat {
-    /// A `DROPS` insert failed (map full): packets not counted.
-    pub const DROPS_MAP_FULL: u32 = 0;
-    /// An `AUTOTUNE` insert failed (map full).
-    pub const AUTOTUNE_MAP_FULL: u32 = 1;
-    /// The `EVENTS` ring buffer was full: an event was lost.
-    pub const RINGBUF_FULL: u32 = 2;
-    /// A drop on a socket without inode (not yet accepted, or orphaned).
-    pub const DROP_NO_INODE: u32 = 3;
-    /// `OWNERS` insert failed.
-    pub const OWNERS_FULL: u32 = 4;
-    /// The fd → socket walk failed at a syscall hook.
-    pub const FD_WALK_FAILED: u32 = 5;
-    /// `PENDING` insert failed (too many threads inside setsockopt at once).
-    pub const PENDING_FULL: u32 = 6;
-    /// Drops with a tracked reason (skbs) counted into `DROPS` (or lost to a full map),
-    /// bumped after the map update: while it stands still, `DROPS` has not changed and
-    /// userspace need not read it.
-    pub const DROPS_SEEN: u32 = 7;
-    /// `tcp_rcvbuf_grow` events counted into `AUTOTUNE` (or lost), bumped after the update
-    /// (as [`DROPS_SEEN`]).
-    pub const AUTOTUNE_SEEN: u32 = 8;
-    /// Number of slots.
-    pub const COUNT: u32 = 9;
+    stat_slots! {
+        /// A `DROPS` insert failed (map full): packets not counted.
+        DROPS_MAP_FULL = 0, lost "drops_map_full";
+        /// An `AUTOTUNE` insert failed (map full).
+        AUTOTUNE_MAP_FULL = 1, lost "autotune_map_full";
+        /// The `EVENTS` ring buffer was full: an event was lost.
+        RINGBUF_FULL = 2, lost "ringbuf_full";
+        /// A drop on a socket without inode (not yet accepted, or orphaned).
+        DROP_NO_INODE = 3;
+        /// `OWNERS` insert failed.
+        OWNERS_FULL = 4, lost "owners_map_full";
+        /// The fd → socket walk failed at a syscall hook.
+        FD_WALK_FAILED = 5, lost "fd_walk_failed";
+        /// `PENDING` insert failed (too many threads inside setsockopt at once).
+        PENDING_FULL = 6, lost "pending_map_full";
+        /// Drops with a tracked reason (skbs) counted into `DROPS` (or lost to a full map),
+        /// bumped after the map update: while it stands still, `DROPS` has not changed and
+        /// userspace need not read it.
+        DROPS_SEEN = 7;
+        /// `tcp_rcvbuf_grow` events counted into `AUTOTUNE` (or lost), bumped after the update
+        /// (as [`DROPS_SEEN`]).
+        AUTOTUNE_SEEN = 8;
+    }
+
+    #[cfg(test)]
+    mod tests {
+        use super::*;
+
+        #[test]
+        fn slots_are_dense_and_losses_named_once() {
+            assert_eq!(COUNT, AUTOTUNE_SEEN + 1);
+            let idx: [u32; 6] = [
+                DROPS_MAP_FULL,
+                AUTOTUNE_MAP_FULL,
+                RINGBUF_FULL,
+                OWNERS_FULL,
+                FD_WALK_FAILED,
+                PENDING_FULL,
+            ];
+            assert_eq!(LOSSES.len(), idx.len());
+            for (i, (slot, cause)) in LOSSES.iter().enumerate() {
+                assert_eq!(*slot, idx[i]);
+                assert!(!cause.is_empty() && LOSSES.iter().filter(|l| l.1 == *cause).count() == 1);
+            }
+        }
+    }
 }
 
 /// Layout and behaviour the older-kernel programs (`ebpf/src/*/compat.rs`) need on top of

@@ -357,6 +357,9 @@ fn offline_choice(spec: &ProbeSpec, k: &KernelInfo) -> (Option<usize>, Vec<Strin
 /// Runs the checks; returns the process exit code (non-zero when no drop probe can attach or
 /// privileges are missing).
 pub fn run(args: &CheckArgs) -> i32 {
+    if args.list {
+        return list::print(args.json);
+    }
     if let Err(e) = args.kernel.validate() {
         // A value clap accepted but that cannot be used: 1, as for `run` (clap's usage
         // errors are 2).
@@ -411,5 +414,155 @@ pub fn run(args: &CheckArgs) -> i32 {
             "no drop probe can attach: bufscope cannot count buffer-full drops on this kernel"
         );
         1
+    }
+}
+
+/// `bufscope check --list`: what this build has, from the registry itself (the `signals!`
+/// list and the status page's row type), so tests and docs take their lists from here.
+mod list {
+    use serde_json::{Value, json};
+
+    use crate::bpf::{LoadPlan, Purpose};
+    use crate::signals;
+
+    /// The listing as one JSON document: `probes` (name, what, default, variants as hook
+    /// lists, best first) and `status_columns` (the keys of a status-page row).
+    pub fn document() -> Value {
+        let default = default_plan();
+        let probes: Vec<Value> = signals::PROBES
+            .iter()
+            .map(|p| {
+                json!({
+                    "name": p.name,
+                    "what": p.what,
+                    "default": default.as_ref().is_some_and(|plan| plan.off(p.name).is_none()),
+                    "drop_probe": p.is_drop_probe,
+                    "attributed": p.attributed,
+                    "variants": p.variants.iter().map(|v| {
+                        v.iter().map(crate::bpf::Hook::describe).collect::<Vec<_>>()
+                    }).collect::<Vec<_>>(),
+                })
+            })
+            .collect();
+        let columns: Vec<String> = match serde_json::to_value(bufscope_api::ProcessRow::default()) {
+            Ok(Value::Object(m)) => m.keys().cloned().collect(),
+            _ => Vec::new(),
+        };
+        json!({ "probes": probes, "status_columns": columns })
+    }
+
+    /// The plan of `bufscope run` with every flag at its default (what each room leaves off
+    /// unless asked). Only flags are read: nothing is loaded or changed.
+    fn default_plan() -> Option<LoadPlan> {
+        use clap::Parser as _;
+        let cli = crate::cli::Cli::try_parse_from(["bufscope", "run"]).ok()?;
+        let crate::cli::Command::Run(args) = cli.cmd else {
+            return None;
+        };
+        let mut plan = LoadPlan::new(Purpose::Run, &[], tracing::Level::INFO);
+        signals::prepare(&args.signals, &mut plan).ok()?;
+        Some(plan)
+    }
+
+    /// Prints the listing (text or JSON); 0.
+    pub fn print(json: bool) -> i32 {
+        let doc = document();
+        if json {
+            println!("{doc}");
+            return 0;
+        }
+        for p in doc["probes"].as_array().into_iter().flatten() {
+            let off = if p["default"] == true {
+                ""
+            } else {
+                " (off by default)"
+            };
+            println!(
+                "probe {}{off}: {}",
+                p["name"].as_str().unwrap_or(""),
+                p["what"].as_str().unwrap_or("")
+            );
+            for v in p["variants"].as_array().into_iter().flatten() {
+                let hooks: Vec<&str> = v
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .filter_map(Value::as_str)
+                    .collect();
+                println!("  {}", hooks.join(" + "));
+            }
+        }
+        let cols: Vec<&str> = doc["status_columns"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(Value::as_str)
+            .collect();
+        println!("status columns: {}", cols.join(", "));
+        0
+    }
+
+    #[cfg(test)]
+    mod tests {
+        use super::*;
+
+        #[test]
+        fn lists_every_probe_of_the_registry_with_its_default() {
+            let d = document();
+            let names: Vec<&str> = d["probes"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|p| p["name"].as_str())
+                .collect();
+            let want: Vec<&str> = signals::PROBES.iter().map(|p| p.name).collect();
+            assert_eq!(names, want);
+            // The guard is configuration: off unless --guard.mode says otherwise.
+            let default = |n: &str| {
+                d["probes"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .find(|p| p["name"] == n)
+                    .map(|p| p["default"].clone())
+            };
+            assert_eq!(default("guard"), Some(Value::Bool(false)));
+            assert_eq!(default("drops"), Some(Value::Bool(true)));
+            let cols = d["status_columns"].as_array().map(Vec::len).unwrap_or(0);
+            assert!(cols > 5, "{d}");
+        }
+
+        /// The probe tables of the docs (README's "How it works", the variants of
+        /// docs/architecture.md) have a row for every probe of the registry.
+        #[test]
+        fn every_doc_table_of_probes_has_every_probe() {
+            let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+            for doc in ["README.md", "docs/architecture.md"] {
+                let text = std::fs::read_to_string(root.join(doc)).unwrap_or_default();
+                // The table is the run of `|` lines around its first row of a probe.
+                let lines: Vec<&str> = text.lines().collect();
+                let first = signals::PROBES[0].name;
+                let row = |l: &str, name: &str| l.starts_with(&format!("| `{name}`"));
+                let Some(at) = lines.iter().position(|l| row(l, first)) else {
+                    panic!("{doc}: no probe table (no row for `{first}`)");
+                };
+                let start = lines[..at]
+                    .iter()
+                    .rposition(|l| !l.starts_with('|'))
+                    .map_or(0, |i| i + 1);
+                let end = lines[at..]
+                    .iter()
+                    .position(|l| !l.starts_with('|'))
+                    .map_or(lines.len(), |i| at + i);
+                let table = &lines[start..end];
+                for p in signals::PROBES {
+                    assert!(
+                        table.iter().any(|l| row(l, p.name)),
+                        "{doc}: the probe table has no row for `{}`",
+                        p.name
+                    );
+                }
+            }
+        }
     }
 }

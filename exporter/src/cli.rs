@@ -223,6 +223,13 @@ pub struct CheckArgs {
     /// Only inspect; do not try to load and attach the probes.
     #[arg(long)]
     pub no_attach: bool,
+    /// Print what this build has instead of checking anything: every probe (its variants'
+    /// hooks, whether `bufscope run` attaches it by default) and the status page's columns.
+    #[arg(long)]
+    pub list: bool,
+    /// With `--list`: one JSON document (for tests and tools).
+    #[arg(long, requires = "list")]
+    pub json: bool,
     /// Evaluate another kernel offline from its BTF (raw BTF, e.g. its
     /// `/sys/kernel/btf/vmlinux`, or the `.BTF` section of its vmlinux): which hook each probe
     /// would use there and why. Loads nothing.

@@ -167,7 +167,7 @@ fn load(
             // Each GC reads /proc/<pid>/stat of every tracked process: a quarter of the
             // retention window is often enough for exited processes to leave on time.
             gc_every: (args.retention / 4).clamp(Duration::from_secs(2), Duration::from_secs(60)),
-            idle: Duration::from_secs(30).max(args.poll_interval * 3),
+            idle: gc_idle().max(args.poll_interval * 3),
         },
         advice_window: args.advice_window,
         pins: pins(&mut loaded),
@@ -378,4 +378,19 @@ async fn shutdown_signal() {
         _ = term => {}
     }
     tracing::info!("shutting down");
+}
+
+/// How long a map entry must be idle before the GC may collect it: 30 s. Debug builds (the
+/// tests' binary, never a release) take `BUFSCOPE_DEBUG_GC_IDLE` (e.g. `3s`) instead, so the
+/// tests that wait for the GC by design wait seconds, not half a minute.
+fn gc_idle() -> Duration {
+    const IDLE: Duration = Duration::from_secs(30);
+    #[cfg(debug_assertions)]
+    if let Ok(v) = std::env::var("BUFSCOPE_DEBUG_GC_IDLE") {
+        match bufscope_policy::units::parse_duration(&v) {
+            Ok(d) => return d,
+            Err(e) => tracing::warn!("BUFSCOPE_DEBUG_GC_IDLE={v:?} ignored: {e}"),
+        }
+    }
+    IDLE
 }

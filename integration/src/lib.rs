@@ -8,6 +8,7 @@
 pub mod bpftrace;
 pub mod fixtures;
 pub mod manifests;
+pub mod node;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -59,6 +60,34 @@ pub fn workload_bin() -> PathBuf {
     let p = target_dir().join("bufscope-workload");
     assert!(p.exists(), "{} not found", p.display());
     p
+}
+
+/// What the binary under test has, from its own registry (`bufscope check --list --json`):
+/// `probes` (name, default, variants' hooks) and `status_columns`. Tests take their lists of
+/// probes and columns from here, so a new signal cannot be missed by a hand-kept list.
+pub fn registry() -> serde_json::Value {
+    let out = Command::new(bufscope_bin())
+        .args(["check", "--list", "--json"])
+        .output()
+        .expect("bufscope check --list --json");
+    assert!(
+        out.status.success(),
+        "bufscope check --list --json: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("bufscope check --list --json prints JSON")
+}
+
+/// The probes `bufscope run` attaches with every flag at its default (from [`registry`]:
+/// every probe but the ones configuration switches on, such as the guard).
+pub fn default_probes() -> Vec<String> {
+    registry()["probes"]
+        .as_array()
+        .expect("a probes list")
+        .iter()
+        .filter(|p| p["default"] == true)
+        .filter_map(|p| p["name"].as_str().map(String::from))
+        .collect()
 }
 
 /// Panics unless running as root (the tests load BPF and create namespaces).
@@ -150,19 +179,52 @@ pub fn ss_udp_rcvbuf(inode: u64) -> Option<u64> {
     bufscope_testkit::skmem_rb(first).or_else(|| bufscope_testkit::skmem_rb(second))
 }
 
-/// A running `bufscope run`. Dropping it stops it with SIGTERM (graceful detach).
+/// A running `bufscope run`. Dropping it stops it with SIGTERM (graceful detach), unless it
+/// is a shared one ([`Exporter::shared`]), which outlives the test.
 pub struct Exporter {
-    inner: bufscope_testkit::Exporter,
+    inner: Option<bufscope_testkit::Exporter>,
     /// `host:port` it serves on.
     pub addr: String,
-    /// Its log lines so far.
+    /// Its log lines so far (empty for a shared exporter: see [`Exporter::log`]).
     pub logs: Arc<Mutex<Vec<String>>>,
+    /// The pid and log file of a shared exporter.
+    shared: Option<(u32, PathBuf)>,
 }
+
+/// The debug build's knob for how long a map entry must be idle before the GC may collect it
+/// (30 s in a release): 3 s, for the tests that wait for the GC by design.
+pub const GC_IDLE: (&str, &str) = ("BUFSCOPE_DEBUG_GC_IDLE", "3s");
+
+/// The environment that names a shared exporter (see [`Exporter::shared`]): its address, pid,
+/// log file and flags.
+pub const SHARED_EXPORTER_ENV: [&str; 4] = [
+    "BUFSCOPE_TEST_EXPORTER",
+    "BUFSCOPE_TEST_EXPORTER_PID",
+    "BUFSCOPE_TEST_EXPORTER_LOG",
+    "BUFSCOPE_TEST_EXPORTER_ARGS",
+];
 
 impl Exporter {
     /// Starts `bufscope run --web.listen-address 127.0.0.1:0 <extra>` and waits until it serves.
     pub fn start(extra: &[&str]) -> Self {
         Self::start_bin(&bufscope_bin(), extra)
+    }
+
+    /// [`Exporter::start`] with `env` added to bufscope's environment: the debug build's test
+    /// knobs, e.g. [`GC_IDLE`] for a test that waits for the map GC.
+    pub fn start_env(env: &[(&str, &str)], extra: &[&str]) -> Self {
+        require_root();
+        let inner = ok(bufscope_testkit::Exporter::start_with_env(
+            &bufscope_bin(),
+            extra,
+            env,
+        ));
+        Self {
+            addr: inner.addr().to_string(),
+            logs: inner.logs().clone(),
+            inner: Some(inner),
+            shared: None,
+        }
     }
 
     /// [`Exporter::start`] with another executable in place of the binary (e.g. a script that
@@ -173,7 +235,34 @@ impl Exporter {
         Self {
             addr: inner.addr().to_string(),
             logs: inner.logs().clone(),
-            inner,
+            inner: Some(inner),
+            shared: None,
+        }
+    }
+
+    /// A bufscope with the flags `extra`, for a test that judges it only on its own processes
+    /// and sockets: the running one the environment names ([`SHARED_EXPORTER_ENV`]: address,
+    /// pid, log file, flags) when its flags are exactly `extra`, else a new one
+    /// ([`Exporter::start`]). The kernel matrix's guests start one per set of flags and share
+    /// it across their steps (under TCG each start costs 10–40 s).
+    pub fn shared(extra: &[&str]) -> Self {
+        let var = |i: usize| std::env::var(SHARED_EXPORTER_ENV[i]).ok();
+        match (var(0), var(1), var(2), var(3)) {
+            (Some(addr), Some(pid), Some(log), Some(args))
+                if args.split_whitespace().eq(extra.iter().copied()) =>
+            {
+                let pid: u32 = pid
+                    .parse()
+                    .unwrap_or_else(|e| panic!("{}={pid:?}: {e}", SHARED_EXPORTER_ENV[1]));
+                eprintln!("using the shared bufscope at {addr} (pid {pid}, flags {args:?})");
+                Self {
+                    addr,
+                    logs: Arc::default(),
+                    inner: None,
+                    shared: Some((pid, PathBuf::from(log))),
+                }
+            }
+            _ => Self::start(extra),
         }
     }
 
@@ -196,22 +285,36 @@ impl Exporter {
 
     /// Its pid.
     pub fn pid(&self) -> u32 {
-        self.inner.pid()
+        match (&self.inner, &self.shared) {
+            (Some(e), _) => e.pid(),
+            (None, Some((pid, _))) => *pid,
+            (None, None) => unreachable!("an exporter is started or shared"),
+        }
     }
 
     /// The log so far.
     pub fn log(&self) -> String {
-        self.inner.log()
+        match (&self.inner, &self.shared) {
+            (Some(e), _) => e.log(),
+            (None, Some((_, log))) => std::fs::read_to_string(log).unwrap_or_default(),
+            (None, None) => String::new(),
+        }
+    }
+
+    /// The exporter this test started (a shared one is not the test's to stop).
+    fn own(self) -> bufscope_testkit::Exporter {
+        self.inner
+            .expect("a shared exporter is not the test's to stop: use Exporter::start")
     }
 
     /// Stops it with SIGTERM and returns its exit status (graceful shutdown).
     pub fn stop(self) -> std::process::ExitStatus {
-        ok(self.inner.stop())
+        ok(self.own().stop())
     }
 
     /// Sends SIGKILL and reaps (for restart tests).
     pub fn kill9(self) {
-        self.inner.kill9();
+        self.own().kill9();
     }
 }
 

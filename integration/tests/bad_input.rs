@@ -6,7 +6,9 @@
 //! never in a panic (101), and before bufscope reaches the kernel: bpftrace counts the
 //! `bpf(2)`, `mount(2)`, `mkdir(2)` and `bind(2)` calls of every bufscope process meanwhile
 //! (there must be none; a bufscope that does start, observed the same way, makes them) and
-//! `bpftool prog show` lists no program that was not there before.
+//! `bpftool prog show` lists no program that was not there before. The cases run twice, each
+//! time in a mount namespace of their own: on a fresh node's `/sys/fs/bpf` (no bpffs mounted:
+//! it must still be unmounted afterwards) and on one where bpffs is mounted.
 #![allow(clippy::unwrap_used)]
 
 use std::collections::BTreeSet;
@@ -16,6 +18,7 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
+use bufscope_integration::node::{Bpffs, bpffs_mounted, ensure_tracefs, in_mount_namespace};
 use bufscope_integration::{Exporter, TempDir, bpftrace, bufscope_bin, require_root};
 
 /// One bad input: the arguments, the exit code and a text the first error line must hold.
@@ -44,7 +47,7 @@ fn run(args: &[&str], code: i32, names: &str) -> Case {
     c
 }
 
-fn cases(dir: &Path) -> Vec<Case> {
+fn cases(dir: &Path, bpffs: Bpffs) -> Vec<Case> {
     let file = |name: &str, text: &[u8]| {
         let p = dir.join(name);
         std::fs::write(&p, text).unwrap();
@@ -274,7 +277,10 @@ fn cases(dir: &Path) -> Vec<Case> {
         case(
             &["cleanup", "--bpf.pin-path", "/sys/fs/bpf"],
             1,
-            "the root of a bpffs",
+            match bpffs {
+                Bpffs::Mounted => "the root of a bpffs",
+                Bpffs::Absent => "/sys/fs/bpf is not on a bpffs",
+            },
         ),
         case(&["explain", "--url", "garbage"], 1, "--url"),
         case(&["explain", "--pid", "99999999999"], 2, "--pid"),
@@ -339,22 +345,10 @@ fn prog_ids() -> BTreeSet<u64> {
         .collect()
 }
 
-#[test]
-#[ignore = "needs root: run via cargo xtask test"]
-fn bad_input_is_refused_before_anything_is_loaded() {
-    require_root();
-    let d = TempDir::new("bad-input");
-    let cases = cases(d.path());
-    let bin = bufscope_bin();
-    // The comm of bufscope's threads' group leader (the kernel keeps 15 bytes).
-    let comm: String = bin
-        .file_name()
-        .unwrap()
-        .to_string_lossy()
-        .chars()
-        .take(15)
-        .collect();
-    let probes = ["bpf", "mount", "mkdir", "mkdirat", "bind"]
+/// The bpftrace probes that count the `bpf`, `mount`, `mkdir` and `bind` calls of every process
+/// whose group leader's comm is `comm`.
+fn syscall_probes(comm: &str) -> String {
+    ["bpf", "mount", "mkdir", "mkdirat", "bind"]
         .iter()
         .map(|s| {
             format!(
@@ -363,13 +357,21 @@ fn bad_input_is_refused_before_anything_is_loaded() {
             )
         })
         .collect::<Vec<_>>()
-        .join(" ");
-    let before = prog_ids();
+        .join(" ")
+}
+
+/// Runs every case with `bin` while bpftrace counts `probes`; returns what went wrong and the
+/// calls counted.
+fn refuse_all(
+    cases: &[Case],
+    bin: &Path,
+    probes: &str,
+) -> (Vec<String>, std::collections::BTreeMap<String, u64>) {
     let mut failures = Vec::new();
-    let calls = bpftrace::counts(&probes, "", Duration::from_secs(60), || {
-        for c in &cases {
+    let calls = bpftrace::counts(probes, "", Duration::from_secs(60), || {
+        for c in cases {
             let (code, err) = output_within(
-                Command::new(&bin)
+                Command::new(bin)
                     .args(&c.args)
                     .env("NO_COLOR", "1")
                     .env("RUST_BACKTRACE", "0"),
@@ -390,14 +392,61 @@ fn bad_input_is_refused_before_anything_is_loaded() {
             }
         }
     });
-    assert!(failures.is_empty(), "{}", failures.join("\n"));
-    assert!(
-        calls.is_empty(),
-        "bufscope reached the kernel on bad input (syscall → calls): {calls:?}"
-    );
+    (failures, calls)
+}
+
+#[test]
+#[ignore = "needs root: run via cargo xtask test"]
+fn bad_input_is_refused_before_anything_is_loaded() {
+    require_root();
+    let bin = bufscope_bin();
+    // The comm of bufscope's threads' group leader (the kernel keeps 15 bytes).
+    let comm: String = bin
+        .file_name()
+        .unwrap()
+        .to_string_lossy()
+        .chars()
+        .take(15)
+        .collect();
+    let probes = syscall_probes(&comm);
+    let before = prog_ids();
+    let mut refused = 0;
+    for bpffs in [Bpffs::Absent, Bpffs::Mounted] {
+        let d = TempDir::new("bad-input");
+        let cases = cases(d.path(), bpffs);
+        refused += cases.len();
+        let (failures, calls, mounted_after) = in_mount_namespace(bpffs, || {
+            // bpftrace's tracepoints need tracefs (a fresh node may have none mounted).
+            ensure_tracefs();
+            let (f, c) = refuse_all(&cases, &bin, &probes);
+            (f, c, bpffs_mounted())
+        });
+        assert!(
+            failures.is_empty(),
+            "bpffs {bpffs:?}:\n{}",
+            failures.join("\n")
+        );
+        assert!(
+            calls.is_empty(),
+            "bpffs {bpffs:?}: bufscope reached the kernel on bad input (syscall → calls): {calls:?}"
+        );
+        // The kernel's own word: a fresh node's /sys/fs/bpf is still no bpffs.
+        assert_eq!(
+            mounted_after,
+            bpffs == Bpffs::Mounted,
+            "bpffs {bpffs:?}: /sys/fs/bpf changed under bad input"
+        );
+        assert!(
+            !d.path().join("pins").exists(),
+            "--bpf.pin-path outside a bpffs was created"
+        );
+    }
     // The same observer sees a bufscope that does start: its calls are counted.
-    let control = bpftrace::counts(&probes, "", Duration::from_secs(60), || {
-        drop(Exporter::start(&[]));
+    let control = in_mount_namespace(Bpffs::Absent, || {
+        ensure_tracefs();
+        bpftrace::counts(&probes, "", Duration::from_secs(60), || {
+            drop(Exporter::start(&[]));
+        })
     });
     assert!(
         control.get("bpf").is_some_and(|n| *n > 0) && control.get("bind").is_some_and(|n| *n > 0),
@@ -405,13 +454,8 @@ fn bad_input_is_refused_before_anything_is_loaded() {
     );
     let new: Vec<u64> = prog_ids().difference(&before).copied().collect();
     assert!(new.is_empty(), "programs loaded meanwhile: {new:?}");
-    assert!(
-        !d.path().join("pins").exists(),
-        "--bpf.pin-path outside a bpffs was created"
-    );
     eprintln!(
-        "{} bad inputs refused; bufscope made no bpf/mount/mkdir/bind call (bpftrace); a \
-         good start made {control:?}",
-        cases.len()
+        "{refused} bad inputs refused (on a fresh node's /sys/fs/bpf and on a mounted bpffs); \
+         bufscope made no bpf/mount/mkdir/bind call (bpftrace); a good start made {control:?}"
     );
 }

@@ -123,10 +123,13 @@ fn check_reports_every_probe_and_succeeds_here() {
     let o = run(&["check"]);
     let out = String::from_utf8_lossy(&o.stdout);
     assert_eq!(o.status.code(), Some(0), "{out}\n{}", stderr(&o));
-    for p in ["drops", "setsockopt", "tcp_state", "autotune", "owners"] {
+    let probes = bufscope_integration::default_probes();
+    assert!(probes.len() >= 5, "{probes:?}");
+    for p in &probes {
         assert!(
-            out.lines()
-                .any(|l| l.starts_with("[ ok ]") && l.contains(p) && l.contains("attached")),
+            out.lines().any(|l| l.starts_with("[ ok ]")
+                && l.contains(p.as_str())
+                && l.contains("attached")),
             "probe {p} not reported attached:\n{out}"
         );
     }

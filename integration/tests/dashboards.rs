@@ -255,6 +255,102 @@ fn promtool_checks_the_alert_rules() {
     );
 }
 
+/// The `--flag`s a text names (`--drops.map-entries`; a placeholder such as `--<room>.x` is not
+/// a flag).
+fn flags_named_in(text: &str) -> BTreeSet<String> {
+    let mut out = BTreeSet::new();
+    for (i, _) in text.match_indices("--") {
+        if i > 0 && text.as_bytes()[i - 1] == b'-' {
+            continue;
+        }
+        let rest = &text[i + 2..];
+        if !rest.starts_with(|c: char| c.is_ascii_lowercase()) {
+            continue;
+        }
+        let end = rest
+            .find(|c: char| !(c.is_ascii_lowercase() || c.is_ascii_digit() || c == '.' || c == '-'))
+            .unwrap_or(rest.len());
+        let name = rest[..end].trim_end_matches(['.', '-']);
+        out.insert(format!("--{name}"));
+    }
+    out
+}
+
+/// The flags `bufscope <command> --help` lists, for every command `bufscope --help` names: the
+/// current names (a deprecated alias is hidden from the help).
+fn flags_of_bufscope() -> BTreeSet<String> {
+    let help = |args: &[&str]| {
+        let o = Command::new(bufscope_integration::bufscope_bin())
+            .args(args)
+            .env("NO_COLOR", "1")
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "bufscope {args:?} failed");
+        String::from_utf8_lossy(&o.stdout).into_owned()
+    };
+    let top = help(&["--help"]);
+    let commands: Vec<String> = top
+        .lines()
+        .skip_while(|l| !l.starts_with("Commands:"))
+        .skip(1)
+        .take_while(|l| l.starts_with("  "))
+        .filter_map(|l| l.split_whitespace().next())
+        .filter(|c| *c != "help")
+        .map(str::to_string)
+        .collect();
+    assert!(
+        commands.iter().any(|c| c == "run"),
+        "no commands in:\n{top}"
+    );
+    let mut flags = BTreeSet::new();
+    for c in &commands {
+        flags.extend(flags_named_in(&help(&[c.as_str(), "--help"])));
+    }
+    flags
+}
+
+/// The alert texts (in both forms) and the dashboard tell the operator which flag to change:
+/// each must be one bufscope accepts under its current name, not a deprecated alias that warns.
+#[test]
+fn every_flag_the_alerts_and_the_dashboard_name_is_a_current_one() {
+    let known = flags_of_bufscope();
+    assert!(known.contains("--drops.map-entries"), "{known:?}");
+    let mut wrong = Vec::new();
+    for file in [
+        "dashboards/alerts.yaml",
+        "dashboards/alerts_test.yaml",
+        "dashboards/bufscope.json",
+        "deploy/kustomize/base/prometheusrule.yaml",
+    ] {
+        let text = std::fs::read_to_string(repo().join(file)).unwrap();
+        let named = flags_named_in(&text);
+        assert!(!named.is_empty(), "{file} names no flag");
+        wrong.extend(
+            named
+                .into_iter()
+                .filter(|f| !known.contains(f))
+                .map(|f| format!("{file}: {f}")),
+        );
+    }
+    assert!(
+        wrong.is_empty(),
+        "flags that bufscope does not list under that name (renamed? use the name `bufscope run \
+         --help` shows):\n{}",
+        wrong.join("\n")
+    );
+}
+
+#[test]
+fn flag_extraction() {
+    let got = flags_named_in(
+        "raise --drops.map-entries, the map's --<room>.map-entries flag; `bufscope explain --pid 4`; --- x; --path.procfs.",
+    );
+    let want: BTreeSet<String> = ["--drops.map-entries", "--pid", "--path.procfs"]
+        .map(String::from)
+        .into();
+    assert_eq!(got, want);
+}
+
 #[test]
 fn promtool_unit_tests_cover_every_alert_and_pass() {
     let dir = repo().join("dashboards");

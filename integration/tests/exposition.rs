@@ -3,6 +3,7 @@
 //! shows the kernel's count, in both formats, is `scrape_truth.rs`.)
 #![allow(clippy::unwrap_used)]
 
+use bufscope_integration::node::{Bpffs, in_mount_namespace};
 use std::time::Duration;
 
 use bufscope_integration::{Exporter, Workload, eventually, promtool_check_metrics};
@@ -295,54 +296,59 @@ fn run_stats_are_the_kernels_run_count_and_time_of_bufscopes_programs() {
 #[test]
 #[ignore = "needs root: run via cargo xtask test"]
 fn run_stats_cover_the_programs_adopted_from_the_pins() {
-    let dir = format!("/sys/fs/bpf/bufscope-test-runstats-{}", std::process::id());
-    let cleanup = || {
-        let (ok, out, err) = bufscope_integration::output(
-            std::process::Command::new(bufscope_integration::bufscope_bin()).args([
-                "cleanup",
-                "--bpf.pin-path",
-                &dir,
-            ]),
-            "",
+    // A bpffs of its own: pins and links go with the test, whatever the node has.
+    in_mount_namespace(Bpffs::Mounted, || {
+        let dir = format!("/sys/fs/bpf/bufscope-test-runstats-{}", std::process::id());
+        let cleanup = || {
+            let (ok, out, err) = bufscope_integration::output(
+                std::process::Command::new(bufscope_integration::bufscope_bin()).args([
+                    "cleanup",
+                    "--bpf.pin-path",
+                    &dir,
+                ]),
+                "",
+            );
+            assert!(ok, "bufscope cleanup: {out}{err}");
+        };
+        cleanup();
+        let pin = format!("--bpf.pin-path={dir}");
+        // The first run pins; the second adopts its links (nothing loaded) and reads their
+        // programs' run time through them.
+        let first = Exporter::start(&[&pin]);
+        assert_eq!(first.scrape().sum("bufscope_probe_pinned", &[]), 5.0);
+        let status = first.stop();
+        assert!(status.success(), "{status:?}");
+        let e = Exporter::start(&[&pin, "--bpf.run-stats"]);
+        let m = e.scrape();
+        let info = m.find("bufscope_bpf_pins_info", &[]).next().unwrap();
+        assert_eq!(info.labels["outcome"], "adopted", "{info:?}");
+        let r = Workload::start(&["udp-recv", "--rcvbuf", "4096"]);
+        let inode: u64 = r.get("inodes").parse().unwrap();
+        assert!(
+            Workload::start(&["udp-flood", "--port", r.get("ports"), "--count", "2000"]).wait()
         );
-        assert!(ok, "bufscope cleanup: {out}{err}");
-    };
-    cleanup();
-    let pin = format!("--bpf.pin-path={dir}");
-    // The first run pins; the second adopts its links (nothing loaded) and reads their
-    // programs' run time through them.
-    let first = Exporter::start(&[&pin]);
-    assert_eq!(first.scrape().sum("bufscope_probe_pinned", &[]), 5.0);
-    let status = first.stop();
-    assert!(status.success(), "{status:?}");
-    let e = Exporter::start(&[&pin, "--bpf.run-stats"]);
-    let m = e.scrape();
-    let info = m.find("bufscope_bpf_pins_info", &[]).next().unwrap();
-    assert_eq!(info.labels["outcome"], "adopted", "{info:?}");
-    let r = Workload::start(&["udp-recv", "--rcvbuf", "4096"]);
-    let inode: u64 = r.get("inodes").parse().unwrap();
-    assert!(Workload::start(&["udp-flood", "--port", r.get("ports"), "--count", "2000"]).wait());
-    let dropped = bufscope_integration::proc_udp_drops(r.pid(), inode).unwrap() as f64;
-    let ids = bufscope_integration::held_bpf_ids(e.pid(), "prog_id:");
-    let kernel = || {
-        ids.iter()
-            .map(|id| bpftool_run_stats(*id))
-            .fold(0, |a, b| a + b.0)
-    };
-    let before = kernel();
-    let m = e.scrape();
-    let after = kernel();
-    let runs = m.sum("bufscope_probe_runs_total", &[]);
-    assert!(
-        before as f64 <= runs && runs <= after as f64,
-        "runs {runs} within the kernel's {before} ..= {after}"
-    );
-    let drops = m.sum("bufscope_probe_runs_total", &[("probe", "drops")]);
-    assert!(
-        drops >= dropped,
-        "adopted drop probe: {drops} runs, {dropped} drops"
-    );
-    eprintln!("adopted pins, --bpf.run-stats: drops probe {drops} runs for {dropped} drops");
-    drop(e);
-    cleanup();
+        let dropped = bufscope_integration::proc_udp_drops(r.pid(), inode).unwrap() as f64;
+        let ids = bufscope_integration::held_bpf_ids(e.pid(), "prog_id:");
+        let kernel = || {
+            ids.iter()
+                .map(|id| bpftool_run_stats(*id))
+                .fold(0, |a, b| a + b.0)
+        };
+        let before = kernel();
+        let m = e.scrape();
+        let after = kernel();
+        let runs = m.sum("bufscope_probe_runs_total", &[]);
+        assert!(
+            before as f64 <= runs && runs <= after as f64,
+            "runs {runs} within the kernel's {before} ..= {after}"
+        );
+        let drops = m.sum("bufscope_probe_runs_total", &[("probe", "drops")]);
+        assert!(
+            drops >= dropped,
+            "adopted drop probe: {drops} runs, {dropped} drops"
+        );
+        eprintln!("adopted pins, --bpf.run-stats: drops probe {drops} runs for {dropped} drops");
+        drop(e);
+        cleanup();
+    })
 }

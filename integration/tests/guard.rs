@@ -3,6 +3,7 @@
 //! sockets (duplicated with `pidfd_getfd`), iperf3 throughput through an emulated WAN.
 #![allow(clippy::unwrap_used)]
 
+use bufscope_integration::node::{Bpffs, in_mount_namespace};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
@@ -1248,31 +1249,34 @@ impl Drop for PinDir {
 #[test]
 #[ignore = "needs root: run via cargo xtask test"]
 fn persisted_guard_fails_open_after_its_lease() {
-    let pins = PinDir::new("lease");
-    let flag = pins.flag();
-    let e = Exporter::start(&[
-        &flag,
-        "--guard.mode",
-        "enforce",
-        "--guard.persist",
-        "--guard.lease",
-        "3s",
-    ]);
-    let info = e.scrape().sum(
-        "bufscope_guard_scope_info",
-        &[("mode", "enforce"), ("lease_seconds", "3")],
-    );
-    assert_eq!(info, 1.0, "the scope says the lease");
-    assert_eq!(threaded_lock("worker"), 0, "enforced while bufscope runs");
-    e.kill9();
-    assert_eq!(
-        threaded_lock("worker"),
-        0,
-        "still enforced right after bufscope died (persisted, within its lease)"
-    );
-    // No bufscope renews it: after the lease the pinned guard acts no more.
-    std::thread::sleep(Duration::from_secs(4));
-    assert_eq!(threaded_lock("worker"), 2, "failed open after the lease");
+    // A bpffs of its own: pins and links go with the test, whatever the node has.
+    in_mount_namespace(Bpffs::Mounted, || {
+        let pins = PinDir::new("lease");
+        let flag = pins.flag();
+        let e = Exporter::start(&[
+            &flag,
+            "--guard.mode",
+            "enforce",
+            "--guard.persist",
+            "--guard.lease",
+            "3s",
+        ]);
+        let info = e.scrape().sum(
+            "bufscope_guard_scope_info",
+            &[("mode", "enforce"), ("lease_seconds", "3")],
+        );
+        assert_eq!(info, 1.0, "the scope says the lease");
+        assert_eq!(threaded_lock("worker"), 0, "enforced while bufscope runs");
+        e.kill9();
+        assert_eq!(
+            threaded_lock("worker"),
+            0,
+            "still enforced right after bufscope died (persisted, within its lease)"
+        );
+        // No bufscope renews it: after the lease the pinned guard acts no more.
+        std::thread::sleep(Duration::from_secs(4));
+        assert_eq!(threaded_lock("worker"), 2, "failed open after the lease");
+    })
 }
 
 /// Changing the comm scope across a pinned restart takes effect: `--guard.comm python3`
@@ -1280,31 +1284,34 @@ fn persisted_guard_fails_open_after_its_lease() {
 #[test]
 #[ignore = "needs root: run via cargo xtask test"]
 fn comm_scope_change_across_a_pinned_restart_takes_effect() {
-    let pins = PinDir::new("comms");
-    let flag = pins.flag();
-    let start = |list: &str| {
-        Exporter::start(&[
-            &flag,
-            "--guard.mode",
-            "enforce",
-            "--guard.persist",
-            list,
-            "python3",
-        ])
-    };
-    let e = start("--guard.comm");
-    assert_eq!(threaded_lock("worker"), 0, "--guard.comm python3: in scope");
-    e.stop();
-    let e = start("--guard.exclude-comm");
-    assert_eq!(
-        threaded_lock("worker"),
-        2,
-        "--guard.exclude-comm python3 after a pinned restart: out of scope"
-    );
-    e.kill9();
-    let e = start("--guard.comm");
-    assert_eq!(threaded_lock("worker"), 0, "and back in scope");
-    drop(e);
+    // A bpffs of its own: pins and links go with the test, whatever the node has.
+    in_mount_namespace(Bpffs::Mounted, || {
+        let pins = PinDir::new("comms");
+        let flag = pins.flag();
+        let start = |list: &str| {
+            Exporter::start(&[
+                &flag,
+                "--guard.mode",
+                "enforce",
+                "--guard.persist",
+                list,
+                "python3",
+            ])
+        };
+        let e = start("--guard.comm");
+        assert_eq!(threaded_lock("worker"), 0, "--guard.comm python3: in scope");
+        e.stop();
+        let e = start("--guard.exclude-comm");
+        assert_eq!(
+            threaded_lock("worker"),
+            2,
+            "--guard.exclude-comm python3 after a pinned restart: out of scope"
+        );
+        e.kill9();
+        let e = start("--guard.comm");
+        assert_eq!(threaded_lock("worker"), 0, "and back in scope");
+        drop(e);
+    })
 }
 
 /// `enforce` at node scope says so: a warning at start, and `bufscope_guard_scope_info`

@@ -14,7 +14,6 @@
 #![allow(clippy::unwrap_used)]
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
@@ -28,13 +27,10 @@ fn btf_c() -> String {
     bufscope_testkit::btf_dump("c").unwrap_or_else(|e| panic!("{e:#}"))
 }
 
+/// A tracepoint's format file (`udp/udp_fail_queue_rcv_skb`): from the node's tracefs, or
+/// from one mounted for the read where the node has none (a fresh node may not).
 fn tracefs_event(path: &str) -> Option<String> {
-    [
-        "/sys/kernel/tracing/events",
-        "/sys/kernel/debug/tracing/events",
-    ]
-    .iter()
-    .find_map(|root| std::fs::read_to_string(Path::new(root).join(path).join("format")).ok())
+    bufscope_integration::node::tracefs_file(&format!("events/{path}/format"))
 }
 
 /// The probe lines of `bufscope check`: probe → (ok, hooks in label form).
@@ -46,6 +42,13 @@ fn check_lines(text: &str) -> BTreeMap<String, (bool, String)> {
 }
 
 fn run_check(args: &[&str]) -> (i32, String) {
+    // The guest's own `bufscope check` (run by the matrix's script before any step) is this
+    // very command: read its output rather than load everything once more under TCG.
+    if let (true, Ok(path)) = (args.is_empty(), std::env::var("BUFSCOPE_TEST_CHECK")) {
+        let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
+        eprintln!("bufscope check (the guest's, {path}):\n{text}");
+        return (0, text);
+    }
     let out = Command::new(bufscope_bin())
         .arg("check")
         .args(args)
@@ -57,8 +60,6 @@ fn run_check(args: &[&str]) -> (i32, String) {
     (out.status.code().unwrap_or(-1), text)
 }
 
-const PROBES: [&str; 5] = ["drops", "setsockopt", "tcp_state", "autotune", "owners"];
-
 #[test]
 #[ignore = "needs root: run via cargo xtask test"]
 fn check_names_the_hook_each_probe_uses_and_the_metrics_agree() {
@@ -68,14 +69,16 @@ fn check_names_the_hook_each_probe_uses_and_the_metrics_agree() {
     let has_grow_tp = btf_tracepoint_args(&c, "tcp_rcvbuf_grow").is_some();
     let refused = std::env::var("BUFSCOPE_REFUSE_HOOKS").unwrap_or_default();
 
+    // The probes `run` attaches by default, from the binary's own registry.
+    let probes = bufscope_integration::default_probes();
     let (code, text) = run_check(&[]);
     assert_eq!(code, 0, "bufscope check failed:\n{text}");
     let online = check_lines(&text);
-    for p in PROBES {
+    for p in &probes {
         assert!(online.contains_key(p), "no line for {p}:\n{text}");
     }
     for (p, (ok, hooks)) in &online {
-        if PROBES.contains(&p.as_str()) {
+        if probes.contains(p) {
             assert!(ok, "{p} did not attach ({hooks}):\n{text}");
         } else if !ok {
             // The guard is configuration, not a signal: a kernel whose cgroup programs lack
@@ -144,9 +147,9 @@ fn check_names_the_hook_each_probe_uses_and_the_metrics_agree() {
 
     // The metric says the same as check (for the probes `run` attaches by default: check also
     // tries the ones configuration leaves off).
-    let e = Exporter::start(&[]);
+    let e = exporter(&[]);
     let m = e.scrape();
-    for p in PROBES {
+    for p in &probes {
         let hooks = &online[p].1;
         assert_eq!(
             m.sum(
@@ -192,12 +195,14 @@ fn netns_inode(pid: u32) -> String {
 }
 
 /// `bufscope run` with `extra` and the flags of `BUFSCOPE_TEST_ARGS` (whitespace-separated: the
-/// matrix runs a step again with, e.g., `--drops.zero-per-packet`).
+/// matrix runs a step again with, e.g., `--drops.zero-per-packet`): the shared one when the
+/// environment names one with these flags ([`Exporter::shared`]: these tests judge it only on
+/// their own processes, sockets and namespaces).
 fn exporter(extra: &[&str]) -> Exporter {
     let env = std::env::var("BUFSCOPE_TEST_ARGS").unwrap_or_default();
     let mut args: Vec<&str> = env.split_whitespace().collect();
     args.extend_from_slice(extra);
-    Exporter::start(&args)
+    Exporter::shared(&args)
 }
 
 /// The hooks of the attached drops probe (`bufscope_probe_attached`'s `hook` label).
@@ -311,7 +316,7 @@ fn setsockopt_clamp_force_and_eperm_match_the_kernel() {
     use bufscope_integration::fixtures::{
         WITHOUT_CAP_NET_ADMIN, rmem_max, setsockopt, setsockopt_wrapped,
     };
-    let e = Exporter::start(&[]);
+    let e = exporter(&[]);
     let req = (rmem_max() * 2).min(i32::MAX as i64 / 2);
     let clamped = setsockopt("udp", "SO_RCVBUF", &req.to_string());
     assert_eq!(clamped.get("errno"), "0");
@@ -429,7 +434,7 @@ fn refusing_bufscope(refuse: &str) -> std::path::PathBuf {
 #[ignore = "needs root: run via cargo xtask test"]
 fn autotune_suppressed_matches_an_independent_count_on_this_kernel() {
     let fallback = refusing_bufscope("fentry,fexit,tp_btf/tcp_rcvbuf_grow");
-    let exporters = [Exporter::start(&[]), Exporter::start_bin(&fallback, &[])];
+    let exporters = [exporter(&[]), Exporter::start_bin(&fallback, &[])];
     let hooks: Vec<String> = exporters
         .iter()
         .map(|e| {

@@ -9,11 +9,15 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use bufscope_integration::{Exporter, Workload, bufscope_bin, eventually, output, proc_udp_drops};
+use bufscope_integration::node::{Bpffs, in_mount_namespace};
+use bufscope_integration::{
+    Exporter, GC_IDLE, Workload, bufscope_bin, eventually, output, proc_udp_drops,
+};
 
 const DROPS: &str = "bufscope_socket_drops_total";
 
-/// A pin directory of its own under /sys/fs/bpf, removed (with `bufscope cleanup`) at the end.
+/// A pin directory of its own under /sys/fs/bpf (each test mounts a bpffs of its own there:
+/// [`in_mount_namespace`]), removed (with `bufscope cleanup`) at the end.
 struct PinDir(PathBuf);
 
 impl PinDir {
@@ -130,235 +134,245 @@ fn restart(flags: &[&str], pid: u32, inode: u64) -> (Exporter, Duration) {
 #[test]
 #[ignore = "needs root (BPF, bpffs); run by `cargo xtask test`"]
 fn counts_go_on_across_sigterm_and_kill9_restarts() {
-    let dir = PinDir::new("restart");
-    let flag = dir.flag();
-    let flags = [flag.as_str()];
-    let receiver = Workload::start(&["udp-recv", "--rcvbuf", "4096"]);
-    let (pid, inode) = (
-        receiver.pid(),
-        receiver.get("inodes").parse::<u64>().unwrap(),
-    );
-    let port = receiver.get("ports").to_string();
+    // A bpffs of its own: pins and links go with the test, whatever the node has.
+    in_mount_namespace(Bpffs::Mounted, || {
+        let dir = PinDir::new("restart");
+        let flag = dir.flag();
+        let flags = [flag.as_str()];
+        let receiver = Workload::start(&["udp-recv", "--rcvbuf", "4096"]);
+        let (pid, inode) = (
+            receiver.pid(),
+            receiver.get("inodes").parse::<u64>().unwrap(),
+        );
+        let port = receiver.get("ports").to_string();
 
-    // Before.
-    let e = Exporter::start(&flags);
-    assert!(e.log().contains("pinning maps and links"), "{}", e.log());
-    flood(&port, 3000);
-    let before = equals_kernel(&e, pid, inode, "before the restart");
-    assert!(
-        before > 500,
-        "the flood should overflow the buffer ({before})"
-    );
-    let pinned = pinned_prog_ids(&dir.0);
-    assert!(pinned.len() >= 4, "links pinned: {pinned:?}");
+        // Before.
+        let e = Exporter::start(&flags);
+        assert!(e.log().contains("pinning maps and links"), "{}", e.log());
+        flood(&port, 3000);
+        let before = equals_kernel(&e, pid, inode, "before the restart");
+        assert!(
+            before > 500,
+            "the flood should overflow the buffer ({before})"
+        );
+        let pinned = pinned_prog_ids(&dir.0);
+        assert!(pinned.len() >= 4, "links pinned: {pinned:?}");
 
-    // During: stopped by SIGTERM, the pinned programs keep counting.
-    assert!(e.stop().success());
-    let linked = linked_prog_ids();
-    assert!(
-        pinned.is_subset(&linked),
-        "after SIGTERM the pinned links stay attached: pinned {pinned:?}, kernel links {linked:?}"
-    );
-    flood(&port, 3000);
-    let during = proc_udp_drops(pid, inode).unwrap();
-    assert!(
-        during > before + 500,
-        "drops while down: {before} → {during}"
-    );
+        // During: stopped by SIGTERM, the pinned programs keep counting.
+        assert!(e.stop().success());
+        let linked = linked_prog_ids();
+        assert!(
+            pinned.is_subset(&linked),
+            "after SIGTERM the pinned links stay attached: pinned {pinned:?}, kernel links {linked:?}"
+        );
+        flood(&port, 3000);
+        let during = proc_udp_drops(pid, inode).unwrap();
+        assert!(
+            during > before + 500,
+            "drops while down: {before} → {during}"
+        );
 
-    // A second receiver drops while bufscope is down, then closes its socket and exits: its
-    // drops are still attributed to it (its owner is in the pinned OWNERS map).
-    let gone = Workload::start(&["udp-recv", "--rcvbuf", "4096", "--comm", "gone-recv"]);
-    let (gpid, ginode) = (gone.pid(), gone.get("inodes").parse::<u64>().unwrap());
-    flood(gone.get("ports"), 3000);
-    let gone_kernel = proc_udp_drops(gpid, ginode).unwrap();
-    assert!(gone_kernel > 500, "{gone_kernel}");
-    drop(gone);
+        // A second receiver drops while bufscope is down, then closes its socket and exits: its
+        // drops are still attributed to it (its owner is in the pinned OWNERS map).
+        let gone = Workload::start(&["udp-recv", "--rcvbuf", "4096", "--comm", "gone-recv"]);
+        let (gpid, ginode) = (gone.pid(), gone.get("inodes").parse::<u64>().unwrap());
+        flood(gone.get("ports"), 3000);
+        let gone_kernel = proc_udp_drops(gpid, ginode).unwrap();
+        assert!(gone_kernel > 500, "{gone_kernel}");
+        drop(gone);
 
-    // After: adopted, the total includes the drops of the blind window. (Down for 2 s at
-    // least, so that a `_created` of this restart would differ from the pins' creation, which
-    // has whole seconds.)
-    std::thread::sleep(Duration::from_secs(2));
-    let restarted_at = unix_now();
-    let (e, gap) = restart(&flags, pid, inode);
-    assert!(e.log().contains("adopting the pinned maps"), "{}", e.log());
-    let m = e.scrape();
-    assert_eq!(
-        m.sum("bufscope_bpf_pins_info", &[("outcome", "adopted")]),
-        1.0,
-        "pins info"
-    );
-    assert_eq!(m.sum("bufscope_probe_pinned", &[("probe", "drops")]), 1.0);
-    assert_eq!(pinned_prog_ids(&dir.0), pinned, "adopted, not reloaded");
-    // OpenMetrics: the adopted drop series were 0 when the pinned maps were made, not at this
-    // restart (a 0 stored at the restart would turn the adopted total into a burst).
-    let since = m.sum("bufscope_bpf_pins_created_timestamp_seconds", &[]);
-    let created = drops_created(&e, pid);
-    assert!(
-        (created - since).abs() <= 1.0 && created < restarted_at - 1.0,
-        "_created {created} = the pins' creation {since}, before the restart {restarted_at}"
-    );
-    eprintln!("SIGTERM restart gap (exec → first scrape with the adopted total): {gap:?}");
-    let gpid_s = gpid.to_string();
-    let got = eventually(Duration::from_secs(10), "the closed socket's drops", || {
-        let v = e
-            .scrape()
-            .sum(DROPS, &[("pid", gpid_s.as_str()), ("comm", "gone-recv")]);
-        (v == gone_kernel as f64).then_some(v)
-    });
-    eprintln!(
-        "socket closed while bufscope was down: kernel {gone_kernel}, bufscope {got} on its exited owner"
-    );
-    flood(&port, 2000);
-    equals_kernel(&e, pid, inode, "after the SIGTERM restart");
+        // After: adopted, the total includes the drops of the blind window. (Down for 2 s at
+        // least, so that a `_created` of this restart would differ from the pins' creation, which
+        // has whole seconds.)
+        std::thread::sleep(Duration::from_secs(2));
+        let restarted_at = unix_now();
+        let (e, gap) = restart(&flags, pid, inode);
+        assert!(e.log().contains("adopting the pinned maps"), "{}", e.log());
+        let m = e.scrape();
+        assert_eq!(
+            m.sum("bufscope_bpf_pins_info", &[("outcome", "adopted")]),
+            1.0,
+            "pins info"
+        );
+        assert_eq!(m.sum("bufscope_probe_pinned", &[("probe", "drops")]), 1.0);
+        assert_eq!(pinned_prog_ids(&dir.0), pinned, "adopted, not reloaded");
+        // OpenMetrics: the adopted drop series were 0 when the pinned maps were made, not at this
+        // restart (a 0 stored at the restart would turn the adopted total into a burst).
+        let since = m.sum("bufscope_bpf_pins_created_timestamp_seconds", &[]);
+        let created = drops_created(&e, pid);
+        assert!(
+            (created - since).abs() <= 1.0 && created < restarted_at - 1.0,
+            "_created {created} = the pins' creation {since}, before the restart {restarted_at}"
+        );
+        eprintln!("SIGTERM restart gap (exec → first scrape with the adopted total): {gap:?}");
+        let gpid_s = gpid.to_string();
+        let got = eventually(Duration::from_secs(10), "the closed socket's drops", || {
+            let v = e
+                .scrape()
+                .sum(DROPS, &[("pid", gpid_s.as_str()), ("comm", "gone-recv")]);
+            (v == gone_kernel as f64).then_some(v)
+        });
+        eprintln!(
+            "socket closed while bufscope was down: kernel {gone_kernel}, bufscope {got} on its exited owner"
+        );
+        flood(&port, 2000);
+        equals_kernel(&e, pid, inode, "after the SIGTERM restart");
 
-    // kill -9: nothing runs at exit; the pins hold everything.
-    e.kill9();
-    flood(&port, 3000);
-    let (e, gap) = restart(&flags, pid, inode);
-    eprintln!("kill -9 restart gap: {gap:?}");
-    flood(&port, 2000);
-    let last = equals_kernel(&e, pid, inode, "after the kill -9 restart");
-    assert!(last > during, "{during} → {last}");
-    assert!(e.stop().success());
+        // kill -9: nothing runs at exit; the pins hold everything.
+        e.kill9();
+        flood(&port, 3000);
+        let (e, gap) = restart(&flags, pid, inode);
+        eprintln!("kill -9 restart gap: {gap:?}");
+        flood(&port, 2000);
+        let last = equals_kernel(&e, pid, inode, "after the kill -9 restart");
+        assert!(last > during, "{during} → {last}");
+        assert!(e.stop().success());
 
-    // cleanup: every program bufscope pinned is gone from the kernel.
-    let out = cleanup(&dir.0);
-    assert!(out.contains("removed"), "{out}");
-    let linked = linked_prog_ids();
-    assert!(
-        pinned.is_disjoint(&linked),
-        "after cleanup no link of bufscope's: pinned {pinned:?}, kernel links {linked:?}"
-    );
-    eventually(Duration::from_secs(5), "programs unloaded", || {
-        pinned.iter().all(|id| !prog_exists(*id)).then_some(())
-    });
-    assert!(!dir.0.exists(), "the pin directory is removed");
+        // cleanup: every program bufscope pinned is gone from the kernel.
+        let out = cleanup(&dir.0);
+        assert!(out.contains("removed"), "{out}");
+        let linked = linked_prog_ids();
+        assert!(
+            pinned.is_disjoint(&linked),
+            "after cleanup no link of bufscope's: pinned {pinned:?}, kernel links {linked:?}"
+        );
+        eventually(Duration::from_secs(5), "programs unloaded", || {
+            pinned.iter().all(|id| !prog_exists(*id)).then_some(())
+        });
+        assert!(!dir.0.exists(), "the pin directory is removed");
+    })
 }
 
 #[test]
 #[ignore = "needs root (BPF, bpffs); run by `cargo xtask test`"]
 fn another_layout_is_replaced_never_read() {
-    let dir = PinDir::new("layout");
-    let flag = dir.flag();
-    let receiver = Workload::start(&["udp-recv", "--rcvbuf", "4096"]);
-    let (pid, inode) = (
-        receiver.pid(),
-        receiver.get("inodes").parse::<u64>().unwrap(),
-    );
-    let port = receiver.get("ports").to_string();
-    let e = Exporter::start(&[flag.as_str(), "--drops.map-entries=4096"]);
-    flood(&port, 3000);
-    let old = equals_kernel(&e, pid, inode, "with 4096 DROPS entries");
-    assert!(e.stop().success());
+    // A bpffs of its own: pins and links go with the test, whatever the node has.
+    in_mount_namespace(Bpffs::Mounted, || {
+        let dir = PinDir::new("layout");
+        let flag = dir.flag();
+        let receiver = Workload::start(&["udp-recv", "--rcvbuf", "4096"]);
+        let (pid, inode) = (
+            receiver.pid(),
+            receiver.get("inodes").parse::<u64>().unwrap(),
+        );
+        let port = receiver.get("ports").to_string();
+        let e = Exporter::start(&[flag.as_str(), "--drops.map-entries=4096"]);
+        flood(&port, 3000);
+        let old = equals_kernel(&e, pid, inode, "with 4096 DROPS entries");
+        assert!(e.stop().success());
 
-    // The DROPS map pinned with 4096 entries is not this layout: replaced, counts restart.
-    let e = Exporter::start(&[flag.as_str()]);
-    let log = e.log();
-    assert!(
-        log.contains("replaced pinned maps of another layout")
-            && log.contains("DROPS (entries 4096, now 16384)"),
-        "{log}"
-    );
-    let m = e.scrape();
-    assert_eq!(
-        m.sum(
-            "bufscope_bpf_pins_info",
-            &[("outcome", "replaced"), ("replaced", "DROPS")]
-        ),
-        1.0
-    );
-    flood(&port, 3000);
-    let kernel = proc_udp_drops(pid, inode).unwrap();
-    let pid_s = pid.to_string();
-    let want = (kernel - old) as f64;
-    let got = eventually(Duration::from_secs(10), "the new drops only", || {
-        let v = e.scrape().sum(DROPS, &[("pid", pid_s.as_str())]);
-        (v == want).then_some(v)
-    });
-    eprintln!(
-        "replaced DROPS: kernel {kernel} (of which {old} before the replacement), bufscope {got}"
-    );
-    let before = pinned_prog_ids(&dir.0);
-    assert!(e.stop().success());
-
-    // Other settings, same layout: the maps are kept (counts go on), the programs replaced.
-    let e = Exporter::start(&[flag.as_str(), "--log.level=debug"]);
-    assert!(e.log().contains("programs replaced"), "{}", e.log());
-    assert_eq!(
-        e.scrape()
-            .sum("bufscope_bpf_pins_info", &[("outcome", "upgraded")]),
-        1.0
-    );
-    let after = pinned_prog_ids(&dir.0);
-    assert!(
-        before.is_disjoint(&after) && after.len() == before.len(),
-        "new programs: {before:?} → {after:?}"
-    );
-    assert!(
-        before.is_disjoint(&linked_prog_ids()),
-        "the old links are gone"
-    );
-    flood(&port, 2000);
-    let kernel = proc_udp_drops(pid, inode).unwrap();
-    let want = (kernel - old) as f64;
-    let got = eventually(
-        Duration::from_secs(10),
-        "counts kept across the upgrade",
-        || {
+        // The DROPS map pinned with 4096 entries is not this layout: replaced, counts restart.
+        let e = Exporter::start(&[flag.as_str()]);
+        let log = e.log();
+        assert!(
+            log.contains("replaced pinned maps of another layout")
+                && log.contains("DROPS (entries 4096, now 16384)"),
+            "{log}"
+        );
+        let m = e.scrape();
+        assert_eq!(
+            m.sum(
+                "bufscope_bpf_pins_info",
+                &[("outcome", "replaced"), ("replaced", "DROPS")]
+            ),
+            1.0
+        );
+        flood(&port, 3000);
+        let kernel = proc_udp_drops(pid, inode).unwrap();
+        let pid_s = pid.to_string();
+        let want = (kernel - old) as f64;
+        let got = eventually(Duration::from_secs(10), "the new drops only", || {
             let v = e.scrape().sum(DROPS, &[("pid", pid_s.as_str())]);
             (v == want).then_some(v)
-        },
-    );
-    eprintln!("upgraded: kernel {kernel}, bufscope {got} (= kernel - {old})");
-    assert!(e.stop().success());
+        });
+        eprintln!(
+            "replaced DROPS: kernel {kernel} (of which {old} before the replacement), bufscope {got}"
+        );
+        let before = pinned_prog_ids(&dir.0);
+        assert!(e.stop().success());
+
+        // Other settings, same layout: the maps are kept (counts go on), the programs replaced.
+        let e = Exporter::start(&[flag.as_str(), "--log.level=debug"]);
+        assert!(e.log().contains("programs replaced"), "{}", e.log());
+        assert_eq!(
+            e.scrape()
+                .sum("bufscope_bpf_pins_info", &[("outcome", "upgraded")]),
+            1.0
+        );
+        let after = pinned_prog_ids(&dir.0);
+        assert!(
+            before.is_disjoint(&after) && after.len() == before.len(),
+            "new programs: {before:?} → {after:?}"
+        );
+        assert!(
+            before.is_disjoint(&linked_prog_ids()),
+            "the old links are gone"
+        );
+        flood(&port, 2000);
+        let kernel = proc_udp_drops(pid, inode).unwrap();
+        let want = (kernel - old) as f64;
+        let got = eventually(
+            Duration::from_secs(10),
+            "counts kept across the upgrade",
+            || {
+                let v = e.scrape().sum(DROPS, &[("pid", pid_s.as_str())]);
+                (v == want).then_some(v)
+            },
+        );
+        eprintln!("upgraded: kernel {kernel}, bufscope {got} (= kernel - {old})");
+        assert!(e.stop().success());
+    })
 }
 
 #[test]
 #[ignore = "needs root (BPF, bpffs); run by `cargo xtask test`"]
 fn the_guard_is_not_kept_unless_persisted() {
-    let dir = PinDir::new("guard");
-    let flag = dir.flag();
-    let e = Exporter::start(&[flag.as_str(), "--guard.mode=observe"]);
-    let m = e.scrape();
-    assert_eq!(m.sum("bufscope_probe_pinned", &[("probe", "guard")]), 0.0);
-    assert_eq!(
-        m.sum("bufscope_probe_pinned", &[("probe", "setsockopt")]),
-        0.0
-    );
-    assert_eq!(m.sum("bufscope_probe_pinned", &[("probe", "drops")]), 1.0);
-    let pinned = pinned_prog_ids(&dir.0);
-    let guard_progs: BTreeSet<u32> = testkit_held(e.pid()).difference(&pinned).copied().collect();
-    assert!(
-        !guard_progs.is_empty(),
-        "the guard's programs are held by bufscope"
-    );
-    assert!(e.stop().success());
-    let linked = linked_prog_ids();
-    assert!(
-        guard_progs.is_disjoint(&linked),
-        "after SIGTERM no guard link stays: guard {guard_progs:?}, kernel links {linked:?}"
-    );
-    assert!(pinned.is_subset(&linked), "the pinned probes stay");
+    // A bpffs of its own: pins and links go with the test, whatever the node has.
+    in_mount_namespace(Bpffs::Mounted, || {
+        let dir = PinDir::new("guard");
+        let flag = dir.flag();
+        let e = Exporter::start(&[flag.as_str(), "--guard.mode=observe"]);
+        let m = e.scrape();
+        assert_eq!(m.sum("bufscope_probe_pinned", &[("probe", "guard")]), 0.0);
+        assert_eq!(
+            m.sum("bufscope_probe_pinned", &[("probe", "setsockopt")]),
+            0.0
+        );
+        assert_eq!(m.sum("bufscope_probe_pinned", &[("probe", "drops")]), 1.0);
+        let pinned = pinned_prog_ids(&dir.0);
+        let guard_progs: BTreeSet<u32> =
+            testkit_held(e.pid()).difference(&pinned).copied().collect();
+        assert!(
+            !guard_progs.is_empty(),
+            "the guard's programs are held by bufscope"
+        );
+        assert!(e.stop().success());
+        let linked = linked_prog_ids();
+        assert!(
+            guard_progs.is_disjoint(&linked),
+            "after SIGTERM no guard link stays: guard {guard_progs:?}, kernel links {linked:?}"
+        );
+        assert!(pinned.is_subset(&linked), "the pinned probes stay");
 
-    // With --guard.persist the guard stays attached too.
-    let e = Exporter::start(&[flag.as_str(), "--guard.mode=observe", "--guard.persist"]);
-    assert_eq!(
-        e.scrape()
-            .sum("bufscope_probe_pinned", &[("probe", "guard")]),
-        1.0
-    );
-    let pinned = pinned_prog_ids(&dir.0);
-    assert!(e.stop().success());
-    assert!(
-        pinned.is_subset(&linked_prog_ids()),
-        "persisted guard stays"
-    );
-    let (ok, _, err) = output(
-        Command::new(bufscope_bin()).args(["run", "--guard.mode=observe", "--guard.persist"]),
-        "",
-    );
-    assert!(!ok && err.contains("--bpf.pin-path"), "{err}");
+        // With --guard.persist the guard stays attached too.
+        let e = Exporter::start(&[flag.as_str(), "--guard.mode=observe", "--guard.persist"]);
+        assert_eq!(
+            e.scrape()
+                .sum("bufscope_probe_pinned", &[("probe", "guard")]),
+            1.0
+        );
+        let pinned = pinned_prog_ids(&dir.0);
+        assert!(e.stop().success());
+        assert!(
+            pinned.is_subset(&linked_prog_ids()),
+            "persisted guard stays"
+        );
+        let (ok, _, err) = output(
+            Command::new(bufscope_bin()).args(["run", "--guard.mode=observe", "--guard.persist"]),
+            "",
+        );
+        assert!(!ok && err.contains("--bpf.pin-path"), "{err}");
+    })
 }
 
 fn unix_now() -> f64 {
@@ -395,53 +409,57 @@ fn testkit_held(pid: u32) -> BTreeSet<u32> {
 #[test]
 #[ignore = "needs root (BPF, bpffs); run by `cargo xtask test`"]
 fn a_live_process_keeps_the_drops_of_its_closed_sockets_across_a_restart() {
-    let dir = PinDir::new("retired");
-    let flag = dir.flag();
-    // GC every 2 s; entries go 30 s after their last change once their socket is closed.
-    let flags = [flag.as_str(), "--retention=8s"];
-    let mut closer = Workload::start(&["udp-recv", "--rcvbuf", "4096", "--comm", "closer"]);
-    let (pid, inode) = (closer.pid(), closer.get("inodes").parse::<u64>().unwrap());
-    let port = closer.get("ports").to_string();
-    let e = Exporter::start(&flags);
-    flood(&port, 3000);
-    let kernel = equals_kernel(&e, pid, inode, "before closing");
-    // The socket closes (its /proc/net/udp line goes with it); the process lives on.
-    closer.send("close");
-    closer.wait_line("closed", Duration::from_secs(5));
-    let pid_s = pid.to_string();
-    let labels = [("pid", pid_s.as_str()), ("proto", "udp")];
-    // The GC removes its DROPS entry (idle ≥ 30 s, socket gone) and folds its counts into
-    // the process's RETIRED entry: read the pinned map itself (bpftool).
-    let drops_map = dir.0.join("maps/DROPS");
-    eventually(
-        Duration::from_secs(60),
-        "the closed socket's entry folded",
-        || {
-            let keys = drop_keys(&drops_map);
-            let socket_gone = !keys.iter().any(|k| k.0 == inode);
-            let folded = keys.iter().any(|k| k.2 == 4 && k.1 == pid);
-            (socket_gone && folded).then_some(())
-        },
-    );
-    assert_eq!(
-        e.scrape().sum(DROPS, &labels),
-        kernel as f64,
-        "unchanged by the GC"
-    );
-    assert!(e.stop().success());
-    let e = Exporter::start(&flags);
-    let got = eventually(
-        Duration::from_secs(10),
-        "the folded total after the restart",
-        || {
-            let v = e.scrape().sum(DROPS, &labels);
-            (v == kernel as f64).then_some(v)
-        },
-    );
-    eprintln!(
-        "closed and collected before the restart: kernel counted {kernel} on the socket, bufscope {got} on the live process after the restart"
-    );
-    assert!(e.stop().success());
+    // A bpffs of its own: pins and links go with the test, whatever the node has.
+    in_mount_namespace(Bpffs::Mounted, || {
+        let dir = PinDir::new("retired");
+        let flag = dir.flag();
+        // GC every 2 s; entries go 3 s (the debug build's GC_IDLE; 30 s in a release) after their
+        // last change once their socket is closed.
+        let flags = [flag.as_str(), "--retention=8s"];
+        let mut closer = Workload::start(&["udp-recv", "--rcvbuf", "4096", "--comm", "closer"]);
+        let (pid, inode) = (closer.pid(), closer.get("inodes").parse::<u64>().unwrap());
+        let port = closer.get("ports").to_string();
+        let e = Exporter::start_env(&[GC_IDLE], &flags);
+        flood(&port, 3000);
+        let kernel = equals_kernel(&e, pid, inode, "before closing");
+        // The socket closes (its /proc/net/udp line goes with it); the process lives on.
+        closer.send("close");
+        closer.wait_line("closed", Duration::from_secs(5));
+        let pid_s = pid.to_string();
+        let labels = [("pid", pid_s.as_str()), ("proto", "udp")];
+        // The GC removes its DROPS entry (idle ≥ GC_IDLE, socket gone) and folds its counts into
+        // the process's RETIRED entry: read the pinned map itself (bpftool).
+        let drops_map = dir.0.join("maps/DROPS");
+        eventually(
+            Duration::from_secs(60),
+            "the closed socket's entry folded",
+            || {
+                let keys = drop_keys(&drops_map);
+                let socket_gone = !keys.iter().any(|k| k.0 == inode);
+                let folded = keys.iter().any(|k| k.2 == 4 && k.1 == pid);
+                (socket_gone && folded).then_some(())
+            },
+        );
+        assert_eq!(
+            e.scrape().sum(DROPS, &labels),
+            kernel as f64,
+            "unchanged by the GC"
+        );
+        assert!(e.stop().success());
+        let e = Exporter::start_env(&[GC_IDLE], &flags);
+        let got = eventually(
+            Duration::from_secs(10),
+            "the folded total after the restart",
+            || {
+                let v = e.scrape().sum(DROPS, &labels);
+                (v == kernel as f64).then_some(v)
+            },
+        );
+        eprintln!(
+            "closed and collected before the restart: kernel counted {kernel} on the socket, bufscope {got} on the live process after the restart"
+        );
+        assert!(e.stop().success());
+    })
 }
 
 /// (inode, id, site) of every key of the pinned `DROPS` map (`DropKey`: inode u64, netns
@@ -622,55 +640,58 @@ fn kernel_side(t: &Truth, port: u16) -> [u64; 8] {
 #[test]
 #[ignore = "needs root (BPF, bpffs); run by `cargo xtask test`"]
 fn event_counters_go_on_across_a_kill9_restart() {
-    let dir = PinDir::new("events");
-    let flag = dir.flag();
-    let flags = [flag.as_str()];
-    let script = std::env::temp_dir().join(format!("bsp-events-{}.py", std::process::id()));
-    std::fs::write(&script, EVENTS_SCRIPT).unwrap();
-    let mut cmd = Command::new("python3");
-    cmd.arg(&script);
-    let mut p = bufscope_testkit::LineChild::spawn(cmd, "events").unwrap();
+    // A bpffs of its own: pins and links go with the test, whatever the node has.
+    in_mount_namespace(Bpffs::Mounted, || {
+        let dir = PinDir::new("events");
+        let flag = dir.flag();
+        let flags = [flag.as_str()];
+        let script = std::env::temp_dir().join(format!("bsp-events-{}.py", std::process::id()));
+        std::fs::write(&script, EVENTS_SCRIPT).unwrap();
+        let mut cmd = Command::new("python3");
+        cmd.arg(&script);
+        let mut p = bufscope_testkit::LineChild::spawn(cmd, "events").unwrap();
 
-    let e = Exporter::start(&flags);
-    let ready: std::collections::HashMap<String, String> =
-        p.wait_ready(Duration::from_secs(30)).unwrap();
-    let pid: u32 = ready["pid"].parse().unwrap();
-    let port: u16 = ready["port"].parse().unwrap();
-    let mut t = Truth::default();
-    let settle = |e: &Exporter, t: &Truth, what: &str| {
-        let want = kernel_side(t, port);
-        let got = eventually(Duration::from_secs(15), what, || {
-            let got = event_counts(&e.scrape(), pid);
-            (got == want).then_some(got)
-        });
-        eprintln!("{what}: kernel side {want:?}, bufscope {got:?}");
-    };
+        let e = Exporter::start(&flags);
+        let ready: std::collections::HashMap<String, String> =
+            p.wait_ready(Duration::from_secs(30)).unwrap();
+        let pid: u32 = ready["pid"].parse().unwrap();
+        let port: u16 = ready["port"].parse().unwrap();
+        let mut t = Truth::default();
+        let settle = |e: &Exporter, t: &Truth, what: &str| {
+            let want = kernel_side(t, port);
+            let got = eventually(Duration::from_secs(15), what, || {
+                let got = event_counts(&e.scrape(), pid);
+                (got == want).then_some(got)
+            });
+            eprintln!("{what}: kernel side {want:?}, bufscope {got:?}");
+        };
 
-    activity(&mut p, &mut t, 10, 3);
-    assert!(t.clamped >= 10 && t.failed == 10, "{t:?}");
-    settle(&e, &t, "before the restart");
+        activity(&mut p, &mut t, 10, 3);
+        assert!(t.clamped >= 10 && t.failed == 10, "{t:?}");
+        settle(&e, &t, "before the restart");
 
-    // Killed: nothing runs at exit. The program keeps calling and connecting.
-    e.kill9();
-    activity(&mut p, &mut t, 5, 2);
+        // Killed: nothing runs at exit. The program keeps calling and connecting.
+        e.kill9();
+        activity(&mut p, &mut t, 5, 2);
 
-    let t0 = Instant::now();
-    let e = Exporter::start(&flags);
-    assert!(e.log().contains("adopting the pinned maps"), "{}", e.log());
-    let want = kernel_side(&t, port);
-    let first = event_counts(&e.scrape(), pid);
-    eprintln!(
-        "first scrape {:?} after exec: {first:?} (kernel side {want:?})",
-        t0.elapsed()
-    );
-    assert_eq!(
-        first, want,
-        "the first scrape after the restart already has every count (the restart gap is 0)"
-    );
-    activity(&mut p, &mut t, 4, 1);
-    settle(&e, &t, "after the kill -9 restart");
-    assert!(e.stop().success());
-    let _ = std::fs::remove_file(&script);
+        let t0 = Instant::now();
+        let e = Exporter::start(&flags);
+        assert!(e.log().contains("adopting the pinned maps"), "{}", e.log());
+        let want = kernel_side(&t, port);
+        let first = event_counts(&e.scrape(), pid);
+        eprintln!(
+            "first scrape {:?} after exec: {first:?} (kernel side {want:?})",
+            t0.elapsed()
+        );
+        assert_eq!(
+            first, want,
+            "the first scrape after the restart already has every count (the restart gap is 0)"
+        );
+        activity(&mut p, &mut t, 4, 1);
+        settle(&e, &t, "after the kill -9 restart");
+        assert!(e.stop().success());
+        let _ = std::fs::remove_file(&script);
+    })
 }
 
 /// `bufscope <args>` under `timeout 30` (a bufscope that wrongly starts is killed, exit 124,
@@ -693,109 +714,112 @@ fn refused(args: &[&str]) -> (Option<i32>, String) {
 #[test]
 #[ignore = "needs root (BPF, bpffs); run by `cargo xtask test`"]
 fn one_bufscope_per_pin_directory() {
-    let dir = PinDir::new("owner");
-    let flag = dir.flag();
-    let receiver = Workload::start(&["udp-recv", "--rcvbuf", "4096"]);
-    let (pid, inode) = (
-        receiver.pid(),
-        receiver.get("inodes").parse::<u64>().unwrap(),
-    );
-    let port = receiver.get("ports").to_string();
-    let e = Exporter::start(&[flag.as_str()]);
-    let holder = format!("pid {}", e.pid());
-    let pinned = pinned_prog_ids(&dir.0);
-    assert!(pinned.len() >= 4, "links pinned: {pinned:?}");
+    // A bpffs of its own: pins and links go with the test, whatever the node has.
+    in_mount_namespace(Bpffs::Mounted, || {
+        let dir = PinDir::new("owner");
+        let flag = dir.flag();
+        let receiver = Workload::start(&["udp-recv", "--rcvbuf", "4096"]);
+        let (pid, inode) = (
+            receiver.pid(),
+            receiver.get("inodes").parse::<u64>().unwrap(),
+        );
+        let port = receiver.get("ports").to_string();
+        let e = Exporter::start(&[flag.as_str()]);
+        let holder = format!("pid {}", e.pid());
+        let pinned = pinned_prog_ids(&dir.0);
+        assert!(pinned.len() >= 4, "links pinned: {pinned:?}");
 
-    // A second daemon on the same directory (an overlapping rolling update, a local debug
-    // run) is refused before it loads anything, naming the holder.
-    let (code, err) = refused(&[
-        "run",
-        flag.as_str(),
-        "--max-processes",
-        "50",
-        "--web.listen-address",
-        "127.0.0.1:0",
-    ]);
-    assert_eq!(code, Some(1), "the second daemon must refuse: {err}");
-    eprintln!("second daemon: {}", err.trim());
-    assert!(
-        err.lines().count() == 1 && err.contains("in use by") && err.contains(&holder),
-        "one line naming {holder}: {err}"
-    );
-    // cleanup while it runs is refused too, and removes nothing.
-    let (code, err) = refused(&["cleanup", "--bpf.pin-path", dir.0.to_str().unwrap()]);
-    assert_eq!(code, Some(1), "cleanup while running must refuse: {err}");
-    eprintln!("cleanup while running: {}", err.trim());
-    assert!(err.contains(&holder), "names {holder}: {err}");
-    assert_eq!(pinned_prog_ids(&dir.0), pinned, "nothing removed");
+        // A second daemon on the same directory (an overlapping rolling update, a local debug
+        // run) is refused before it loads anything, naming the holder.
+        let (code, err) = refused(&[
+            "run",
+            flag.as_str(),
+            "--max-processes",
+            "50",
+            "--web.listen-address",
+            "127.0.0.1:0",
+        ]);
+        assert_eq!(code, Some(1), "the second daemon must refuse: {err}");
+        eprintln!("second daemon: {}", err.trim());
+        assert!(
+            err.lines().count() == 1 && err.contains("in use by") && err.contains(&holder),
+            "one line naming {holder}: {err}"
+        );
+        // cleanup while it runs is refused too, and removes nothing.
+        let (code, err) = refused(&["cleanup", "--bpf.pin-path", dir.0.to_str().unwrap()]);
+        assert_eq!(code, Some(1), "cleanup while running must refuse: {err}");
+        eprintln!("cleanup while running: {}", err.trim());
+        assert!(err.contains(&holder), "names {holder}: {err}");
+        assert_eq!(pinned_prog_ids(&dir.0), pinned, "nothing removed");
 
-    // The first daemon still counts every drop of a flooded receiver.
-    flood(&port, 3000);
-    let kernel = equals_kernel(
-        &e,
-        pid,
-        inode,
-        "after the refused second daemon and cleanup",
-    );
-    assert!(kernel > 500, "the flood overflows the buffer ({kernel})");
-    assert_eq!(
-        e.scrape()
-            .sum("bufscope_probe_attached", &[("probe", "drops")]),
-        1.0
-    );
+        // The first daemon still counts every drop of a flooded receiver.
+        flood(&port, 3000);
+        let kernel = equals_kernel(
+            &e,
+            pid,
+            inode,
+            "after the refused second daemon and cleanup",
+        );
+        assert!(kernel > 500, "the flood overflows the buffer ({kernel})");
+        assert_eq!(
+            e.scrape()
+                .sum("bufscope_probe_attached", &[("probe", "drops")]),
+            1.0
+        );
 
-    // `cleanup --force` removes the pins anyway: the daemon notices on its next poll that its
-    // links are gone and says the probe is detached (it no longer counts).
-    let (code, err) = refused(&[
-        "cleanup",
-        "--force",
-        "--bpf.pin-path",
-        dir.0.to_str().unwrap(),
-    ]);
-    assert_eq!(code, Some(0), "cleanup --force: {err}");
-    assert!(err.contains(&holder), "the warning names {holder}: {err}");
-    eventually(Duration::from_secs(10), "drops reported detached", || {
-        (e.scrape()
-            .sum("bufscope_probe_attached", &[("probe", "drops")])
-            == 0.0)
-            .then_some(())
-    });
-    assert!(
-        e.log().contains("probe detached") && e.log().contains("is gone"),
-        "{}",
-        e.log()
-    );
-    assert!(
-        pinned.is_disjoint(&linked_prog_ids()),
-        "the forced cleanup detached the links"
-    );
-    // The status page says the same, and with every probe gone /healthz fails.
-    let (_, status) = e.get("/api/v1/status");
-    let status: serde_json::Value = serde_json::from_str(&status).unwrap();
-    let drops = status["probes"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|p| p["probe"] == "drops")
-        .unwrap();
-    assert_eq!(drops["attached"], false, "{drops}");
-    assert!(
-        drops["error"].as_str().unwrap_or("").contains("is gone"),
-        "{drops}"
-    );
-    let (code, body) = e.get("/healthz");
-    assert_eq!(code, 503, "{body}");
-    assert!(body.contains("no probe attached"), "{body}");
-    assert!(e.stop().success());
-    // A holder that is gone holds nothing: the next start owns the directory again.
-    let e = Exporter::start(&[flag.as_str()]);
-    assert_eq!(
-        e.scrape()
-            .sum("bufscope_probe_attached", &[("probe", "drops")]),
-        1.0
-    );
-    e.kill9();
-    cleanup(&dir.0);
+        // `cleanup --force` removes the pins anyway: the daemon notices on its next poll that its
+        // links are gone and says the probe is detached (it no longer counts).
+        let (code, err) = refused(&[
+            "cleanup",
+            "--force",
+            "--bpf.pin-path",
+            dir.0.to_str().unwrap(),
+        ]);
+        assert_eq!(code, Some(0), "cleanup --force: {err}");
+        assert!(err.contains(&holder), "the warning names {holder}: {err}");
+        eventually(Duration::from_secs(10), "drops reported detached", || {
+            (e.scrape()
+                .sum("bufscope_probe_attached", &[("probe", "drops")])
+                == 0.0)
+                .then_some(())
+        });
+        assert!(
+            e.log().contains("probe detached") && e.log().contains("is gone"),
+            "{}",
+            e.log()
+        );
+        assert!(
+            pinned.is_disjoint(&linked_prog_ids()),
+            "the forced cleanup detached the links"
+        );
+        // The status page says the same, and with every probe gone /healthz fails.
+        let (_, status) = e.get("/api/v1/status");
+        let status: serde_json::Value = serde_json::from_str(&status).unwrap();
+        let drops = status["probes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|p| p["probe"] == "drops")
+            .unwrap();
+        assert_eq!(drops["attached"], false, "{drops}");
+        assert!(
+            drops["error"].as_str().unwrap_or("").contains("is gone"),
+            "{drops}"
+        );
+        let (code, body) = e.get("/healthz");
+        assert_eq!(code, 503, "{body}");
+        assert!(body.contains("no probe attached"), "{body}");
+        assert!(e.stop().success());
+        // A holder that is gone holds nothing: the next start owns the directory again.
+        let e = Exporter::start(&[flag.as_str()]);
+        assert_eq!(
+            e.scrape()
+                .sum("bufscope_probe_attached", &[("probe", "drops")]),
+            1.0
+        );
+        e.kill9();
+        cleanup(&dir.0);
+    })
 }
 
 /// A pinned link replaced behind bufscope's back (its pin removed, another link pinned in its
@@ -804,101 +828,116 @@ fn one_bufscope_per_pin_directory() {
 #[test]
 #[ignore = "needs root (BPF, bpffs); run by `cargo xtask test`"]
 fn a_replaced_link_pin_is_reported_detached() {
-    let dir = PinDir::new("replaced");
-    let e = Exporter::start(&[dir.flag().as_str()]);
-    let pin = dir.0.join("links").join("drops_0");
-    assert!(
-        pin.exists(),
-        "the drops probe's first link is pinned at {}",
-        pin.display()
-    );
-    let attached = |e: &Exporter| {
-        e.scrape()
-            .find("bufscope_probe_attached", &[])
-            .filter(|s| s.value == 1.0)
-            .map(|s| s.labels["probe"].clone())
-            .collect::<BTreeSet<String>>()
-    };
-    let before = attached(&e);
-    assert!(before.contains("drops"), "{before:?}");
-    // Another bufscope without pins holds links of its own: one of them takes the pin's place.
-    let other = Exporter::start(&[]);
-    let theirs = bufscope_integration::held_bpf_ids(other.pid(), "link_id:");
-    let foreign = *theirs
-        .iter()
-        .next()
-        .expect("the other bufscope holds links");
-    std::fs::remove_file(&pin).unwrap();
-    let (ok, out, err) = output(
-        Command::new("bpftool")
-            .args(["link", "pin", "id", &foreign.to_string()])
-            .arg(&pin),
-        "",
-    );
-    assert!(ok, "bpftool link pin: {out}{err}");
-    eventually(Duration::from_secs(10), "drops reported detached", || {
-        (!attached(&e).contains("drops")).then_some(())
-    });
-    let log = e.log();
-    assert!(
-        log.contains("another process replaced it") && log.contains(&format!("link {foreign}")),
-        "the log names the pin and the link now in it: {log}"
-    );
-    let after = attached(&e);
-    let mut want = before.clone();
-    want.remove("drops");
-    assert_eq!(after, want, "only the replaced probe is detached");
-    let (code, body) = e.get("/healthz");
-    assert_eq!(code, 200, "other probes still attached: {body}");
-    std::fs::remove_file(&pin).unwrap();
-    drop(other);
-    e.kill9();
-    cleanup(&dir.0);
+    // A bpffs of its own: pins and links go with the test, whatever the node has.
+    in_mount_namespace(Bpffs::Mounted, || {
+        let dir = PinDir::new("replaced");
+        let e = Exporter::start(&[dir.flag().as_str()]);
+        let pin = dir.0.join("links").join("drops_0");
+        assert!(
+            pin.exists(),
+            "the drops probe's first link is pinned at {}",
+            pin.display()
+        );
+        let attached = |e: &Exporter| {
+            e.scrape()
+                .find("bufscope_probe_attached", &[])
+                .filter(|s| s.value == 1.0)
+                .map(|s| s.labels["probe"].clone())
+                .collect::<BTreeSet<String>>()
+        };
+        let before = attached(&e);
+        assert!(before.contains("drops"), "{before:?}");
+        // Another bufscope without pins holds links of its own: one of them takes the pin's place.
+        let other = Exporter::start(&[]);
+        let theirs = bufscope_integration::held_bpf_ids(other.pid(), "link_id:");
+        let foreign = *theirs
+            .iter()
+            .next()
+            .expect("the other bufscope holds links");
+        std::fs::remove_file(&pin).unwrap();
+        let (ok, out, err) = output(
+            Command::new("bpftool")
+                .args(["link", "pin", "id", &foreign.to_string()])
+                .arg(&pin),
+            "",
+        );
+        assert!(ok, "bpftool link pin: {out}{err}");
+        eventually(Duration::from_secs(10), "drops reported detached", || {
+            (!attached(&e).contains("drops")).then_some(())
+        });
+        // bufscope logs why before the metric changes, but its log reaches this test through a
+        // pipe and a reader thread, which may lag a loaded machine's scrape: wait for it too.
+        let names_it = |log: &str| {
+            log.contains("another process replaced it") && log.contains(&format!("link {foreign}"))
+        };
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while !names_it(&e.log()) && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let log = e.log();
+        assert!(
+            names_it(&log),
+            "the log names the pin and the link now in it: {log}"
+        );
+        let after = attached(&e);
+        let mut want = before.clone();
+        want.remove("drops");
+        assert_eq!(after, want, "only the replaced probe is detached");
+        let (code, body) = e.get("/healthz");
+        assert_eq!(code, 200, "other probes still attached: {body}");
+        std::fs::remove_file(&pin).unwrap();
+        drop(other);
+        e.kill9();
+        cleanup(&dir.0);
+    })
 }
 
 #[test]
 #[ignore = "needs root (BPF, bpffs); run by `cargo xtask test`"]
 fn symlinks_in_the_pin_directory_are_refused() {
-    let dir = PinDir::new("symlink");
-    let elsewhere = PathBuf::from(format!("{}-elsewhere", dir.0.display()));
-    std::fs::create_dir_all(&dir.0).unwrap();
-    std::fs::create_dir_all(&elsewhere).unwrap();
-    std::os::unix::fs::symlink(&elsewhere, dir.0.join("maps")).unwrap();
-    let before = linked_prog_ids();
-    let (code, err) = refused(&[
-        "run",
-        dir.flag().as_str(),
-        "--web.listen-address",
-        "127.0.0.1:0",
-    ]);
-    assert_eq!(code, Some(1), "{err}");
-    assert!(
-        err.lines().count() == 1 && err.contains("maps is a symlink"),
-        "one line naming the symlink: {err}"
-    );
-    let (code, err) = refused(&["cleanup", "--bpf.pin-path", dir.0.to_str().unwrap()]);
-    assert_eq!(code, Some(1), "cleanup refuses the symlink too: {err}");
-    assert!(err.contains("symlink"), "{err}");
-    eprintln!("symlinked maps/: {}", err.trim());
-    assert!(
-        std::fs::read_dir(&elsewhere).unwrap().next().is_none(),
-        "nothing pinned through the symlink"
-    );
-    assert!(linked_prog_ids().is_subset(&before), "no link made");
-    // The pin directory itself a symlink: refused as well.
-    std::fs::remove_file(dir.0.join("maps")).unwrap();
-    std::fs::remove_dir(&dir.0).unwrap();
-    std::os::unix::fs::symlink(&elsewhere, &dir.0).unwrap();
-    let (code, err) = refused(&[
-        "run",
-        dir.flag().as_str(),
-        "--web.listen-address",
-        "127.0.0.1:0",
-    ]);
-    assert_eq!(code, Some(1), "{err}");
-    assert!(err.contains("is a symlink"), "{err}");
-    std::fs::remove_file(&dir.0).unwrap();
-    std::fs::remove_dir(&elsewhere).unwrap();
+    // A bpffs of its own: pins and links go with the test, whatever the node has.
+    in_mount_namespace(Bpffs::Mounted, || {
+        let dir = PinDir::new("symlink");
+        let elsewhere = PathBuf::from(format!("{}-elsewhere", dir.0.display()));
+        std::fs::create_dir_all(&dir.0).unwrap();
+        std::fs::create_dir_all(&elsewhere).unwrap();
+        std::os::unix::fs::symlink(&elsewhere, dir.0.join("maps")).unwrap();
+        let before = linked_prog_ids();
+        let (code, err) = refused(&[
+            "run",
+            dir.flag().as_str(),
+            "--web.listen-address",
+            "127.0.0.1:0",
+        ]);
+        assert_eq!(code, Some(1), "{err}");
+        assert!(
+            err.lines().count() == 1 && err.contains("maps is a symlink"),
+            "one line naming the symlink: {err}"
+        );
+        let (code, err) = refused(&["cleanup", "--bpf.pin-path", dir.0.to_str().unwrap()]);
+        assert_eq!(code, Some(1), "cleanup refuses the symlink too: {err}");
+        assert!(err.contains("symlink"), "{err}");
+        eprintln!("symlinked maps/: {}", err.trim());
+        assert!(
+            std::fs::read_dir(&elsewhere).unwrap().next().is_none(),
+            "nothing pinned through the symlink"
+        );
+        assert!(linked_prog_ids().is_subset(&before), "no link made");
+        // The pin directory itself a symlink: refused as well.
+        std::fs::remove_file(dir.0.join("maps")).unwrap();
+        std::fs::remove_dir(&dir.0).unwrap();
+        std::os::unix::fs::symlink(&elsewhere, &dir.0).unwrap();
+        let (code, err) = refused(&[
+            "run",
+            dir.flag().as_str(),
+            "--web.listen-address",
+            "127.0.0.1:0",
+        ]);
+        assert_eq!(code, Some(1), "{err}");
+        assert!(err.contains("is a symlink"), "{err}");
+        std::fs::remove_file(&dir.0).unwrap();
+        std::fs::remove_dir(&elsewhere).unwrap();
+    })
 }
 
 #[test]

@@ -3,7 +3,7 @@
 //! value comes from the kernel (`/proc/<pid>/net/udp` drops column, `/proc/<pid>/net/snmp`,
 //! `bpftool`, `/proc/<pid>/status`), never from bufscope itself.
 //!
-//! Run with `cargo xtask test` (root, serial). Each test prints the figures it saw
+//! Run with `cargo xtask test` (root; the node-wide group of .config/nextest.toml: alone). Each test prints the figures it saw
 //! (`cargo xtask test -- --nocapture reliability` shows them).
 #![allow(clippy::unwrap_used)]
 
@@ -19,8 +19,8 @@ use std::time::{Duration, Instant};
 
 use bufscope_integration::fixtures::{setsockopt, setsockopt_wrapped};
 use bufscope_integration::{
-    Exporter, Metrics, Workload, bpf_exists, bufscope_bin, eventually, held_bpf_ids, http_get,
-    proc_udp_drops, promtool_check_metrics, require_root, snmp, terminate, workload_bin,
+    Exporter, GC_IDLE, Metrics, Workload, bpf_exists, bufscope_bin, eventually, held_bpf_ids,
+    http_get, proc_udp_drops, promtool_check_metrics, require_root, snmp, terminate, workload_bin,
 };
 
 const DROPS: &str = "bufscope_socket_drops_total";
@@ -464,7 +464,7 @@ fn assert_a_new_process_is_still_seen(e: &Exporter) {
     drop(probe);
 }
 
-/// Retention (10 s) and map GC (entries idle ≥ 30 s, every 15 s) remove the round: waits (up
+/// Retention (10 s) and map GC (entries idle ≥ GC_IDLE, 3 s; every 2.5 s) remove the round: waits (up
 /// to 150 s) until no `DROPS` entry of its namespace and no series of its comm is left;
 /// returns how long that took, in seconds.
 fn wait_for_retention_and_map_gc_to_remove_the_round(e: &Exporter, netns: u32, comm: &str) -> f64 {
@@ -501,14 +501,17 @@ fn wait_for_retention_and_map_gc_to_remove_the_round(e: &Exporter, netns: u32, c
 #[ignore = "needs root: run via cargo xtask test"]
 fn churn_of_5000_processes_stays_bounded_and_memory_returns_to_baseline() {
     const MAX: usize = 100;
-    let e = Exporter::start(&[
-        "--max-processes",
-        "100",
-        "--retention",
-        "10s",
-        "--drops.attribution-hold",
-        "2s",
-    ]);
+    let e = Exporter::start_env(
+        &[GC_IDLE],
+        &[
+            "--max-processes",
+            "100",
+            "--retention",
+            "10s",
+            "--drops.attribution-hold",
+            "2s",
+        ],
+    );
     std::thread::sleep(Duration::from_secs(2));
     let _ = e.scrape();
     let base_rss = rss_kib(e.pid());

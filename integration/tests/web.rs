@@ -520,7 +520,7 @@ fn status_page_renders_and_updates_in_headless_chromium() {
         html.contains("data-kind=\"udp_rcvbuf_drops\""),
         "finding missing"
     );
-    for p in ["drops", "setsockopt", "tcp_state", "autotune", "owners"] {
+    for p in bufscope_integration::default_probes() {
         assert!(
             html.contains(&format!("data-probe=\"{p}\" data-attached=\"1\"")),
             "probe {p}"

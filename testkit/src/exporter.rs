@@ -24,10 +24,21 @@ impl Exporter {
     /// Starts `<bin> run --web.listen-address 127.0.0.1:0 <extra>` (with `NO_COLOR=1`) and waits
     /// up to 60 s until it logs the address it serves on.
     pub fn start(bin: &Path, extra: &[&str]) -> anyhow::Result<Self> {
+        Self::start_with_env(bin, extra, &[])
+    }
+
+    /// [`Exporter::start`] with `env` added to its environment (e.g. a debug build's test
+    /// knob).
+    pub fn start_with_env(
+        bin: &Path,
+        extra: &[&str],
+        env: &[(&str, &str)],
+    ) -> anyhow::Result<Self> {
         let mut child = Command::new(bin)
             .args(["run", "--web.listen-address", "127.0.0.1:0"])
             .args(extra)
             .env("NO_COLOR", "1")
+            .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())

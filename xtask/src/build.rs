@@ -12,10 +12,7 @@ pub struct Args {
 
 /// Builds the workspace's default members (all binaries and tests' dependencies).
 pub fn run(a: &Args) -> anyhow::Result<()> {
-    crate::setup::run(&crate::setup::Args {
-        no_packages: true,
-        ..Default::default()
-    })?;
+    crate::toolchain::ensure()?;
     build(a.release)
 }
 

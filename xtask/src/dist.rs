@@ -145,10 +145,7 @@ pub fn run(a: &Args) -> anyhow::Result<()> {
         a.arches.clone()
     };
     if !a.no_setup {
-        crate::setup::run(&crate::setup::Args {
-            no_packages: true,
-            ..Default::default()
-        })?;
+        crate::toolchain::ensure()?;
         setup_tools(arches.contains(&Arch::Aarch64))?;
     }
     let out = a
@@ -495,11 +492,11 @@ pub fn setup() -> anyhow::Result<()> {
 
 /// The packages, target and tools `dist` needs (`aarch64`: also its cross toolchain).
 fn setup_tools(aarch64: bool) -> anyhow::Result<()> {
-    let mut missing = crate::setup::missing_packages(PACKAGES);
+    let mut missing = crate::packages::missing_packages(PACKAGES);
     if aarch64 {
-        missing.extend(crate::setup::missing_packages(AARCH64_PACKAGES));
+        missing.extend(crate::packages::missing_packages(AARCH64_PACKAGES));
     }
-    crate::setup::apt_install(&missing, "`cargo xtask dist` needs them: run it as root")?;
+    crate::packages::apt_install(&missing, "`cargo xtask dist` needs them: run it as root")?;
     let mut targets = vec![Arch::X86_64.triple()];
     if aarch64 {
         targets.push(Arch::Aarch64.triple());

@@ -56,10 +56,7 @@ pub struct Args {
 
 /// Builds the release binary and the image.
 pub fn run(a: &Args) -> anyhow::Result<()> {
-    crate::setup::run(&crate::setup::Args {
-        no_packages: true,
-        ..Default::default()
-    })?;
+    crate::toolchain::ensure()?;
     if !Path::new("/usr/bin/podman").exists() {
         bail!("podman is not installed: run `cargo xtask setup` as root");
     }
@@ -114,8 +111,8 @@ pub fn setup() -> anyhow::Result<()> {
 }
 
 fn ensure_packages() -> anyhow::Result<()> {
-    crate::setup::apt_install(
-        &crate::setup::missing_packages(PACKAGES),
+    crate::packages::apt_install(
+        &crate::packages::missing_packages(PACKAGES),
         "run `cargo xtask setup` as root",
     )
 }

@@ -1,6 +1,7 @@
 //! Reads the plain-text output of `cargo test` (cargo's `Running …` / `Doc-tests …` lines and
 //! each binary's libtest lines) into one record per test binary: its counts, its time and the
-//! names of the tests that failed. `cargo xtask test` and the kernel matrix both summarise with it.
+//! names of the tests that failed. `cargo xtask test` summarises the doc tests with it, the
+//! kernel matrix each guest step.
 
 /// The `test result:` line of one binary.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -35,6 +36,7 @@ pub struct Binary {
 
 impl Binary {
     /// True when it reported a result with no failure.
+    #[cfg(test)]
     pub fn ok(&self) -> bool {
         self.counts.as_ref().is_some_and(|c| c.failed == 0) && self.failed.is_empty()
     }

@@ -7,13 +7,17 @@ mod apt;
 mod bench;
 mod build;
 mod dist;
+mod generate;
 mod image;
+mod junit;
 mod lab;
 mod libtest;
 mod matrix;
+mod packages;
 mod run;
 mod setup;
 mod test;
+mod toolchain;
 mod util;
 
 #[derive(Parser)]
@@ -29,6 +33,8 @@ enum Cmd {
     Setup(setup::Args),
     /// Build the whole workspace, including the BPF object.
     Build(build::Args),
+    /// Write the generated files anew (the PrometheusRule from dashboards/alerts.yaml).
+    Gen(generate::Args),
     /// Build the container image with podman (release binary, `localhost/bufscope:dev`).
     Image(image::Args),
     /// Build the release artifacts for gateways without Kubernetes: static binaries, .deb,
@@ -36,7 +42,8 @@ enum Cmd {
     Dist(dist::Args),
     /// Set up, build and run the exporter (`bufscope run`), printing the metrics URL.
     Run(run::Args),
-    /// Set up, then run unit tests and the privileged integration tests (serially).
+    /// Set up, build, then run the unit tests and the privileged integration tests (cargo
+    /// nextest: `.config/nextest.toml` says which run alone) and the kernel matrix.
     Test(test::Args),
     /// Open a shell-ready network lab (two namespaces joined by an emulated WAN link).
     Lab(lab::Args),
@@ -53,6 +60,7 @@ fn main() -> anyhow::Result<()> {
     match cli.cmd {
         Cmd::Setup(a) => setup::run(&a),
         Cmd::Build(a) => build::run(&a),
+        Cmd::Gen(a) => generate::run(&a),
         Cmd::Image(a) => image::run(&a),
         Cmd::Dist(a) => dist::run(&a),
         Cmd::Run(a) => run::run(&a),

@@ -1,14 +1,17 @@
-//! `cargo xtask test`: setup, unit tests, then the privileged integration tests, serially
-//! (they share kernel state: BPF programs, namespaces, sysctls), then the kernel matrix; one
-//! summary at the end: each test binary and guest step with its counts and seconds, the time
-//! of each stage, and every failure again with the command that reruns just it.
+//! `cargo xtask test`: setup, the build, the host stage (`cargo nextest run`: unit tests and
+//! the privileged integration tests, in parallel but for the `node-wide` group of
+//! `.config/nextest.toml`, which runs alone; then `cargo test --doc`), then the kernel
+//! matrix; one summary at the end: each test binary and guest step with its counts and
+//! seconds, the time of each stage, and every failure again with the command that reruns just
+//! it.
 //!
-//! `cargo test` writes into a pipe read here (stdout and stderr on the same pipe, so cargo's
-//! `Running …` lines and each binary's libtest lines stay in order) and every byte is echoed to
-//! this process's stdout, so `cargo xtask test > file` and `| tee` keep the whole log.
+//! The runners write into a pipe read here (stdout and stderr on the same pipe, so their lines
+//! stay in order) and every byte is echoed to this process's stdout, so `cargo xtask test >
+//! file` and `| tee` keep the whole log, each test's line with its seconds included. The
+//! counts come from nextest's JUnit report, the doc tests' from libtest's text.
 
 use std::io::{BufRead as _, BufReader, Write as _};
-use std::process::ExitStatus;
+use std::process::{Command, ExitStatus};
 use std::time::Instant;
 
 use anyhow::{Context as _, bail};
@@ -64,6 +67,9 @@ pub fn run(a: &Args) -> anyhow::Result<()> {
     stages.push(("setup".into(), t.elapsed().as_secs_f64()));
     let t = Instant::now();
     crate::build::build(false)?;
+    if needs_static(a) {
+        crate::dist::build_static(crate::dist::Arch::X86_64)?;
+    }
     stages.push(("build".into(), t.elapsed().as_secs_f64()));
 
     let t = Instant::now();
@@ -129,176 +135,276 @@ pub fn run(a: &Args) -> anyhow::Result<()> {
     }
 }
 
-/// What the host suite's `cargo test` reported.
+/// True when the selection runs a test of the release artifacts (`xtask/tests/dist.rs`,
+/// `integration/tests/static_binary.rs`, the matrix's static-binary step): the build stage then
+/// builds the static binaries of `cargo xtask dist` too (a release build for musl: the one build
+/// besides the debug one), so no test builds them under its timeout.
+fn needs_static(a: &Args) -> bool {
+    let every_target = a.tests.is_empty() && a.bins.is_empty() && !a.lib && !a.doc;
+    let package = |p: &str| a.packages.is_empty() || a.packages.iter().any(|q| q == p);
+    let test = |t: &str| every_target || a.tests.iter().any(|q| q == t);
+    (package("xtask") && test("dist"))
+        || (package("bufscope-integration") && test("static_binary"))
+        || (!a.no_matrix && crate::matrix::selects_static_binary(&a.steps))
+}
+
+/// One test binary of the host stage as the summary shows it.
+#[derive(Clone, Debug, Default, PartialEq)]
+struct Row {
+    /// The `cargo xtask test` selector that runs it alone (`-p bufscope-integration --test
+    /// guard`), else what the runner called it.
+    label: String,
+    /// True when `label` is a selector.
+    selector: bool,
+    passed: u32,
+    failed: u32,
+    ignored: u32,
+    secs: f64,
+    /// Names of the failed tests.
+    failed_tests: Vec<String>,
+    /// It ended without reporting its tests (crashed or killed).
+    no_result: bool,
+}
+
+/// What the host stage reported.
 struct HostRun {
-    /// Each binary, labelled with the `cargo test` selector that runs it alone.
-    binaries: Vec<(String, Binary)>,
-    /// The part of the stage before the first binary ran (compiling the tests).
+    /// Each binary, labelled with the selector that runs it alone.
+    binaries: Vec<Row>,
+    /// The part of the stage before the first test ran (compiling the tests).
     compile_secs: f64,
+    /// How the runners exited (the first failure).
     status: ExitStatus,
-    /// The cargo selector of each binary (`-p bufscope-integration --test guard`), by index.
-    selectors: Vec<Option<String>>,
     /// The slowest tests: seconds, binary, name.
     slowest: Vec<(f64, String, String)>,
 }
 
-/// Runs `cargo test` for the workspace (or the packages and targets `a` names), echoing its
-/// output and reading it.
+/// The host stage: `cargo nextest run` for every test but the doc tests (the groups and
+/// timeouts of `.config/nextest.toml`), then `cargo test --doc` (nextest runs no doc tests);
+/// each echoed into this process's stdout and read back — nextest through its JUnit report.
 fn host_suite(a: &Args) -> anyhow::Result<HostRun> {
-    let root = workspace_root();
-    let mut c = cargo();
-    c.env("BUFSCOPE_BIN", root.join("target/debug/bufscope"))
-        .args(["test", "--no-fail-fast"]);
+    let started = Instant::now();
+    let only_doc = a.doc && a.tests.is_empty() && a.bins.is_empty() && !a.lib;
+    let with_doc = a.doc || (a.tests.is_empty() && a.bins.is_empty() && !a.lib);
+    let mut binaries = Vec::new();
+    let mut slowest = Vec::new();
+    let mut status = ExitStatus::default();
+    let mut compile_secs = None;
+    if !only_doc {
+        let junit = workspace_root().join("target/nextest/default/junit.xml");
+        let _ = std::fs::remove_file(&junit);
+        let mut c = cargo();
+        c.args(["nextest", "run", "--no-fail-fast", "--run-ignored", "all"]);
+        selection(&mut c, a);
+        for t in &a.tests {
+            c.args(["--test", t]);
+        }
+        for b in &a.bins {
+            c.args(["--bin", b]);
+        }
+        if a.lib {
+            c.arg("--lib");
+        }
+        if !a.args.is_empty() {
+            c.arg("--").args(&a.args);
+        }
+        let (st, first) = echo(c, |l| l.trim_start().starts_with("Starting "))?;
+        status = st;
+        compile_secs = first.map(|t| t.duration_since(started).as_secs_f64());
+        match std::fs::read_to_string(&junit) {
+            Ok(xml) => {
+                let suites = crate::junit::parse(&xml)
+                    .with_context(|| format!("reading {}", junit.display()))?;
+                for s in &suites {
+                    let label = binary_selector(&s.name);
+                    for c in s.cases.iter().filter(|c| c.secs >= 1.0) {
+                        slowest.push((c.secs, label.clone(), c.name.clone()));
+                    }
+                    binaries.push(suite_row(s));
+                }
+            }
+            // No report: nextest stopped before running (a build error is above).
+            Err(e) => eprintln!("xtask test: no JUnit report at {} ({e})", junit.display()),
+        }
+    }
+    if with_doc {
+        let mut c = cargo();
+        c.env(
+            "BUFSCOPE_BIN",
+            workspace_root().join("target/debug/bufscope"),
+        )
+        .args(["test", "--doc", "--no-fail-fast"]);
+        selection(&mut c, a);
+        c.arg("--").args(&a.args);
+        let mut parser = Parser::default();
+        let (st, first) = echo(c, |l| {
+            let seen = parser.binaries.len();
+            parser.line(l);
+            seen == 0 && !parser.binaries.is_empty()
+        })?;
+        if status.success() {
+            status = st;
+        }
+        if compile_secs.is_none() {
+            compile_secs = first.map(|t| t.duration_since(started).as_secs_f64());
+        }
+        binaries.extend(doc_rows(parser.binaries));
+    }
+    slowest.sort_by(|a, b| b.0.total_cmp(&a.0));
+    slowest.truncate(SLOWEST);
+    Ok(HostRun {
+        binaries,
+        compile_secs: compile_secs.unwrap_or_else(|| started.elapsed().as_secs_f64()),
+        status,
+        slowest,
+    })
+}
+
+/// The packages `a` selects (the workspace but the BPF crate when none), and the binary
+/// under test.
+fn selection(c: &mut Command, a: &Args) {
+    c.env(
+        "BUFSCOPE_BIN",
+        workspace_root().join("target/debug/bufscope"),
+    );
     if a.packages.is_empty() {
         c.args(["--workspace", "--exclude", EXCLUDED]);
     }
     for p in &a.packages {
         c.args(["-p", p]);
     }
-    for t in &a.tests {
-        c.args(["--test", t]);
-    }
-    for b in &a.bins {
-        c.args(["--bin", b]);
-    }
-    if a.lib {
-        c.arg("--lib");
-    }
-    if a.doc {
-        c.arg("--doc");
-    }
-    c.args(["--", "--include-ignored", "--test-threads=1"]);
-    if a.no_matrix {
-        // It boots a guest: part of the matrix, not of the fast loop.
-        c.args(["--skip", MATRIX_LOG_TEST]);
-    }
-    c.args(&a.args);
+}
+
+/// Runs `c` with stdout and stderr on one pipe, echoing every byte to this process's stdout;
+/// returns its exit status and when the first line `first` accepts arrived (`first` sees
+/// every line).
+fn echo(
+    mut c: Command,
+    mut first: impl FnMut(&str) -> bool,
+) -> anyhow::Result<(ExitStatus, Option<Instant>)> {
     eprintln!("xtask: {c:?}");
-    let (reader, writer) = std::io::pipe().context("creating a pipe for cargo test")?;
+    let (reader, writer) = std::io::pipe().context("creating a pipe")?;
     c.stdout(writer.try_clone().context("cloning the pipe")?)
         .stderr(writer);
-    let started = Instant::now();
-    let mut child = c.spawn().context("starting cargo test")?;
+    let mut child = c.spawn().with_context(|| format!("starting {c:?}"))?;
     // The command holds the pipe's write end: drop it, or the pipe never ends.
     drop(c);
-    let mut parser = Parser::default();
-    let mut compile_secs = None;
     let mut r = BufReader::new(reader);
     let mut buf = Vec::new();
     let mut out = std::io::stdout();
-    let mut tests = Vec::new();
-    let mut last_line = Instant::now();
+    let mut at = None;
     loop {
         buf.clear();
         if r.read_until(b'\n', &mut buf)
-            .context("reading cargo test's output")?
+            .context("reading the tests' output")?
             == 0
         {
             break;
         }
         // A closed stdout (`| head`) must not stop the tests.
         let _ = out.write_all(&buf).and_then(|()| out.flush());
-        let seen = parser.binaries.len();
         let line = String::from_utf8_lossy(&buf);
-        parser.line(&line);
-        if seen == 0 && !parser.binaries.is_empty() {
-            compile_secs = Some(started.elapsed().as_secs_f64());
+        // Every line goes to `first` (it may parse them all); the first it accepts is timed.
+        if first(&line) && at.is_none() {
+            at = Some(Instant::now());
         }
-        // One test at a time, output captured: a test's line ends when it does, and the line
-        // before it ended when it started.
-        if let Some(name) = finished_test(&line) {
-            let label = parser
-                .binaries
-                .last()
-                .map(|b| b.label.clone())
-                .unwrap_or_default();
-            tests.push((last_line.elapsed().as_secs_f64(), label, name.to_string()));
-        }
-        last_line = Instant::now();
     }
-    tests.retain(|t| t.0 >= 1.0);
-    tests.sort_by(|a, b| b.0.total_cmp(&a.0));
-    tests.truncate(SLOWEST);
-    let status = child.wait().context("waiting for cargo test")?;
-    let compile_secs = compile_secs.unwrap_or_else(|| started.elapsed().as_secs_f64());
-    let mut targets = workspace_targets().unwrap_or_else(|e| {
-        eprintln!("xtask test: cannot name the test binaries' packages ({e:#})");
-        Vec::new()
-    });
-    // Only the packages that ran (two packages may have a `bufscope` binary in src/main.rs).
-    targets.retain(|t| {
-        if a.packages.is_empty() {
-            t.package != EXCLUDED
-        } else {
-            a.packages.contains(&t.package)
+    Ok((child.wait().context("waiting for the tests")?, at))
+}
+
+/// nextest's binary id as the `cargo test` selector that runs it alone: `pkg` is the
+/// library's unit tests, `pkg::bin/name` a binary's, `pkg::name` an integration test (`pkg::
+/// bench/name`, `pkg::example/name` likewise).
+fn binary_selector(id: &str) -> String {
+    let Some((pkg, rest)) = id.split_once("::") else {
+        return format!("-p {id} --lib");
+    };
+    match rest.split_once('/') {
+        Some((kind @ ("bin" | "bench" | "example" | "test"), name)) => {
+            format!("-p {pkg} --{kind} {name}")
         }
-    });
-    let selectors: Vec<Option<String>> = parser
-        .binaries
+        _ => format!("-p {pkg} --test {rest}"),
+    }
+}
+
+/// A suite of the JUnit report as a summary row.
+fn suite_row(s: &crate::junit::Suite) -> Row {
+    let failed_tests: Vec<String> = s
+        .cases
         .iter()
-        .map(|b| selector(&targets, b))
+        .filter(|c| c.failed)
+        .map(|c| c.name.clone())
         .collect();
-    let binaries = parser
-        .binaries
+    Row {
+        label: binary_selector(&s.name),
+        selector: true,
+        passed: (s.cases.len() - failed_tests.len()) as u32,
+        failed: failed_tests.len() as u32,
+        ignored: 0,
+        secs: s.cases.iter().map(|c| c.secs).sum(),
+        failed_tests,
+        no_result: false,
+    }
+}
+
+/// The doc-test runs `cargo test --doc` reported, as summary rows.
+fn doc_rows(binaries: Vec<Binary>) -> Vec<Row> {
+    binaries
         .into_iter()
-        .zip(&selectors)
-        .map(|(b, s)| (s.clone().unwrap_or_else(|| b.label.clone()), b))
-        .collect();
-    Ok(HostRun {
-        binaries,
-        compile_secs,
-        status,
-        selectors,
-        slowest: tests,
-    })
+        .map(|b| {
+            let c = b.counts.clone().unwrap_or_default();
+            let krate = b.target.replace('_', "-");
+            Row {
+                label: format!("-p {krate} --doc"),
+                selector: b.doc,
+                passed: c.passed,
+                failed: c.failed.max(b.failed.len() as u32),
+                ignored: c.ignored,
+                secs: c.secs,
+                no_result: b.counts.is_none(),
+                failed_tests: b.failed,
+            }
+        })
+        .collect()
 }
 
 /// The package the host suite leaves out: the BPF programs build only for the bpf target
 /// (through the exporter's build script).
 const EXCLUDED: &str = "bufscope-ebpf";
 
-/// The test of xtask's own that boots a guest kernel (`xtask/tests/matrix_log.rs`):
-/// `--no-matrix` skips it with the matrix.
-const MATRIX_LOG_TEST: &str = "matrix_output_redirected_to_a_file_keeps_every_byte";
-
 /// How many of the slowest tests (of those over a second) the summary names.
 const SLOWEST: usize = 10;
-
-/// The name in a libtest line that ends a test that ran (`test a::b ... ok`).
-fn finished_test(line: &str) -> Option<&str> {
-    let (name, result) = line.trim_end().strip_prefix("test ")?.split_once(" ... ")?;
-    (result == "ok" || result == "FAILED").then_some(name)
-}
 
 /// The failures of the host suite, each with the command that reruns just it.
 fn host_failures(a: &Args, host: &HostRun) -> Vec<(String, String)> {
     let mut failures = Vec::new();
-    for ((label, b), sel) in host.binaries.iter().zip(&host.selectors) {
-        if b.ok() {
+    for b in &host.binaries {
+        if b.failed == 0 && !b.no_result {
             continue;
         }
         let mut again = String::from("cargo xtask test --no-matrix");
-        match sel {
-            Some(s) => {
-                again.push(' ');
-                again.push_str(s);
-            }
-            None => again.push_str(&format!(" # {}", b.label)),
+        if b.selector {
+            again.push(' ');
+            again.push_str(&b.label);
+        } else {
+            again.push_str(&format!(" # {}", b.label));
         }
-        let what = if b.failed.is_empty() {
-            format!("{label}: ended without a test result (crashed or killed)")
+        let what = if b.failed_tests.is_empty() {
+            format!(
+                "{}: ended without a test result (crashed or killed)",
+                b.label
+            )
         } else {
             again.push_str(" -- --exact");
-            for t in &b.failed {
+            for t in &b.failed_tests {
                 again.push(' ');
                 again.push_str(&shell_word(t));
             }
-            format!("{label}: {}", b.failed.join(", "))
+            format!("{}: {}", b.label, b.failed_tests.join(", "))
         };
         failures.push((what, again));
     }
     if failures.is_empty() && !host.status.success() {
-        // Nothing ran, or cargo failed outside any binary (a build error is above).
+        // Nothing ran, or the runner failed outside any test (a build error is above).
         let mut again = String::from("cargo xtask test --no-matrix");
         for p in &a.packages {
             again.push_str(&format!(" -p {}", shell_word(p)));
@@ -306,84 +412,16 @@ fn host_failures(a: &Args, host: &HostRun) -> Vec<(String, String)> {
         for t in &a.tests {
             again.push_str(&format!(" --test {}", shell_word(t)));
         }
-        failures.push((format!("cargo test exited with {}", host.status), again));
+        failures.push((format!("the host stage exited with {}", host.status), again));
     }
     failures
-}
-
-/// A test target of the workspace, from `cargo metadata`.
-#[derive(Clone)]
-struct Target {
-    package: String,
-    name: String,
-    kind: String,
-    src_path: String,
-}
-
-fn workspace_targets() -> anyhow::Result<Vec<Target>> {
-    let out = cargo()
-        .args(["metadata", "--no-deps", "--format-version", "1"])
-        .output()
-        .context("cargo metadata")?;
-    if !out.status.success() {
-        bail!(
-            "cargo metadata failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).context("cargo metadata")?;
-    let mut targets = Vec::new();
-    for p in v["packages"].as_array().into_iter().flatten() {
-        let package = p["name"].as_str().unwrap_or_default();
-        for t in p["targets"].as_array().into_iter().flatten() {
-            targets.push(Target {
-                package: package.to_string(),
-                name: t["name"].as_str().unwrap_or_default().to_string(),
-                kind: t["kind"][0].as_str().unwrap_or_default().to_string(),
-                src_path: t["src_path"].as_str().unwrap_or_default().to_string(),
-            });
-        }
-    }
-    Ok(targets)
-}
-
-/// The `cargo test` arguments that select `b` alone (`-p bufscope-integration --test guard`).
-fn selector(targets: &[Target], b: &Binary) -> Option<String> {
-    let named = |t: &&Target| t.name.replace('-', "_") == b.target.replace('-', "_");
-    if b.doc {
-        let t = targets
-            .iter()
-            .filter(named)
-            .find(|t| t.kind.contains("lib"))?;
-        return Some(format!("-p {} --doc", t.package));
-    }
-    let path = b.label.strip_prefix("unittests ").unwrap_or(&b.label);
-    let candidates: Vec<&Target> = targets.iter().filter(named).collect();
-    let at_path: Vec<&&Target> = candidates
-        .iter()
-        .filter(|t| t.src_path.ends_with(path))
-        .collect();
-    let t = match (&at_path[..], &candidates[..]) {
-        ([t], _) => **t,
-        ([], [t]) => t,
-        // Ambiguous or unknown: better no selector than a wrong one.
-        _ => return None,
-    };
-    let which = match t.kind.as_str() {
-        "test" => format!("--test {}", t.name),
-        "bin" => format!("--bin {}", t.name),
-        "bench" => format!("--bench {}", t.name),
-        "example" => format!("--example {}", t.name),
-        _ => "--lib".to_string(),
-    };
-    Some(format!("-p {} {which}", t.package))
 }
 
 /// The closing summary: stage times, one row per test binary and guest step, the totals, and
 /// every failure with the command that reruns it.
 fn summary(
     stages: &[(String, f64)],
-    binaries: &[(String, Binary)],
+    binaries: &[Row],
     steps: &[crate::matrix::StepResult],
     failures: &[(String, String)],
 ) -> String {
@@ -401,25 +439,20 @@ fn summary(
         (p, f, i, secs) = (p + pa, f + fa, i + ig, secs + sec);
     };
     let mut empty = 0;
-    for (label, b) in binaries {
-        match &b.counts {
-            Some(c) if c.passed + c.failed + c.ignored == 0 && b.failed.is_empty() => empty += 1,
-            Some(c) => row(
-                &mut s,
-                c.passed,
-                c.failed.max(b.failed.len() as u32),
-                c.ignored,
-                c.secs,
-                label,
-            ),
-            None => row(
+    for b in binaries {
+        if b.no_result {
+            row(
                 &mut s,
                 0,
-                b.failed.len().max(1) as u32,
+                b.failed.max(1),
                 0,
                 0.0,
-                &format!("{label} (no test result: crashed or killed)"),
-            ),
+                &format!("{} (no test result: crashed or killed)", b.label),
+            );
+        } else if b.passed + b.failed + b.ignored == 0 {
+            empty += 1;
+        } else {
+            row(&mut s, b.passed, b.failed, b.ignored, b.secs, &b.label);
         }
     }
     for st in steps {
@@ -456,102 +489,109 @@ fn summary(
 mod tests {
     use super::*;
 
-    fn target(package: &str, name: &str, kind: &str, src: &str) -> Target {
-        Target {
-            package: package.into(),
-            name: name.into(),
-            kind: kind.into(),
-            src_path: format!("/w/{src}"),
+    fn args(line: &[&str]) -> Args {
+        #[derive(clap::Parser)]
+        struct Cli {
+            #[command(flatten)]
+            a: Args,
         }
+        let mut argv = vec!["test"];
+        argv.extend(line);
+        <Cli as clap::Parser>::try_parse_from(argv)
+            .map(|c| c.a)
+            .unwrap_or_else(|e| panic!("{line:?}: {e}"))
     }
 
-    fn binaries(text: &str) -> Vec<Binary> {
-        let mut p = Parser::default();
-        for l in text.lines() {
-            p.line(l);
+    #[test]
+    fn the_static_binaries_are_built_only_for_the_tests_that_run_them() {
+        for (line, want) in [
+            (&[][..], true),
+            (&["--no-matrix"][..], true),
+            (&["--no-matrix", "-p", "xtask"][..], true),
+            (
+                &["--no-matrix", "-p", "xtask", "--test", "matrix_log"][..],
+                false,
+            ),
+            (
+                &[
+                    "--no-matrix",
+                    "-p",
+                    "bufscope-integration",
+                    "--test",
+                    "guard",
+                ][..],
+                false,
+            ),
+            (
+                &[
+                    "--no-matrix",
+                    "-p",
+                    "bufscope-integration",
+                    "--test",
+                    "static_binary",
+                ][..],
+                true,
+            ),
+            (&["--no-matrix", "--test", "dist"][..], true),
+            (&["--no-matrix", "-p", "bufscope", "--lib"][..], false),
+            (&["--no-matrix", "--doc"][..], false),
+            (&["--doc", "--step", "wscale"][..], false),
+            (&["--doc", "--step", "static binary"][..], true),
+            (&["--doc"][..], true),
+        ] {
+            assert_eq!(needs_static(&args(line)), want, "{line:?}");
         }
-        p.binaries
     }
 
     #[test]
     fn each_binary_is_named_by_the_selector_that_reruns_it() {
-        let targets = [
-            target(
-                "bufscope-common",
-                "bufscope_common",
-                "lib",
-                "common/src/lib.rs",
-            ),
-            target("bufscope", "bufscope", "lib", "exporter/src/lib.rs"),
-            target("bufscope", "bufscope", "bin", "exporter/src/main.rs"),
-            target(
-                "bufscope-integration",
-                "guard",
-                "test",
-                "integration/tests/guard.rs",
-            ),
-            target(
-                "bufscope-integration",
-                "bufscope-workload",
-                "bin",
-                "integration/src/bin/bufscope-workload.rs",
-            ),
-        ];
-        let b = binaries(
-            "     Running unittests src/lib.rs (target/debug/deps/bufscope_common-0f3a)\n\
-             \x20    Running unittests src/lib.rs (target/debug/deps/bufscope-1b2c)\n\
-             \x20    Running unittests src/main.rs (target/debug/deps/bufscope-3d4e)\n\
-             \x20    Running tests/guard.rs (target/debug/deps/guard-5f6a)\n\
-             \x20    Running unittests src/bin/bufscope-workload.rs (target/debug/deps/bufscope_workload-7b8c)\n\
-             \x20  Doc-tests bufscope_common\n",
-        );
-        let sel: Vec<Option<String>> = b.iter().map(|b| selector(&targets, b)).collect();
+        let sel: Vec<String> = [
+            "bufscope-common",
+            "bufscope::bin/bufscope",
+            "bufscope-integration::guard",
+            "bufscope-integration::bin/bufscope-workload",
+            "bufscope-tunnel::bench/throughput",
+        ]
+        .iter()
+        .map(|id| binary_selector(id))
+        .collect();
         assert_eq!(
             sel,
             [
-                Some("-p bufscope-common --lib".to_string()),
-                Some("-p bufscope --lib".to_string()),
-                Some("-p bufscope --bin bufscope".to_string()),
-                Some("-p bufscope-integration --test guard".to_string()),
-                Some("-p bufscope-integration --bin bufscope-workload".to_string()),
-                Some("-p bufscope-common --doc".to_string()),
+                "-p bufscope-common --lib",
+                "-p bufscope --bin bufscope",
+                "-p bufscope-integration --test guard",
+                "-p bufscope-integration --bin bufscope-workload",
+                "-p bufscope-tunnel --bench throughput",
             ]
         );
-        // Another package's `bufscope` binary at the same relative path: no guess.
-        let mut both = targets.to_vec();
-        both.push(target(
-            "bufscope-ebpf",
-            "bufscope",
-            "bin",
-            "ebpf/src/main.rs",
-        ));
-        assert_eq!(selector(&both, &b[2]), None);
+        let mut p = Parser::default();
+        for l in [
+            "   Doc-tests bufscope_policy",
+            "test result: ok. 2 passed; 0 failed; 0 ignored; 0 measured; 0 filtered out; finished in 0.20s",
+        ] {
+            p.line(l);
+        }
+        let rows = doc_rows(p.binaries);
+        assert_eq!(
+            (rows[0].label.as_str(), rows[0].passed, rows[0].selector),
+            ("-p bufscope-policy --doc", 2, true)
+        );
     }
 
     #[test]
     fn the_summary_totals_and_lists_each_failure_with_its_rerun() {
-        let targets = [target(
-            "bufscope-integration",
-            "guard",
-            "test",
-            "integration/tests/guard.rs",
-        )];
-        let b = binaries(
-            "     Running tests/guard.rs (target/debug/deps/guard-5f6a)\n\
-             test a::keeps_limit ... FAILED\n\
-             failures:\n    a::keeps_limit\n\n\
-             test result: FAILED. 2 passed; 1 failed; 3 ignored; 0 measured; 0 filtered out; finished in 4.50s\n",
-        );
-        let sel = b.iter().map(|b| selector(&targets, b)).collect::<Vec<_>>();
+        let suites = crate::junit::parse(
+            r#"<testsuites><testsuite name="bufscope-integration::guard">
+            <testcase name="a::keeps_limit" time="4.0"><failure type="x"/></testcase>
+            <testcase name="b" time="0.25"/><testcase name="c" time="0.25"/>
+            </testsuite></testsuites>"#,
+        )
+        .unwrap_or_default();
         let host = HostRun {
-            binaries: b
-                .into_iter()
-                .zip(&sel)
-                .map(|(b, s)| (s.clone().unwrap_or_default(), b))
-                .collect(),
+            binaries: suites.iter().map(suite_row).collect(),
             compile_secs: 1.0,
             status: std::os::unix::process::ExitStatusExt::from_raw(256),
-            selectors: sel,
             slowest: vec![],
         };
         let a = Args {
@@ -584,7 +624,7 @@ mod tests {
         }];
         let s = summary(&[("total".into(), 40.0)], &host.binaries, &steps, &failures);
         assert!(
-            s.contains("      2       1        3      4.5  -p bufscope-integration --test guard\n"),
+            s.contains("      2       1        0      4.5  -p bufscope-integration --test guard\n"),
             "{s}"
         );
         assert!(
@@ -593,7 +633,7 @@ mod tests {
         );
         assert!(
             s.contains(
-                "      3       1        3     34.5  total (1 test binaries, 0 of them without tests and not shown; 1 guest steps)\n"
+                "      3       1        0     34.5  total (1 test binaries, 0 of them without tests and not shown; 1 guest steps)\n"
             ),
             "{s}"
         );

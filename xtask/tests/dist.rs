@@ -74,7 +74,10 @@ fn require_root() {
     );
 }
 
-/// The two builds: revision 1 and revision 2 (the upgrade), once per test binary.
+/// The two builds: revision 1 and revision 2 (the upgrade), once per test binary, and under
+/// `cargo nextest` (a process per test) once per run: the first test builds them, holding
+/// `target/dist-test/.lock`, and leaves the run's id (`NEXTEST_RUN_ID`) in a stamp; the others
+/// of the same run wait on the lock and use them (or fail at once when that build failed).
 struct Dist {
     a: PathBuf,
     b: PathBuf,
@@ -87,6 +90,25 @@ fn dist() -> &'static Dist {
         let base = repo().join("target/dist-test");
         let a = base.join("rev1");
         let b = base.join("rev2");
+        std::fs::create_dir_all(&base).unwrap();
+        let lock = std::fs::File::create(base.join(".lock")).unwrap();
+        lock.lock().unwrap();
+        let run_id = std::env::var("NEXTEST_RUN_ID").ok();
+        let stamp = base.join(".built-by-run");
+        if let Some(id) = &run_id {
+            match std::fs::read_to_string(&stamp) {
+                Ok(s) if s == format!("{id} ok") => return Dist { a, b },
+                Ok(s) if s == format!("{id} failed") => {
+                    panic!("cargo xtask dist failed in this run (the first dist test's output says why)")
+                }
+                _ => {}
+            }
+        }
+        let _ = std::fs::remove_file(&stamp);
+        if let Some(id) = &run_id {
+            // Replaced by "ok" below; left as "failed" when a build panics.
+            std::fs::write(&stamp, format!("{id} failed")).unwrap();
+        }
         for (out, rev, extra) in [(&a, "1", None), (&b, "2", Some("--no-setup"))] {
             let t = Instant::now();
             let mut c = Command::new(env!("CARGO_BIN_EXE_xtask"));
@@ -98,6 +120,9 @@ fn dist() -> &'static Dist {
                 "cargo xtask dist --revision {rev}: {:.0} s",
                 t.elapsed().as_secs_f64()
             );
+        }
+        if let Some(id) = &run_id {
+            std::fs::write(&stamp, format!("{id} ok")).unwrap();
         }
         Dist { a, b }
     })

@@ -5,15 +5,9 @@ use bufscope_common::{maps, stat};
 
 use super::table::{PerCpuSlots, PerCpuTable};
 
-/// Names of the loss slots, as the `cause` label of `bufscope_bpf_events_lost_total` says them.
-const LOST: [(u32, &str); 6] = [
-    (stat::DROPS_MAP_FULL, "drops_map_full"),
-    (stat::AUTOTUNE_MAP_FULL, "autotune_map_full"),
-    (stat::RINGBUF_FULL, "ringbuf_full"),
-    (stat::OWNERS_FULL, "owners_map_full"),
-    (stat::FD_WALK_FAILED, "fd_walk_failed"),
-    (stat::PENDING_FULL, "pending_map_full"),
-];
+/// The loss slots and the `cause` label of `bufscope_bpf_events_lost_total` each has (declared
+/// with the slots themselves).
+const LOST: &[(u32, &str)] = stat::LOSSES;
 
 /// The `STATS` map.
 pub struct Stats {

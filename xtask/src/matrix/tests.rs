@@ -1,5 +1,6 @@
 //! Step and kernel selection of the matrix.
 
+use super::steps::STEPS;
 use super::*;
 
 #[test]

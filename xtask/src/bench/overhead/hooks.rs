@@ -3,7 +3,7 @@
 
 use anyhow::{Context as _, bail};
 
-use super::probes::Load;
+use super::loads::Load;
 
 /// One compared hook: a bufscope program and the bpftrace one-liner counting the same events
 /// by the same key.

@@ -41,6 +41,7 @@ mod exporter;
 mod guard;
 mod harness;
 mod hooks;
+mod loads;
 mod probes;
 mod syscalls;
 
@@ -53,7 +54,7 @@ use super::loadavg;
 use crate::util::is_root;
 use datapath::Variant;
 use harness::Bins;
-use probes::Load;
+use loads::Load;
 
 /// The sections, in the order they run.
 const SECTIONS: [&str; 5] = ["probes", "datapath", "syscalls", "exporter", "guard"];
