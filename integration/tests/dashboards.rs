@@ -562,10 +562,11 @@ fn now() -> f64 {
         .as_secs_f64()
 }
 
-/// A cgroup2 directory named like a docker container's scope, so processes moved into it get a
-/// real `container` label; removed on drop (after its processes exited).
+/// A cgroup2 directory laid out as the kubelet lays out a pod's container (pod labels come only
+/// from the kubelet's own hierarchy), so processes moved into it get a real `container` label
+/// and their pod's; the directories it made are removed on drop (after its processes exited).
 struct FakeContainer {
-    parent: PathBuf,
+    made: Vec<PathBuf>,
     scope: PathBuf,
     id: String,
     /// The kubelet's /var/log for it: `containers/<pod>_<namespace>_<name>-<id>.log` and
@@ -588,12 +589,23 @@ impl FakeContainer {
         let seed = format!("{:08x}{:024x}", std::process::id(), now().to_bits());
         let id = format!("{seed:0<64}").replace('0', "b")[..64].to_string();
         assert!(id.bytes().all(|b| b.is_ascii_hexdigit()));
-        let parent = root.join(format!("bsd-dash-{}", std::process::id()));
-        let scope = parent.join(format!("docker-{id}.scope"));
-        std::fs::create_dir_all(&scope).unwrap();
+        let uid = "1b9e4c2a-7d3f-4e8a-9b6c-5a2d8f0e1c47";
+        let chain = format!(
+            "kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod{}.slice/cri-containerd-{id}.scope",
+            uid.replace('-', "_")
+        );
+        let mut made = Vec::new();
+        let mut scope = root.clone();
+        for c in chain.split('/') {
+            scope.push(c);
+            if !scope.exists() {
+                std::fs::create_dir(&scope).unwrap();
+                made.push(scope.clone());
+            }
+        }
         let log_dir = std::env::temp_dir().join(format!("bsd-dash-kubelet-{}", std::process::id()));
         let (pod, ns, name) = K8S;
-        let pod_dir = format!("pods/{ns}_{pod}_1b9e4c2a-7d3f-4e8a-9b6c-5a2d8f0e1c47/{name}");
+        let pod_dir = format!("pods/{ns}_{pod}_{uid}/{name}");
         std::fs::create_dir_all(log_dir.join(&pod_dir)).unwrap();
         std::fs::create_dir_all(log_dir.join("containers")).unwrap();
         let _ = std::os::unix::fs::symlink(
@@ -601,7 +613,7 @@ impl FakeContainer {
             log_dir.join(format!("containers/{pod}_{ns}_{name}-{id}.log")),
         );
         Self {
-            parent,
+            made,
             scope,
             id,
             log_dir,
@@ -626,8 +638,10 @@ impl Drop for FakeContainer {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.log_dir);
         for _ in 0..50 {
-            let _ = std::fs::remove_dir(&self.scope);
-            if std::fs::remove_dir(&self.parent).is_ok() {
+            for d in self.made.iter().rev() {
+                let _ = std::fs::remove_dir(d);
+            }
+            if self.made.iter().all(|d| !d.exists()) {
                 return;
             }
             std::thread::sleep(Duration::from_millis(100));
