@@ -711,6 +711,11 @@ pub mod maps {
         name: "OWNERS",
         default_entries: 65536,
     };
+    /// Socket inode → its transport, for UDP sockets at creation (`owners` room; LRU hash).
+    pub const UDP_SOCKETS: MapSpec = MapSpec {
+        name: "UDP_SOCKETS",
+        default_entries: 16384,
+    };
     /// The event ring buffer (bytes; `--bpf.events-ring-bytes`).
     pub const EVENTS: MapSpec = MapSpec {
         name: "EVENTS",
@@ -782,6 +787,7 @@ pub mod maps {
         DROPS,
         AUTOTUNE,
         OWNERS,
+        UDP_SOCKETS,
         EVENTS,
         STATS,
         TOTALS,

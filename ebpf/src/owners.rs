@@ -15,11 +15,11 @@ use aya_ebpf::{
     maps::LruHashMap,
     programs::{SockContext, TracePointContext},
 };
-use bufscope_common::{Owner, maps, stat};
+use bufscope_common::{IPPROTO_UDP, IPPROTO_UDPLITE, Owner, maps, stat, transport};
 
 use crate::events::stat_inc;
 use crate::kmem::{kread, tp_field};
-use crate::sock::{addr_of, sk_inode};
+use crate::sock::{addr_of, sk_inode, sk_transport};
 use crate::task::{cgroup_owner, current_owner, fd_file};
 
 /// Socket inode → the process that owns it (recorded in process context). The size is a
@@ -28,6 +28,24 @@ use crate::task::{cgroup_owner, current_owner, fd_file};
 pub(crate) static OWNERS: LruHashMap<u64, Owner> =
     LruHashMap::with_max_entries(maps::OWNERS.default_entries, 0);
 
+/// Socket inode → its transport (`IPPROTO_UDP` or `IPPROTO_UDPLITE`) for the UDP sockets
+/// created while the probe runs: userspace learns from it which new sockets can have UDP
+/// buffer drops without looking at them through `/proc/<pid>/fd`. An LRU: userspace reads the
+/// inodes `OWNERS` gained within a second of their creation.
+#[map]
+pub(crate) static UDP_SOCKETS: LruHashMap<u64, u8> =
+    LruHashMap::with_max_entries(maps::UDP_SOCKETS.default_entries, 0);
+
+/// Records `inode` in [`UDP_SOCKETS`] when `transport` (as [`transport`] says it) is UDP's.
+#[inline(always)]
+fn record_udp(inode: u64, transport: u8) {
+    if (transport == IPPROTO_UDP || transport == IPPROTO_UDPLITE)
+        && UDP_SOCKETS.insert(&inode, &transport, 0).is_err()
+    {
+        stat_inc(stat::OWNERS_FULL);
+    }
+}
+
 /// Records `current` as the owner of the socket behind `file` (tracing programs).
 #[inline(always)]
 fn record_owner_of_file(file: u64) {
@@ -35,6 +53,15 @@ fn record_owner_of_file(file: u64) {
     let ino: u64 = kread(inode, cfg!(inode_ino));
     if ino != 0 {
         record_owner(ino, &current_owner());
+        let sock: u64 = kread(file, cfg!(file_private_data));
+        let sk: u64 = if sock == 0 {
+            0
+        } else {
+            kread(sock, cfg!(socket_sk))
+        };
+        if sk != 0 {
+            record_udp(ino, sk_transport(sk));
+        }
     }
 }
 
@@ -90,6 +117,13 @@ pub fn cgroup_sock_create(ctx: SockContext) -> i32 {
     let inode = sk_inode(sk);
     if inode != 0 {
         record_owner(inode, &cgroup_owner());
+        // The hook's context is the new socket: family, type and protocol as the caller asked.
+        let (family, sk_type, protocol) =
+            unsafe { ((*ctx.sock).family, (*ctx.sock).type_, (*ctx.sock).protocol) };
+        record_udp(
+            inode,
+            transport(family as u16, sk_type as u16, protocol as u16),
+        );
     }
     1
 }

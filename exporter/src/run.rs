@@ -10,7 +10,7 @@ use tokio::io::unix::AsyncFd;
 
 use bufscope_common::maps;
 
-use crate::attribution::{Attributor, OwnersMap, Procfs};
+use crate::attribution::{Attributor, OwnersMap, Procfs, UdpSocketsMap};
 use crate::bpf::ring::Ring;
 use crate::bpf::{self, LoadPlan, Probes, Purpose, Stats};
 use crate::cli::RunArgs;
@@ -92,9 +92,9 @@ pub async fn run(args: RunArgs, addrs: Vec<std::net::SocketAddr>) -> anyhow::Res
         heartbeat,
         stale_after: (args.poll_interval.max(EVENTS_DRAIN_EVERY) * http::STALE_INTERVALS)
             .max(http::STALE_AT_LEAST),
-        in_flight: Arc::new(tokio::sync::Semaphore::new(http::MAX_IN_FLIGHT)),
-        queued: Arc::default(),
+        slots: http::clients::Slots::new(),
     };
+    let health_only = http::health_only_router(app.clone());
     let router = http::router(app, &args.telemetry_path, auth);
     let local = listener
         .local_addr()
@@ -113,9 +113,11 @@ pub async fn run(args: RunArgs, addrs: Vec<std::net::SocketAddr>) -> anyhow::Res
     match tls {
         Some(cfg) => {
             let l = TlsListener::new(listener, cfg, permits.clone()).context("TLS listener")?;
-            http::serve::serve(l, router, permits, shutdown_signal()).await;
+            http::serve::serve(l, router, health_only, permits, shutdown_signal()).await;
         }
-        None => http::serve::serve(listener, router, permits, shutdown_signal()).await,
+        None => {
+            http::serve::serve(listener, router, health_only, permits, shutdown_signal()).await;
+        }
     }
     events_task.abort();
     poll_task.abort();
@@ -182,7 +184,7 @@ fn load(
         },
         ..collector::Config::new(
             Store::new(args.max_processes, args.retention).with_series_budget(args.max_series),
-            attributor(args, built.services.owners),
+            attributor(args, built.services.owners, built.services.udp_sockets),
         )
     }
     .build();
@@ -190,13 +192,19 @@ fn load(
 }
 
 /// The attribution service: `/proc` (`--path.procfs`), `OWNERS` when a program fills it,
-/// pod labels from `--kubernetes.log-dir` (default /var/log; "" for none).
-fn attributor(args: &RunArgs, owners: Option<OwnersMap>) -> Attributor {
+/// `UDP_SOCKETS` when the owners probe runs, pod labels from `--kubernetes.log-dir` (default
+/// /var/log; "" for none).
+fn attributor(
+    args: &RunArgs,
+    owners: Option<OwnersMap>,
+    udp_sockets: Option<UdpSocketsMap>,
+) -> Attributor {
     let log_dir = args
         .kubernetes_log_dir
         .clone()
         .unwrap_or_else(|| std::path::PathBuf::from("/var/log"));
     Attributor::new(Procfs::new(&args.procfs), owners)
+        .with_udp_sockets(udp_sockets)
         .with_pods(Some(log_dir).filter(|d| !d.as_os_str().is_empty()))
 }
 

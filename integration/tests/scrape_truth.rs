@@ -166,11 +166,53 @@ fn a_single_scrape_right_after_a_burst_equals_the_kernel_in_both_formats() {
 #[test]
 #[ignore = "needs root: run via cargo xtask test"]
 fn a_udp_socket_has_its_drop_series_at_zero_before_its_first_drop() {
+    zero_series_before_the_first_drop(&bufscope_integration::bufscope_bin(), &[], &["udp-recv"]);
+}
+
+/// The same where the owners probe runs on its syscall tracepoints (no `cgroup/sock_create`):
+/// the new socket's protocol comes from its `struct sock` at `socket()`'s exit.
+#[test]
+#[ignore = "needs root: run via cargo xtask test"]
+fn a_udp_socket_has_its_drop_series_at_zero_with_the_owners_tracepoints() {
+    let dir = std::env::temp_dir().join(format!("bufscope-zero-tp-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let script = dir.join("bufscope-refusing");
+    std::fs::write(
+        &script,
+        format!(
+            "#!/bin/sh\nBUFSCOPE_REFUSE_HOOKS=cgroup/sock_create exec '{}' \"$@\"\n",
+            bufscope_integration::bufscope_bin().display()
+        ),
+    )
+    .unwrap();
+    use std::os::unix::fs::PermissionsExt as _;
+    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+    zero_series_before_the_first_drop(&script, &[], &["udp-recv"]);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The same with the owners probe off: the sockets are known from their `setsockopt` (the
+/// setsockopt probe records the caller), and that they are UDP from their namespace's
+/// `/proc/<pid>/net/udp`.
+#[test]
+#[ignore = "needs root: run via cargo xtask test"]
+fn a_udp_socket_has_its_drop_series_at_zero_with_the_owners_probe_off() {
+    zero_series_before_the_first_drop(
+        &bufscope_integration::bufscope_bin(),
+        &["--probe.disable", "owners"],
+        &["udp-recv", "--rcvbuf", "65536"],
+    );
+}
+
+/// A UDP receiver older than bufscope (found in /proc at start) and a newer one (recorded when
+/// created) get their drop series at 0 before any drop, equal to the kernel's drops column,
+/// and a TCP-only process none; after a burst each series equals the drops column.
+fn zero_series_before_the_first_drop(bin: &std::path::Path, extra: &[&str], recv: &[&str]) {
     // Older than bufscope (found in /proc at start), and newer (OWNERS, at socket creation);
-    // neither calls setsockopt.
-    let old = Workload::start(&["udp-recv"]);
-    let e = Exporter::start(&[]);
-    let new = Workload::start(&["udp-recv"]);
+    // neither calls setsockopt unless `recv` says so.
+    let old = Workload::start(recv);
+    let e = Exporter::start_bin(bin, extra);
+    let new = Workload::start(recv);
     let tcp_only = Workload::start(&["tcp-listen"]);
     let pids = [old.pid().to_string(), new.pid().to_string()];
     let m = eventually(Duration::from_secs(15), "both drop series at 0", || {

@@ -20,6 +20,10 @@ pub struct UpArgs {
     /// Random loss in percent, per direction.
     #[arg(long, default_value_t = 0.0)]
     pub loss_pct: f64,
+    /// Mean length of a loss burst in packets (1: independent losses; e.g. 8: the same loss
+    /// rate in bursts of 8 packets on average).
+    #[arg(long, default_value_t = 1.0)]
+    pub loss_burst: f64,
     /// Bottleneck buffer in KiB (default: one bandwidth-delay product, at least 128 KiB).
     #[arg(long)]
     pub queue_kib: Option<u64>,
@@ -54,7 +58,8 @@ impl UpArgs {
         let mut link = LinkParams::unlimited()
             .delay(Duration::from_secs_f64(self.rtt_ms / 2000.0))
             .jitter(Duration::from_secs_f64(self.jitter_ms / 1000.0))
-            .loss(self.loss_pct / 100.0);
+            .loss(self.loss_pct / 100.0)
+            .loss_burst(self.loss_burst);
         if self.rate_mbit > 0.0 {
             link = link.rate_bps(Some((self.rate_mbit * 1e6) as u64));
         }

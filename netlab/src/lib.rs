@@ -41,7 +41,7 @@ pub use cleanup::{CleanupReport, cleanup, leftovers, owner_pid};
 pub use error::Error;
 pub use lab::{Lab, LabConfig, LinkKind};
 pub use netns::{Netns, Process, VethPair, unique_name};
-pub use shutdown::TerminationSignals;
+pub use shutdown::{TerminationSignals, unblock_in_child};
 pub use wan::{DirectionStats, LinkParams, WanStats};
 
 /// Name prefix of everything bufscope's own lab, tests and benchmarks create.

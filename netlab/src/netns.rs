@@ -171,10 +171,12 @@ impl Netns {
 
     /// A command that runs `program` inside the namespace (`ip netns exec <name> program`).
     /// Add arguments, environment and stdio as with any [`Command`]. `ip netns exec` execs
-    /// the program in place, so the child's pid is the program's pid.
+    /// the program in place, so the child's pid is the program's pid. The program starts with
+    /// the termination signals unblocked, also under [`crate::TerminationSignals`].
     pub fn command(&self, program: impl AsRef<OsStr>) -> Command {
         let mut c = Command::new("ip");
         c.args(["netns", "exec"]).arg(&self.name).arg(program);
+        crate::shutdown::unblock_in_child(&mut c);
         c
     }
 

@@ -32,6 +32,23 @@ impl TerminationSignals {
         }
     }
 
+    /// Runs `f` with each signal that arrives, on a thread of its own (started now, with the
+    /// signals blocked as everywhere else), until `f` returns `false`.
+    pub fn watch(self, f: impl FnMut(i32) -> bool + Send + 'static) -> Result<(), Error> {
+        let mut f = f;
+        std::thread::Builder::new()
+            .name("signals".into())
+            .spawn(move || {
+                while let Ok(sig) = self.wait() {
+                    if !f(sig) {
+                        return;
+                    }
+                }
+            })
+            .map(drop)
+            .map_err(|e| Error::io("starting the signal thread", e))
+    }
+
     /// Waits until one of the signals arrives and returns its number.
     pub fn wait(&self) -> Result<i32, Error> {
         let mut sig: libc::c_int = 0;
@@ -41,5 +58,25 @@ impl TerminationSignals {
             return Err(Error::io("sigwait", std::io::Error::from_raw_os_error(rc)));
         }
         Ok(sig)
+    }
+}
+
+/// Makes a child start with SIGINT, SIGTERM and SIGHUP unblocked, whatever the parent has
+/// blocked ([`TerminationSignals`]): a signal mask survives `exec`, and a child that inherited
+/// it would ignore the SIGTERM meant to stop it.
+pub fn unblock_in_child(cmd: &mut std::process::Command) {
+    use std::os::unix::process::CommandExt as _;
+    // SAFETY: the closure runs between fork and exec and only calls async-signal-safe
+    // functions (sigemptyset, sigaddset, pthread_sigmask) on a local set.
+    unsafe {
+        cmd.pre_exec(|| {
+            let mut set: libc::sigset_t = std::mem::zeroed();
+            libc::sigemptyset(&mut set);
+            for s in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
+                libc::sigaddset(&mut set, s);
+            }
+            libc::pthread_sigmask(libc::SIG_UNBLOCK, &set, std::ptr::null_mut());
+            Ok(())
+        });
     }
 }

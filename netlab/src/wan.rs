@@ -2,7 +2,8 @@
 //! device to the other with delay, jitter, random loss and a token-bucket rate limit.
 //!
 //! Link model (LAB-FACTS §2): a packet arriving at `now` is dropped at random with probability
-//! `loss`; otherwise it departs (finishes serialisation) at
+//! `loss` (independently per packet, or in bursts of `loss_burst` packets on average: a
+//! two-state Gilbert model with the same long-run loss rate); otherwise it departs (finishes serialisation) at
 //! `depart = max(now, busy_until) + len·8/rate` and is delivered at `deliver = depart + delay
 //! (+ jitter)`. `busy_until` may lag `now` by up to `burst` bytes' worth of time, which makes
 //! the limiter a token bucket of depth `burst`. A packet whose wait for serialisation would
@@ -29,8 +30,13 @@ pub struct LinkParams {
     /// Jitter: each packet's delay varies uniformly within `delay ± jitter` (without
     /// reordering).
     pub jitter: Duration,
-    /// Random loss probability, 0.0 to 1.0.
+    /// Random loss probability, 0.0 to 1.0 (the long-run fraction of packets lost).
     pub loss: f64,
+    /// Mean length of a loss burst in packets: 1.0 loses packets independently; above 1.0 a
+    /// two-state (Gilbert) model loses every packet while in its "bad" state, which it enters
+    /// with probability `loss / (burst · (1 − loss))` per packet and leaves with probability
+    /// `1 / burst`, so that the long-run loss rate is still `loss`.
+    pub loss_burst: f64,
     /// Bottleneck buffer in bytes (packets that would wait longer than this many bytes' worth
     /// of serialisation are dropped); `None` picks one bandwidth-delay product of the
     /// round trip (2 × delay), at least 128 KiB.
@@ -48,6 +54,7 @@ impl Default for LinkParams {
             delay: Duration::ZERO,
             jitter: Duration::ZERO,
             loss: 0.0,
+            loss_burst: 1.0,
             queue_bytes: None,
             burst_bytes: 0,
             seed: 0x5eed_b5f1,
@@ -98,6 +105,12 @@ impl LinkParams {
         self
     }
 
+    /// Sets the mean loss burst length in packets (1.0: independent losses).
+    pub fn loss_burst(mut self, packets: f64) -> LinkParams {
+        self.loss_burst = packets;
+        self
+    }
+
     /// Sets the bottleneck buffer in bytes.
     pub fn queue_bytes(mut self, bytes: u64) -> LinkParams {
         self.queue_bytes = Some(bytes);
@@ -134,6 +147,17 @@ impl LinkParams {
                 self.loss
             )));
         }
+        if !self.loss_burst.is_finite() || self.loss_burst < 1.0 {
+            return Err(Error::Config(format!(
+                "loss burst {} is not a mean length of at least 1 packet",
+                self.loss_burst
+            )));
+        }
+        if self.loss_burst > 1.0 && self.loss >= 1.0 {
+            return Err(Error::Config(
+                "bursty loss needs a loss rate below 100%".into(),
+            ));
+        }
         if self.rate_bps == Some(0) {
             return Err(Error::Config("rate 0 would never deliver anything".into()));
         }
@@ -156,6 +180,9 @@ impl std::fmt::Display for LinkParams {
         }
         if self.loss > 0.0 {
             write!(f, ", loss {}%", self.loss * 100.0)?;
+            if self.loss_burst > 1.0 {
+                write!(f, " in bursts of {} packets", self.loss_burst)?;
+            }
         }
         if let Some(q) = self.effective_queue_bytes() {
             write!(f, ", queue {} KiB", q / 1024)?;
@@ -314,6 +341,13 @@ fn set_realtime() {
     unsafe { libc::pthread_setschedparam(libc::pthread_self(), libc::SCHED_FIFO, &param) };
 }
 
+/// The two-state (Gilbert) loss model's state: every packet is lost in the losing state.
+struct Burst {
+    enter: u64,
+    leave: u64,
+    losing: bool,
+}
+
 /// A packet waiting in the delay line.
 struct Pkt {
     deliver: Instant,
@@ -332,6 +366,9 @@ struct Direction {
     delay: Duration,
     jitter_ns: u64,
     loss_threshold: u64,
+    /// Bursty loss: thresholds of entering and leaving the losing state (`None`: independent
+    /// losses with `loss_threshold`).
+    burst: Option<Burst>,
     queue_ns: u64,
     burst_ns: u64,
     buf_len: usize,
@@ -351,17 +388,26 @@ impl Direction {
                 .unwrap_or(u64::MAX),
             None => 0,
         };
-        // loss as a threshold on a uniform u64: drop when rng < threshold.
-        let loss_threshold = if p.loss >= 1.0 {
-            u64::MAX
-        } else {
-            (p.loss * u64::MAX as f64) as u64
+        // Probabilities as thresholds on a uniform u64: true when rng < threshold.
+        let threshold = |prob: f64| {
+            if prob >= 1.0 {
+                u64::MAX
+            } else {
+                (prob.max(0.0) * u64::MAX as f64) as u64
+            }
         };
+        let loss_threshold = threshold(p.loss);
+        let burst = (p.loss > 0.0 && p.loss_burst > 1.0).then(|| Burst {
+            enter: threshold(p.loss / (p.loss_burst * (1.0 - p.loss))),
+            leave: threshold(1.0 / p.loss_burst),
+            losing: false,
+        });
         Direction {
             rate_bps: p.rate_bps,
             delay: p.delay,
             jitter_ns: u64::try_from(p.jitter.as_nanos()).unwrap_or(u64::MAX),
             loss_threshold,
+            burst,
             queue_ns: ns_for(p.effective_queue_bytes().unwrap_or(0)),
             burst_ns: ns_for(p.burst_bytes),
             buf_len,
@@ -383,6 +429,22 @@ impl Direction {
         x ^= x >> 27;
         self.rng = x;
         x.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+
+    /// Whether the next packet is lost (independently, or by the burst model's state).
+    fn lose(&mut self) -> bool {
+        if self.loss_threshold == 0 {
+            return false;
+        }
+        let r = self.next_random();
+        match &mut self.burst {
+            None => r < self.loss_threshold,
+            Some(b) => {
+                // The state changes before the packet: a burst of mean length 1/leave.
+                b.losing = if b.losing { r >= b.leave } else { r < b.enter };
+                b.losing
+            }
+        }
     }
 
     fn run(&mut self, input: RawFd, output: RawFd, stop: RawFd) {
@@ -451,7 +513,7 @@ impl Direction {
     /// Applies loss, rate and delay to one packet that arrived at `now`.
     fn enqueue(&mut self, buf: Vec<u8>, len: usize, now: Instant) {
         self.ctr.packets_in.fetch_add(1, Ordering::Relaxed);
-        if self.loss_threshold > 0 && self.next_random() < self.loss_threshold {
+        if self.lose() {
             self.ctr.dropped_loss.fetch_add(1, Ordering::Relaxed);
             self.pool.push(buf);
             return;
@@ -582,6 +644,46 @@ mod tests {
         }
         let lost = d.ctr.dropped_loss.load(Ordering::Relaxed) as f64 / 100_000.0;
         assert!((lost - 0.2).abs() < 0.01, "lost {lost}");
+    }
+
+    #[test]
+    fn bursty_loss_keeps_the_rate_and_the_mean_burst_length() {
+        for (loss, burst) in [(0.01, 4.0), (0.05, 8.0), (0.10, 3.0)] {
+            let mut d = dir(&LinkParams::unlimited().loss(loss).loss_burst(burst));
+            let t0 = Instant::now();
+            let n = 400_000;
+            let mut bursts = 0u64;
+            let mut prev_lost = false;
+            for _ in 0..n {
+                let before = d.ctr.dropped_loss.load(Ordering::Relaxed);
+                d.enqueue(vec![0; 100], 100, t0);
+                let lost = d.ctr.dropped_loss.load(Ordering::Relaxed) > before;
+                if lost && !prev_lost {
+                    bursts += 1;
+                }
+                prev_lost = lost;
+                d.line.clear();
+            }
+            let lost = d.ctr.dropped_loss.load(Ordering::Relaxed);
+            let rate = lost as f64 / n as f64;
+            let mean = lost as f64 / bursts as f64;
+            assert!((rate - loss).abs() < loss * 0.15, "loss {rate} for {loss}");
+            assert!(
+                (mean - burst).abs() < burst * 0.15,
+                "burst {mean} for {burst}"
+            );
+        }
+        // Independent losses come in runs of 1 / (1 - loss) on average.
+        let mut d = dir(&LinkParams::unlimited().loss(0.05));
+        assert!(d.burst.is_none());
+        assert!(
+            LinkParams::unlimited()
+                .loss(0.05)
+                .loss_burst(0.5)
+                .validate()
+                .is_err()
+        );
+        d.enqueue(vec![0; 100], 100, Instant::now());
     }
 
     #[test]

@@ -179,7 +179,9 @@ fn termination_set() -> libc::sigset_t {
 pub fn wait_signal(timeout: Duration) -> Option<i32> {
     let set = termination_set();
     let ts = libc::timespec {
-        tv_sec: libc::time_t::try_from(timeout.as_secs()).unwrap_or(libc::time_t::MAX),
+        // Clamped to i32 (68 years) and widened: `libc::time_t` is deprecated on musl, whose
+        // time_t changed width; `into()` fits whichever width this target's timespec has.
+        tv_sec: i32::try_from(timeout.as_secs()).unwrap_or(i32::MAX).into(),
         tv_nsec: libc::c_long::from(i32::try_from(timeout.subsec_nanos()).unwrap_or(0)),
     };
     // SAFETY: valid set and timespec; siginfo not requested.

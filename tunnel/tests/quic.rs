@@ -153,9 +153,11 @@ fn datagram_mode_handshake_ping_iperf3_and_outer_socket() {
 /// The receive windows in effect, read back from quinn twice: from the `TransportConfig` it
 /// was given (logged at start) and from its own statistics after a transfer (MAX_STREAM_DATA /
 /// MAX_DATA frames it sent per byte read; quinn sends one per window/8 read, so bytes × 8 /
-/// frames is at least the window in effect). `recommended` must show the policy's windows,
-/// `os-default` quinn's (1.25 MB stream window, no connection limit). The second run also
-/// checks that `--congestion bbr` is the controller the connection runs.
+/// frames is at least the window in effect). Stream mode spreads its window over 32 streams:
+/// `recommended` must show the policy's windows (twice its 16 MiB stream window over the
+/// streams, 1 MiB each, and 64 MiB for the connection), `os-default` quinn's (its 1.25 MB
+/// stream window over the streams, no connection limit). The second run also checks that `--congestion bbr` is the controller
+/// the connection runs.
 #[test]
 #[ignore = "needs root: run via cargo xtask test"]
 fn stream_mode_windows_in_effect_and_congestion_controller() {
@@ -191,6 +193,8 @@ fn stream_mode_windows_in_effect_and_congestion_controller() {
             .find(|l| l.contains("QUIC stats at shutdown"))
             .unwrap_or_else(|| panic!("no shutdown stats: {log}"));
         let stream_window = number_after(stats, "stream window in effect ≈ ").unwrap();
+        assert!(stats.contains("over 32 streams"), "{stats}");
+        assert!(log.contains("× 32 streams"), "{log}");
         let max_data_frames = number_after(stats, "MAX_DATA sent ").unwrap();
         println!("{buffer_policy}: configured (stream, connection, send) {configured:?}; {stats}");
         match buffer_policy {
@@ -198,21 +202,21 @@ fn stream_mode_windows_in_effect_and_congestion_controller() {
                 assert_eq!(
                     configured,
                     (
-                        policy.stream_receive,
+                        policy.stream_receive / 16,
                         policy.connection_receive,
                         policy.send
                     )
                 );
-                assert!(stream_window >= policy.stream_receive, "{stats}");
+                assert!(stream_window >= policy.stream_receive / 16, "{stats}");
                 let conn_window = number_after(stats, "connection window in effect ≈ ")
                     .unwrap_or_else(|| panic!("no MAX_DATA with a 64 MiB window: {stats}"));
                 assert!(conn_window >= policy.connection_receive, "{stats}");
             }
             _ => {
-                assert_eq!(configured, defaults);
-                assert!(stream_window >= defaults.0, "{stats}");
+                assert_eq!(configured, (defaults.0 / 32, defaults.1, defaults.2));
+                assert!(stream_window >= defaults.0 / 32, "{stats}");
                 assert!(
-                    stream_window < policy.stream_receive,
+                    stream_window < policy.stream_receive / 16,
                     "quinn's 1.25 MB window should be in effect: {stats}"
                 );
                 // quinn's default connection window is unlimited: no MAX_DATA at all.

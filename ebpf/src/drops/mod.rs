@@ -148,26 +148,38 @@ pub(crate) fn socket_key(sk: u64, reason: u32) -> DropKey {
     }
 }
 
-/// Adds one dropped skb (`val`: its segments, and the socket's state now) to `DROPS`.
+/// Adds one dropped skb (`val`: its segments, and the socket's or device's state now) to
+/// `DROPS`.
+///
+/// The map is per CPU: an entry created on one CPU starts zeroed on every other, and each CPU
+/// updates only its own slot, so every field userspace reads from "the latest CPU" (the buffer
+/// sizes, a device's name) is written on every update, not only at creation. A device's name
+/// left empty on the CPUs that did not create its entry made userspace look the TUN up by an
+/// empty name whenever such a CPU counted last, and hold (then lose to `_unknown`) its drops.
 #[inline(always)]
 fn count_drop(key: &DropKey, val: &DropVal) {
     if let Some(p) = DROPS.get_ptr_mut(key) {
-        let v = unsafe { &mut *p };
-        v.packets += val.packets;
-        v.skbs += 1;
-        v.rcvbuf = val.rcvbuf;
-        v.rmem_alloc = val.rmem_alloc;
-        v.last_ns = val.last_ns;
+        add(unsafe { &mut *p }, key, val);
         return;
     }
     if DROPS.insert(key, val, BPF_NOEXIST as u64).is_err() {
+        // Created by another CPU meanwhile: this CPU's slot is zeroed, add to it.
         match DROPS.get_ptr_mut(key) {
-            Some(p) => {
-                let v = unsafe { &mut *p };
-                v.packets += val.packets;
-                v.skbs += 1;
-            }
+            Some(p) => add(unsafe { &mut *p }, key, val),
             None => stat_inc(stat::DROPS_MAP_FULL),
         }
+    }
+}
+
+/// Adds `val` to this CPU's slot `v` of `key`'s entry.
+#[inline(always)]
+fn add(v: &mut DropVal, key: &DropKey, val: &DropVal) {
+    v.packets += val.packets;
+    v.skbs += 1;
+    v.rcvbuf = val.rcvbuf;
+    v.rmem_alloc = val.rmem_alloc;
+    v.last_ns = val.last_ns;
+    if key.site == drop_site::DEVICE {
+        v.ifname = val.ifname;
     }
 }

@@ -18,8 +18,11 @@
 //! [`Attributor::refresh_holders`], in `holders`.
 //!
 //! The same records say, before anything drops, which processes hold UDP sockets
-//! ([`Attributor::new_udp_holders`]): `OWNERS` gets each socket at creation, and one pass over
-//! `/proc` at the first call finds those created before bufscope started.
+//! ([`Attributor::new_udp_holders`]): `OWNERS` gets each socket at creation and `UDP_SOCKETS`
+//! each UDP one (the kernel's family, type and protocol, seen by the socket-creation hook), and
+//! one pass over `/proc` at the first call finds those created before bufscope started. A
+//! socket's protocol is never learned through its `/proc/<pid>/fd` link (which leads into
+//! whatever that fd holds at that instant: another tenant's FUSE file can block the caller).
 
 pub mod container;
 mod holders;
@@ -45,18 +48,13 @@ const CACHE_TTL: Duration = Duration::from_secs(10);
 /// [`Attributor::new_udp_holders`] reads `OWNERS` at most this often (the periodic poll
 /// runs it; the extra polls of scrapes in between skip it).
 const UDP_SCAN_EVERY: Duration = Duration::from_millis(900);
-/// A process whose new sockets were looked at (its `/proc/<pid>/fd`) is looked at again no
-/// sooner than this: a process that opens TCP connections all the time costs one pass over
-/// its fds per this period, not per poll.
+/// Without `UDP_SOCKETS` (the owners probe is off), a process whose new sockets were looked
+/// for in its namespace's `/proc/<pid>/net/udp*` is looked at again no sooner than this: a
+/// process that opens TCP connections all the time costs one read per this period, not per
+/// poll.
 const UDP_RECHECK: Duration = Duration::from_secs(10);
 /// New sockets still waiting for their process's next look are forgotten after this.
 const UDP_PENDING_TTL: Duration = Duration::from_secs(30);
-
-/// Whether a kernel protocol name (`system.sockprotoname`: `UDP`, `UDPv6`, `UDP-Lite`,
-/// `UDPLITEv6`, `TCP`, …) is UDP's.
-fn is_udp(name: &str) -> bool {
-    name.to_ascii_uppercase().starts_with("UDP")
-}
 
 /// A `comm` as the probes record it: up to the first NUL.
 fn comm_bytes(raw: &[u8]) -> &[u8] {
@@ -71,6 +69,8 @@ type TunHolders = HashMap<(u32, String), u32>;
 pub struct Attributor {
     procfs: Procfs,
     owners: Option<OwnersMap>,
+    /// `UDP_SOCKETS`: the inodes of UDP sockets, recorded at creation by the owners probe.
+    udp_sockets: Option<UdpSocketsMap>,
     inode_owner: HashMap<u64, ProcRef>,
     meta: HashMap<ProcRef, ProcMeta>,
     negative: HashMap<u64, Instant>,
@@ -97,6 +97,10 @@ pub struct Attributor {
 /// `OWNERS`: socket inode → the process that created or accepted it (the owners room's map).
 pub type OwnersMap = Box<dyn Table<u64, Owner>>;
 
+/// `UDP_SOCKETS`: socket inode → its transport, for UDP sockets at creation (the owners
+/// room's map).
+pub type UdpSocketsMap = Box<dyn Table<u64, u8>>;
+
 /// State of [`Attributor::new_udp_holders`].
 #[derive(Default)]
 struct UdpWatch {
@@ -119,6 +123,7 @@ impl Attributor {
         Self {
             procfs,
             owners,
+            udp_sockets: None,
             inode_owner: HashMap::new(),
             meta: HashMap::new(),
             negative: HashMap::new(),
@@ -145,6 +150,13 @@ impl Attributor {
     /// Processes whose kubelet-like cgroup was refused pod labels, by reason.
     pub fn pod_labels_refused(&self) -> Vec<(&'static str, u64)> {
         self.pods.refused()
+    }
+
+    /// Learns which new sockets are UDP from `UDP_SOCKETS` (filled by the owners probe's
+    /// socket-creation hook) instead of the namespaces' `/proc/<pid>/net/udp*`.
+    pub fn with_udp_sockets(mut self, map: Option<UdpSocketsMap>) -> Self {
+        self.udp_sockets = map;
+        self
     }
 
     /// The `/proc` reader.
@@ -312,11 +324,12 @@ impl Attributor {
 
     /// Processes newly known to hold a UDP socket (each reported once), so that their drop
     /// series can exist at 0 before their first drop. Sources: the sockets `OWNERS` gained
-    /// since the last call (recorded at creation), whose protocol the kernel names through
-    /// the owner's fd (`system.sockprotoname`; a process is looked at again no sooner than
-    /// [`UDP_RECHECK`]); at the first call also every process `/proc` shows holding a UDP
+    /// since the last call (recorded at creation), UDP when `UDP_SOCKETS` has them (the
+    /// kernel's family, type and protocol at creation; without the owners probe, when their
+    /// namespace's `/proc/<pid>/net/udp*` lists them, a process looked at again no sooner
+    /// than [`UDP_RECHECK`]); at the first call also every process `/proc` shows holding a UDP
     /// socket (sockets older than bufscope). Runs at most every [`UDP_SCAN_EVERY`]; costs a
-    /// read of `OWNERS` and, for processes with new sockets, a pass over their fds.
+    /// read of `OWNERS` and a lookup per new socket.
     pub fn new_udp_holders(&mut self) -> Vec<ProcRef> {
         let now = Instant::now();
         if self
@@ -345,7 +358,7 @@ impl Attributor {
         if self.udp.pending.is_empty() {
             return self.report(out);
         }
-        // The new sockets by process: one pass over each process's fds.
+        // The new sockets by process.
         let mut by_proc: HashMap<ProcRef, (Owner, Vec<(u64, Instant)>)> = HashMap::new();
         for (ino, (o, since)) in self.udp.pending.drain() {
             let r = ProcRef {
@@ -364,6 +377,7 @@ impl Attributor {
         self.udp
             .checked
             .retain(|_, t| now.duration_since(*t) < UDP_RECHECK);
+        let mut udp_of_netns: HashMap<u32, Option<HashSet<u64>>> = HashMap::new();
         for (r, (o, socks)) in by_proc {
             if self.udp.checked.contains_key(&r) {
                 // Looked at recently: wait for the next look (bounded by UDP_PENDING_TTL).
@@ -378,12 +392,38 @@ impl Attributor {
             if self.procfs.start_ticks(o.tgid) != Some(r.start_ticks) {
                 continue;
             }
-            self.udp.checked.insert(r, now);
-            let wanted: HashSet<u64> = socks.iter().map(|(ino, _)| *ino).collect();
-            let protos = self.procfs.socket_protocols(o.tgid, &wanted);
-            if let Some((ino, _)) = protos.iter().find(|(_, name)| is_udp(name)) {
+            let udp = match &self.udp_sockets {
+                Some(map) => socks
+                    .iter()
+                    .map(|(ino, _)| *ino)
+                    .find(|ino| map.get(ino).is_some()),
+                None => {
+                    // Listed once bound or connected: a socket not listed yet is looked for
+                    // again at the process's next look.
+                    self.udp.checked.insert(r, now);
+                    let procfs = &self.procfs;
+                    let found = procfs.netns(o.tgid).and_then(|ns| {
+                        udp_of_netns
+                            .entry(ns)
+                            .or_insert_with(|| procfs.udp_inodes(o.tgid))
+                            .as_ref()
+                            .and_then(|set| {
+                                socks.iter().map(|(ino, _)| *ino).find(|i| set.contains(i))
+                            })
+                    });
+                    if found.is_none() {
+                        for (ino, since) in socks {
+                            if now.duration_since(since) < UDP_PENDING_TTL {
+                                self.udp.pending.insert(ino, (o, since));
+                            }
+                        }
+                    }
+                    found
+                }
+            };
+            if let Some(ino) = udp {
                 let p = self.owner(&o);
-                self.inode_owner.insert(*ino, p);
+                self.inode_owner.insert(ino, p);
                 out.push(p);
             }
         }

@@ -215,35 +215,6 @@ impl Procfs {
         read_any.then_some(out)
     }
 
-    /// The kernel's protocol name (`UDP`, `UDPv6`, `TCP`, …: the `system.sockprotoname`
-    /// attribute of a socket) of each of the `wanted` socket inodes that `pid` holds (one pass
-    /// over `/proc/<pid>/fd`, stopping once all are found).
-    pub fn socket_protocols(&self, pid: u32, wanted: &HashSet<u64>) -> HashMap<u64, String> {
-        let mut out = HashMap::new();
-        let Ok(dir) = std::fs::read_dir(self.pid_path(pid, "fd")) else {
-            return out;
-        };
-        for e in dir.filter_map(Result::ok) {
-            let path = e.path();
-            let Some(ino) = std::fs::read_link(&path)
-                .ok()
-                .and_then(|l| parse_bracketed::<u64>(l.to_str()?, "socket:["))
-            else {
-                continue;
-            };
-            if !wanted.contains(&ino) {
-                continue;
-            }
-            if let Some(name) = sockprotoname(&path) {
-                out.insert(ino, name);
-            }
-            if out.len() == wanted.len() {
-                break;
-            }
-        }
-        out
-    }
-
     /// TUN/TAP devices by (netns, interface name) → the process holding the device's fd
     /// (from `/proc/<pid>/fdinfo/<fd>`'s `iff:` line).
     pub fn tun_holders(&self) -> HashMap<(u32, String), u32> {
@@ -274,27 +245,6 @@ impl Procfs {
         }
         out
     }
-}
-
-/// The `system.sockprotoname` extended attribute of the socket behind `fd_path` (a
-/// `/proc/<pid>/fd/<n>` link, followed to the socket): the kernel's protocol name.
-fn sockprotoname(fd_path: &Path) -> Option<String> {
-    use std::os::unix::ffi::OsStrExt as _;
-    let path = std::ffi::CString::new(fd_path.as_os_str().as_bytes()).ok()?;
-    let mut buf = [0u8; 32];
-    // SAFETY: NUL-terminated path and attribute name; the buffer and its length are valid.
-    let n = unsafe {
-        libc::getxattr(
-            path.as_ptr(),
-            c"system.sockprotoname".as_ptr(),
-            buf.as_mut_ptr().cast(),
-            buf.len(),
-        )
-    };
-    let n = usize::try_from(n).ok()?;
-    let name = buf.get(..n)?;
-    let end = name.iter().position(|b| *b == 0).unwrap_or(name.len());
-    Some(String::from_utf8_lossy(&name[..end]).into_owned())
 }
 
 /// Field 22 (start time) of a `/proc/<pid>/stat` record, read as bytes: the comm in
@@ -390,32 +340,6 @@ mod tests {
             assert!(udp.contains(&ino(s6.as_raw_fd())), "the bound UDPv6 socket");
         }
         assert!(!udp.contains(&ino(tcp.as_raw_fd())), "not the TCP listener");
-    }
-
-    #[test]
-    fn names_the_protocol_of_own_sockets_even_unbound() {
-        let udp = socket2_free_udp();
-        let tcp = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let ino = |fd: i32| -> u64 {
-            let link = std::fs::read_link(format!("/proc/self/fd/{fd}")).unwrap();
-            parse_bracketed(link.to_str().unwrap(), "socket:[").unwrap()
-        };
-        let (u, t) = (ino(udp), ino(tcp.as_raw_fd()));
-        let got =
-            Procfs::default().socket_protocols(std::process::id(), &HashSet::from_iter([u, t, 1]));
-        assert_eq!(got.get(&u).map(String::as_str), Some("UDP"), "{got:?}");
-        assert_eq!(got.get(&t).map(String::as_str), Some("TCP"), "{got:?}");
-        assert_eq!(got.len(), 2, "an inode it does not hold is not found");
-        // SAFETY: our own fd, closed once.
-        unsafe { libc::close(udp) };
-    }
-
-    /// A UDP socket that is neither bound nor connected (not in /proc/net/udp yet).
-    fn socket2_free_udp() -> i32 {
-        // SAFETY: plain socket(2).
-        let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM, 0) };
-        assert!(fd >= 0);
-        fd
     }
 
     #[test]

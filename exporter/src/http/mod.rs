@@ -11,19 +11,19 @@
 //! | `/` | the status page |
 
 pub mod auth;
+pub mod clients;
 pub mod serve;
 pub mod status;
 pub mod tls;
 pub mod web_config;
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use tokio::sync::Semaphore;
-
 use axum::Router;
-use axum::extract::State;
+use axum::extract::{ConnectInfo, FromRequestParts, State};
+use axum::http::request::Parts;
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{Html, IntoResponse, Response};
 use axum::routing::get;
@@ -45,37 +45,28 @@ pub struct App {
     pub heartbeat: Arc<Heartbeat>,
     /// `/healthz` fails when the last poll or drain is older than this.
     pub stale_after: Duration,
-    /// Requests that need the collector (metrics, findings, status) at once: at most
-    /// [`MAX_IN_FLIGHT`] hold a blocking thread and wait for its lock.
-    pub in_flight: Arc<Semaphore>,
-    /// Requests queued (cheaply, without a thread) for a place in flight: beyond
-    /// [`MAX_QUEUED`] they are refused at once (503).
-    pub queued: Arc<AtomicUsize>,
+    /// Requests that need the collector (metrics, findings, status): at most
+    /// [`MAX_IN_FLIGHT`] hold a blocking thread and wait for its lock, [`MAX_QUEUED`] more
+    /// wait without one, shared fairly between clients ([`clients::Slots`]).
+    pub slots: Arc<clients::Slots>,
 }
 
-/// Most requests using the collector or waiting for its lock, each on a blocking thread.
-pub const MAX_IN_FLIGHT: usize = 16;
-/// Most requests queued for a place in flight (Prometheus servers, dashboards and
-/// `bufscope top`s together); more are refused at once with 503 and `Retry-After`.
-pub const MAX_QUEUED: usize = 256;
+pub use clients::{CLIENT_QUEUED, MAX_IN_FLIGHT, MAX_QUEUED};
 
-/// A place in the queue for a place in flight, given back when dropped (also when the request
-/// is dropped while it waits).
-struct Queued(Arc<AtomicUsize>);
+/// The source address of a request, as [`serve::serve`] records it (unspecified when the
+/// router is served some other way: then every request is one client).
+pub struct Peer(pub IpAddr);
 
-impl Queued {
-    fn take(n: &Arc<AtomicUsize>) -> Option<Self> {
-        if n.fetch_add(1, Ordering::AcqRel) >= MAX_QUEUED {
-            n.fetch_sub(1, Ordering::AcqRel);
-            return None;
-        }
-        Some(Self(n.clone()))
-    }
-}
+impl<S: Send + Sync> FromRequestParts<S> for Peer {
+    type Rejection = std::convert::Infallible;
 
-impl Drop for Queued {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::AcqRel);
+    async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, Self::Rejection> {
+        Ok(Self(
+            parts
+                .extensions
+                .get::<ConnectInfo<SocketAddr>>()
+                .map_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED), |c| c.0.ip()),
+        ))
     }
 }
 
@@ -107,6 +98,22 @@ pub fn router(app: App, telemetry_path: &str, auth: auth::Auth) -> Router {
         .layer(axum::middleware::from_fn_with_state(auth, auth::middleware))
 }
 
+/// What a connection over its client's share is served ([`clients::Admitted::HealthOnly`]):
+/// `/healthz` as usual (kubelet's probe is answered whoever holds the connections), anything
+/// else 503.
+pub fn health_only_router(app: App) -> Router {
+    Router::new()
+        .route(HEALTHZ, get(healthz))
+        .fallback(|| async {
+            (
+                StatusCode::SERVICE_UNAVAILABLE,
+                [(header::RETRY_AFTER, "1"), (header::CONNECTION, "close")],
+                "too many connections from this client: retry\n",
+            )
+        })
+        .with_state(app)
+}
+
 fn unavailable() -> Response {
     (StatusCode::INTERNAL_SERVER_ERROR, "collector unavailable\n").into_response()
 }
@@ -115,13 +122,16 @@ fn busy() -> Response {
     (
         StatusCode::SERVICE_UNAVAILABLE,
         [(header::RETRY_AFTER, "1")],
-        format!("too many requests in flight ({MAX_IN_FLIGHT}, and {MAX_QUEUED} queued): retry\n"),
+        format!(
+            "too many requests in flight ({MAX_IN_FLIGHT}, and {MAX_QUEUED} queued, at most \
+             {CLIENT_QUEUED} of one client): retry\n"
+        ),
     )
         .into_response()
 }
 
 /// `/metrics`, in the format the client's `Accept` header prefers ([`Format::negotiate`]).
-async fn metrics_handler(State(app): State<App>, headers: HeaderMap) -> Response {
+async fn metrics_handler(State(app): State<App>, peer: Peer, headers: HeaderMap) -> Response {
     let accept = headers
         .get_all(header::ACCEPT)
         .iter()
@@ -129,7 +139,7 @@ async fn metrics_handler(State(app): State<App>, headers: HeaderMap) -> Response
         .collect::<Vec<_>>()
         .join(",");
     let format = Format::negotiate((!accept.is_empty()).then_some(accept.as_str()));
-    match with_fresh(&app, move |c| c.render_shared(format)).await {
+    match with_fresh(&app, peer, move |c| c.render_shared(format)).await {
         Ok(body) => (
             [
                 (header::CONTENT_TYPE, format.content_type()),
@@ -168,27 +178,19 @@ async fn index() -> Html<&'static str> {
 /// Runs `f` on the collector in a blocking thread after a poll that started after this request
 /// arrived: a scrape always reflects everything that happened before it. Concurrent requests
 /// share one poll (they queue on the lock and find it already done) and, for `/metrics`, one
-/// body. At most [`MAX_IN_FLIGHT`] run at once, [`MAX_QUEUED`] more wait for their turn; more
-/// are refused at once (the error response).
+/// body. At most [`MAX_IN_FLIGHT`] run at once, [`MAX_QUEUED`] more wait for their turn, at
+/// most [`CLIENT_QUEUED`] of them from one client, and a freed place goes to the waiting
+/// client with the fewest in flight ([`clients::Slots`]); more are refused at once (the error
+/// response).
 async fn with_fresh<T: Send + 'static>(
     app: &App,
+    peer: Peer,
     f: impl FnOnce(&mut Collector) -> T + Send + 'static,
 ) -> Result<T, Response> {
-    let permit = match app.in_flight.clone().try_acquire_owned() {
-        Ok(p) => p,
-        Err(_) => {
-            let Some(queued) = Queued::take(&app.queued) else {
-                return Err(busy());
-            };
-            let p = app
-                .in_flight
-                .clone()
-                .acquire_owned()
-                .await
-                .map_err(|_| unavailable())?;
-            drop(queued);
-            p
-        }
+    let permit = match app.slots.acquire(peer.0) {
+        clients::Acquired::Now(slot) => slot,
+        clients::Acquired::Wait(rx) => rx.await.map_err(|_| busy())?,
+        clients::Acquired::Busy => return Err(busy()),
     };
     let collector = app.collector.clone();
     let arrived = Instant::now();
@@ -206,16 +208,16 @@ async fn with_fresh<T: Send + 'static>(
     .map_err(|_| unavailable())
 }
 
-async fn findings_handler(State(app): State<App>) -> Response {
-    match with_fresh(&app, |c| c.report()).await {
+async fn findings_handler(State(app): State<App>, peer: Peer) -> Response {
+    match with_fresh(&app, peer, |c| c.report()).await {
         Ok(r) => axum::Json(r).into_response(),
         Err(r) => r,
     }
 }
 
-async fn status_handler(State(app): State<App>) -> Response {
+async fn status_handler(State(app): State<App>, peer: Peer) -> Response {
     let probes = app.probes.clone();
-    match with_fresh(&app, move |c| status::document(c, &probes)).await {
+    match with_fresh(&app, peer, move |c| status::document(c, &probes)).await {
         Ok(v) => axum::Json(v).into_response(),
         Err(r) => r,
     }

@@ -1,61 +1,96 @@
-//! The HTTP(S) server loop: hyper with a header-read timeout, a cap on open connections and a
-//! bounded graceful drain, so slow or hostile clients (slowloris) cannot exhaust file
-//! descriptors or stall scrapes, and shutdown never waits on them for long.
+//! The HTTP(S) server loop: hyper with a header-read timeout, caps on open connections with a
+//! share per client ([`super::clients`]) and a bounded graceful drain, so slow or hostile
+//! clients (slowloris) cannot exhaust file descriptors or stall scrapes, and shutdown never
+//! waits on them for long.
 
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
+use axum::extract::ConnectInfo;
 use axum::serve::Listener;
+use hyper::body::Incoming;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+
+pub use super::clients::MAX_CONNECTIONS;
+use super::clients::{Admitted, Connections};
 
 /// A client must send a complete request head within this long (also bounds idle keep-alive).
 pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
-/// Most connections open at once; beyond that new ones are closed at once.
-pub const MAX_CONNECTIONS: usize = 2048;
+/// How long a health-only connection ([`Admitted::HealthOnly`]) may take to send its request.
+pub const HEALTH_ONLY_TIMEOUT: Duration = Duration::from_secs(2);
 /// How long shutdown waits for in-flight requests.
 pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// A connection's place under [`MAX_CONNECTIONS`]. The TLS listener takes it before the
-/// handshake (a handshake costs more than a plain connection and must count), a plain
-/// connection when accepted.
+/// A connection's place under the connection caps ([`Connections`]). The TLS listener takes
+/// it before the handshake (a handshake costs more than a plain connection and must count), a
+/// plain connection when accepted.
 pub trait Admission {
-    /// The permit the listener already took for this connection, if any.
-    fn take_permit(&mut self) -> Option<OwnedSemaphorePermit>;
+    /// The place the listener already took for this connection, if any.
+    fn take_admission(&mut self) -> Option<Admitted>;
 }
 
 impl Admission for tokio::net::TcpStream {
-    fn take_permit(&mut self) -> Option<OwnedSemaphorePermit> {
+    fn take_admission(&mut self) -> Option<Admitted> {
         None
     }
 }
 
-/// The cap on open connections, shared by [`serve`] and a listener that admits connections
-/// itself (TLS).
-pub fn connection_permits() -> Arc<Semaphore> {
-    Arc::new(Semaphore::new(MAX_CONNECTIONS))
+/// The connection caps, shared by [`serve`] and a listener that admits connections itself
+/// (TLS).
+pub fn connection_permits() -> Arc<Connections> {
+    Connections::new()
 }
 
-/// Serves `router` on `listener` until `shutdown` resolves; at most [`MAX_CONNECTIONS`]
-/// connections (`permits`) are open at once.
+/// `router` with the peer's address in every request's extensions (`ConnectInfo`), for the
+/// per-client shares.
+#[derive(Clone)]
+struct WithPeer {
+    inner: TowerToHyperService<Router>,
+    peer: SocketAddr,
+}
+
+impl hyper::service::Service<hyper::Request<Incoming>> for WithPeer {
+    type Response = <TowerToHyperService<Router> as hyper::service::Service<
+        hyper::Request<Incoming>,
+    >>::Response;
+    type Error =
+        <TowerToHyperService<Router> as hyper::service::Service<hyper::Request<Incoming>>>::Error;
+    type Future =
+        <TowerToHyperService<Router> as hyper::service::Service<hyper::Request<Incoming>>>::Future;
+
+    fn call(&self, mut req: hyper::Request<Incoming>) -> Self::Future {
+        req.extensions_mut().insert(ConnectInfo(self.peer));
+        self.inner.call(req)
+    }
+}
+
+/// Serves `router` on `listener` until `shutdown` resolves, with the per-client connection
+/// shares of `conns`; a connection over its client's share is served `health_only` (for
+/// [`HEALTH_ONLY_TIMEOUT`], one request).
 pub async fn serve<L>(
     mut listener: L,
     router: Router,
-    permits: Arc<Semaphore>,
+    health_only: Router,
+    conns: Arc<Connections>,
     shutdown: impl Future<Output = ()>,
 ) where
-    L: Listener,
+    L: Listener<Addr = SocketAddr>,
     L::Io: Admission,
-    L::Addr: std::fmt::Debug,
 {
     let graceful = GracefulShutdown::new();
     let mut http = hyper::server::conn::http1::Builder::new();
     http.timer(TokioTimer::new())
         .header_read_timeout(HEADER_READ_TIMEOUT)
         .keep_alive(true);
+    let mut short = hyper::server::conn::http1::Builder::new();
+    short
+        .timer(TokioTimer::new())
+        .header_read_timeout(HEALTH_ONLY_TIMEOUT)
+        .keep_alive(false);
     tokio::pin!(shutdown);
     let mut refused: u64 = 0;
     loop {
@@ -63,23 +98,28 @@ pub async fn serve<L>(
             conn = listener.accept() => conn,
             () = &mut shutdown => break,
         };
-        let Some(permit) = io
-            .take_permit()
-            .or_else(|| permits.clone().try_acquire_owned().ok())
-        else {
+        let Some(admitted) = io.take_admission().or_else(|| conns.admit(addr.ip())) else {
             refused += 1;
             if refused.is_power_of_two() {
                 tracing::warn!(
                     peer = ?addr,
                     refused,
-                    "{MAX_CONNECTIONS} connections already open: closing new ones"
+                    "connection caps reached (at most {MAX_CONNECTIONS}, a share per client): \
+                     closing new ones"
                 );
             }
             drop(io);
             continue;
         };
-        let service = TowerToHyperService::new(router.clone());
-        let conn = http.serve_connection(TokioIo::new(io), service);
+        let (permit, service, builder) = match admitted {
+            Admitted::Full(p) => (p, router.clone(), &http),
+            Admitted::HealthOnly(p) => (p, health_only.clone(), &short),
+        };
+        let service = WithPeer {
+            inner: TowerToHyperService::new(service),
+            peer: addr,
+        };
+        let conn = builder.serve_connection(TokioIo::new(io), service);
         let conn = graceful.watch(conn);
         tokio::spawn(async move {
             if let Err(e) = conn.await {

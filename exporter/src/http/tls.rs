@@ -7,11 +7,11 @@ use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_rustls::TlsAcceptor;
 use tokio_rustls::rustls;
 
-use super::serve::{Admission, MAX_CONNECTIONS};
+use super::clients::{Admitted, Connections, MAX_CONNECTIONS};
+use super::serve::Admission;
 
 /// A TLS listener for [`super::serve::serve`]: TCP accepts run in one task, handshakes in
 /// their own tasks with a timeout, so a slow or silent client cannot stall other connections.
@@ -21,15 +21,15 @@ pub struct TlsListener {
     local: std::net::SocketAddr,
 }
 
-/// A TLS connection with the place under the connection cap it took before its handshake.
+/// A TLS connection with the place under the connection caps it took before its handshake.
 pub struct TlsConn {
     tls: tokio_rustls::server::TlsStream<TcpStream>,
-    permit: Option<OwnedSemaphorePermit>,
+    admitted: Option<Admitted>,
 }
 
 impl Admission for TlsConn {
-    fn take_permit(&mut self) -> Option<OwnedSemaphorePermit> {
-        self.permit.take()
+    fn take_admission(&mut self) -> Option<Admitted> {
+        self.admitted.take()
     }
 }
 
@@ -77,12 +77,12 @@ impl AsyncWrite for TlsConn {
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
 impl TlsListener {
-    /// Wraps `tcp` with `cfg`; each connection takes a permit of `permits` (the connection
-    /// cap) before its handshake, and is closed at once when there is none.
+    /// Wraps `tcp` with `cfg`; each connection takes its place under `conns` (the connection
+    /// caps, a share per client) before its handshake, and is closed at once when it has none.
     pub fn new(
         tcp: TcpListener,
         cfg: Arc<rustls::ServerConfig>,
-        permits: Arc<Semaphore>,
+        conns: Arc<Connections>,
     ) -> std::io::Result<Self> {
         let local = tcp.local_addr()?;
         let acceptor = TlsAcceptor::from(cfg);
@@ -98,14 +98,14 @@ impl TlsListener {
                         continue;
                     }
                 };
-                let Ok(permit) = permits.clone().try_acquire_owned() else {
+                let Some(admitted) = conns.admit(addr.ip()) else {
                     refused += 1;
                     if refused.is_power_of_two() {
                         tracing::warn!(
                             peer = %addr,
                             refused,
-                            "{MAX_CONNECTIONS} connections (handshakes included) already open: \
-                             closing new ones"
+                            "connection caps reached (at most {MAX_CONNECTIONS}, handshakes \
+                             included, a share per client): closing new ones"
                         );
                     }
                     drop(stream);
@@ -118,7 +118,7 @@ impl TlsListener {
                         Ok(Ok(tls)) => {
                             let conn = TlsConn {
                                 tls,
-                                permit: Some(permit),
+                                admitted: Some(admitted),
                             };
                             let _ = conn_tx.send((conn, addr)).await;
                         }

@@ -2,7 +2,9 @@
 //!
 //! Probe: `cgroup/sock_create` (fallback: `sys_exit_socket`, `sys_exit_accept` and
 //! `sys_exit_accept4`) records, in process context, socket inode → (pid, start time) in
-//! `OWNERS` (LRU). The setsockopt and tcp_state programs add the owners they see too. This room
+//! `OWNERS` (LRU), and the inode of each UDP socket in `UDP_SOCKETS` (LRU: which new sockets
+//! can have UDP buffer drops). The setsockopt and tcp_state programs add the owners they see
+//! too. This room
 //! has no counters of its own: it hands the map to the shared
 //! [`Attributor`](crate::attribution::Attributor), which every other room asks "whose socket is
 //! this".
@@ -64,7 +66,8 @@ pub struct Flags {
     pub entries: u32,
 }
 
-/// The owners room: it runs nothing; it provides `OWNERS` to the attribution service.
+/// The owners room: it runs nothing; it provides `OWNERS` and `UDP_SOCKETS` to the
+/// attribution service.
 pub struct Owners;
 
 impl Room for Owners {
@@ -78,7 +81,8 @@ impl Room for Owners {
         Ok(())
     }
 
-    /// Provides `OWNERS` when any program that fills it attached.
+    /// Provides `OWNERS` when any program that fills it attached, `UDP_SOCKETS` when this
+    /// probe's did.
     fn take(
         _setup: (),
         ebpf: &mut Ebpf,
@@ -87,6 +91,10 @@ impl Room for Owners {
     ) -> anyhow::Result<Option<Box<dyn Signal>>> {
         if filled(env) {
             services.owners = Some(Hash::take(ebpf, maps::OWNERS)?);
+        }
+        // Filled by this probe's programs only.
+        if env.attached(PROBE.name) {
+            services.udp_sockets = Some(Hash::take(ebpf, maps::UDP_SOCKETS)?);
         }
         Ok(None)
     }

@@ -9,7 +9,7 @@ use prometheus::proto::MetricFamily;
 
 use super::{ProcStats, Row, Store};
 use crate::advice::Inputs;
-use crate::attribution::{Attributor, OwnersMap};
+use crate::attribution::{Attributor, OwnersMap, UdpSocketsMap};
 use crate::bpf::pins::Outcome;
 use crate::bpf::{Attached, LoadPlan, ProbeSpec, ProbeStatus, Stats};
 use crate::kernel::{BufferLimits, DropReasons, KernelBtf};
@@ -89,6 +89,9 @@ pub struct Services {
     /// `OWNERS` (socket inode → the process that created or accepted it), for the
     /// [`Attributor`].
     pub owners: Option<OwnersMap>,
+    /// `UDP_SOCKETS` (the inodes of UDP sockets, recorded at creation), for the
+    /// [`Attributor`].
+    pub udp_sockets: Option<UdpSocketsMap>,
 }
 
 /// The running room `make()` makes, when probe `probe` attached (the rooms that only read

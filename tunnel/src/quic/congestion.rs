@@ -31,10 +31,10 @@
 //! The delivery-rate part is datagram mode's only. In stream mode the inner flows see no losses
 //! (quinn retransmits them) and never back off, so CUBIC above the policy's floor is the only
 //! controller that does; holding two BDPs there only made more losses to retransmit (at 190 ms,
-//! 157–172 Mbit/s in five runs against 163–189 in four without it). Stream mode's default is
-//! quinn's CUBIC all the same: the floor's loss bursts at 50 ms left more than 1024 gaps in the
-//! peer's stream buffer, quinn's limit, and quinn then closed the connection ("too many gaps in
-//! stream buffer", 5 times in 4 runs).
+//! 157–172 Mbit/s in five runs against 163–189 in four without it, on the single-stream
+//! framing). The floor's loss bursts once closed stream-mode connections (more than 1,024 holes
+//! in one stream's buffer, quinn's limit); stream mode now spreads its data over 32 streams, so
+//! that it cannot (`super::streams`), and `tunnel` is its default too.
 
 use std::any::Any;
 use std::collections::VecDeque;

@@ -12,7 +12,7 @@ use boringtun::noise::{Tunn, TunnResult};
 use bytes::Bytes;
 use quinn::SendDatagramError;
 
-use super::{Ctx, Current, Link};
+use super::{Ctx, Current, Link, streams};
 use crate::framing;
 use crate::offload::Coalescer;
 use crate::sys::{Wake, wait_readable};
@@ -23,8 +23,8 @@ use crate::wg::{self, Peer, SLOT, Stats};
 const BATCH: usize = 64;
 /// Encrypted datagrams handed to quinn per round.
 const TX_BATCH: usize = 256;
-/// Stream mode: bytes handed to quinn per `write_chunk` (the seed's 256 KiB copy buffers
-/// instead of tokio's 8 KiB).
+/// Stream mode: bytes of frames per chunk, handed to quinn in one `write_chunk` (the seed's
+/// 256 KiB copy buffers instead of tokio's 8 KiB).
 const CHUNK: usize = 256 << 10;
 /// Stream mode: receive buffer (many frames per read).
 const READ_BUF: usize = 1 << 20;
@@ -142,48 +142,67 @@ pub(super) async fn datagrams_to_tun(ctx: &Ctx, cur: &Current) -> Result<()> {
     }
 }
 
-/// Stream mode: the stream's length-prefixed frames → decrypt → TUN, until it ends.
+/// Stream mode: the chunks of the peer's streams, in order, their length-prefixed frames →
+/// decrypt → TUN, until the connection ends.
 pub(super) async fn stream_to_tun(
     ctx: &Ctx,
     cur: &Current,
-    mut recv: quinn::RecvStream,
+    mut rx: streams::Receiver,
 ) -> Result<()> {
     let mut inb = Inbound::new(cur.conn.remote_address().ip());
     let mut rbuf = vec![0u8; READ_BUF];
     let (mut start, mut filled) = (0usize, 0usize);
     loop {
-        let n = tokio::select! {
-            r = recv.read(&mut rbuf[filled..]) => r,
+        let begun = tokio::select! {
+            r = rx.begin() => r?,
             _ = ctx.stopped() => return Ok(()),
         };
-        let n = match n {
-            Ok(Some(n)) => n,
-            Ok(None) => bail!("the peer finished the stream"),
-            Err(quinn::ReadError::ConnectionLost(_)) => return Ok(()),
-            Err(e) => return Err(e).context("reading the QUIC stream"),
-        };
-        filled += n;
-        cur.counters
-            .stream_bytes_read
-            .fetch_add(n as u64, Ordering::Relaxed);
-        loop {
-            {
-                let mut tunn = ctx.ends.peer.tunn();
-                while !inb.is_full() {
-                    let Some(frame) = framing::next_frame(&rbuf, &mut start, filled)? else {
-                        break;
-                    };
-                    inb.decrypt(&mut tunn, &ctx.ends.peer, &ctx.link, frame);
-                }
-            }
-            let full = inb.is_full();
-            inb.flush(&ctx.ends.tun, &ctx.ends.peer)?;
-            if !full {
-                break;
+        if begun.is_none() {
+            return Ok(()); // a closed connection is reported by its manager
+        }
+        while rx.left() > 0 {
+            let n = tokio::select! {
+                r = rx.read(&mut rbuf[filled..]) => r?,
+                _ = ctx.stopped() => return Ok(()),
+            };
+            let Some(n) = n else { return Ok(()) };
+            filled += n;
+            cur.counters
+                .stream_bytes_read
+                .fetch_add(n as u64, Ordering::Relaxed);
+            decrypt_frames(ctx, &mut inb, &rbuf, &mut start, filled)?;
+            // Keep room for a whole frame at the end of the buffer.
+            framing::compact(&mut rbuf, &mut start, &mut filled);
+        }
+        if start != filled {
+            bail!("protocol error: a chunk of the QUIC stream ended inside a frame");
+        }
+    }
+}
+
+/// Decrypts the whole frames in `rbuf[*start..filled]` and writes them to the TUN, in batches.
+fn decrypt_frames(
+    ctx: &Ctx,
+    inb: &mut Inbound,
+    rbuf: &[u8],
+    start: &mut usize,
+    filled: usize,
+) -> Result<()> {
+    loop {
+        {
+            let mut tunn = ctx.ends.peer.tunn();
+            while !inb.is_full() {
+                let Some(frame) = framing::next_frame(rbuf, start, filled)? else {
+                    break;
+                };
+                inb.decrypt(&mut tunn, &ctx.ends.peer, &ctx.link, frame);
             }
         }
-        // Keep room for a whole frame at the end of the buffer.
-        framing::compact(&mut rbuf, &mut start, &mut filled);
+        let full = inb.is_full();
+        inb.flush(&ctx.ends.tun, &ctx.ends.peer)?;
+        if !full {
+            return Ok(());
+        }
     }
 }
 
@@ -330,10 +349,10 @@ fn tun_to_stream(ctx: &Ctx) -> Result<()> {
             Stats::add(&peer.stats.send_dropped, f.frames);
             continue;
         };
-        let chunk = Bytes::copy_from_slice(w.framed(&f));
+        let chunk = streams::chunk(w.framed(&f));
         let r = ctx.handle.block_on(async {
             tokio::select! {
-                r = async { send.lock().await.write_chunk(chunk).await } => Some(r),
+                r = async { send.lock().await.write(chunk).await } => Some(r),
                 _ = ctx.stopped() => None,
             }
         });

@@ -30,7 +30,7 @@ use crate::config::QuicMode;
 /// ALPN of `--quic.mode datagram`.
 pub const ALPN_DATAGRAM: &[u8] = b"bufscope-wg-datagram/1";
 /// ALPN of `--quic.mode stream`.
-pub const ALPN_STREAM: &[u8] = b"bufscope-wg-stream/1";
+pub const ALPN_STREAM: &[u8] = b"bufscope-wg-stream/2";
 /// Server name the client asks for (the pinning verifier does not look at names).
 pub const SERVER_NAME: &str = "bufscope-tunnel";
 

@@ -171,7 +171,12 @@ impl Tunnel {
         cmd.arg("-c")
             .arg(conf)
             .args(extra)
-            .env("RUST_LOG", "info")
+            // BUFSCOPE_TUNNEL_LOG: another filter for investigations (e.g.
+            // `info,bufscope_tunnel=debug` logs quinn's path state every second).
+            .env(
+                "RUST_LOG",
+                std::env::var("BUFSCOPE_TUNNEL_LOG").unwrap_or_else(|_| "info".into()),
+            )
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(File::create(&log).unwrap());

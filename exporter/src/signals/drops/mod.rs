@@ -314,13 +314,16 @@ impl Signal for Drops {
     }
 
     /// Deletes entries idle for `idle` whose socket no longer exists (`live` = socket inodes
-    /// held by any process), so the map does not fill with closed sockets. Entries without an
-    /// inode are deleted when idle.
+    /// held by any process), so the map does not fill with closed sockets. An entry without a
+    /// socket (a device's, a namespace's) can count again at any moment while its device or
+    /// namespace is there, and a drop counted on another CPU while the kernel deletes it would
+    /// be lost: it goes once idle and no process holds its TUN device, or its namespace has no
+    /// process left (namespace 0, drops of skbs without a device, stays: a handful of keys).
     fn gc(&mut self, cx: &mut GcCx<'_>) -> usize {
         let (live, idle) = (cx.live, cx.idle);
         let now = Instant::now();
         let attr = &*cx.attr;
-        let doomed: Vec<DropKey> = self
+        let mut doomed: Vec<DropKey> = self
             .map
             .last
             .iter()
@@ -338,6 +341,29 @@ impl Signal for Drops {
             })
             .map(|(k, _)| *k)
             .collect();
+        if doomed.iter().any(|k| k.site == drop_site::NETNS) {
+            let procfs = cx.attr.procfs();
+            let alive: HashSet<u32> = procfs
+                .pids()
+                .into_iter()
+                .filter_map(|p| procfs.netns(p))
+                .collect();
+            doomed.retain(|k| {
+                k.site != drop_site::NETNS || (k.netns != 0 && !alive.contains(&k.netns))
+            });
+        }
+        doomed.retain(|k| {
+            k.site != drop_site::DEVICE || {
+                let name = self
+                    .map
+                    .last
+                    .get(k)
+                    .map(|s| s.ifname.as_str())
+                    .unwrap_or("");
+                cx.attr.tun(k.netns, name).is_none()
+            }
+        });
+        let attr = &*cx.attr;
         if self.retire {
             self.fold(&doomed, attr, now);
         }

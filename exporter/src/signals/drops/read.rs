@@ -16,9 +16,12 @@ use crate::signals::Store;
 use crate::signals::counted::CountedMap;
 use crate::store::ProcRef;
 
-/// Sums one key's per-CPU values (latest `rcvbuf`/`rmem_alloc` win).
+/// Sums one key's per-CPU values (latest `rcvbuf`/`rmem_alloc` win; the device name is the
+/// latest CPU's that has one: a slot written by a program that set the name only at creation
+/// has none on the other CPUs).
 fn sum(values: &[DropVal]) -> DropVal {
     let mut total = DropVal::default();
+    let mut named_at = None;
     for v in values {
         total.packets += v.packets;
         total.skbs += v.skbs;
@@ -26,6 +29,9 @@ fn sum(values: &[DropVal]) -> DropVal {
             total.last_ns = v.last_ns;
             total.rcvbuf = v.rcvbuf;
             total.rmem_alloc = v.rmem_alloc;
+        }
+        if v.ifname[0] != 0 && v.skbs > 0 && named_at.is_none_or(|t| v.last_ns >= t) {
+            named_at = Some(v.last_ns);
             total.ifname = v.ifname;
         }
     }
@@ -98,7 +104,7 @@ impl Drops {
                     seen.skbs = v.skbs;
                     seen.rcvbuf = v.rcvbuf;
                     seen.rmem_alloc = v.rmem_alloc;
-                    if k.site == drop_site::DEVICE && moved {
+                    if k.site == drop_site::DEVICE && moved && v.ifname[0] != 0 {
                         seen.ifname = ifname(&v.ifname);
                     }
                     seen
@@ -210,10 +216,11 @@ mod tests {
     use crate::signals::{GcCx, Signal as _, Store};
     use foldhash::HashSet;
 
-    /// A per-namespace drops key (no socket: it can gain drops whenever).
+    /// A per-namespace drops key (no socket: it can gain drops whenever) of a namespace no
+    /// process is in.
     const KEY: DropKey = DropKey {
         inode: 0,
-        netns: 4_026_531_840,
+        netns: 4_026_539_999,
         id: 0,
         reason: 6,
         proto: 17,
@@ -244,6 +251,39 @@ mod tests {
         fn has_key(&self) -> bool {
             self.value(&KEY).is_some()
         }
+    }
+
+    /// A TUN's entry created on one CPU and counted on others: the others' slots carry no
+    /// name when written by a program that named the device only at creation; the summed
+    /// entry keeps the name whichever CPU counted last, and the counts of every CPU.
+    #[test]
+    fn a_device_named_on_one_cpu_keeps_its_name_and_every_cpu_s_counts() {
+        let named = DropVal {
+            packets: 10,
+            skbs: 10,
+            last_ns: 5,
+            ifname: *b"wg0\0\0\0\0\0\0\0\0\0\0\0\0\0",
+            ..DropVal::default()
+        };
+        let unnamed = DropVal {
+            packets: 7,
+            skbs: 7,
+            last_ns: 9,
+            ..DropVal::default()
+        };
+        for values in [[named, unnamed], [unnamed, named]] {
+            let total = sum(&values);
+            assert_eq!((total.packets, total.skbs), (17, 17));
+            assert_eq!(ifname(&total.ifname), "wg0");
+            assert_eq!(total.last_ns, 9);
+        }
+        // A CPU that never counted has no say.
+        let idle = DropVal {
+            last_ns: 99,
+            ifname: *b"old\0\0\0\0\0\0\0\0\0\0\0\0\0",
+            ..DropVal::default()
+        };
+        assert_eq!(ifname(&sum(&[named, idle]).ifname), "wg0");
     }
 
     fn counted(d: &Drops) -> u64 {
@@ -283,6 +323,41 @@ mod tests {
         kernel.set(3);
         d.read(None, &mut attr, &mut store);
         assert_eq!(counted(&d), 15);
+    }
+
+    /// An idle entry of a namespace that has a process (this one's) can still count at any
+    /// moment: the garbage collector leaves it in the map; a gone namespace's goes.
+    #[test]
+    fn an_idle_entry_of_a_live_namespace_stays() {
+        let kernel = FakeTable::new(64);
+        let reasons = DropReasons::parse_format(r#"{ 6, "SOCKET_RCVBUFF" }"#);
+        let mut d = Drops::new(kernel.boxed(), 64, reasons, Duration::from_secs(10));
+        let mut attr = Attributor::new(Procfs::new("/proc"), None);
+        let mut store = Store::new(10, Duration::from_secs(300));
+        let own = DropKey {
+            netns: Procfs::new("/proc")
+                .netns(std::process::id())
+                .expect("this process's network namespace"),
+            ..KEY
+        };
+        kernel.set(own, vec![value(4)]);
+        kernel.set(KEY, vec![value(5)]);
+        d.read(None, &mut attr, &mut store);
+        assert_eq!(counted(&d), 9);
+        let live = HashSet::default();
+        let mut cx = GcCx {
+            live: &live,
+            idle: Duration::ZERO,
+            retention: Duration::from_secs(300),
+            attr: &mut attr,
+            store: &store,
+        };
+        assert_eq!(d.gc(&mut cx), 1, "only the gone namespace's entry went");
+        assert!(
+            kernel.value(&own).is_some(),
+            "the live namespace's entry stays"
+        );
+        assert!(kernel.value(&KEY).is_none());
     }
 
     #[test]

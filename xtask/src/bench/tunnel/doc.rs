@@ -42,6 +42,70 @@ pub(super) fn update(
     } else {
         format!("commit {}", m.commit)
     };
+    let args = command_args(a);
+    let generated = format!(
+        "{DOC_BEGIN}\n\
+         Command: `cargo xtask bench tunnel{args} --update-doc` (as root), run {}, {:.0} s, \
+         bufscope-tunnel built from {source}.\n\n\
+         Machine: {}; shared with other builds and tests \
+         (load average {load_before} before, {load_after} after).\n\n\
+         Link: RTT ≈0 rows over a plain veth pair (no emulation: the host is the bottleneck); 50 and 190 ms rows \
+         over the netlab WAN link at {} Mbit/s with a one-BDP bottleneck buffer. One iperf3 TCP flow per cell ({} congestion \
+         control at both ends, `iperf3 -C`), \
+         {} s with the first {} s left out (RTT ≈0 rows: {} rounds, each measuring every row once with a fresh tunnel so that \
+         other load on the machine falls on all rows alike; one transfer of {} s each way per round, 1 s left out; the cell is the \
+         median transfer with the range of all in parentheses); cores/Gbit/s = user + system CPU time of both tunnel processes \
+         (`/proc/<pid>/stat`, all threads) over the part of the transfer iperf3 reports, ÷ wall time ÷ the inner flow's Gbit/s \
+         (iperf3 and the kernel's work in other tasks not counted); latency = average of a 5/s ping during the transfer; drops = \
+         `Udp:RcvbufErrors` (UDP, QUIC) or `TcpExt:TCPRcvQDrop` (TCP) delta in the receiving namespace; outer rcvbuf = \
+         `ss -m` `rb` of the client's outer socket after the download. QUIC rows: quic-dgram = `--quic.mode datagram`, \
+         quic-stream = `--quic.mode stream`; \"policy windows\" = `--buffer-policy recommended`, \"quinn windows\" = \
+         `os-default` (quinn's default windows and an untouched socket). Under the table, from the client's (a's) \
+         shutdown log: cc = the congestion controller the connection ran; dgrams/send and dgrams/recv = UDP datagrams \
+         per send call (GSO) and per received buffer (GRO) on its outer socket over the row's run; quinn dgram drops = \
+         datagrams quinn dropped from its own receive buffer (both ends); stream window in effect = stream bytes a read \
+         × 8 / MAX_STREAM_DATA frames it sent (quinn sends one per window/8 read: at least the window a granted, and \
+         close to it); closed by transport = connections that ended other than by an application's close (a transport \
+         error such as quinn's \"too many gaps in stream buffer\", a reset or a timeout), from both ends' shutdown \
+         summaries. Loss rows (\"N% loss\"): the same link losing N% of the packets each way, independently or in bursts \
+         (a two-state model with the same long-run rate and the given mean burst length in packets), on top of the \
+         bottleneck queue's own drops.\n\n\
+         {table}\n\n{summary}{DOC_END}\n",
+        m.date,
+        elapsed.as_secs_f64(),
+        m.summary(),
+        a.rate_mbit,
+        a.inner_cc,
+        a.seconds,
+        a.omit,
+        a.veth_repeats,
+        a.veth_seconds,
+    );
+    rewrite_doc("tunnel", |old| {
+        match (old.find(DOC_BEGIN), old.find(DOC_END)) {
+            (Some(b), Some(e)) if e > b => format!(
+                "{}{generated}{}",
+                &old[..b],
+                &old[e + DOC_END.len()..].trim_start_matches('\n')
+            ),
+            _ => {
+                let mut s = if old.is_empty() {
+                    "# Benchmarks\n".to_string()
+                } else {
+                    old
+                };
+                if !s.contains("\n## Tunnel") {
+                    s.push_str("\n## Tunnel\n\n");
+                }
+                s.push_str(&generated);
+                s
+            }
+        }
+    })
+}
+
+/// The flags of the run that differ from the defaults, as they would be typed.
+fn command_args(a: &Args) -> String {
     let mut args = String::new();
     if a.rate_mbit != 200 {
         let _ = write!(args, " --rate-mbit {}", a.rate_mbit);
@@ -87,59 +151,21 @@ pub(super) fn update(
     if a.quic_congestion != "default" {
         let _ = write!(args, " --quic-congestion {}", a.quic_congestion);
     }
-    let generated = format!(
-        "{DOC_BEGIN}\n\
-         Command: `cargo xtask bench tunnel{args} --update-doc` (as root), run {}, {:.0} s, \
-         bufscope-tunnel built from {source}.\n\n\
-         Machine: {}; shared with other builds and tests \
-         (load average {load_before} before, {load_after} after).\n\n\
-         Link: RTT ≈0 rows over a plain veth pair (no emulation: the host is the bottleneck); 50 and 190 ms rows \
-         over the netlab WAN link at {} Mbit/s with a one-BDP bottleneck buffer. One iperf3 TCP flow per cell ({} congestion \
-         control at both ends, `iperf3 -C`), \
-         {} s with the first {} s left out (RTT ≈0 rows: {} rounds, each measuring every row once with a fresh tunnel so that \
-         other load on the machine falls on all rows alike; one transfer of {} s each way per round, 1 s left out; the cell is the \
-         median transfer with the range of all in parentheses); cores/Gbit/s = user + system CPU time of both tunnel processes \
-         (`/proc/<pid>/stat`, all threads) over the part of the transfer iperf3 reports, ÷ wall time ÷ the inner flow's Gbit/s \
-         (iperf3 and the kernel's work in other tasks not counted); latency = average of a 5/s ping during the transfer; drops = \
-         `Udp:RcvbufErrors` (UDP, QUIC) or `TcpExt:TCPRcvQDrop` (TCP) delta in the receiving namespace; outer rcvbuf = \
-         `ss -m` `rb` of the client's outer socket after the download. QUIC rows: quic-dgram = `--quic.mode datagram`, \
-         quic-stream = `--quic.mode stream`; \"policy windows\" = `--buffer-policy recommended`, \"quinn windows\" = \
-         `os-default` (quinn's default windows and an untouched socket). Under the table, from the client's (a's) \
-         shutdown log: cc = the congestion controller the connection ran; dgrams/send and dgrams/recv = UDP datagrams \
-         per send call (GSO) and per received buffer (GRO) on its outer socket over the row's run; quinn dgram drops = \
-         datagrams quinn dropped from its own receive buffer (both ends); stream window in effect = stream bytes a read \
-         × 8 / MAX_STREAM_DATA frames it sent (quinn sends one per window/8 read: at least the window a granted, and \
-         close to it).\n\n\
-         {table}\n\n{summary}{DOC_END}\n",
-        m.date,
-        elapsed.as_secs_f64(),
-        m.summary(),
-        a.rate_mbit,
-        a.inner_cc,
-        a.seconds,
-        a.omit,
-        a.veth_repeats,
-        a.veth_seconds,
-    );
-    rewrite_doc("tunnel", |old| {
-        match (old.find(DOC_BEGIN), old.find(DOC_END)) {
-            (Some(b), Some(e)) if e > b => format!(
-                "{}{generated}{}",
-                &old[..b],
-                &old[e + DOC_END.len()..].trim_start_matches('\n')
-            ),
-            _ => {
-                let mut s = if old.is_empty() {
-                    "# Benchmarks\n".to_string()
-                } else {
-                    old
-                };
-                if !s.contains("\n## Tunnel") {
-                    s.push_str("\n## Tunnel\n\n");
-                }
-                s.push_str(&generated);
-                s
-            }
-        }
-    })
+    if a.loss_pct != ["1", "5", "10"] {
+        let _ = write!(args, " --loss-pct '{}'", a.loss_pct.join(","));
+    }
+    if a.loss_burst != 8.0 {
+        let _ = write!(args, " --loss-burst {}", a.loss_burst);
+    }
+    if a.loss_rtts != [50, 190] {
+        let rtts: Vec<String> = a.loss_rtts.iter().map(u64::to_string).collect();
+        let _ = write!(args, " --loss-rtts {}", rtts.join(","));
+    }
+    if a.loss_transports != ["quic-stream"] {
+        let _ = write!(args, " --loss-transports {}", a.loss_transports.join(","));
+    }
+    if a.loss_only {
+        args.push_str(" --loss-only");
+    }
+    args
 }

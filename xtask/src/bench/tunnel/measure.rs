@@ -11,7 +11,7 @@ use bufscope_netlab::{Lab, Netns};
 use bufscope_testkit::skmem_rb;
 
 use super::report::{opt_cores, opt_ms};
-use super::setup::{Keys, start_tunnel};
+use super::setup::{Keys, Tunnel, start_tunnel};
 use super::{
     Args, INNER_B, IPERF_PORT, Measured, Pin, QuicFigures, TUNNEL_PORT, Transfer, Transport,
     Variant,
@@ -40,8 +40,8 @@ pub(super) fn measure_variant(
         _ => bin,
     };
     let mut tunnel = start_tunnel(lab, v, bin, keys, work, &a.quic_congestion, pin)?;
+    interrupted()?;
     let idle = measure::ping(lab.a(), INNER_B, 5, Duration::from_millis(200))?;
-    let _server = measure::iperf3_server(lab.b(), INNER_B, IPERF_PORT)?;
     let drop_key = match v.transport() {
         Transport::Udp | Transport::QuicDatagram | Transport::QuicStream => "Udp:RcvbufErrors",
         Transport::Tcp => "TcpExt:TCPRcvQDrop",
@@ -51,48 +51,15 @@ pub(super) fn measure_variant(
     } else {
         (a.seconds, a.omit)
     };
-    let pids = tunnel.pids();
-    let transfer = |reverse: bool| -> anyhow::Result<Transfer> {
-        // The outer receiver: the client for a download, the server for an upload.
-        let receiver = if reverse { lab.a() } else { lab.b() };
-        let before = counter(receiver, drop_key)?;
-        let ping = BackgroundPing::start(lab.a(), INNER_B, Duration::from_millis(200))?;
-        // Both tunnel processes' CPU time over the part of the transfer iperf3 reports (after
-        // the omitted seconds), sampled on a thread while iperf3 runs.
-        let cpu = std::thread::scope(|scope| {
-            let sampler = scope.spawn(|| cpu_over(&pids, omit, secs));
-            let r = measure::iperf3_client(
-                lab.a(),
-                INNER_B,
-                IPERF_PORT,
-                secs,
-                omit,
-                reverse,
-                &iperf3_args,
-            );
-            (r, sampler.join().ok().flatten())
-        });
-        let (r, cpu) = cpu;
-        let r = r.with_context(|| {
-            format!(
-                "iperf3 {}{}",
-                if reverse { "download" } else { "upload" },
-                tunnel.log_tail()
-            )
-        })?;
-        let latency = ping.finish().ok().and_then(|p| p.avg_ms);
-        let after = counter(receiver, drop_key)?;
-        Ok(Transfer {
-            mbit: r.received_mbit,
-            latency_ms: latency,
-            retransmits: r.retransmits,
-            drops: after.saturating_sub(before),
-            cores_per_gbps: cpu
-                .filter(|_| r.received_mbit > 0.0)
-                .map(|cores| cores / (r.received_mbit / 1000.0)),
-            spread: (r.received_mbit, r.received_mbit),
-        })
+    let plan = Plan {
+        lab,
+        drop_key,
+        pids: tunnel.pids(),
+        secs,
+        omit,
+        iperf3_args: &iperf3_args,
     };
+    let transfer = |reverse: bool| plan.transfer(reverse, &tunnel);
     // One transfer each way (the ≈0 rows repeat in rounds over all variants, see `run`).
     let logged = |reverse: bool| -> anyhow::Result<Transfer> {
         let t = transfer(reverse)?;
@@ -108,6 +75,7 @@ pub(super) fn measure_variant(
         Ok(t)
     };
     let down = logged(true)?;
+    interrupted()?;
     let rcvbuf = outer_rcvbuf(lab.a(), v.transport());
     let up = logged(false)?;
     let logs = tunnel.stop();
@@ -123,6 +91,78 @@ pub(super) fn measure_variant(
         up,
         quic,
     })
+}
+
+/// What every transfer of a variant shares.
+struct Plan<'a> {
+    lab: &'a Lab,
+    /// The `/proc/net` counter of the outer socket's receive-buffer drops.
+    drop_key: &'static str,
+    /// Both tunnel processes.
+    pids: Vec<u32>,
+    secs: u32,
+    omit: u32,
+    iperf3_args: &'a [&'a str],
+}
+
+impl Plan<'_> {
+    /// One iperf3 transfer (a download with `reverse`), with a ping alongside, the outer drops
+    /// and the tunnels' CPU time.
+    fn transfer(&self, reverse: bool, tunnel: &Tunnel) -> anyhow::Result<Transfer> {
+        let lab = self.lab;
+        // The outer receiver: the client for a download, the server for an upload.
+        let receiver = if reverse { lab.a() } else { lab.b() };
+        // A server of its own for each transfer: an iperf3 server serves one test at a time,
+        // and on a slow lossy path the previous test's end could still be under way in the
+        // tunnel's buffers when the next one starts (the server then refused the upload's
+        // control connection: "Connection reset by peer").
+        let port = IPERF_PORT + u16::from(!reverse);
+        let _server = measure::iperf3_server(lab.b(), INNER_B, port)?;
+        let before = counter(receiver, self.drop_key)?;
+        let ping = BackgroundPing::start(lab.a(), INNER_B, Duration::from_millis(200))?;
+        // Both tunnel processes' CPU time over the part of the transfer iperf3 reports (after
+        // the omitted seconds), sampled on a thread while iperf3 runs.
+        let (r, cpu) = std::thread::scope(|scope| {
+            let sampler = scope.spawn(|| cpu_over(&self.pids, self.omit, self.secs));
+            let r = measure::iperf3_client(
+                lab.a(),
+                INNER_B,
+                port,
+                self.secs,
+                self.omit,
+                reverse,
+                self.iperf3_args,
+            );
+            (r, sampler.join().ok().flatten())
+        });
+        let r = r.with_context(|| {
+            format!(
+                "iperf3 {}{}",
+                if reverse { "download" } else { "upload" },
+                tunnel.log_tail()
+            )
+        })?;
+        let latency = ping.finish().ok().and_then(|p| p.avg_ms);
+        let after = counter(receiver, self.drop_key)?;
+        Ok(Transfer {
+            mbit: r.received_mbit,
+            latency_ms: latency,
+            retransmits: r.retransmits,
+            drops: after.saturating_sub(before),
+            cores_per_gbps: cpu
+                .filter(|_| r.received_mbit > 0.0)
+                .map(|cores| cores / (r.received_mbit / 1000.0)),
+            spread: (r.received_mbit, r.received_mbit),
+        })
+    }
+}
+
+/// An error once a signal stopped the run (the measurement under way is abandoned).
+fn interrupted() -> anyhow::Result<()> {
+    match super::interrupt::signal() {
+        Some(sig) => anyhow::bail!("stopped by signal {sig}"),
+        None => Ok(()),
+    }
 }
 
 /// The median of `runs` by throughput, with that transfer's other figures and the range of
@@ -148,12 +188,20 @@ pub(super) fn merge_rounds(rounds: Vec<Measured>) -> Option<Measured> {
         .iter()
         .filter_map(|m| m.quic.as_ref().map(|q| q.reconnects))
         .sum();
+    let transport_closes = rounds
+        .iter()
+        .filter_map(|m| m.quic.as_ref().map(|q| q.transport_closes))
+        .sum();
     Some(Measured {
         rcvbuf: rounds.first()?.rcvbuf,
         idle_ms: idle.get(idle.len() / 2).copied(),
         down: median_transfer(rounds.iter().map(|m| m.down).collect())?,
         up: median_transfer(rounds.iter().map(|m| m.up).collect())?,
-        quic: last.quic.map(|q| QuicFigures { reconnects, ..q }),
+        quic: last.quic.map(|q| QuicFigures {
+            reconnects,
+            transport_closes,
+            ..q
+        }),
     })
 }
 
@@ -165,12 +213,27 @@ fn cpu_over(pids: &[u32], omit: u32, secs: u32) -> Option<f64> {
     let start = Instant::now();
     let from = Duration::from_secs(u64::from(omit)) + Duration::from_millis(100);
     let to = Duration::from_secs(u64::from(omit + secs));
-    std::thread::sleep(from);
+    sleep_until(start + from)?;
     let (t0, c0) = (Instant::now(), cpu_seconds(pids)?);
-    std::thread::sleep(to.saturating_sub(start.elapsed()));
+    sleep_until(start + to)?;
     let (t1, c1) = (Instant::now(), cpu_seconds(pids)?);
     let wall = (t1 - t0).as_secs_f64();
     (wall > 0.0).then(|| (c1 - c0) / wall)
+}
+
+/// Sleeps until `when`; `None` as soon as a signal stops the run (the transfer it samples has
+/// been killed, and the run must not wait out its length).
+fn sleep_until(when: Instant) -> Option<()> {
+    loop {
+        if super::interrupt::signal().is_some() {
+            return None;
+        }
+        let left = when.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Some(());
+        }
+        std::thread::sleep(left.min(Duration::from_millis(100)));
+    }
 }
 
 /// User + system CPU seconds of the processes `pids` (all their threads, exited ones too).
@@ -233,8 +296,19 @@ fn quic_figures(logs: &[String], t: Transport) -> QuicFigures {
             eprintln!("bench tunnel:   {end}: {}", l.trim());
         }
     }
+    // Each end's count from its shutdown summary ("QUIC connections: … N closed by the
+    // transport").
+    let transport_closes = logs
+        .iter()
+        .filter_map(|l| line(l, "QUIC connections: "))
+        .filter_map(|s| {
+            let at = s.find(" closed by the transport")?;
+            s[..at].rsplit(' ').next()?.parse::<u64>().ok()
+        })
+        .sum();
     QuicFigures {
         reconnects: client.matches("QUIC reconnected to").count(),
+        transport_closes,
         datagrams_per_send: number_after(&offloads, "sends ("),
         datagrams_per_recv: number_after(&offloads, "buffers ("),
         quinn_drops,
@@ -273,4 +347,21 @@ fn outer_rcvbuf(ns: &Netns, t: Transport) -> Option<u64> {
         }
     }
     None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn quic_figures_count_reconnects_and_transport_closes_of_both_ends() {
+        let server = "x INFO QUIC connections: 3 established, 0 reconnects, 2 closed by the transport (errors, resets, timeouts)\n";
+        let client = "QUIC reconnected to 10.77.0.2:51820 (reconnect 1)\n\
+                      QUIC connected to 10.77.0.2:51820 (mode stream, congestion controller tunnel in effect, window 7340032)\n\
+                      QUIC connections: 2 established, 1 reconnects, 1 closed by the transport (errors, resets, timeouts)\n";
+        let q = quic_figures(&[server.into(), client.into()], Transport::QuicStream);
+        assert_eq!(q.reconnects, 1);
+        assert_eq!(q.transport_closes, 3);
+        assert_eq!(q.congestion.as_deref(), Some("tunnel"));
+    }
 }

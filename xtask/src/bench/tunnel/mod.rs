@@ -13,12 +13,25 @@
 //! flow's retransmits, and the outer socket's receive-buffer drops: the delta of
 //! `Udp:RcvbufErrors` (UDP) or `TcpExt:TCPRcvQDrop` (TCP) in the receiving namespace.
 //!
-//! The code: `setup` (keys and the tunnel between the lab's namespaces), `measure` (one
-//! variant: idle latency, then a download and an upload), `report` (the tables and the
-//! targets) and `doc` (docs/benchmarks.md).
+//!
+//! Then the loss rows: the transports of `--loss-transports` (QUIC stream mode) with the
+//! policy's windows at `--loss-rtts` over a link that also loses `--loss-pct` of the packets,
+//! independently and in bursts of `--loss-burst` packets on average, with the connections the
+//! transport closed (and the client's reconnects) counted from the tunnels' shutdown logs.
+//!
+//! SIGINT, SIGTERM and SIGHUP stop the run cleanly (`interrupt`): the tunnels, iperf3 and ping
+//! in the lab's namespaces are killed, the namespaces deleted, and the process exits with
+//! 128 + the signal.
+//!
+//! The code: `model` (transports, policies, variants, loss and a row's figures), `setup` (keys
+//! and the tunnel between the lab's namespaces), `measure` (one variant: idle latency, then a
+//! download and an upload), `report` (the tables and the targets), `doc` (docs/benchmarks.md)
+//! and `interrupt` (signals).
 
 mod doc;
+mod interrupt;
 mod measure;
+mod model;
 mod report;
 mod setup;
 
@@ -32,7 +45,8 @@ use super::{loadavg, release_dir};
 use crate::setup::peers;
 use crate::util::{cargo, is_root, run_cmd};
 use measure::{measure_variant, merge_rounds};
-use report::{human_bytes, render_summary, render_table};
+use model::{Loss, Measured, Policy, QuicFigures, Row, Transfer, Transport, Variant};
+use report::human_bytes;
 use setup::Keys;
 
 /// Arguments of `cargo xtask bench tunnel`.
@@ -107,6 +121,22 @@ pub struct Args {
     /// Skip the boringtun-cli row (keep upstream wireguard-go's).
     #[arg(long)]
     pub no_boringtun: bool,
+    /// Loss rows: loss in percent on the emulated link (each direction), each measured with
+    /// independent losses and in bursts (`--loss-burst`); `--loss-pct ''` for none.
+    #[arg(long, value_delimiter = ',', default_value = "1,5,10")]
+    pub loss_pct: Vec<String>,
+    /// Mean length in packets of a loss burst in the bursty loss rows.
+    #[arg(long, default_value_t = 8.0)]
+    pub loss_burst: f64,
+    /// Round-trip times (ms) of the loss rows.
+    #[arg(long, value_delimiter = ',', default_value = "50,190")]
+    pub loss_rtts: Vec<u64>,
+    /// Transports of the loss rows (with the `recommended` policy).
+    #[arg(long, value_delimiter = ',', default_value = "quic-stream")]
+    pub loss_transports: Vec<String>,
+    /// Only the loss rows (skip the `--rtts` rows): a loss series run by run.
+    #[arg(long)]
+    pub loss_only: bool,
     /// Rewrite the "Tunnel" section of docs/benchmarks.md with this run's results.
     #[arg(long)]
     pub update_doc: bool,
@@ -131,191 +161,74 @@ const IPERF_PORT: u16 = 5201;
 /// Where wireguard-go keeps its UAPI sockets.
 const WG_SOCKET_DIR: &str = "/run/wireguard";
 
-/// Outer transport.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Transport {
-    Udp,
-    Tcp,
-    /// QUIC, WireGuard packets in DATAGRAM frames.
-    QuicDatagram,
-    /// QUIC, WireGuard packets in one stream.
-    QuicStream,
-}
-
-impl Transport {
-    fn name(self) -> &'static str {
-        match self {
-            Transport::Udp => "udp",
-            Transport::Tcp => "tcp",
-            Transport::QuicDatagram => "quic-dgram",
-            Transport::QuicStream => "quic-stream",
-        }
-    }
-
-    fn is_quic(self) -> bool {
-        matches!(self, Transport::QuicDatagram | Transport::QuicStream)
-    }
-
-    /// bufscope-tunnel's `--transport` (and `--quic.mode`) flags.
-    fn flags(self) -> &'static [&'static str] {
-        match self {
-            Transport::Udp => &["--transport", "udp"],
-            Transport::Tcp => &["--transport", "tcp"],
-            Transport::QuicDatagram => &["--transport", "quic", "--quic.mode", "datagram"],
-            Transport::QuicStream => &["--transport", "quic", "--quic.mode", "stream"],
-        }
-    }
-
-    /// The policies measured over this transport.
-    fn policies(self, fixed: u64) -> Vec<Policy> {
-        match self {
-            Transport::Udp | Transport::Tcp => {
-                vec![Policy::Recommended, Policy::Fixed(fixed), Policy::OsDefault]
-            }
-            Transport::QuicDatagram => vec![Policy::Recommended],
-            Transport::QuicStream => vec![Policy::OsDefault, Policy::Recommended],
-        }
-    }
-
-    /// Order of the table's row groups.
-    fn rank(self) -> u8 {
-        match self {
-            Transport::Udp => 0,
-            Transport::Tcp => 1,
-            Transport::QuicDatagram => 2,
-            Transport::QuicStream => 3,
-        }
-    }
-}
-
-/// Buffer policy of bufscope-tunnel.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Policy {
-    Recommended,
-    Fixed(u64),
-    OsDefault,
-}
-
-impl Policy {
-    /// The name `--policies` selects it by.
-    fn name(self) -> &'static str {
-        match self {
-            Policy::Recommended => "recommended",
-            Policy::Fixed(_) => "fixed",
-            Policy::OsDefault => "os-default",
-        }
-    }
-
-    fn flag(self) -> String {
-        match self {
-            Policy::Recommended => "recommended".into(),
-            Policy::Fixed(n) => format!("fixed={n}"),
-            Policy::OsDefault => "os-default".into(),
-        }
-    }
-}
-
-/// What carries the traffic.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Variant {
-    Bufscope(Transport, Policy),
-    /// bufscope-tunnel from `--compare-bin`.
-    BufscopeOther(Transport, Policy),
-    WireguardGo,
-    /// Upstream wireguard-go, built by `cargo xtask setup` (xtask/src/setup_peers.rs).
-    WireguardGoUpstream,
-    /// boringtun-cli from crates.io, built by `cargo xtask setup`.
-    BoringtunCli,
-}
-
-impl Variant {
-    fn transport(self) -> Transport {
-        match self {
-            Variant::Bufscope(t, _) | Variant::BufscopeOther(t, _) => t,
-            Variant::WireguardGo | Variant::WireguardGoUpstream | Variant::BoringtunCli => {
-                Transport::Udp
-            }
-        }
-    }
-
-    fn label(self) -> String {
-        match self {
-            Variant::Bufscope(_, Policy::Fixed(n)) => format!("bufscope fixed={}", human_bytes(n)),
-            Variant::Bufscope(t, Policy::Recommended) if t.is_quic() => {
-                "bufscope recommended (policy windows)".into()
-            }
-            Variant::Bufscope(t, Policy::OsDefault) if t.is_quic() => {
-                "bufscope os-default (quinn windows)".into()
-            }
-            Variant::Bufscope(_, p) => format!("bufscope {}", p.flag()),
-            Variant::BufscopeOther(t, p) => {
-                format!("{} (--compare-bin)", Variant::Bufscope(t, p).label())
-            }
-            Variant::WireguardGo => "wireguard-go (Debian)".into(),
-            Variant::WireguardGoUpstream => format!(
-                "wireguard-go {} (upstream {})",
-                peers::WIREGUARD_GO_VERSION,
-                &peers::WIREGUARD_GO_COMMIT[..7]
-            ),
-            Variant::BoringtunCli => format!("boringtun-cli {}", peers::BORINGTUN_CLI_VERSION),
-        }
-    }
-}
-
-/// One transfer's figures.
-#[derive(Debug, Clone, Copy, Default)]
-struct Transfer {
-    mbit: f64,
-    latency_ms: Option<f64>,
-    retransmits: u64,
-    drops: u64,
-    /// CPU time of both tunnel processes (user + system, `/proc/<pid>/stat`) per Gbit the
-    /// inner flow carried over the measured part of the transfer: cores per Gbit/s.
-    cores_per_gbps: Option<f64>,
-    /// The lowest and highest throughput of the transfers this one is the median of.
-    spread: (f64, f64),
-}
-
-/// One table row.
-#[derive(Debug, Clone)]
-struct Row {
-    rtt_ms: u64,
-    variant: Variant,
-    result: Result<Measured, String>,
-}
-
-#[derive(Debug, Clone)]
-struct Measured {
-    rcvbuf: Option<u64>,
-    idle_ms: Option<f64>,
-    down: Transfer,
-    up: Transfer,
-    /// QUIC rows: what the tunnels' shutdown logs say quinn did.
-    quic: Option<QuicFigures>,
-}
-
-/// From the client's (a's) shutdown log: offloads, quinn-internal drops, windows in effect.
-#[derive(Debug, Clone, Default)]
-struct QuicFigures {
-    /// UDP datagrams per send call (GSO), over the whole run of the client.
-    datagrams_per_send: Option<f64>,
-    /// UDP datagrams per received buffer (GRO).
-    datagrams_per_recv: Option<f64>,
-    /// Datagram mode: datagrams quinn dropped from its receive buffer (client + server).
-    quinn_drops: Option<u64>,
-    /// Stream mode: the stream window the client granted, ≈ bytes × 8 / MAX_STREAM_DATA.
-    stream_window: Option<u64>,
-    /// The congestion controller the client's connection ran.
-    congestion: Option<String>,
-    /// Times the client reconnected during the row (0 when the connection held).
-    reconnects: usize,
-}
-
 /// Runs the benchmark and prints the table.
 pub fn run(a: &Args) -> anyhow::Result<()> {
     if !is_root() {
         bail!("cargo xtask bench tunnel creates namespaces and tunnels: run it as root");
     }
+    check_tools(a)?;
+    let transports = parse_transports(&a.transports)?;
+    let loss_transports = parse_transports(&a.loss_transports)?;
+    let losses = parse_losses(a)?;
+    validate(a)?;
+    let tunnel_bin = if a.no_bufscope {
+        None
+    } else {
+        Some(tunnel_binary(a)?)
+    };
+    // From here on a signal stops the run cleanly (no thread exists yet).
+    interrupt::install()?;
+
+    let started = Instant::now();
+    let load_before = loadavg();
+    let work = std::env::temp_dir().join(format!("bsl-bench-{}", std::process::id()));
+    std::fs::create_dir_all(&work).with_context(|| format!("creating {}", work.display()))?;
+    let keys = Keys::generate(&work)?;
+    let ctx = Run {
+        a,
+        bin: tunnel_bin.as_deref(),
+        keys: &keys,
+        work: &work,
+    };
+    let mut rows = Vec::new();
+    if !a.loss_only {
+        let variants = variants(a, &transports, tunnel_bin.is_some());
+        for &rtt in &a.rtts {
+            rows.extend(ctx.rtt_rows(rtt, &variants)?);
+        }
+    }
+    if tunnel_bin.is_some() {
+        let variants: Vec<Variant> = loss_transports
+            .iter()
+            .map(|&t| Variant::Bufscope(t, Policy::Recommended))
+            .collect();
+        for &rtt in &a.loss_rtts {
+            for &loss in &losses {
+                rows.extend(ctx.loss_rows(rtt, loss, &variants)?);
+            }
+        }
+    }
+    if let Some(sig) = interrupt::signal() {
+        let _ = std::fs::remove_dir_all(&work);
+        interrupt::exit(sig);
+    }
+    let elapsed = started.elapsed();
+    let load_after = loadavg();
+    let _ = std::fs::remove_dir_all(&work);
+    let (table, summary) = report::render(&rows, a);
+    println!("{table}\n{summary}");
+    println!(
+        "elapsed {:.0} s; load average before {load_before}, after {load_after}",
+        elapsed.as_secs_f64()
+    );
+    if a.update_doc {
+        doc::update(a, &table, &summary, elapsed, &load_before, &load_after)?;
+    }
+    Ok(())
+}
+
+/// The tools the run needs.
+fn check_tools(a: &Args) -> anyhow::Result<()> {
     for (bin, pkg) in [
         ("iperf3", "iperf3"),
         ("ping", "iputils-ping"),
@@ -330,8 +243,13 @@ pub fn run(a: &Args) -> anyhow::Result<()> {
             "wireguard-go is missing: `cargo xtask setup` or apt-get install wireguard-go (or --no-wireguard-go)"
         );
     }
+    Ok(())
+}
+
+/// `--transports` / `--loss-transports`, without repeats.
+fn parse_transports(names: &[String]) -> anyhow::Result<Vec<Transport>> {
     let mut transports = Vec::new();
-    for t in &a.transports {
+    for t in names.iter().filter(|t| !t.is_empty()) {
         let ts: &[Transport] = match t.as_str() {
             "udp" => &[Transport::Udp],
             "tcp" => &[Transport::Tcp],
@@ -346,6 +264,36 @@ pub fn run(a: &Args) -> anyhow::Result<()> {
             }
         }
     }
+    Ok(transports)
+}
+
+/// The loss rows' link losses: each `--loss-pct`, independent and in bursts.
+fn parse_losses(a: &Args) -> anyhow::Result<Vec<Loss>> {
+    if !a.loss_burst.is_finite() || a.loss_burst <= 1.0 {
+        bail!(
+            "--loss-burst {} must be a mean burst length above 1 packet",
+            a.loss_burst
+        );
+    }
+    let mut losses = Vec::new();
+    for p in a.loss_pct.iter().filter(|p| !p.is_empty()) {
+        let pct: f64 = p
+            .parse()
+            .ok()
+            .filter(|v: &f64| *v > 0.0 && *v < 100.0)
+            .with_context(|| format!("--loss-pct {p:?} is not a percentage between 0 and 100"))?;
+        for burst in [1.0, a.loss_burst] {
+            losses.push(Loss {
+                rate: pct / 100.0,
+                burst,
+            });
+        }
+    }
+    Ok(losses)
+}
+
+/// The other flags with a fixed set of values.
+fn validate(a: &Args) -> anyhow::Result<()> {
     if !matches!(
         a.quic_congestion.as_str(),
         "default" | "tunnel" | "cubic" | "bbr"
@@ -363,21 +311,14 @@ pub fn run(a: &Args) -> anyhow::Result<()> {
             bail!("unknown policy {p:?} (recommended, fixed, os-default)");
         }
     }
-    let tunnel_bin = if a.no_bufscope {
-        None
-    } else {
-        Some(tunnel_binary(a)?)
-    };
+    Ok(())
+}
 
-    let started = Instant::now();
-    let load_before = loadavg();
-    let work = std::env::temp_dir().join(format!("bsl-bench-{}", std::process::id()));
-    std::fs::create_dir_all(&work).with_context(|| format!("creating {}", work.display()))?;
-    let keys = Keys::generate(&work)?;
-
+/// The variants of the `--rtts` rows, in table order.
+fn variants(a: &Args, transports: &[Transport], bufscope: bool) -> Vec<Variant> {
     let mut variants = Vec::new();
-    if tunnel_bin.is_some() {
-        for &t in &transports {
+    if bufscope {
+        for &t in transports {
             for p in t.policies(a.fixed_bytes) {
                 if !a.policies.iter().any(|n| *n == p.name()) {
                     continue;
@@ -415,29 +356,77 @@ pub fn run(a: &Args) -> anyhow::Result<()> {
     }
     // wireguard-go next to bufscope's UDP rows (the sort is stable).
     variants.sort_by_key(|v| v.transport().rank());
+    variants
+}
 
-    let mut rows = Vec::new();
-    for &rtt in &a.rtts {
+/// What every row of a run shares.
+struct Run<'a> {
+    a: &'a Args,
+    bin: Option<&'a Path>,
+    keys: &'a Keys,
+    work: &'a Path,
+}
+
+impl Run<'_> {
+    /// The rows of one `--rtts` RTT. RTT ≈0: `--veth-repeats` rounds, each measuring every
+    /// variant once with a fresh tunnel, so that what else runs on the machine falls on all
+    /// variants alike instead of on whichever one it overlaps. Other RTTs: one round, the link
+    /// is the bottleneck.
+    fn rtt_rows(&self, rtt: u64, variants: &[Variant]) -> anyhow::Result<Vec<Row>> {
         let config = if rtt == 0 {
             LabConfig::veth(bufscope_netlab::PREFIX)
         } else {
             LabConfig::wan(
                 bufscope_netlab::PREFIX,
-                LinkParams::mbit(a.rate_mbit).rtt_ms(rtt),
+                LinkParams::mbit(self.a.rate_mbit).rtt_ms(rtt),
             )
         };
+        let rounds = if rtt == 0 {
+            self.a.veth_repeats.max(1)
+        } else {
+            1
+        };
+        self.rows(config, rtt, None, rounds, variants)
+    }
+
+    /// The rows of one RTT and loss.
+    fn loss_rows(&self, rtt: u64, loss: Loss, variants: &[Variant]) -> anyhow::Result<Vec<Row>> {
+        let link = LinkParams::mbit(self.a.rate_mbit)
+            .rtt_ms(rtt)
+            .loss(loss.rate)
+            .loss_burst(loss.burst);
+        self.rows(
+            LabConfig::wan(bufscope_netlab::PREFIX, link),
+            rtt,
+            Some(loss),
+            1,
+            variants,
+        )
+    }
+
+    /// `rounds` rounds over `variants` in one lab; a row per variant.
+    fn rows(
+        &self,
+        config: LabConfig,
+        rtt: u64,
+        loss: Option<Loss>,
+        rounds: u32,
+        variants: &[Variant],
+    ) -> anyhow::Result<Vec<Row>> {
+        if interrupt::signal().is_some() || variants.is_empty() {
+            return Ok(Vec::new());
+        }
         let lab = Lab::new(config).context("building the lab")?;
-        // RTT ≈0: `--veth-repeats` rounds, each measuring every variant once with a fresh
-        // tunnel, so that what else runs on the machine falls on all variants alike instead of
-        // on whichever one it overlaps (one transfer each way per round). Other RTTs: one
-        // round, the link is the bottleneck.
-        let rounds = if rtt == 0 { a.veth_repeats.max(1) } else { 1 };
         let mut results: Vec<Result<Vec<Measured>, String>> = vec![Ok(Vec::new()); variants.len()];
         for round in 0..rounds {
             for (&v, result) in variants.iter().zip(&mut results) {
                 let Ok(done) = result else { continue };
+                if interrupt::signal().is_some() {
+                    return Ok(Vec::new());
+                }
                 eprintln!(
-                    "bench tunnel: RTT {rtt} ms, {} {}{} …",
+                    "bench tunnel: RTT {rtt} ms{}, {} {}{} …",
+                    loss.map_or_else(String::new, |l| format!(", {}", l.label())),
                     v.transport().name(),
                     v.label(),
                     if rounds > 1 {
@@ -446,7 +435,7 @@ pub fn run(a: &Args) -> anyhow::Result<()> {
                         String::new()
                     }
                 );
-                match measure_variant(&lab, rtt, v, a, tunnel_bin.as_deref(), &keys, &work) {
+                match measure_variant(&lab, rtt, v, self.a, self.bin, self.keys, self.work) {
                     Ok(m) => done.push(m),
                     Err(e) => {
                         let e = format!("{e:#}");
@@ -456,40 +445,17 @@ pub fn run(a: &Args) -> anyhow::Result<()> {
                 }
             }
         }
-        for (&v, result) in variants.iter().zip(results) {
-            rows.push(Row {
+        Ok(variants
+            .iter()
+            .zip(results)
+            .map(|(&v, result)| Row {
                 rtt_ms: rtt,
+                loss,
                 variant: v,
                 result: result.and_then(|r| merge_rounds(r).ok_or_else(|| "no transfer".into())),
-            });
-        }
+            })
+            .collect())
     }
-    let elapsed = started.elapsed();
-    let load_after = loadavg();
-
-    let mut table = render_table(&rows);
-    let quic: Vec<&Row> = rows
-        .iter()
-        .filter(|r| r.variant.transport().is_quic())
-        .collect();
-    if !quic.is_empty() {
-        table.push_str("\n\nWhat quinn did in the QUIC rows:\n\n");
-        table.push_str(&report::render_quic_details(&quic));
-    }
-    let mut summary = render_summary(&rows, a);
-    if !quic.is_empty() {
-        summary.push_str(&report::render_quic_summary(&rows, a));
-    }
-    println!("{table}\n{summary}");
-    println!(
-        "elapsed {:.0} s; load average before {load_before}, after {load_after}",
-        elapsed.as_secs_f64()
-    );
-    let _ = std::fs::remove_dir_all(&work);
-    if a.update_doc {
-        doc::update(a, &table, &summary, elapsed, &load_before, &load_after)?;
-    }
-    Ok(())
 }
 
 /// Builds (or takes) the bufscope-tunnel binary.
@@ -520,3 +486,6 @@ fn which(bin: &str) -> Option<PathBuf> {
         .map(|d| Path::new(d).join(bin))
         .find(|p| p.exists())
 }
+
+#[cfg(test)]
+mod tests;

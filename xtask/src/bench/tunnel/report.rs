@@ -4,6 +4,57 @@ use std::fmt::Write as _;
 
 use super::{Args, Measured, Policy, QuicFigures, Row, Transfer, Transport, Variant};
 
+/// The run's tables (the main one, then what quinn did in the QUIC rows) and the targets.
+pub(super) fn render(rows: &[Row], a: &Args) -> (String, String) {
+    let mut table = render_table(rows);
+    let quic: Vec<&Row> = rows
+        .iter()
+        .filter(|r| r.variant.transport().is_quic())
+        .collect();
+    if !quic.is_empty() {
+        table.push_str("\n\nWhat quinn did in the QUIC rows:\n\n");
+        table.push_str(&render_quic_details(&quic));
+    }
+    let mut summary = render_summary(rows, a);
+    if !quic.is_empty() {
+        summary.push_str(&render_quic_summary(rows, a));
+    }
+    summary.push_str(&render_loss_summary(rows));
+    (table, summary)
+}
+
+/// The loss rows' target: no connection closed by the transport, in every row.
+fn render_loss_summary(rows: &[Row]) -> String {
+    let loss: Vec<&Row> = rows.iter().filter(|r| r.loss.is_some()).collect();
+    if loss.is_empty() {
+        return String::new();
+    }
+    let mut closes = 0;
+    let mut reconnects = 0;
+    let mut failed = 0;
+    let mut measured = 0;
+    for r in &loss {
+        match &r.result {
+            Ok(m) => {
+                measured += 1;
+                if let Some(q) = &m.quic {
+                    closes += q.transport_closes;
+                    reconnects += q.reconnects;
+                }
+            }
+            Err(_) => failed += 1,
+        }
+    }
+    format!(
+        "\nTargets (loss rows):\n- connections closed by the transport in {measured} loss rows: {closes} ({reconnects} reconnects; {failed} rows failed) (target 0) {}\n",
+        if closes == 0 && failed == 0 {
+            "✓"
+        } else {
+            "✗"
+        }
+    )
+}
+
 pub(super) fn human_bytes(n: u64) -> String {
     if n >= 1 << 20 && n.is_multiple_of(1 << 20) {
         format!("{}M", n >> 20)
@@ -25,6 +76,14 @@ pub(super) fn opt_ms(v: Option<f64>) -> String {
     v.map_or("–".into(), |v| format!("{v:.1}"))
 }
 
+/// The RTT cell of a row: with its loss on loss rows.
+fn row_label(r: &Row) -> String {
+    match r.loss {
+        Some(l) => format!("{}, {}", rtt_label(r.rtt_ms), l.label()),
+        None => rtt_label(r.rtt_ms),
+    }
+}
+
 fn rtt_label(rtt: u64) -> String {
     if rtt == 0 {
         "≈0 (veth)".into()
@@ -33,10 +92,15 @@ fn rtt_label(rtt: u64) -> String {
     }
 }
 
-/// The recommended row of the same RTT and transport.
-fn reference(rows: &[Row], rtt: u64, t: Transport) -> Option<&Measured> {
+/// The recommended row of the same RTT, loss and transport.
+fn reference<'a>(rows: &'a [Row], row: &Row) -> Option<&'a Measured> {
+    let t = row.variant.transport();
     rows.iter()
-        .find(|r| r.rtt_ms == rtt && r.variant == Variant::Bufscope(t, Policy::Recommended))
+        .find(|r| {
+            r.rtt_ms == row.rtt_ms
+                && r.loss == row.loss
+                && r.variant == Variant::Bufscope(t, Policy::Recommended)
+        })
         .and_then(|r| r.result.as_ref().ok())
 }
 
@@ -120,7 +184,7 @@ const HEADER: [&str; 17] = [
 ];
 
 /// The table, as Markdown (readable as plain text too).
-pub(super) fn render_table(rows: &[Row]) -> String {
+fn render_table(rows: &[Row]) -> String {
     let lines: Vec<Vec<String>> = rows.iter().map(|r| cells(r, rows, HEADER.len())).collect();
     crate::bench::table(&HEADER, &lines)
 }
@@ -138,13 +202,13 @@ fn mbit_cell(t: &Transfer) -> String {
 /// A row's cells under [`HEADER`]; a failed row says why and leaves `width` cells.
 fn cells(r: &Row, rows: &[Row], width: usize) -> Vec<String> {
     let mut cells = vec![
-        rtt_label(r.rtt_ms),
+        row_label(r),
         r.variant.transport().name().into(),
         r.variant.label(),
     ];
     match &r.result {
         Ok(m) => {
-            let refm = reference(rows, r.rtt_ms, r.variant.transport());
+            let refm = reference(rows, r);
             cells.extend([
                 m.rcvbuf.map_or("–".into(), human_bytes),
                 opt_ms(m.idle_ms),
@@ -178,7 +242,7 @@ fn cells(r: &Row, rows: &[Row], width: usize) -> Vec<String> {
 }
 
 /// What quinn did in the QUIC rows (from the client's shutdown log), below the main table.
-pub(super) fn render_quic_details(rows: &[&Row]) -> String {
+fn render_quic_details(rows: &[&Row]) -> String {
     let header = [
         "RTT",
         "outer",
@@ -189,12 +253,13 @@ pub(super) fn render_quic_details(rows: &[&Row]) -> String {
         "quinn dgram drops",
         "stream window in effect",
         "reconnects",
+        "closed by transport",
     ];
     let lines: Vec<Vec<String>> = rows
         .iter()
         .map(|r| {
             let mut c = vec![
-                rtt_label(r.rtt_ms),
+                row_label(r),
                 r.variant.transport().name().into(),
                 r.variant.label(),
             ];
@@ -210,7 +275,7 @@ pub(super) fn render_quic_details(rows: &[&Row]) -> String {
     crate::bench::table(&header, &lines)
 }
 
-fn quic_cells(t: Transport, q: &QuicFigures) -> [String; 6] {
+fn quic_cells(t: Transport, q: &QuicFigures) -> [String; 7] {
     let f = |v: Option<f64>| v.map_or("–".into(), |v| format!("{v:.2}"));
     [
         q.congestion.clone().unwrap_or_else(|| "–".into()),
@@ -218,18 +283,19 @@ fn quic_cells(t: Transport, q: &QuicFigures) -> [String; 6] {
         f(q.datagrams_per_recv),
         q.quinn_drops.map_or("–".into(), |d| d.to_string()),
         match (t, q.stream_window) {
-            (Transport::QuicStream, Some(w)) => format!("≈{}", human_bytes(w)),
+            (Transport::QuicStream, Some(w)) => format!("≈{} × 32", human_bytes(w)),
             _ => "–".into(),
         },
         q.reconnects.to_string(),
+        q.transport_closes.to_string(),
     ]
 }
 
 /// The targets of the QUIC and strongest-peer rows, checked against this run (and its UDP rows, if it had them).
-pub(super) fn render_quic_summary(rows: &[Row], a: &Args) -> String {
+fn render_quic_summary(rows: &[Row], a: &Args) -> String {
     let get = |rtt: u64, t: Transport, p: Policy| {
         rows.iter()
-            .find(|r| r.rtt_ms == rtt && r.variant == Variant::Bufscope(t, p))
+            .find(|r| r.rtt_ms == rtt && r.loss.is_none() && r.variant == Variant::Bufscope(t, p))
             .and_then(|r| r.result.as_ref().ok())
     };
     let mark = |ok: bool| if ok { "✓" } else { "✗" };
@@ -252,7 +318,7 @@ pub(super) fn render_quic_summary(rows: &[Row], a: &Args) -> String {
         if let Some((dr, ur, o)) = vs {
             let _ = writeln!(
                 s,
-                "- quic stream, quinn's windows → policy windows at 190 ms: down {:.1} → {:.1} Mbit/s ({dr:.1}×), up {:.1} → {:.1} ({ur:.1}×) (target ≥ 3×; a 1.25 MB window caps one stream at 52.6 Mbit/s at 190 ms) {}",
+                "- quic stream, quinn's windows → policy windows at 190 ms: down {:.1} → {:.1} Mbit/s ({dr:.1}×), up {:.1} → {:.1} ({ur:.1}×) (target ≥ 3×; quinn's 1.25 MB window, over the 32 streams, caps one flow at 52.6 Mbit/s at 190 ms) {}",
                 o.down.mbit,
                 r.down.mbit,
                 o.up.mbit,
@@ -301,11 +367,76 @@ pub(super) fn render_quic_summary(rows: &[Row], a: &Args) -> String {
     s
 }
 
-/// The issue's targets, checked against this run.
-pub(super) fn render_summary(rows: &[Row], a: &Args) -> String {
+/// The strongest peers, where they ran: no target but at RTT ≈0, the ratio, drops and CPU.
+fn render_peer_summary(rows: &[Row], a: &Args) -> String {
     let get = |rtt: u64, v: Variant| {
         rows.iter()
-            .find(|r| r.rtt_ms == rtt && r.variant == v)
+            .find(|r| r.rtt_ms == rtt && r.loss.is_none() && r.variant == v)
+            .and_then(|r| r.result.as_ref().ok())
+    };
+    let mark = |ok: bool| if ok { "✓" } else { "✗" };
+    let mut s = String::new();
+    for v in [Variant::WireguardGoUpstream, Variant::BoringtunCli] {
+        for &rtt in &a.rtts {
+            if let (Some(r), Some(p)) = (
+                get(rtt, Variant::Bufscope(Transport::Udp, Policy::Recommended)),
+                get(rtt, v),
+            ) {
+                let (d, u) = (
+                    r.down.mbit / p.down.mbit.max(1e-9),
+                    r.up.mbit / p.up.mbit.max(1e-9),
+                );
+                let _ = write!(
+                    s,
+                    "- udp recommended vs {} at {}: down {d:.2}×, up {u:.2}×; outer rcvbuf drops {}+{} vs {}+{}; \
+                     cores per Gbit/s down {} vs {}, up {} vs {}",
+                    v.label(),
+                    rtt_label(rtt),
+                    r.down.drops,
+                    r.up.drops,
+                    p.down.drops,
+                    p.up.drops,
+                    opt_cores(r.down.cores_per_gbps),
+                    opt_cores(p.down.cores_per_gbps),
+                    opt_cores(r.up.cores_per_gbps),
+                    opt_cores(p.up.cores_per_gbps),
+                );
+                if rtt == 0 && v == Variant::WireguardGoUpstream {
+                    // Ahead in both directions, without drops, as steady, and no dearer per bit.
+                    let width = |t: &Transfer| t.spread.1 - t.spread.0;
+                    let steady = width(&r.down) <= width(&p.down) && width(&r.up) <= width(&p.up);
+                    let cheaper = |x: Option<f64>, y: Option<f64>| match (x, y) {
+                        (Some(x), Some(y)) => x <= y,
+                        _ => false,
+                    };
+                    let cpu = cheaper(r.down.cores_per_gbps, p.down.cores_per_gbps)
+                        && cheaper(r.up.cores_per_gbps, p.up.cores_per_gbps);
+                    let _ = write!(
+                        s,
+                        "; spread down {:.0} vs {:.0}, up {:.0} vs {:.0} Mbit/s \
+                         (targets: ≥ 1.5× both ways {}, zero drops {}, spread no wider {}, cores per Gbit/s no higher {})",
+                        width(&r.down),
+                        width(&p.down),
+                        width(&r.up),
+                        width(&p.up),
+                        mark(d.min(u) >= 1.5),
+                        mark(r.down.drops + r.up.drops == 0),
+                        mark(steady),
+                        mark(cpu),
+                    );
+                }
+                s.push('\n');
+            }
+        }
+    }
+    s
+}
+
+/// The issue's targets, checked against this run.
+fn render_summary(rows: &[Row], a: &Args) -> String {
+    let get = |rtt: u64, v: Variant| {
+        rows.iter()
+            .find(|r| r.rtt_ms == rtt && r.loss.is_none() && r.variant == v)
             .and_then(|r| r.result.as_ref().ok())
     };
     let mark = |ok: bool| if ok { "✓" } else { "✗" };
@@ -383,59 +514,6 @@ pub(super) fn render_summary(rows: &[Row], a: &Args) -> String {
             );
         }
     }
-    // The strongest peers, where they ran: no target, the ratio and the drops.
-    for v in [Variant::WireguardGoUpstream, Variant::BoringtunCli] {
-        for &rtt in &a.rtts {
-            if let (Some(r), Some(p)) = (
-                get(rtt, Variant::Bufscope(Transport::Udp, Policy::Recommended)),
-                get(rtt, v),
-            ) {
-                let (d, u) = (
-                    r.down.mbit / p.down.mbit.max(1e-9),
-                    r.up.mbit / p.up.mbit.max(1e-9),
-                );
-                let _ = write!(
-                    s,
-                    "- udp recommended vs {} at {}: down {d:.2}×, up {u:.2}×; outer rcvbuf drops {}+{} vs {}+{}; \
-                     cores per Gbit/s down {} vs {}, up {} vs {}",
-                    v.label(),
-                    rtt_label(rtt),
-                    r.down.drops,
-                    r.up.drops,
-                    p.down.drops,
-                    p.up.drops,
-                    opt_cores(r.down.cores_per_gbps),
-                    opt_cores(p.down.cores_per_gbps),
-                    opt_cores(r.up.cores_per_gbps),
-                    opt_cores(p.up.cores_per_gbps),
-                );
-                if rtt == 0 && v == Variant::WireguardGoUpstream {
-                    // Ahead in both directions, without drops, as steady, and no dearer per bit.
-                    let width = |t: &Transfer| t.spread.1 - t.spread.0;
-                    let steady = width(&r.down) <= width(&p.down) && width(&r.up) <= width(&p.up);
-                    let cheaper = |x: Option<f64>, y: Option<f64>| match (x, y) {
-                        (Some(x), Some(y)) => x <= y,
-                        _ => false,
-                    };
-                    let cpu = cheaper(r.down.cores_per_gbps, p.down.cores_per_gbps)
-                        && cheaper(r.up.cores_per_gbps, p.up.cores_per_gbps);
-                    let _ = write!(
-                        s,
-                        "; spread down {:.0} vs {:.0}, up {:.0} vs {:.0} Mbit/s \
-                         (targets: ≥ 1.5× both ways {}, zero drops {}, spread no wider {}, cores per Gbit/s no higher {})",
-                        width(&r.down),
-                        width(&p.down),
-                        width(&r.up),
-                        width(&p.up),
-                        mark(d.min(u) >= 1.5),
-                        mark(r.down.drops + r.up.drops == 0),
-                        mark(steady),
-                        mark(cpu),
-                    );
-                }
-                s.push('\n');
-            }
-        }
-    }
+    s.push_str(&render_peer_summary(rows, a));
     s
 }

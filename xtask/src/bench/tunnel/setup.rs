@@ -113,6 +113,36 @@ impl Tunnel {
     }
 }
 
+/// One end of a tunnel: its namespace, keys and addresses.
+struct End<'a> {
+    ns: &'a bufscope_netlab::Netns,
+    private: &'a Path,
+    peer_public: &'a str,
+    inner: &'a str,
+    peer_inner: &'a str,
+    peer_outer: std::net::Ipv4Addr,
+    /// The connecting side (namespace a).
+    client: bool,
+    /// `--pin ends`: the CPU this end runs on.
+    cpu: Option<usize>,
+}
+
+impl End<'_> {
+    /// A command for `program` in this end's namespace, on its CPU if pinned (taskset execs
+    /// the program, so the pid stays the tunnel's, and every thread it starts inherits the
+    /// mask).
+    fn command(&self, program: &OsStr) -> Command {
+        match self.cpu {
+            Some(cpu) => {
+                let mut c = self.ns.command("taskset");
+                c.args(["-c", &cpu.to_string()]).arg(program);
+                c
+            }
+            None => self.ns.command(program),
+        }
+    }
+}
+
 /// Starts `v` between the lab's namespaces and waits until a ping crosses it.
 pub(super) fn start_tunnel(
     lab: &Lab,
@@ -128,38 +158,28 @@ pub(super) fn start_tunnel(
         wg_sockets: Vec::new(),
         logs: Vec::new(),
     };
-    let ends = [
-        (
-            lab.a(),
-            &keys.private_a,
-            &keys.public_b,
-            INNER_A,
-            INNER_B,
-            lab.addr_b(),
-        ),
-        (
-            lab.b(),
-            &keys.private_b,
-            &keys.public_a,
-            INNER_B,
-            INNER_A,
-            lab.addr_a(),
-        ),
-    ];
+    let a = End {
+        ns: lab.a(),
+        private: &keys.private_a,
+        peer_public: &keys.public_b,
+        inner: INNER_A,
+        peer_inner: INNER_B,
+        peer_outer: lab.addr_b(),
+        client: true,
+        cpu: pin.map(|[a, _]| a),
+    };
+    let b = End {
+        ns: lab.b(),
+        private: &keys.private_b,
+        peer_public: &keys.public_a,
+        inner: INNER_B,
+        peer_inner: INNER_A,
+        peer_outer: lab.addr_a(),
+        client: false,
+        cpu: pin.map(|[_, b]| b),
+    };
     // Server (b) first: with TCP transport the client connects to it.
-    for (ns, private, peer_public, inner, peer_inner, peer_outer) in ends.into_iter().rev() {
-        let is_client = inner == INNER_A;
-        // With `--pin ends`, each end runs on its own CPU (taskset execs the program, so the
-        // pid stays the tunnel's, and every thread it starts inherits the mask).
-        let cpu = pin.map(|[a, b]| if is_client { a } else { b });
-        let command = |program: &OsStr| match cpu {
-            Some(cpu) => {
-                let mut c = ns.command("taskset");
-                c.args(["-c", &cpu.to_string()]).arg(program);
-                c
-            }
-            None => ns.command(program),
-        };
+    for end in [b, a] {
         let ifname = bufscope_netlab::unique_name(bufscope_netlab::PREFIX, "t");
         let log = work.join(format!("{ifname}.log"));
         let log_file = File::create(&log).with_context(|| format!("creating {}", log.display()))?;
@@ -167,91 +187,123 @@ pub(super) fn start_tunnel(
         match v {
             Variant::Bufscope(transport, policy) | Variant::BufscopeOther(transport, policy) => {
                 let bin = bin.context("no bufscope-tunnel binary")?;
-                let mut c = command(bin.as_os_str());
-                c.args(["--interface", &ifname, "--address", &format!("{inner}/24")])
-                    .arg("--private-key-file")
-                    .arg(private)
-                    .args(["--peer-public-key", peer_public])
-                    .args(["--allowed-ips", &format!("{peer_inner}/32")])
-                    .args(["--listen-port", &TUNNEL_PORT.to_string()])
-                    .args(transport.flags())
-                    .args(["--buffer-policy", &policy.flag()]);
-                if transport.is_quic() && quic_congestion != "default" {
-                    c.args(["--congestion", quic_congestion]);
-                }
-                // UDP: both ends know each other; TCP and QUIC: the client connects, the
-                // server listens.
-                if transport == Transport::Udp || is_client {
-                    c.args(["--endpoint", &format!("{peer_outer}:{TUNNEL_PORT}")]);
-                }
-                // BUFSCOPE_TUNNEL_LOG: another filter for investigations (e.g.
-                // `info,bufscope_tunnel=debug` logs quinn's path state every second).
-                let filter = std::env::var("BUFSCOPE_TUNNEL_LOG").unwrap_or_else(|_| "info".into());
-                c.env("RUST_LOG", filter)
+                let mut c = end.command(bin.as_os_str());
+                bufscope_args(&mut c, &end, &ifname, transport, quic_congestion)
+                    .args(["--buffer-policy", &policy.flag()])
                     .stdin(Stdio::null())
                     .stdout(log_file.try_clone()?)
                     .stderr(log_file);
                 t.procs.push(Process::spawn(&mut c)?);
             }
             Variant::WireguardGo | Variant::WireguardGoUpstream | Variant::BoringtunCli => {
-                // All three speak wireguard-go's UAPI: a socket in WG_SOCKET_DIR, set with `wg`.
-                let mut c = match v {
-                    Variant::WireguardGoUpstream => command(peers::wireguard_go().as_os_str()),
-                    Variant::BoringtunCli => {
-                        let mut c = command(peers::boringtun_cli().as_os_str());
-                        // Root in the lab: keep the privileges `wg` needs on the UAPI socket.
-                        c.args([
-                            "--disable-drop-privileges",
-                            "--verbosity",
-                            "error",
-                            "--log",
-                            "/dev/stderr",
-                        ]);
-                        c
-                    }
-                    _ => command(OsStr::new("wireguard-go")),
-                };
-                c.args(["-f", &ifname])
-                    .env("LOG_LEVEL", "error")
-                    .stdin(Stdio::null())
-                    .stdout(log_file.try_clone()?)
-                    .stderr(log_file);
-                t.procs.push(Process::spawn(&mut c)?);
-                let sock = Path::new(WG_SOCKET_DIR).join(format!("{ifname}.sock"));
-                t.wg_sockets.push(sock.clone());
-                let every = Duration::from_millis(20);
-                wait_until(Duration::from_secs(5), every, "its UAPI socket", || {
-                    sock.exists().then_some(())
-                })
-                .with_context(|| format!("wireguard-go did not create {}", sock.display()))?;
-                ns.exec(
-                    "wg",
-                    [
-                        "set",
-                        &ifname,
-                        "listen-port",
-                        &TUNNEL_PORT.to_string(),
-                        "private-key",
-                        &private.to_string_lossy(),
-                        "peer",
-                        peer_public,
-                        "endpoint",
-                        &format!("{peer_outer}:{TUNNEL_PORT}"),
-                        "allowed-ips",
-                        &format!("{peer_inner}/32"),
-                    ],
-                )?;
-                ns.add_addr(&ifname, &format!("{inner}/24"))?;
-                ns.link_up(&ifname)?;
+                start_uapi_end(&mut t, v, &end, &ifname, log_file)?;
             }
         }
     }
-    // The tunnel is up when a ping crosses it (the first one triggers the handshake).
+    wait_for_ping(lab, &mut t)?;
+    Ok(t)
+}
+
+/// bufscope-tunnel's flags for `end`.
+fn bufscope_args<'c>(
+    c: &'c mut Command,
+    end: &End,
+    ifname: &str,
+    transport: Transport,
+    quic_congestion: &str,
+) -> &'c mut Command {
+    c.args([
+        "--interface",
+        ifname,
+        "--address",
+        &format!("{}/24", end.inner),
+    ])
+    .arg("--private-key-file")
+    .arg(end.private)
+    .args(["--peer-public-key", end.peer_public])
+    .args(["--allowed-ips", &format!("{}/32", end.peer_inner)])
+    .args(["--listen-port", &TUNNEL_PORT.to_string()])
+    .args(transport.flags());
+    if transport.is_quic() && quic_congestion != "default" {
+        c.args(["--congestion", quic_congestion]);
+    }
+    // UDP: both ends know each other; TCP and QUIC: the client connects, the server listens.
+    if transport == Transport::Udp || end.client {
+        c.args(["--endpoint", &format!("{}:{TUNNEL_PORT}", end.peer_outer)]);
+    }
+    // BUFSCOPE_TUNNEL_LOG: another filter for investigations (e.g.
+    // `info,bufscope_tunnel=debug` logs quinn's path state every second).
+    let filter = std::env::var("BUFSCOPE_TUNNEL_LOG").unwrap_or_else(|_| "info".into());
+    c.env("RUST_LOG", filter)
+}
+
+/// One end of a tunnel that speaks wireguard-go's UAPI (wireguard-go, upstream or Debian, and
+/// boringtun-cli): started, then configured with `wg` through its socket in WG_SOCKET_DIR.
+fn start_uapi_end(
+    t: &mut Tunnel,
+    v: Variant,
+    end: &End,
+    ifname: &str,
+    log_file: File,
+) -> anyhow::Result<()> {
+    let mut c = match v {
+        Variant::WireguardGoUpstream => end.command(peers::wireguard_go().as_os_str()),
+        Variant::BoringtunCli => {
+            let mut c = end.command(peers::boringtun_cli().as_os_str());
+            // Root in the lab: keep the privileges `wg` needs on the UAPI socket.
+            c.args([
+                "--disable-drop-privileges",
+                "--verbosity",
+                "error",
+                "--log",
+                "/dev/stderr",
+            ]);
+            c
+        }
+        _ => end.command(OsStr::new("wireguard-go")),
+    };
+    c.args(["-f", ifname])
+        .env("LOG_LEVEL", "error")
+        .stdin(Stdio::null())
+        .stdout(log_file.try_clone()?)
+        .stderr(log_file);
+    t.procs.push(Process::spawn(&mut c)?);
+    let sock = Path::new(WG_SOCKET_DIR).join(format!("{ifname}.sock"));
+    t.wg_sockets.push(sock.clone());
+    let every = Duration::from_millis(20);
+    wait_until(Duration::from_secs(5), every, "its UAPI socket", || {
+        sock.exists().then_some(())
+    })
+    .with_context(|| format!("wireguard-go did not create {}", sock.display()))?;
+    end.ns.exec(
+        "wg",
+        [
+            "set",
+            ifname,
+            "listen-port",
+            &TUNNEL_PORT.to_string(),
+            "private-key",
+            &end.private.to_string_lossy(),
+            "peer",
+            end.peer_public,
+            "endpoint",
+            &format!("{}:{TUNNEL_PORT}", end.peer_outer),
+            "allowed-ips",
+            &format!("{}/32", end.peer_inner),
+        ],
+    )?;
+    end.ns.add_addr(ifname, &format!("{}/24", end.inner))?;
+    end.ns.link_up(ifname)?;
+    Ok(())
+}
+
+/// Waits until a ping crosses the tunnel (the first one triggers the handshake).
+fn wait_for_ping(lab: &Lab, t: &mut Tunnel) -> anyhow::Result<()> {
     let deadline = Instant::now() + Duration::from_secs(15);
     loop {
         let p = measure::ping(lab.a(), INNER_B, 1, Duration::from_millis(200));
         if p.is_ok_and(|p| p.received == 1) {
-            return Ok(t);
+            return Ok(());
         }
         if Instant::now() > deadline {
             bail!(
