@@ -1418,8 +1418,8 @@ fn assert_every_rule_is_healthy_and_blames_only_the_workload(groups: &[Value], b
     }
     assert_eq!(
         n_rules,
-        2 * alert_names_in_rules().len(),
-        "every rule of both copies is loaded"
+        2 * (alert_names_in_rules().len() + recorded_in_rules().len()),
+        "every rule (alerts and recording rules) of both copies is loaded"
     );
 }
 
