@@ -290,6 +290,10 @@ pub struct Config {
     pub kn_id: u32,
     /// `sock.sk_type` (u16 on recent kernels, a 16-bit bitfield on older ones).
     pub sk_type: Field,
+    /// `net.ipv4.sysctl_tcp_wmem` + 8 (`tcp_wmem[2]`, int: send autotuning's ceiling).
+    pub net_tcp_wmem_max: u32,
+    /// Padding.
+    pub _pad_end: u32,
 }
 
 /// What the owner of a socket is: the process that created, bound, connected, accepted or
@@ -487,11 +491,10 @@ pub struct GuardConfig {
     /// [`guard::COMM_ALL`], [`guard::COMM_ONLY`] (only the comms in `GUARD_COMMS`) or
     /// [`guard::COMM_EXCEPT`] (all but those).
     pub comm_mode: u32,
-    /// `net.core.rmem_max` at start: what a skipped TCP `SO_RCVBUF` would have been capped at
-    /// (for its `getsockopt` readback).
-    pub tcp_rmem_ceiling: i32,
-    /// `net.core.wmem_max` at start (as `tcp_rmem_ceiling`, for `SO_SNDBUF`).
-    pub tcp_wmem_ceiling: i32,
+    /// The policy generation: a digest of everything a decision depends on (mode, rules,
+    /// floors, scope, budget), never 0. Every per-socket mark carries the generation it was
+    /// made under; a socket marked under another one is decided again.
+    pub generation: u32,
     /// bufscope's own process id: never in scope (its measurements and its HTTP socket).
     pub self_tgid: u32,
     /// A persisted guard's lease (`--guard.lease`, seconds; 0: no lease, the guard lives and
@@ -499,6 +502,11 @@ pub struct GuardConfig {
     /// `bpf_ktime_get_ns` time, renewed by the running bufscope) lies ahead, and fail open
     /// after it.
     pub lease_secs: u32,
+    /// Padding.
+    pub _pad: u32,
+    /// `--guard.udp-budget`: the most receive buffer (bytes, as the kernel counts it: twice
+    /// the `SO_RCVBUF` value) the guard grants to live UDP sockets together.
+    pub udp_budget: u64,
 }
 
 /// Constants of [`GuardConfig`] and [`GuardEvent`].
@@ -526,6 +534,13 @@ pub mod guard {
     pub const ACTION_RAISED: u8 = 2;
     /// Observe mode: what enforce would have done, not done.
     pub const ACTION_OBSERVED: u8 = 3;
+    /// A TCP request at or above what autotuning can reach in the socket's network namespace
+    /// (`tcp_rmem[2]`/`tcp_wmem[2]`): left to the kernel, which applies it.
+    pub const ACTION_HONOURED: u8 = 4;
+    /// A UDP receive raise the budget (`--guard.udp-budget`) had no room for: the socket keeps
+    /// what it would have without the guard ([`super::GuardEvent::applied`]: the bytes it did
+    /// not get).
+    pub const ACTION_OVER_BUDGET: u8 = 5;
     /// [`super::GuardEvent::hook`]: at `setsockopt`.
     pub const HOOK_SETSOCKOPT: u8 = 1;
     /// At `bind`.
@@ -539,8 +554,22 @@ pub mod guard {
     /// Slot of `GUARD_STATS` (a per-CPU array): decisions taken (and acted on) that could not
     /// be reported because the `EVENTS` ring buffer was full.
     pub const STAT_UNREPORTED: u32 = 0;
+    /// Slot of `GUARD_STATS`: UDP sockets the budget left at the kernel's size.
+    pub const STAT_LEFT_OUT: u32 = 1;
+    /// Slot of `GUARD_STATS`: the receive bytes those sockets did not get.
+    pub const STAT_LEFT_OUT_BYTES: u32 = 2;
     /// Slots of `GUARD_STATS`.
-    pub const STAT_COUNT: u32 = 1;
+    pub const STAT_COUNT: u32 = 3;
+    /// Slot of `GUARD_STATE` (a shared array, updated atomically): receive bytes granted to
+    /// live UDP sockets (released when a socket closes or sizes itself).
+    pub const STATE_GRANTED: u32 = 0;
+    /// Slot of `GUARD_STATE`: `net.core.rmem_max` (written by bufscope at start and on every
+    /// poll; 0: unknown).
+    pub const STATE_RMEM_MAX: u32 = 1;
+    /// Slot of `GUARD_STATE`: `net.core.wmem_max` (as [`STATE_RMEM_MAX`]).
+    pub const STATE_WMEM_MAX: u32 = 2;
+    /// Slots of `GUARD_STATE`.
+    pub const STATE_COUNT: u32 = 3;
 }
 
 /// One guard decision (in process context: the owner is the caller).
@@ -557,11 +586,13 @@ pub struct GuardEvent {
     pub inode: u64,
     /// What the application asked for (0 when it did not ask).
     pub requested: i32,
-    /// What the kernel got instead (the floor; 0 for a skipped call).
+    /// What the kernel got instead (the floor; 0 for a skipped call; for
+    /// [`guard::ACTION_OVER_BUDGET`], the receive bytes not granted).
     pub applied: i32,
     /// [`guard::RULE_TCP_AUTOTUNE`] or [`guard::RULE_UDP_FLOOR`].
     pub rule: u8,
-    /// [`guard::ACTION_SKIPPED`], [`guard::ACTION_RAISED`] or [`guard::ACTION_OBSERVED`].
+    /// [`guard::ACTION_SKIPPED`], [`guard::ACTION_RAISED`], [`guard::ACTION_OBSERVED`],
+    /// [`guard::ACTION_HONOURED`] or [`guard::ACTION_OVER_BUDGET`].
     pub action: u8,
     /// Where: [`guard::HOOK_SETSOCKOPT`], …
     pub hook: u8,
@@ -771,6 +802,11 @@ pub mod maps {
         name: "GUARD_STATS",
         default_entries: super::guard::STAT_COUNT,
     };
+    /// The guard's shared state: granted receive bytes, `rmem_max`/`wmem_max` (array).
+    pub const GUARD_STATE: MapSpec = MapSpec {
+        name: "GUARD_STATE",
+        default_entries: super::guard::STATE_COUNT,
+    };
     /// The guard's scope: comms it acts for (or not).
     pub const GUARD_COMMS: MapSpec = MapSpec {
         name: "GUARD_COMMS",
@@ -799,6 +835,7 @@ pub mod maps {
         SPACE_LAST,
         SCRATCH,
         GUARD_STATS,
+        GUARD_STATE,
         GUARD_COMMS,
         GUARD_LEASE,
     ];
@@ -933,7 +970,7 @@ pub struct ReaderVal {
 const _: () = assert!(core::mem::size_of::<CompatConfig>() == 32);
 const _: () = assert!(core::mem::size_of::<SpaceSnap>() == 16);
 const _: () = assert!(core::mem::size_of::<Field>() == 8);
-const _: () = assert!(core::mem::size_of::<Config>() == 304);
+const _: () = assert!(core::mem::size_of::<Config>() == 312);
 const _: () = assert!(core::mem::offset_of!(Config, reason_mask) == 208);
 const _: () = assert!(core::mem::size_of::<Owner>() == 40);
 const _: () = assert!(core::mem::size_of::<DropKey>() == 24);
@@ -941,7 +978,7 @@ const _: () = assert!(core::mem::size_of::<DropVal>() == 48);
 const _: () = assert!(core::mem::size_of::<AutotuneVal>() == 56);
 const _: () = assert!(core::mem::size_of::<SockoptEvent>() == 96);
 const _: () = assert!(core::mem::size_of::<GuardEvent>() == 72);
-const _: () = assert!(core::mem::size_of::<GuardConfig>() == 48);
+const _: () = assert!(core::mem::size_of::<GuardConfig>() == 56);
 const _: () = assert!(core::mem::size_of::<EstablishedEvent>() == 80);
 const _: () = assert!(core::mem::size_of::<ReaderKey>() == 16);
 const _: () = assert!(core::mem::size_of::<ReaderVal>() == 16);

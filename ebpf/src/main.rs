@@ -9,7 +9,7 @@
 //! | window-scale shrink, listener owners | [`tcp_state`] | `tp_btf/inet_sock_set_state` | `EVENTS` ([`EstablishedEvent`](bufscope_common::EstablishedEvent)), `LISTENERS` |
 //! | autotuning suppressed | [`autotune`] | `tp_btf/tcp_rcvbuf_grow`; older kernels: [`autotune::compat`] | `AUTOTUNE` (per socket inode) |
 //! | socket owners | [`owners`] | `cgroup/sock_create`; `syscalls/sys_exit_{socket,accept,accept4}`; also setsockopt and `connect()` | `OWNERS` |
-//! | the guard | [`guard`] | `cgroup/sock_create` (else `cgroup/{bind,connect,sendmsg}{4,6}`), `cgroup/getsockopt`; decisions in `cgroup/setsockopt` | `GUARD_SK` (socket storage), `GUARD_COMMS`, `GUARD_STATS`, `GUARD_LEASE` |
+//! | the guard | [`guard`] | `cgroup/{bind,connect}{4,6}` (+ `sendmsg{4,6}`), enforce: `cgroup/getsockopt`, `cgroup/sock_release`; decisions in `cgroup/setsockopt` | `GUARD_SK` (socket storage, cloned to accepted children), `GUARD_COMMS`, `GUARD_STATS`, `GUARD_STATE`, `GUARD_LEASE` |
 //!
 //! Shared by several signals: [`config`] (the `CONFIG`/`COMPAT` globals userspace patches
 //! from the running kernel's BTF), [`events`] (`EVENTS`, `STATS`), [`kmem`] (kernel memory
@@ -19,6 +19,10 @@
 //! are what userspace loads them by: the module a program lives in does not change its name.
 #![no_std]
 #![no_main]
+// The guard's budget is one shared counter: `atomic_xadd` (BPF_ATOMIC | BPF_FETCH) — the
+// target has no CAS, so core's `AtomicU64::fetch_add` is not offered.
+#![feature(core_intrinsics)]
+#![allow(internal_features)]
 
 #[macro_use]
 mod config;

@@ -137,8 +137,19 @@ fn buffer_setsockopt(ctx: &SockoptContext, so: &mut aya_ebpf::bindings::bpf_sock
         flags |= sockopt_flags::NET_ADMIN;
     }
     let net_admin = flags & sockopt_flags::NET_ADMIN != 0;
-    let decision =
-        guard::decide_setsockopt(&owner, proto, so.optname, requested, optlen, net_admin);
+    // An unreadable value (optval beyond the page the kernel hands the program) is never
+    // decided on: the guard would not know what it overrides.
+    let readable = optlen >= 4 && unsafe { optval.add(4) } <= end;
+    let decision = guard::decide_setsockopt(
+        unsafe { so.__bindgen_anon_1.sk },
+        sk,
+        &owner,
+        proto,
+        so.optname,
+        requested,
+        if readable { optlen } else { 0 },
+        net_admin,
+    );
     let mut applied = requested;
     match decision.action {
         bufscope_common::guard::ACTION_SKIPPED => {
@@ -160,12 +171,7 @@ fn buffer_setsockopt(ctx: &SockoptContext, so: &mut aya_ebpf::bindings::bpf_sock
     // Each (socket, rule) decision is reported once; the socket-local storage remembers it
     // (and what a skipped request asked, for the getsockopt readback).
     if decision.action != 0
-        && guard::note_setsockopt(
-            unsafe { so.__bindgen_anon_1.sk },
-            decision,
-            so.optname,
-            requested,
-        )
+        && guard::note_setsockopt(unsafe { so.__bindgen_anon_1.sk }, decision, so.optname)
     {
         guard::report(
             &owner,

@@ -750,8 +750,9 @@ fn rmem_max_with_room_for_a_clamp() -> i64 {
 }
 
 /// Two exporters: A as shipped; B degraded (one probe off, a one-entry drop map) so the
-/// health panels and alerts have something to show, and with --bpf.run-stats. Both read the
-/// fake container's kubelet layout.
+/// health panels and alerts have something to show, with --bpf.run-stats, and with the guard
+/// observing (the guard row: it changes nothing). Both read the fake container's kubelet
+/// layout.
 fn start_a_shipped_and_a_degraded_exporter(container: &FakeContainer) -> (Exporter, Exporter) {
     let log_dir = container.log_dir.display().to_string();
     let a = Exporter::start(&["--kubernetes.log-dir", &log_dir]);
@@ -764,6 +765,9 @@ fn start_a_shipped_and_a_degraded_exporter(container: &FakeContainer) -> (Export
         &log_dir,
         // The own-cost row's CPU per probe.
         "--bpf.run-stats",
+        // The guard row.
+        "--guard.mode",
+        "observe",
     ]);
     (a, b)
 }

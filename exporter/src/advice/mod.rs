@@ -154,6 +154,12 @@ pub struct GuardAct {
     pub floor: i64,
     /// The floor was capped at `rmem_max` below what the policy asks.
     pub floor_capped: bool,
+    /// Sockets `--guard.udp-budget` left at the kernel's size (not raised).
+    pub left_out: u64,
+    /// The receive bytes they did not get.
+    pub left_out_bytes: u64,
+    /// `--guard.udp-budget` (bytes).
+    pub budget: u64,
 }
 
 /// `net.ipv4.tcp_rmem[2]`'s kernel default, assumed when the sysctl cannot be read.
@@ -387,8 +393,23 @@ fn mark_guarded(out: &mut [Finding], acts: &[GuardAct]) {
                 )
             }
         };
+        let left_out: u64 = mine.iter().map(|a| a.left_out).sum();
+        let budget = if left_out > 0 {
+            let bytes: u64 = mine.iter().map(|a| a.left_out_bytes).sum();
+            let limit = mine.iter().map(|a| a.budget).max().unwrap_or(0);
+            format!(
+                "; {left_out} socket(s) left at the kernel's size, {} not granted: \
+                 --guard.udp-budget {} is spent (raise it, or narrow the scope)",
+                kib(bytes as f64),
+                kib(limit as f64)
+            )
+        } else {
+            String::new()
+        };
         f.guard = Some(if enforced > 0 {
-            format!("the guard is fixing this ({rule}): {enforced} decisions, {what}")
+            format!("the guard is fixing this ({rule}): {enforced} decisions, {what}{budget}")
+        } else if left_out > 0 {
+            format!("the guard would fix this ({rule}) but cannot{budget}")
         } else {
             format!(
                 "the guard (observe mode) would fix this ({rule}): {observed} decisions, {what}"

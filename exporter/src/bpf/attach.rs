@@ -114,6 +114,7 @@ fn cgroup_attach_type(hook: &Hook) -> anyhow::Result<at> {
         Hook::CgroupSetsockopt { .. } => at::BPF_CGROUP_SETSOCKOPT,
         Hook::CgroupGetsockopt { .. } => at::BPF_CGROUP_GETSOCKOPT,
         Hook::CgroupSockCreate { .. } => at::BPF_CGROUP_INET_SOCK_CREATE,
+        Hook::CgroupSockRelease { .. } => at::BPF_CGROUP_INET_SOCK_RELEASE,
         Hook::CgroupSockAddr { attach, .. } => match *attach {
             "bind4" => at::BPF_CGROUP_INET4_BIND,
             "bind6" => at::BPF_CGROUP_INET6_BIND,
@@ -168,6 +169,7 @@ fn link(ebpf: &Ebpf, hook: &Hook, env: &AttachEnv<'_>) -> anyhow::Result<Link> {
         Hook::CgroupSetsockopt { .. }
         | Hook::CgroupGetsockopt { .. }
         | Hook::CgroupSockCreate { .. }
+        | Hook::CgroupSockRelease { .. }
         | Hook::CgroupSockAddr { .. } => {
             let cgroup = env.cgroup()?;
             (

@@ -66,6 +66,12 @@ pub enum Hook {
         /// Program name in the object.
         prog: &'static str,
     },
+    /// A `cgroup/sock_release` program, attached at the probe's cgroup: runs when an
+    /// AF_INET/AF_INET6 socket created in that cgroup is released (its last close).
+    CgroupSockRelease {
+        /// Program name in the object.
+        prog: &'static str,
+    },
     /// A `cgroup/<attach>` socket-address program (`bind4`, `connect6`, `sendmsg4`, …),
     /// attached at the probe's cgroup.
     CgroupSockAddr {
@@ -88,6 +94,7 @@ impl Hook {
             | Hook::CgroupSetsockopt { prog }
             | Hook::CgroupGetsockopt { prog }
             | Hook::CgroupSockCreate { prog }
+            | Hook::CgroupSockRelease { prog }
             | Hook::CgroupSockAddr { prog, .. } => prog,
         }
     }
@@ -112,6 +119,7 @@ impl Hook {
             Hook::CgroupSetsockopt { .. } => "cgroup/setsockopt".into(),
             Hook::CgroupGetsockopt { .. } => "cgroup/getsockopt".into(),
             Hook::CgroupSockCreate { .. } => "cgroup/sock_create".into(),
+            Hook::CgroupSockRelease { .. } => "cgroup/sock_release".into(),
             Hook::CgroupSockAddr { attach, .. } => format!("cgroup/{attach}"),
             Hook::Fentry { func, .. } => format!("fentry/{func}"),
             Hook::Fexit { func, .. } => format!("fexit/{func}"),
@@ -124,6 +132,7 @@ impl Hook {
             self,
             Hook::CgroupSetsockopt { .. }
                 | Hook::CgroupSockCreate { .. }
+                | Hook::CgroupSockRelease { .. }
                 | Hook::CgroupSockAddr { .. }
                 | Hook::CgroupGetsockopt { .. }
         )

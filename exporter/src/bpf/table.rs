@@ -11,7 +11,8 @@
 use anyhow::Context as _;
 use aya::Ebpf;
 use aya::maps::{
-    HashMap as BpfHashMap, IterableMap as _, MapData, PerCpuArray, PerCpuHashMap, PerCpuValues,
+    Array, HashMap as BpfHashMap, IterableMap as _, MapData, PerCpuArray, PerCpuHashMap,
+    PerCpuValues,
 };
 use bufscope_common::MapSpec;
 
@@ -259,6 +260,51 @@ impl<T: aya::Pod + Default + Send> Table<u32, Vec<T>> for PerCpuSlots<T> {
     }
 
     fn take(&mut self, key: &u32) -> Option<Vec<T>> {
+        let v = self.get(key);
+        self.remove(key);
+        v
+    }
+}
+
+/// A kernel array (`BPF_MAP_TYPE_ARRAY`): keys are indexes; entries cannot be deleted
+/// (removing one zeroes it).
+pub struct Slots<T: aya::Pod> {
+    name: &'static str,
+    map: Array<MapData, T>,
+}
+
+impl<T: aya::Pod + Default + Send + 'static> Slots<T> {
+    /// Takes map `spec` out of the loaded object.
+    pub fn take(ebpf: &mut Ebpf, spec: MapSpec) -> anyhow::Result<Box<dyn Table<u32, T>>> {
+        Ok(Box::new(Self {
+            name: spec.name,
+            map: take_map(ebpf, spec.name)?,
+        }))
+    }
+}
+
+impl<T: aya::Pod + Default + Send> Table<u32, T> for Slots<T> {
+    fn entries(&mut self) -> Vec<(u32, T)> {
+        (0..self.map.len())
+            .filter_map(|i| Some((i, self.get(&i)?)))
+            .collect()
+    }
+
+    fn get(&self, key: &u32) -> Option<T> {
+        self.map.get(key, 0).ok()
+    }
+
+    fn insert(&mut self, key: u32, value: T) -> anyhow::Result<()> {
+        self.map
+            .set(key, value, 0)
+            .with_context(|| format!("writing {}", self.name))
+    }
+
+    fn remove(&mut self, key: &u32) {
+        let _ = self.insert(*key, T::default());
+    }
+
+    fn take(&mut self, key: &u32) -> Option<T> {
         let v = self.get(key);
         self.remove(key);
         v

@@ -46,6 +46,7 @@ impl RunArgs {
         self.signals.validate(&crate::signals::ValidateCx {
             disabled: &self.kernel.disable,
             pinned: self.pins.pin_path.is_some(),
+            poll_interval: self.poll_interval,
         })?;
         if let Some(p) = &self.pins.pin_path {
             check_pin_path(p).map_err(|e| Invalid::new("bpf.pin-path", e))?;

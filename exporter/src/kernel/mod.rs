@@ -162,6 +162,7 @@ fn tcp_net_layout(c: &mut Config, l: &Layout<'_>) -> Result<(), BtfError> {
 
     c.net_inum = l.off("net", "ns.inum")?;
     c.net_tcp_rmem_max = l.off("net", "ipv4.sysctl_tcp_rmem")? + 8;
+    c.net_tcp_wmem_max = l.off("net", "ipv4.sysctl_tcp_wmem")? + 8;
     // Per-netns since ≈4.15; absent (bits = 0) means "not per netns": treat as on.
     c.net_tcp_moderate_rcvbuf = l
         .field("net", "ipv4.sysctl_tcp_moderate_rcvbuf")

@@ -38,6 +38,12 @@ fn kind_matches(h: &Hook, s: &ProgramSection) -> bool {
                 attach_type: CgroupSockAttachType::SockCreate,
             },
         ) => true,
+        (
+            Hook::CgroupSockRelease { .. },
+            ProgramSection::CgroupSock {
+                attach_type: CgroupSockAttachType::SockRelease,
+            },
+        ) => true,
         (Hook::CgroupSockAddr { attach, .. }, ProgramSection::CgroupSockAddr { attach_type }) => {
             use CgroupSockAddrAttachType as A;
             matches!(

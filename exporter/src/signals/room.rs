@@ -129,6 +129,8 @@ pub struct ValidateCx<'a> {
     pub disabled: &'a [String],
     /// `--bpf.pin-path` is given.
     pub pinned: bool,
+    /// `--poll-interval` (how often the rooms poll their maps).
+    pub poll_interval: std::time::Duration,
 }
 
 /// A line a room adds to `bufscope check` (e.g. whether an optional hook exists here).

@@ -8,8 +8,12 @@ pub enum Bench {
     /// What bufscope costs: per-event probe cost vs bpftrace, data path with/without probes,
     /// exporter latency/RSS/CPU with 1,000 processes.
     Overhead(overhead::Args),
+    /// The guard next to host-wide UDP buffer sysctls (bpftune's test shape): throughput,
+    /// loss, receive memory, sysctls changed.
+    GuardVsSysctl(guard_vs_sysctl::Args),
 }
 
+mod guard_vs_sysctl;
 mod overhead;
 mod tunnel;
 
@@ -133,6 +137,7 @@ pub fn run(b: Bench) -> anyhow::Result<()> {
     match b {
         Bench::Tunnel(a) => tunnel::run(&a),
         Bench::Overhead(a) => overhead::run(&a),
+        Bench::GuardVsSysctl(a) => guard_vs_sysctl::run(&a),
     }
 }
 

@@ -88,6 +88,22 @@ pub(super) const STEPS: &[Step] = &[
         shared: Some(&[]),
     },
     Step {
+        name: "guard: TCP requests honoured/skipped vs ss -tm, children, scope, UDP floor and budget vs ss -uam",
+        test: "guard",
+        env: &[],
+        args: &[
+            "tcp_requests_above_autotuning_are_honoured_small_ones_skipped",
+            "accepted_children_inherit_the_listeners_decision",
+            "out_of_scope_binder_then_in_scope_user",
+            "udp_floor_raises_never_asking_and_small_requests",
+            "the_budget_stops_raises_at_its_bound_and_says_so",
+        ],
+        // Where the guard attaches (not 5.10: its cgroup/bind4 has no bpf_getsockopt).
+        when: Some(("guard", "cgroup/bind4")),
+        // Each test starts its own bufscope with its guard flags.
+        shared: None,
+    },
+    Step {
         name: "autotune vs an independent bpftrace count (best hook and tracepoint fallback)",
         test: "kernel_matrix",
         env: &[],

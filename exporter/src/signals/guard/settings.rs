@@ -66,13 +66,34 @@ pub struct Flags {
     #[arg(long = "guard.persist")]
     pub persist: bool,
     /// With --guard.persist: how long the pinned guard keeps acting after the last bufscope
-    /// that renewed it stopped (crashed, uninstalled); then it fails open. Default 5m.
+    /// that renewed it stopped (crashed, uninstalled); then it fails open. Default 5m; at
+    /// least twice --poll-interval (it is renewed on every poll).
     #[arg(long = "guard.lease", value_name = "DURATION", value_parser = crate::values::duration_within(std::time::Duration::from_secs(1), std::time::Duration::from_secs(u32::MAX as u64)))]
     pub lease: Option<std::time::Duration>,
+    /// The most receive buffer (bytes, as the kernel counts it: twice the SO_RCVBUF value)
+    /// the UDP floor grants to live sockets together; beyond it sockets keep the kernel's
+    /// size, counted in bufscope_guard_udp_left_out_total. Default 1 GiB (73 sockets at the
+    /// 7 MiB floor).
+    #[arg(long = "guard.udp-budget", value_name = "BYTES", value_parser = udp_budget_value)]
+    pub udp_budget: Option<u64>,
+}
+
+/// `--guard.udp-budget`: a byte size (`1073741824`, `512M`, `1G`), at least one byte.
+fn udp_budget_value(s: &str) -> Result<u64, String> {
+    match policy::units::parse_bytes(s)? {
+        0 => Err("--guard.udp-budget 0 would leave every socket out: give at least 1".into()),
+        n => Ok(n),
+    }
 }
 
 /// `--guard.lease` when not given.
 pub const DEFAULT_LEASE: std::time::Duration = std::time::Duration::from_secs(300);
+
+/// `--guard.udp-budget` when not given: 1 GiB of receive buffer, 73 sockets at the policy's
+/// 7 MiB floor (each holds twice that, as the kernel counts it). Under a flood every raised
+/// socket may fill its buffer: this bounds what the guard can make the node queue, where a
+/// host-wide `rmem_default` raise applies to every socket on the node.
+pub const DEFAULT_UDP_BUDGET: u64 = 1 << 30;
 
 impl Flags {
     /// Checks the guard flags that clap cannot, with the rest of the command line (`cx`).
@@ -118,6 +139,7 @@ impl Flags {
             ("guard.udp-unbound-senders", self.udp_unbound_senders),
             ("guard.persist", self.persist),
             ("guard.lease", self.lease.is_some()),
+            ("guard.udp-budget", self.udp_budget.is_some()),
         ];
         if self.mode == GuardMode::Off
             && let Some((flag, _)) = given.iter().find(|(_, set)| *set)
@@ -165,7 +187,78 @@ impl Flags {
                  (e.g. /sys/fs/bpf/bufscope)",
             ));
         }
+        if self.persist {
+            let lease = self.lease.unwrap_or(DEFAULT_LEASE);
+            let least = cx.poll_interval.saturating_mul(2);
+            if lease < least {
+                return Err(Invalid::new(
+                    "guard.lease",
+                    format!(
+                        "--guard.lease {:?} is less than twice --poll-interval {:?} (the lease \
+                         is renewed on every poll: a shorter one lapses between two): give \
+                         --guard.lease {:?} or more",
+                        lease, cx.poll_interval, least
+                    ),
+                ));
+            }
+        }
+        if self.mode != GuardMode::Off {
+            let offsets = TimeOffsets::read();
+            if offsets.boottime_ns != 0 {
+                return Err(Invalid::new(
+                    "guard.mode",
+                    format!(
+                        "--guard.mode: bufscope runs in a time namespace whose boot time is \
+                         shifted by {} s (/proc/self/timens_offsets): the kernel's process start \
+                         times would not match /proc's, so guard decisions could not be given to \
+                         their processes; run bufscope in the host's time namespace",
+                        offsets.boottime_ns / 1_000_000_000
+                    ),
+                ));
+            }
+        }
         Ok(())
+    }
+}
+
+/// The offsets of this process's time namespace (`/proc/self/timens_offsets`; all zero in the
+/// host's, or on a kernel without time namespaces): what its `CLOCK_MONOTONIC` and
+/// `CLOCK_BOOTTIME` add to the kernel's clocks, which BPF programs read.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TimeOffsets {
+    /// Added to `CLOCK_MONOTONIC` (ns).
+    pub monotonic_ns: i64,
+    /// Added to `CLOCK_BOOTTIME` (ns).
+    pub boottime_ns: i64,
+}
+
+impl TimeOffsets {
+    /// Reads this process's offsets (zero when the file is absent).
+    pub fn read() -> Self {
+        std::fs::read_to_string("/proc/self/timens_offsets")
+            .map(|t| Self::parse(&t))
+            .unwrap_or_default()
+    }
+
+    /// Parses `timens_offsets` ("monotonic <s> <ns>" and "boottime <s> <ns>" lines).
+    pub fn parse(text: &str) -> Self {
+        let mut o = Self::default();
+        for line in text.lines() {
+            let f: Vec<&str> = line.split_whitespace().collect();
+            let (Some(name), Some(secs), Some(nanos)) = (f.first(), f.get(1), f.get(2)) else {
+                continue;
+            };
+            let (Ok(secs), Ok(nanos)) = (secs.parse::<i64>(), nanos.parse::<i64>()) else {
+                continue;
+            };
+            let ns = secs.saturating_mul(1_000_000_000).saturating_add(nanos);
+            match *name {
+                "monotonic" => o.monotonic_ns = ns,
+                "boottime" => o.boottime_ns = ns,
+                _ => {}
+            }
+        }
+        o
     }
 }
 
@@ -183,6 +276,10 @@ pub struct Settings {
     /// The scope, as `bufscope_guard_scope_info` says it: the cgroup (the cgroup2 root's
     /// path for every process), `all`/`only`/`except` and the comms.
     pub scope: (String, &'static str, String),
+    /// `--guard.udp-budget` (bytes of receive buffer, as the kernel counts them).
+    pub udp_budget: u64,
+    /// The policy generation the marks of this run carry (`GuardConfig::generation`).
+    pub generation: u32,
 }
 
 /// The policy's UDP floor: [`policy::UDP_DEFAULT_BUFFER`] (its plan for UDP on Linux without
@@ -203,7 +300,8 @@ pub fn policy_tcp_autotune() -> bool {
 }
 
 /// `GUARD` for the BPF side: the floors capped at the ceilings `bpf_setsockopt` and
-/// `SO_RCVBUF` are clamped to anyway (so the decision says what the socket really gets).
+/// `SO_RCVBUF` are clamped to anyway (so the decision says what the socket really gets). The
+/// generation is left 0: [`generation`] fills it once the comms are known.
 pub fn bpf_config(
     enforce: bool,
     udp_floor: i64,
@@ -211,6 +309,7 @@ pub fn bpf_config(
     wmem_max: Option<i64>,
     cgroup: Option<(u64, u32)>,
     comm_mode: u32,
+    udp_budget: u64,
 ) -> GuardConfig {
     let cap = |max: Option<i64>| {
         udp_floor
@@ -233,15 +332,39 @@ pub fn bpf_config(
         cgroup_id: cgroup.map_or(0, |c| c.0),
         cgroup_level: cgroup.map_or(0, |c| c.1),
         comm_mode,
-        tcp_rmem_ceiling: rmem_max
-            .unwrap_or(i32::MAX as i64)
-            .clamp(0, i32::MAX as i64) as i32,
-        tcp_wmem_ceiling: wmem_max
-            .unwrap_or(i32::MAX as i64)
-            .clamp(0, i32::MAX as i64) as i32,
+        generation: 0,
         self_tgid: std::process::id(),
         lease_secs: 0,
+        _pad: 0,
+        udp_budget,
     }
+}
+
+/// The policy generation of `c` with the scope's `comms`: a digest (FNV-1a) of everything a
+/// decision depends on — mode, rules, floors, scope, budget — never 0 (fresh socket storage).
+/// The lease and bufscope's own pid are no part of it.
+pub fn generation(c: &GuardConfig, comms: &[[u8; 16]]) -> u32 {
+    let mut sorted = comms.to_vec();
+    sorted.sort_unstable();
+    let mut h: u32 = 0x811c_9dc5;
+    let mut eat = |bytes: &[u8]| {
+        for b in bytes {
+            h ^= u32::from(*b);
+            h = h.wrapping_mul(0x0100_0193);
+        }
+    };
+    eat(&c.mode.to_le_bytes());
+    eat(&c.rules.to_le_bytes());
+    eat(&c.udp_rcv_floor.to_le_bytes());
+    eat(&c.udp_snd_floor.to_le_bytes());
+    eat(&c.cgroup_id.to_le_bytes());
+    eat(&c.cgroup_level.to_le_bytes());
+    eat(&c.comm_mode.to_le_bytes());
+    eat(&c.udp_budget.to_le_bytes());
+    for comm in &sorted {
+        eat(comm);
+    }
+    h.max(1)
 }
 
 /// What the guard resolved from its flags (None: `--guard.mode off`).
@@ -258,7 +381,8 @@ pub(super) struct On {
 }
 
 /// Resolves `--guard.*` (mode off: nothing) into `GUARD`, the comms, the cgroup and the
-/// room's settings. Raises `rmem_max`/`wmem_max` first with `--guard.raise-sysctl`.
+/// room's settings, from the flags and the sysctls as they are now. It changes nothing on the
+/// node: `--guard.raise-sysctl` is [`raise_sysctls`], a step of its own before it.
 pub(super) fn resolve(a: &Flags) -> anyhow::Result<Option<(On, Option<PathBuf>)>> {
     if a.mode == GuardMode::Off {
         return Ok(None);
@@ -286,14 +410,7 @@ pub(super) fn resolve(a: &Flags) -> anyhow::Result<Option<(On, Option<PathBuf>)>
             (level > 0).then_some((p, id, level))
         }
     };
-    let floor = a
-        .udp_floor
-        .map_or_else(policy_udp_floor, |f| f.min(i32::MAX as u64) as i64);
-    if a.raise_sysctl {
-        for name in ["net/core/rmem_max", "net/core/wmem_max"] {
-            raise_sysctl(name, floor)?;
-        }
-    }
+    let floor = udp_floor(a);
     let limits = crate::kernel::BufferLimits::read();
     let (comm_mode, names) = if !a.comm.is_empty() {
         (g::COMM_ONLY, &a.comm)
@@ -305,7 +422,7 @@ pub(super) fn resolve(a: &Flags) -> anyhow::Result<Option<(On, Option<PathBuf>)>
     } else {
         comm_mode
     };
-    let comms = names
+    let comms: Vec<[u8; 16]> = names
         .iter()
         .map(|n| {
             let mut c = [0u8; 16];
@@ -315,6 +432,7 @@ pub(super) fn resolve(a: &Flags) -> anyhow::Result<Option<(On, Option<PathBuf>)>
         .collect();
     let enforce = a.mode == GuardMode::Enforce;
     let lease = a.persist.then(|| a.lease.unwrap_or(DEFAULT_LEASE));
+    let udp_budget = a.udp_budget.unwrap_or(DEFAULT_UDP_BUDGET);
     let mut config = bpf_config(
         enforce,
         floor,
@@ -322,8 +440,10 @@ pub(super) fn resolve(a: &Flags) -> anyhow::Result<Option<(On, Option<PathBuf>)>
         limits.wmem_max,
         cgroup.as_ref().map(|(_, id, level)| (*id, *level)),
         comm_mode,
+        udp_budget,
     );
     config.lease_secs = lease.map_or(0, |l| l.as_secs().clamp(1, u32::MAX as u64) as u32);
+    config.generation = generation(&config, &comms);
     let applied = (config.udp_rcv_floor as i64, config.udp_snd_floor as i64);
     if applied.0 < floor {
         tracing::warn!(
@@ -359,6 +479,8 @@ pub(super) fn resolve(a: &Flags) -> anyhow::Result<Option<(On, Option<PathBuf>)>
         cgroup = %cgroup_path,
         comm = ?names,
         lease = ?lease,
+        udp_budget,
+        generation = config.generation,
         "guard on"
     );
     let on = On {
@@ -370,9 +492,31 @@ pub(super) fn resolve(a: &Flags) -> anyhow::Result<Option<(On, Option<PathBuf>)>
             applied_floor: applied,
             lease,
             scope: (cgroup_path, comm_scope, names.join(",")),
+            udp_budget,
+            generation: config.generation,
         },
     };
     Ok(Some((on, cgroup.map(|(p, _, _)| p))))
+}
+
+/// The UDP floor `--guard.udp-floor` asks (default: the policy's).
+fn udp_floor(a: &Flags) -> i64 {
+    a.udp_floor
+        .map_or_else(policy_udp_floor, |f| f.min(i32::MAX as u64) as i64)
+}
+
+/// `--guard.raise-sysctl`: raises `net.core.rmem_max`/`wmem_max` to the UDP floor (host-wide,
+/// logged, never lowered). The one step of the guard that writes to the node: `bufscope run`
+/// calls it before [`resolve`] reads the ceilings, `bufscope check` never does.
+pub(super) fn raise_sysctls(a: &Flags) -> anyhow::Result<()> {
+    if a.mode == GuardMode::Off || !a.raise_sysctl {
+        return Ok(());
+    }
+    let floor = udp_floor(a);
+    for name in ["net/core/rmem_max", "net/core/wmem_max"] {
+        raise_sysctl(name, floor)?;
+    }
+    Ok(())
 }
 
 /// Raises sysctl `name` to `to` (never lowers it); logs what it did.
@@ -438,12 +582,13 @@ mod tests {
             Some(8 << 20),
             None,
             g::COMM_ALL,
+            DEFAULT_UDP_BUDGET,
         );
         assert_eq!(c.mode, g::MODE_ENFORCE);
         assert_eq!(c.rules, g::RULE_UDP_FLOOR | g::RULE_TCP_AUTOTUNE);
         assert_eq!(c.udp_rcv_floor, 4 << 20, "capped at rmem_max");
         assert_eq!(c.udp_snd_floor, 7 << 20, "wmem_max is above the floor");
-        let o = bpf_config(false, 1 << 20, None, None, Some((42, 2)), g::COMM_ONLY);
+        let o = bpf_config(false, 1 << 20, None, None, Some((42, 2)), g::COMM_ONLY, 1);
         assert_eq!(
             (o.mode, o.cgroup_id, o.cgroup_level),
             (g::MODE_OBSERVE, 42, 2)
@@ -453,5 +598,59 @@ mod tests {
             1 << 20,
             "unknown ceilings: the floor as asked"
         );
+    }
+
+    #[test]
+    fn a_policy_change_is_a_new_generation() {
+        let base = bpf_config(false, 7 << 20, None, None, None, g::COMM_ALL, 1 << 30);
+        let gen_of = |c: &GuardConfig, comms: &[[u8; 16]]| generation(c, comms);
+        let g0 = gen_of(&base, &[]);
+        assert_ne!(g0, 0);
+        let enforce = GuardConfig {
+            mode: g::MODE_ENFORCE,
+            ..base
+        };
+        let floor = GuardConfig {
+            udp_rcv_floor: 1 << 20,
+            ..base
+        };
+        let budget = GuardConfig {
+            udp_budget: 1 << 20,
+            ..base
+        };
+        let cgroup = GuardConfig {
+            cgroup_id: 7,
+            cgroup_level: 1,
+            ..base
+        };
+        let mut comm = [0u8; 16];
+        comm[..7].copy_from_slice(b"openvpn");
+        for (what, other) in [
+            ("mode", gen_of(&enforce, &[])),
+            ("floor", gen_of(&floor, &[])),
+            ("budget", gen_of(&budget, &[])),
+            ("cgroup", gen_of(&cgroup, &[])),
+            ("comms", gen_of(&base, &[comm])),
+        ] {
+            assert_ne!(other, g0, "{what} changes the generation");
+        }
+        // What is no policy: the lease, bufscope's own pid; the order of the comms.
+        let leased = GuardConfig {
+            lease_secs: 300,
+            self_tgid: 1,
+            ..base
+        };
+        assert_eq!(gen_of(&leased, &[]), g0);
+        let mut other = [0u8; 16];
+        other[..4].copy_from_slice(b"wg-q");
+        assert_eq!(gen_of(&base, &[comm, other]), gen_of(&base, &[other, comm]));
+    }
+
+    #[test]
+    fn time_namespace_offsets() {
+        let t = TimeOffsets::parse("monotonic      3600         5\nboottime      -10         0\n");
+        assert_eq!(t.monotonic_ns, 3_600_000_000_005);
+        assert_eq!(t.boottime_ns, -10_000_000_000);
+        assert_eq!(TimeOffsets::parse(""), TimeOffsets::default());
     }
 }

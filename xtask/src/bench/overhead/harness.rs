@@ -51,6 +51,11 @@ impl Bins {
         Ok(b)
     }
 
+    /// The `bufscope-workload` binary.
+    pub(super) fn workload_path(&self) -> &std::path::Path {
+        &self.workload
+    }
+
     /// Starts `bufscope-workload <args>` (in `netns`, when given) and waits for its `READY`
     /// line; returns it with the line's fields. Dropped: `exit` on its stdin, SIGTERM after 2 s.
     pub(super) fn workload(

@@ -23,7 +23,8 @@
 //!    CPU at a 1 s poll interval, under load and idle.
 //! 5. **guard** — the guard on a gateway's send path: an unconnected UDP sender (`sendto` and
 //!    `sendmmsg`) in its own network namespace with the guard off, in `observe` and in
-//!    `enforce`, and what a per-socket decision costs.
+//!    `enforce`, in `--guard-rounds` short paired rounds under `perf stat` with confidence
+//!    intervals, and what a per-socket decision costs.
 //!
 //! The machine is shared (other agents build and test on the same two cores): alternating A/B
 //! phases cancel slow drift; medians cancel short bursts. Nothing here asserts a time: the
@@ -50,7 +51,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail};
 
-use super::loadavg;
+pub(super) use super::loadavg;
 use crate::util::is_root;
 use datapath::Variant;
 use harness::Bins;
@@ -82,6 +83,12 @@ pub struct Args {
     /// Length of each data-path transfer, seconds.
     #[arg(long, default_value_t = 2.0)]
     pub seconds: f64,
+    /// Paired rounds of the guard section (every variant once per round).
+    #[arg(long, default_value_t = 20)]
+    pub guard_rounds: usize,
+    /// Length of each blast of the guard section, seconds.
+    #[arg(long, default_value_t = 1.0)]
+    pub guard_seconds: f64,
     /// Data-path traffic: udp-dropped (receiver full), udp-read (receiver reading), tcp-bulk.
     #[arg(
         long,
@@ -158,6 +165,12 @@ pub fn run(a: &Args) -> anyhow::Result<()> {
     }
     if a.runs == 0 {
         bail!("--runs must be at least 1");
+    }
+    if a.guard_rounds < 2 {
+        bail!("--guard-rounds must be at least 2 (the confidence intervals need two rounds)");
+    }
+    if a.guard_seconds.is_nan() || a.guard_seconds <= 0.0 {
+        bail!("--guard-seconds must be above 0");
     }
     if let Some(kernel) = &a.kernel {
         return in_guest(a, kernel);
