@@ -1,7 +1,7 @@
 //! `bufscope run`: check, bind, load and attach, build the signal rooms, start the background
 //! tasks, serve until SIGINT/SIGTERM, detach.
 
-use std::os::fd::OwnedFd;
+use std::os::fd::{AsFd as _, OwnedFd};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -11,7 +11,7 @@ use tokio::io::unix::AsyncFd;
 use bufscope_common::maps;
 
 use crate::attribution::{Attributor, OwnersMap, Procfs, UdpSocketsMap};
-use crate::bpf::ring::Ring;
+use crate::bpf::ring::{Ring, RingPositions};
 use crate::bpf::{self, LoadPlan, Probes, Purpose, Stats};
 use crate::cli::RunArgs;
 use crate::collector::pinned::Pins;
@@ -160,10 +160,15 @@ fn load(
     drop(kinfo);
     bpf::trim_heap();
     let (events, events_fd) = Ring::take(&mut loaded.ebpf)?;
+    let ring_positions = RingPositions::map(events_fd.as_fd());
+    if ring_positions.is_none() {
+        tracing::debug!("cannot map the event ring buffer's positions: no backlog metrics");
+    }
     let collector = collector::Config {
         rooms: built.rooms,
         stats: Some(Stats::take(&mut loaded.ebpf)?),
         events: Some(Box::new(events)),
+        ring_positions,
         health,
         timing: Timing {
             // Each GC reads /proc/<pid>/stat of every tracked process: a quarter of the
@@ -304,7 +309,7 @@ fn spawn_event_task(
             }
             let collector = collector.clone();
             let r = tokio::task::spawn_blocking(move || {
-                collector::lock(&collector).drain_events();
+                collector::lock_as(&collector, collector::Holder::Drain).drain_events();
             })
             .await;
             if let Err(e) = r {
@@ -314,7 +319,8 @@ fn spawn_event_task(
     }))
 }
 
-/// Periodic poll (keeps deltas small) and GC, with `/proc` read outside the lock.
+/// Periodic poll (keeps deltas small), GC and owner look-ups, with `/proc` read outside the
+/// lock ([`collector::background`]).
 fn spawn_poll_task(
     collector: Arc<Mutex<Collector>>,
     every: Duration,
@@ -326,23 +332,7 @@ fn spawn_poll_task(
         loop {
             tick.tick().await;
             let collector = collector.clone();
-            let _ = tokio::task::spawn_blocking(move || {
-                let plan = {
-                    let mut c = collector::lock(&collector);
-                    c.poll();
-                    if !c.gc_due() {
-                        return;
-                    }
-                    c.gc_plan()
-                };
-                // `/proc` is read without the lock: scrapes go on meanwhile.
-                let scan = plan.scan();
-                collector::lock(&collector).gc_apply(scan);
-                // What churn freed (exited processes, closed sockets) goes back to the kernel
-                // instead of staying in the allocator's arenas.
-                bpf::trim_heap();
-            })
-            .await;
+            let _ = tokio::task::spawn_blocking(move || collector::background(&collector)).await;
         }
     })
 }

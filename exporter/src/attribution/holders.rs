@@ -6,7 +6,8 @@
 //!   start time, read once per process and poll, however many of its sockets count) and its
 //!   last full look is less than [`RESCAN_EVERY`] old (a holder that closed its copy but lives
 //!   on is noticed at that look);
-//! - otherwise one pass over `/proc/*/fd` for all such sockets lists every process holding
+//! - otherwise one pass over `/proc/*/fd` for all such sockets, without the collector's lock
+//!   ([`super::lookup`]: the socket's counts wait for it), lists every process holding
 //!   each; the process that created it (its `OWNERS` record) is chosen while it is one of
 //!   them, else the newest of them (latest start time, then highest pid): a helper that only
 //!   inherited the fd (`socat … SYSTEM:`, hook scripts) is not blamed for its parent's
@@ -21,13 +22,14 @@
 //! (with 1,000 processes holding 10,000 dropping sockets, a `readlink` per socket and poll was
 //! 30% of the exporter's CPU), a `comm` read per such process (an `exec` keeps pid and start time but changes `comm`: the
 //! labels follow, [`Attributor::apply_renames`]), and a `/proc` pass when a socket first
-//! counts, when its holder let go of it, and every [`RESCAN_EVERY`] while it keeps counting.
+//! counts, when its holder let go of it, and every [`RESCAN_EVERY`] while it keeps counting
+//! (meanwhile its counts stay on the holder it has).
 
 use std::time::{Duration, Instant};
 
 use foldhash::{HashMap, HashMapExt as _, HashSet, HashSetExt as _};
 
-use super::Attributor;
+use super::{Attributor, Cause};
 use crate::store::{Parts, ProcRef, Store};
 
 /// How often the holders of a socket that keeps counting are listed again (a fork after its
@@ -50,26 +52,31 @@ pub(super) struct Holding {
 
 impl Attributor {
     /// Brings the holder of each of `inodes` (sockets with new counts) up to date: see the
-    /// module documentation. [`Attributor::lookup_inode`] then returns it.
+    /// module documentation. [`Attributor::lookup_inode`] then returns it — or, for a socket
+    /// whose holders are being listed (its first count, or its holder exited), nothing until
+    /// the look-up pass answered: its counts wait for the process that holds it now.
     pub fn refresh_holders(&mut self, inodes: &HashSet<u64>) {
         if inodes.is_empty() {
             return;
         }
         let now = Instant::now();
-        let mut wanted = HashSet::new();
         let mut procs: HashSet<ProcRef> = HashSet::new();
         // Liveness once per process of this poll, not once per socket.
         let mut alive: HashMap<ProcRef, bool> = HashMap::new();
         for ino in inodes {
-            let held = self.holding.get(ino).copied().filter(|h| {
-                now.duration_since(h.scanned) < RESCAN_EVERY
-                    && *alive.entry(h.proc).or_insert_with(|| {
-                        self.procfs.start_ticks(h.proc.tgid) == Some(h.proc.start_ticks)
-                    })
+            let held = self.holding.get(ino).copied().map(|h| {
+                let live = *alive.entry(h.proc).or_insert_with(|| {
+                    self.procfs.start_ticks(h.proc.tgid) == Some(h.proc.start_ticks)
+                });
+                (h, live)
             });
             match held {
-                Some(h) => {
+                Some((h, true)) => {
                     procs.insert(h.proc);
+                    // Keeps counting on its holder while the re-listing runs.
+                    if now.duration_since(h.scanned) >= RESCAN_EVERY {
+                        self.request_relisting(*ino);
+                    }
                 }
                 _ => {
                     let recently_empty = self
@@ -77,65 +84,72 @@ impl Attributor {
                         .get(ino)
                         .is_some_and(|t| now.duration_since(*t) < NO_HOLDER_RECHECK);
                     if !recently_empty {
-                        wanted.insert(*ino);
+                        self.unsettled.insert(*ino);
+                        self.request_inode(Cause::Holders, *ino, true);
                     }
                 }
             }
         }
-        if !wanted.is_empty() {
-            self.scan_holders(&wanted, now, &mut procs);
-        }
+        self.serve_inline();
         for p in procs {
             self.check_comm(p);
         }
     }
 
-    /// One pass over `/proc/*/fd` for the sockets `wanted`: each one's live holder (its
-    /// creator while it holds it, else the newest), added to `procs`; a socket nobody holds
-    /// keeps its last holder.
-    fn scan_holders(&mut self, wanted: &HashSet<u64>, now: Instant, procs: &mut HashSet<ProcRef>) {
-        self.scans += 1;
-        let found = self.procfs.all_holders_of(wanted);
-        for ino in wanted {
-            let creator = self.recorded_owner(*ino);
-            let mut best: Option<ProcRef> = None;
-            let mut holders = 0;
-            let mut creator_holds = false;
-            for (pid, _fd) in found.get(ino).into_iter().flatten() {
-                let Some(p) = self.proc_from_pid(*pid) else {
-                    continue;
-                };
-                holders += 1;
-                creator_holds |= creator == Some(p);
-                if best.is_none_or(|b| (p.start_ticks, p.tgid) > (b.start_ticks, b.tgid)) {
-                    best = Some(p);
-                }
+    /// Files the live holders a pass found for `ino` (`found` is every (pid, fd) holding it):
+    /// its creator while it holds it, else the newest; a socket nobody holds keeps its last
+    /// holder. Returns whether someone holds it.
+    pub(super) fn choose_holder(
+        &mut self,
+        ino: u64,
+        found: &[(u32, u32)],
+        pass: &super::Found,
+        now: Instant,
+    ) -> bool {
+        self.unsettled.remove(&ino);
+        let creator = self.recorded_owner(ino);
+        let mut best: Option<ProcRef> = None;
+        let mut holders = 0;
+        let mut creator_holds = false;
+        for (pid, _fd) in found {
+            let Some(p) = pass
+                .procs
+                .get(pid)
+                .and_then(|info| self.proc_from_info(*pid, info))
+            else {
+                continue;
+            };
+            holders += 1;
+            creator_holds |= creator == Some(p);
+            if best.is_none_or(|b| (p.start_ticks, p.tgid) > (b.start_ticks, b.tgid)) {
+                best = Some(p);
             }
-            // The process that created the socket, while it still holds it; the newest
-            // holder only once the creator let go of it (fork and exit, a hand-off).
-            if creator_holds {
-                best = creator;
+        }
+        // The process that created the socket, while it still holds it; the newest
+        // holder only once the creator let go of it (fork and exit, a hand-off).
+        if creator_holds {
+            best = creator;
+        }
+        match best {
+            Some(p) => {
+                self.holding.insert(
+                    ino,
+                    Holding {
+                        proc: p,
+                        scanned: now,
+                        holders,
+                    },
+                );
+                self.inode_owner.insert(ino, p);
+                self.negative.remove(&ino);
+                self.no_holder.remove(&ino);
+                true
             }
-            match best {
-                Some(p) => {
-                    self.holding.insert(
-                        *ino,
-                        Holding {
-                            proc: p,
-                            scanned: now,
-                            holders,
-                        },
-                    );
-                    self.inode_owner.insert(*ino, p);
-                    self.negative.remove(ino);
-                    self.no_holder.remove(ino);
-                    procs.insert(p);
-                }
-                None => {
-                    // Closed (or in flight in a unix socket): the last holder, if any,
-                    // stays; else the recorded owner (OWNERS) as before.
-                    self.no_holder.insert(*ino, now);
-                }
+            None => {
+                // Closed (or in flight in a unix socket): the last holder, if any,
+                // stays; else the recorded owner (OWNERS) as before.
+                self.no_holder.insert(ino, now);
+                false
             }
         }
     }
@@ -194,6 +208,8 @@ impl Attributor {
 
     /// Drops the holders no longer referenced.
     pub(super) fn retain_holding(&mut self, keep: &impl Fn(&ProcRef) -> bool) {
+        let lookups = &self.lookups;
+        self.unsettled.retain(|ino| lookups.asked(*ino));
         self.holding.retain(|_, h| keep(&h.proc));
         let now = Instant::now();
         self.no_holder

@@ -6,7 +6,10 @@
 //! 1. this cache (inode → process, filled by earlier lookups),
 //! 2. the BPF `OWNERS` map,
 //! 3. one pass over `/proc/*/fd` for all inodes still unknown (sockets created before bufscope
-//!    started, or through paths without a hook such as io_uring).
+//!    started, or through paths without a hook such as io_uring, or whose entry the LRU
+//!    evicted), run **without the collector's lock**, batched and rate-limited per cause
+//!    ([`lookup`]): the caller holds its counts until the answer is filed
+//!    ([`Attributor::pending`]).
 //!
 //! Sockets without an inode (TCP children not accepted yet, orphans) are attributed to the
 //! owner of the listener on their local port; drops on a full TUN ring to the process that
@@ -25,8 +28,10 @@
 //! whatever that fd holds at that instant: another tenant's FUSE file can block the caller).
 
 pub mod container;
+mod diag;
 mod holders;
 pub mod kubernetes;
+pub mod lookup;
 pub mod procfs;
 
 use foldhash::{HashMap, HashMapExt as _, HashSet, HashSetExt as _};
@@ -37,13 +42,14 @@ use bufscope_common::Owner;
 use crate::bpf::Table;
 
 pub use holders::RESCAN_EVERY;
+pub use lookup::{Cause, Found, Lookup};
 pub use procfs::Procfs;
 
 use crate::store::{ProcMeta, ProcRef};
 
 /// How long a negative `/proc` result (inode not found) is trusted before scanning again.
 const NEGATIVE_TTL: Duration = Duration::from_secs(5);
-/// How long TUN and listener lookups are cached.
+/// How long TUN and listener look-ups are cached.
 const CACHE_TTL: Duration = Duration::from_secs(10);
 /// [`Attributor::new_udp_holders`] reads `OWNERS` at most this often (the periodic poll
 /// runs it; the extra polls of scrapes in between skip it).
@@ -92,6 +98,14 @@ pub struct Attributor {
     comm_checked: HashMap<ProcRef, [u8; 16]>,
     /// Pod, namespace and container name of a container (the kubelet's log layout).
     pods: kubernetes::Pods,
+    /// Owner look-ups waiting for a pass over `/proc` without the lock ([`lookup`]).
+    lookups: lookup::Lookups,
+    /// When a pass last answered for each TUN device asked about (found or not).
+    tun_answered: HashMap<(u32, String), Instant>,
+    /// Sockets whose holder is being looked for (first count, or their holder exited): no
+    /// owner until the look-up answers, so their counts wait instead of going to the
+    /// recorded creator.
+    unsettled: HashSet<u64>,
 }
 
 /// `OWNERS`: socket inode → the process that created or accepted it (the owners room's map).
@@ -137,6 +151,9 @@ impl Attributor {
             renamed: Vec::new(),
             comm_checked: HashMap::new(),
             pods: kubernetes::Pods::new(None),
+            lookups: lookup::Lookups::default(),
+            tun_answered: HashMap::new(),
+            unsettled: HashSet::new(),
         }
     }
 
@@ -202,15 +219,38 @@ impl Attributor {
         Some(r)
     }
 
+    /// Registers a live process a look-up pass found (its start time and, if it was not
+    /// known, its labels read by the pass).
+    fn proc_from_info(&mut self, pid: u32, info: &lookup::ProcInfo) -> Option<ProcRef> {
+        let r = ProcRef {
+            tgid: pid,
+            start_ticks: info.start_ticks,
+        };
+        if !self.meta.contains_key(&r) {
+            let m = match (&info.comm, &info.cgroup) {
+                (Some(comm), Some(cgroup)) => self.meta_of(comm, cgroup),
+                _ => self.read_meta(pid, &[]),
+            };
+            self.meta.insert(r, m);
+        }
+        Some(r)
+    }
+
     fn read_meta(&self, tgid: u32, fallback_comm: &[u8]) -> ProcMeta {
         let comm = self
             .procfs
             .comm(tgid)
             .unwrap_or_else(|| comm_bytes(fallback_comm).to_vec());
         let cgroup = self.procfs.cgroup(tgid).unwrap_or_default();
-        let place = self.pods.place(&cgroup);
+        self.meta_of(&comm, &cgroup)
+    }
+
+    /// A process's labels from its `comm` and `/proc/<pid>/cgroup` (pod labels only for a
+    /// cgroup of the kubelet's own hierarchy).
+    fn meta_of(&self, comm: &[u8], cgroup: &str) -> ProcMeta {
+        let place = self.pods.place(cgroup);
         ProcMeta {
-            comm: String::from_utf8_lossy(&comm).into_owned(),
+            comm: String::from_utf8_lossy(comm).into_owned(),
             container: place.container,
             pod: place.pod.pod,
             namespace: place.pod.namespace,
@@ -224,8 +264,12 @@ impl Attributor {
         self.meta.get(p).cloned().unwrap_or_default()
     }
 
-    /// The owner of socket `inode` from the cache or the BPF map (no `/proc` scan).
+    /// The owner of socket `inode` from the cache or the BPF map (no `/proc` scan); none
+    /// while its holder is being looked for.
     pub fn lookup_inode(&mut self, inode: u64) -> Option<ProcRef> {
+        if self.unsettled.contains(&inode) {
+            return None;
+        }
         if let Some(p) = self.inode_owner.get(&inode) {
             return Some(*p);
         }
@@ -235,12 +279,14 @@ impl Attributor {
         Some(p)
     }
 
-    /// Resolves the owner of each of `inodes` with at most one pass over `/proc`.
-    pub fn resolve_inodes(&mut self, inodes: &HashSet<u64>) {
+    /// Looks for the owner of each of `inodes` that neither the cache nor `OWNERS` knows:
+    /// queued for the next pass over `/proc` (without the lock, one pass for every request:
+    /// [`lookup`]); [`Attributor::pending`] is true until it answered. An inode looked for in
+    /// vain in the last [`NEGATIVE_TTL`] is not asked again.
+    pub fn resolve_inodes(&mut self, cause: Cause, inodes: &HashSet<u64>) {
         let now = Instant::now();
-        let mut wanted = HashSet::new();
         for ino in inodes {
-            if self.lookup_inode(*ino).is_some() {
+            if self.lookup_inode(*ino).is_some() || self.pending(*ino) {
                 continue;
             }
             let recently_missed = self
@@ -248,44 +294,14 @@ impl Attributor {
                 .get(ino)
                 .is_some_and(|t| now.duration_since(*t) <= NEGATIVE_TTL);
             if !recently_missed {
-                wanted.insert(*ino);
+                self.request_inode(cause, *ino, false);
             }
         }
-        if wanted.is_empty() {
-            return;
-        }
-        self.scans += 1;
-        let found = self.procfs.find_socket_holders(&wanted);
-        for ino in &wanted {
-            match found.get(ino).and_then(|pid| self.proc_from_pid(*pid)) {
-                Some(p) => {
-                    self.inode_owner.insert(*ino, p);
-                    self.negative.remove(ino);
-                }
-                None => {
-                    self.negative.insert(*ino, now);
-                }
-            }
-        }
+        self.serve_inline();
     }
 
-    /// A process in network namespace `netns` (to read that namespace's `/proc/<pid>/net`).
-    fn pid_in_netns(&mut self, netns: u32) -> Option<u32> {
-        if let Some(pid) = self.netns_pid.get(&netns)
-            && self.procfs.netns(*pid) == Some(netns)
-        {
-            return Some(*pid);
-        }
-        let pid = self
-            .procfs
-            .pids()
-            .into_iter()
-            .find(|p| self.procfs.netns(*p) == Some(netns))?;
-        self.netns_pid.insert(netns, pid);
-        Some(pid)
-    }
-
-    /// Owner of the TCP listener on (`netns`, `port`).
+    /// Owner of the TCP listener on (`netns`, `port`): from the last look-up (cached for
+    /// [`CACHE_TTL`]), else none for now and a look-up queued ([`Attributor::listener_pending`]).
     pub fn listener(&mut self, netns: u32, port: u16) -> Option<ProcRef> {
         let now = Instant::now();
         if let Some((p, t)) = self.listeners.get(&(netns, port))
@@ -293,30 +309,30 @@ impl Attributor {
         {
             return *p;
         }
-        let found = self.pid_in_netns(netns).and_then(|pid| {
-            let ino = self.procfs.tcp_listener_inode(pid, port)?;
-            self.resolve_inodes(&HashSet::from_iter([ino]));
-            self.lookup_inode(ino)
-        });
-        self.listeners.insert((netns, port), (found, now));
-        found
+        self.request_listener(netns, port);
+        self.serve_inline();
+        match self.listeners.get(&(netns, port)) {
+            Some((p, t)) if now.duration_since(*t) < CACHE_TTL => *p,
+            _ => None,
+        }
     }
 
-    /// The process holding TUN/TAP device `ifname` in `netns`.
+    /// The process holding TUN/TAP device `ifname` in `netns`: from the last look-up
+    /// (trusted for [`CACHE_TTL`]), else none for now and a look-up queued.
     pub fn tun(&mut self, netns: u32, ifname: &str) -> Option<ProcRef> {
         let now = Instant::now();
-        let stale = self
-            .tun
-            .as_ref()
-            .is_none_or(|(_, t)| now.duration_since(*t) > CACHE_TTL);
         let key = (netns, ifname.to_string());
-        let missing = self
+        let fresh = self
             .tun
             .as_ref()
-            .is_some_and(|(m, _)| !m.contains_key(&key));
-        if stale || missing {
-            self.scans += 1;
-            self.tun = Some((self.procfs.tun_holders(), now));
+            .is_some_and(|(m, t)| now.duration_since(*t) <= CACHE_TTL && m.contains_key(&key));
+        let answered = self
+            .tun_answered
+            .get(&key)
+            .is_some_and(|t| now.duration_since(*t) <= CACHE_TTL);
+        if !fresh && !answered {
+            self.request_tun(netns, ifname);
+            self.serve_inline();
         }
         let pid = *self.tun.as_ref()?.0.get(&key)?;
         self.proc_from_pid(pid)
@@ -482,6 +498,7 @@ impl Attributor {
     pub fn forget_inode(&mut self, inode: u64) {
         self.inode_owner.remove(&inode);
         self.negative.remove(&inode);
+        self.unsettled.remove(&inode);
         self.forget_holding(inode);
     }
 
@@ -498,5 +515,7 @@ impl Attributor {
             .retain(|_, t| now.duration_since(*t) < NEGATIVE_TTL * 12);
         self.listeners
             .retain(|_, (_, t)| now.duration_since(*t) < CACHE_TTL);
+        self.tun_answered
+            .retain(|_, t| now.duration_since(*t) <= CACHE_TTL);
     }
 }

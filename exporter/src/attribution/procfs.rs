@@ -31,6 +31,11 @@ impl Procfs {
         Self { root: root.into() }
     }
 
+    /// The mount's root (`/proc`, or `--path.procfs`).
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
     fn pid_path(&self, pid: u32, rest: &str) -> PathBuf {
         self.root.join(pid.to_string()).join(rest)
     }

@@ -45,3 +45,66 @@ impl Records for Ring {
         n
     }
 }
+
+/// The kernel's positions in a BPF ring buffer, read without draining it: how many bytes
+/// wait for the reader (records and their headers). A read-only mapping of the consumer and
+/// producer pages of the ring's fd (both are readable by anyone holding it).
+pub struct RingPositions {
+    ptr: std::ptr::NonNull<u8>,
+    page: usize,
+}
+
+// SAFETY: the mapping is only read, with atomic loads, and lives as long as this value.
+unsafe impl Send for RingPositions {}
+// SAFETY: as above.
+unsafe impl Sync for RingPositions {}
+
+impl RingPositions {
+    /// Maps the position pages of the ring buffer behind `fd` (None: the kernel refused).
+    pub fn map(fd: std::os::fd::BorrowedFd<'_>) -> Option<Self> {
+        use std::os::fd::AsRawFd as _;
+        // SAFETY: sysconf has no preconditions.
+        let page = usize::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).ok()?;
+        // SAFETY: a fresh read-only shared mapping of two pages of a ring buffer map fd
+        // (page 0: consumer position, page 1: producer position); checked below.
+        let ptr = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                2 * page,
+                libc::PROT_READ,
+                libc::MAP_SHARED,
+                fd.as_raw_fd(),
+                0,
+            )
+        };
+        if ptr == libc::MAP_FAILED {
+            return None;
+        }
+        Some(Self {
+            ptr: std::ptr::NonNull::new(ptr.cast())?,
+            page,
+        })
+    }
+
+    fn load(&self, offset: usize) -> u64 {
+        // SAFETY: `offset` is 0 or one page into the live two-page mapping; the kernel keeps
+        // an aligned u64 position at the start of each page and updates it atomically.
+        let p = unsafe { self.ptr.as_ptr().add(offset) }.cast::<std::sync::atomic::AtomicU64>();
+        // SAFETY: as above: aligned, mapped, only ever accessed atomically.
+        unsafe { &*p }.load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    /// Bytes written by the programs and not consumed yet.
+    pub fn backlog(&self) -> u64 {
+        let consumer = self.load(0);
+        let producer = self.load(self.page);
+        producer.saturating_sub(consumer)
+    }
+}
+
+impl Drop for RingPositions {
+    fn drop(&mut self) {
+        // SAFETY: unmapping exactly the mapping made in `map`, once.
+        unsafe { libc::munmap(self.ptr.as_ptr().cast(), 2 * self.page) };
+    }
+}

@@ -11,14 +11,18 @@
 //! | [`RenderCache`](render::RenderCache) | [`render`] | one body per generation and format, shared by concurrent scrapes |
 //! | [`PinnedState`](pinned::PinnedState) | [`pinned`] | `--bpf.pin-path`: `TOTALS` written and restored, pinned links watched |
 //! | [`Heartbeat`] | [`heartbeat`] | when the last poll and drain completed, for `/healthz` without the lock |
+//! | [`LockStats`](lockstat::LockStats) | [`lockstat`] | how long each holder held the collector's lock ([`lock_as`]) |
+//! | [`fresh`], [`background`] | `cycle` | a request's poll; the poll task's poll, GC and owner look-ups, `/proc` passes between two holds |
 //!
 //! Debug builds also have [`fault`] (the integration tests' wedged or panicking poll).
 
 pub mod advice;
+mod cycle;
 #[cfg(debug_assertions)]
 mod fault;
 pub mod gc;
 mod heartbeat;
+pub mod lockstat;
 pub mod pinned;
 pub mod poll;
 pub mod render;
@@ -31,15 +35,19 @@ use axum::body::Bytes;
 
 use crate::advice::{Finding, Inputs, Report};
 use crate::attribution::Attributor;
+use crate::bpf::ring::RingPositions;
 use crate::bpf::{Records, RunStats, Stats};
 use crate::exposition::{Format, Health};
 use crate::kernel::BufferLimits;
 use crate::signals::{PollCx, Signal, Store};
 
 use advice::{AdviceCache, Observed};
+pub use cycle::{background, fresh};
 use gc::Gc;
 pub use gc::{GcPlan, GcScan, Timing};
 pub use heartbeat::Heartbeat;
+use lockstat::LockStats;
+pub use lockstat::{Held, Holder};
 use pinned::{PinnedState, Pins};
 use poll::PollLoop;
 use render::{Exposed, RenderCache};
@@ -62,6 +70,8 @@ pub struct Config {
     pub stats: Option<Stats>,
     /// The event ring buffer (None: nothing to drain).
     pub events: Option<Box<dyn Records>>,
+    /// The kernel's positions in that ring buffer (its backlog), when they could be mapped.
+    pub ring_positions: Option<RingPositions>,
     /// Health facts known at start (version, kernel, probes, pins).
     pub health: Health,
     /// GC timing.
@@ -87,6 +97,7 @@ impl Config {
             rooms: Vec::new(),
             stats: None,
             events: None,
+            ring_positions: None,
             health: Health::default(),
             timing: Timing {
                 gc_every: Duration::from_secs(60),
@@ -107,6 +118,7 @@ impl Config {
             rooms,
             stats,
             events,
+            ring_positions,
             health,
             timing,
             advice_window,
@@ -131,13 +143,14 @@ impl Config {
             rooms,
             stats,
             poll: PollLoop::default(),
-            ring: RingDispatch::new(events),
+            ring: RingDispatch::new(events, ring_positions),
             advice: AdviceCache::new(advice_window),
             gc: Gc::new(timing),
             render,
             pinned,
             heartbeat: Arc::default(),
             run_stats,
+            lock_stats: LockStats::default(),
         }
     }
 }
@@ -162,6 +175,8 @@ pub struct Collector {
     pinned: PinnedState,
     heartbeat: Arc<Heartbeat>,
     run_stats: Option<RunStats>,
+    /// How long each holder held the lock ([`Held`] records into it).
+    lock_stats: LockStats,
 }
 
 /// The context the rooms read the kernel's records with (field by field: the parts that
@@ -319,6 +334,11 @@ impl Collector {
         let runs = self.probe_runs();
         self.admit();
         let rows = self.store.rows();
+        self.lock_stats.roll(std::time::Instant::now());
+        let mut own = Vec::new();
+        self.lock_stats.families(&mut own);
+        self.ring.families(&mut own);
+        self.attr.lookup_families(&mut own);
         let e = Exposed {
             rooms: &self.rooms,
             store: &self.store,
@@ -327,6 +347,7 @@ impl Collector {
             findings: &findings,
             poll_durations: self.poll.durations(),
             probe_runs: &runs,
+            collector: own,
         };
         let used = std::cell::Cell::new(None);
         let body = self.render.shared(format, |created| {
@@ -350,18 +371,25 @@ impl Collector {
     }
 }
 
-/// Locks the collector shared by the daemon's tasks. A poisoned lock means a thread panicked
-/// in the middle of an update (the daemon's panic hook ends the process before that can be
-/// seen; this is the second line): the state cannot be trusted, so the process exits for its
-/// supervisor to restart it instead of serving errors forever.
-pub fn lock(c: &Mutex<Collector>) -> MutexGuard<'_, Collector> {
-    match c.lock() {
+/// Locks the collector shared by the daemon's tasks for an HTTP request ([`lock_as`]).
+pub fn lock(c: &Mutex<Collector>) -> Held<'_> {
+    lock_as(c, Holder::Request)
+}
+
+/// Locks the collector shared by the daemon's tasks; the hold is timed, as `who`'s, when the
+/// guard drops (`bufscope_collector_lock_hold_seconds`). A poisoned lock means a thread
+/// panicked in the middle of an update (the daemon's panic hook ends the process before that
+/// can be seen; this is the second line): the state cannot be trusted, so the process exits
+/// for its supervisor to restart it instead of serving errors forever.
+pub fn lock_as(c: &Mutex<Collector>, who: Holder) -> Held<'_> {
+    let guard: MutexGuard<'_, Collector> = match c.lock() {
         Ok(g) => g,
         Err(_) => {
             tracing::error!("the collector's state was left half-updated by a panic: exiting");
             std::process::abort();
         }
-    }
+    };
+    Held::new(guard, who)
 }
 
 #[cfg(test)]

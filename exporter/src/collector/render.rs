@@ -26,6 +26,8 @@ pub struct Exposed<'a> {
     pub poll_durations: &'a [(&'static str, Duration)],
     /// (probe, run time ns, runs), with `--bpf.run-stats`.
     pub probe_runs: &'a [(&'static str, u64, u64)],
+    /// The collector's own families (lock holds, ring backlog, look-ups).
+    pub collector: Vec<MetricFamily>,
 }
 
 /// The last body rendered and the generation it shows.
@@ -136,6 +138,7 @@ fn families(e: &Exposed<'_>) -> Vec<MetricFamily> {
         e.probe_runs,
         &mut fams,
     );
+    fams.extend(e.collector.iter().cloned());
     fams
 }
 
@@ -179,6 +182,7 @@ mod tests {
             findings: &[],
             poll_durations: &[("drops", Duration::from_millis(2))],
             probe_runs: &[],
+            collector: Vec::new(),
         };
         let mut created = Created::default();
         let text = render(&e, Format::Text, &mut created);

@@ -1,27 +1,96 @@
 //! Ring dispatch: every record waiting in the event ring buffer goes to the room that
-//! decodes its kind ([`crate::signals::Signal::event_kinds`]).
+//! decodes its kind ([`crate::signals::Signal::event_kinds`]). How much waited when each
+//! drain began (the backlog, from the kernel's positions) is kept for the exposition.
+
+use std::time::{Duration, Instant};
+
+use prometheus::proto::MetricFamily;
 
 use crate::bpf::Records;
+use crate::bpf::ring::RingPositions;
+use crate::exposition::Spec;
 use crate::signals::{PollCx, Signal};
+
+/// The window of the worst-backlog gauge (the current and the previous one).
+const BACKLOG_WINDOW: Duration = Duration::from_secs(60);
+
+const BACKLOG: Spec = Spec::gauge(
+    "bufscope_events_ring_backlog_bytes",
+    "Bytes of records waiting in the event ring buffer when the last drain began.",
+    &[],
+);
+const BACKLOG_MAX: Spec = Spec::gauge(
+    "bufscope_events_ring_backlog_max_bytes",
+    "The most bytes of records found waiting in the event ring buffer when a drain began, in \
+     the last one to two minutes (records beyond --bpf.events-ring-bytes are lost: \
+     bufscope_bpf_events_lost_total{cause=\"ringbuf_full\"}).",
+    &[],
+);
 
 /// The event ring buffer and the rooms' record kinds.
 #[derive(Default)]
 pub struct RingDispatch {
     records: Option<Box<dyn Records>>,
+    positions: Option<RingPositions>,
+    /// Backlog at the start of the last drain; the most in this window and the previous one.
+    last: u64,
+    max_now: u64,
+    max_before: u64,
+    window_start: Option<Instant>,
 }
 
 impl RingDispatch {
-    /// Dispatches what `records` holds (None: no ring buffer, nothing to drain).
-    pub fn new(records: Option<Box<dyn Records>>) -> Self {
-        Self { records }
+    /// Dispatches what `records` holds (None: no ring buffer, nothing to drain); `positions`
+    /// (the kernel's, when mapped) measure the backlog.
+    pub fn new(records: Option<Box<dyn Records>>, positions: Option<RingPositions>) -> Self {
+        Self {
+            records,
+            positions,
+            ..Self::default()
+        }
     }
 
     /// Hands every waiting record to its room; returns how many there were.
     pub fn drain(&mut self, rooms: &mut [Box<dyn Signal>], cx: &mut PollCx<'_>) -> usize {
+        if let Some(p) = &self.positions {
+            let backlog = p.backlog();
+            self.record_backlog(backlog, Instant::now());
+        }
         let Some(records) = self.records.as_mut() else {
             return 0;
         };
         records.drain(&mut |record| dispatch(rooms, record, cx))
+    }
+
+    fn record_backlog(&mut self, bytes: u64, now: Instant) {
+        let start = *self.window_start.get_or_insert(now);
+        let age = now.saturating_duration_since(start);
+        if age >= BACKLOG_WINDOW {
+            self.max_before = if age >= BACKLOG_WINDOW * 2 {
+                0
+            } else {
+                self.max_now
+            };
+            self.max_now = 0;
+            self.window_start = Some(now);
+        }
+        self.last = bytes;
+        self.max_now = self.max_now.max(bytes);
+    }
+
+    /// The backlog families (none without the kernel's positions).
+    pub fn families(&self, out: &mut Vec<MetricFamily>) {
+        if self.positions.is_none() {
+            return;
+        }
+        for (spec, v) in [
+            (&BACKLOG, self.last),
+            (&BACKLOG_MAX, self.max_now.max(self.max_before)),
+        ] {
+            let mut f = spec.family();
+            f.push(&[], v as f64);
+            f.done(out);
+        }
     }
 }
 
@@ -57,7 +126,7 @@ mod tests {
     fn records_reach_the_room_of_their_kind() {
         let mut b = Bench::new();
         let ring = FakeRing::default();
-        let mut d = RingDispatch::new(Some(Box::new(ring.clone())));
+        let mut d = RingDispatch::new(Some(Box::new(ring.clone())), None);
         let mut rooms: Vec<Box<dyn Signal>> =
             vec![Box::new(Setsockopt::new()), Box::new(TcpState::new())];
         ring.push_pod(&SockoptEvent {
@@ -85,6 +154,20 @@ mod tests {
         assert_eq!(s.parts.tcp_state.established, 1);
         let calls: u64 = s.parts.setsockopt.calls.values().map(|c| c.calls).sum();
         assert_eq!(calls, 1);
+    }
+
+    /// The worst backlog stays for a window after the one it was seen in, then goes.
+    #[test]
+    fn the_worst_backlog_is_kept_for_a_window() {
+        let mut d = RingDispatch::default();
+        let t0 = Instant::now();
+        d.record_backlog(4096, t0);
+        d.record_backlog(64, t0);
+        assert_eq!((d.last, d.max_now), (64, 4096));
+        d.record_backlog(8, t0 + BACKLOG_WINDOW);
+        assert_eq!(d.max_now.max(d.max_before), 4096);
+        d.record_backlog(8, t0 + BACKLOG_WINDOW * 4);
+        assert_eq!(d.max_now.max(d.max_before), 8);
     }
 
     #[test]

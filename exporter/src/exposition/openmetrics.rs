@@ -138,6 +138,7 @@ pub fn encode_openmetrics(families: &[MetricFamily], created: &[f64]) -> String 
         let kind = mf.get_field_type();
         let (family, typ) = match kind {
             MetricType::COUNTER => (name.strip_suffix("_total").unwrap_or(name), "counter"),
+            MetricType::HISTOGRAM => (name, "histogram"),
             _ if name.ends_with("_info")
                 && mf
                     .get_metric()
@@ -179,6 +180,7 @@ pub fn encode_openmetrics(families: &[MetricFamily], created: &[f64]) -> String 
                         out.push('\n');
                     }
                 }
+                "histogram" => om_histogram(family, m, &mut out),
                 "info" => {
                     out.push_str(family);
                     out.push_str("_info");
@@ -197,6 +199,45 @@ pub fn encode_openmetrics(families: &[MetricFamily], created: &[f64]) -> String 
     }
     out.push_str("# EOF\n");
     out
+}
+
+/// One histogram's samples: cumulative `_bucket`s (ending at `+Inf`), `_count`, `_sum`.
+fn om_histogram(family: &str, m: &prometheus::proto::Metric, out: &mut String) {
+    let h = m.get_histogram();
+    let bucket = |le: &str, n: u64, out: &mut String| {
+        let mut labels = m.get_label().to_vec();
+        let mut l = LabelPair::default();
+        l.set_name("le".to_string());
+        l.set_value(le.to_string());
+        labels.push(l);
+        out.push_str(family);
+        out.push_str("_bucket");
+        om_labels(&labels, out);
+        out.push(' ');
+        om_number(n as f64, out);
+        out.push('\n');
+    };
+    for b in h.get_bucket() {
+        let mut le = String::new();
+        om_number(b.upper_bound(), &mut le);
+        if !le.contains('.') && !le.contains('I') && !le.contains('N') {
+            // OpenMetrics bounds are floats: "1.0", not "1".
+            le.push_str(".0");
+        }
+        bucket(&le, b.cumulative_count(), out);
+    }
+    bucket("+Inf", h.get_sample_count(), out);
+    for (suffix, v) in [
+        ("_count", h.get_sample_count() as f64),
+        ("_sum", h.get_sample_sum()),
+    ] {
+        out.push_str(family);
+        out.push_str(suffix);
+        om_labels(m.get_label(), out);
+        out.push(' ');
+        om_number(v, out);
+        out.push('\n');
+    }
 }
 
 /// Renders families in the Prometheus text format (0.0.4).

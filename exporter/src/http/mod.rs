@@ -198,10 +198,7 @@ async fn with_fresh<T: Send + 'static>(
         // Held by the blocking thread, not the request: a client that hangs up does not free
         // its place while the thread still waits for the collector.
         let _permit = permit;
-        let mut c = crate::collector::lock(&collector);
-        if c.last_poll_started().is_none_or(|t| t < arrived) {
-            c.poll();
-        }
+        let mut c = crate::collector::fresh(&collector, arrived);
         f(&mut c)
     })
     .await

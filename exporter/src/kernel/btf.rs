@@ -1,12 +1,22 @@
 //! Struct layouts and enum values of the running kernel, read from its BTF
 //! (`/sys/kernel/btf/vmlinux`). Rust BPF programs get no CO-RE relocations, so every offset
 //! the probes use is resolved here at start-up and handed to them in `CONFIG`.
+//!
+//! Only what is asked is parsed: the BTF stays as its bytes (memory-mapped; a sysfs file that
+//! cannot be mapped is copied once into an anonymous memory file), a type is decoded when a
+//! lookup reaches it, and names are found through a compact index built in one pass over the
+//! type headers ([`names`]). Parsing every type up front (btf-rs's cached backend) held
+//! tens of MiB of small allocations for the few dozen types bufscope reads.
+
+mod names;
 
 use std::collections::HashMap;
 use std::path::Path;
 
-use btf_rs::{Btf, Type};
+use btf_rs::{Backend, Btf, Type};
 use bufscope_common::Field;
+
+use names::NameIndex;
 
 /// Errors while reading the kernel's BTF.
 #[derive(Debug, thiserror::Error)]
@@ -70,21 +80,64 @@ impl MemberInfo {
 /// The kernel's BTF with the lookups bufscope needs.
 pub struct KernelBtf {
     btf: Btf,
+    /// Type ids by name (None: the bytes were not native-endian BTF the index understands;
+    /// btf-rs then searches).
+    names: Option<NameIndex>,
     /// Cache of struct name → type id (the first complete definition).
     structs: std::cell::RefCell<HashMap<String, u32>>,
 }
 
 impl KernelBtf {
-    /// Reads BTF from `path` (normally `/sys/kernel/btf/vmlinux`).
+    /// Reads BTF from `path` (normally `/sys/kernel/btf/vmlinux`): mapped where the file
+    /// allows it, else from a copy in an anonymous memory file; parsed only as far as the
+    /// lookups go.
     pub fn open(path: &Path) -> Result<Self, BtfError> {
-        let btf = Btf::from_file(path).map_err(|source| BtfError::Open {
+        let open_err = |source| BtfError::Open {
             path: path.display().to_string(),
             source,
-        })?;
+        };
+        let bytes = std::fs::read(path).map_err(|e| open_err(btf_rs::Error::IO(e)))?;
+        let names = NameIndex::build(&bytes);
+        let btf = match Btf::from_file_with_backend(path, Backend::Mmap) {
+            Ok(btf) => btf,
+            // sysfs files can be mapped only on recent kernels.
+            Err(_) => match names::anonymous_copy(&bytes) {
+                Some(copy) => Btf::from_file_with_backend(copy.path(), Backend::Mmap)
+                    .or_else(|_| Btf::from_bytes(&bytes))
+                    .map_err(open_err)?,
+                None => Btf::from_bytes(&bytes).map_err(open_err)?,
+            },
+        };
         Ok(Self {
             btf,
+            names,
             structs: Default::default(),
         })
+    }
+
+    /// Ids of the types called `name`, in id order.
+    fn ids_by_name(&self, name: &str) -> Vec<u32> {
+        match &self.names {
+            Some(index) => index
+                .candidates(name)
+                .filter(|id| {
+                    self.btf
+                        .resolve_type_by_id(*id)
+                        .ok()
+                        .and_then(|t| self.btf.resolve_name(t.as_btf_type()?).ok())
+                        .is_some_and(|n| n == name)
+                })
+                .collect(),
+            None => self.btf.resolve_ids_by_name(name).unwrap_or_default(),
+        }
+    }
+
+    /// The types called `name`, in id order.
+    fn types_by_name(&self, name: &str) -> Vec<Type> {
+        self.ids_by_name(name)
+            .into_iter()
+            .filter_map(|id| self.btf.resolve_type_by_id(id).ok())
+            .collect()
     }
 
     /// Strips typedefs, const, volatile, restrict and type tags.
@@ -125,7 +178,7 @@ impl KernelBtf {
         {
             return Ok(s);
         }
-        for id in self.btf.resolve_ids_by_name(name).unwrap_or_default() {
+        for id in self.ids_by_name(name) {
             if let Type::Struct(s) | Type::Union(s) = self.btf.resolve_type_by_id(id)?
                 && !s.members.is_empty()
             {
@@ -208,7 +261,7 @@ impl KernelBtf {
 
     /// All `name → value` pairs of an enum (e.g. `skb_drop_reason`).
     pub fn enum_values(&self, name: &str) -> Result<Vec<(String, u64)>, BtfError> {
-        for id in self.btf.resolve_ids_by_name(name).unwrap_or_default() {
+        for id in self.ids_by_name(name) {
             match self.btf.resolve_type_by_id(id)? {
                 Type::Enum(e) if !e.members.is_empty() => {
                     return e
@@ -233,10 +286,7 @@ impl KernelBtf {
     /// True when the kernel has a BTF tracepoint type for `tp` (`btf_trace_<tp>`), i.e. a
     /// `tp_btf/<tp>` program can load.
     pub fn has_btf_tracepoint(&self, tp: &str) -> bool {
-        self.btf
-            .resolve_ids_by_name(&format!("btf_trace_{tp}"))
-            .map(|ids| !ids.is_empty())
-            .unwrap_or(false)
+        !self.ids_by_name(&format!("btf_trace_{tp}")).is_empty()
     }
 
     /// Number of arguments of tracepoint `tp` as a `tp_btf` program sees them (the
@@ -244,7 +294,7 @@ impl KernelBtf {
     /// 6.11+ (`skb, location, reason, rx_sk`), 3 on 5.17–6.10. None without such a tracepoint.
     pub fn btf_tracepoint_args(&self, tp: &str) -> Option<usize> {
         let name = format!("btf_trace_{tp}");
-        for t in self.btf.resolve_types_by_name(&name).ok()? {
+        for t in self.types_by_name(&name) {
             let Type::Typedef(td) = t else { continue };
             let Ok(Type::Ptr(ptr)) = self.btf.resolve_chained_type(&td) else {
                 continue;
@@ -259,10 +309,9 @@ impl KernelBtf {
     /// True when the kernel's BTF has a function `name` (`BTF_KIND_FUNC`): a function that
     /// was not inlined away, so fentry/fexit can attach to it where the kernel allows them.
     pub fn has_func(&self, name: &str) -> bool {
-        self.btf
-            .resolve_types_by_name(name)
-            .map(|ts| ts.iter().any(|t| matches!(t, Type::Func(_))))
-            .unwrap_or(false)
+        self.types_by_name(name)
+            .iter()
+            .any(|t| matches!(t, Type::Func(_)))
     }
 
     /// True when struct `strukt` exists and has member path `path`.

@@ -17,7 +17,7 @@ use super::{
     counters_of, who_or_unknown,
 };
 use crate::advice::{Inputs, TuneView};
-use crate::attribution::Attributor;
+use crate::attribution::{Attributor, Cause};
 use crate::bpf::table::PerCpuHash;
 use crate::bpf::{Hook, LoadPlan, PerCpuTable, ProbeSpec};
 use crate::exposition::Spec;
@@ -186,6 +186,9 @@ pub struct Autotune {
     /// Suppressed events of collected entries (closed sockets) of live processes, added to
     /// their [`ProcAutotune::retired`] at the next poll.
     retiring: Vec<(ProcRef, u64)>,
+    /// Grows held at the last read for an owner look-up: the next poll reads the map again
+    /// even if the probe counted nothing since (the held delta is taken then).
+    held: bool,
 }
 
 fn sum(values: &[AutotuneVal]) -> AutotuneVal {
@@ -239,6 +242,7 @@ impl Autotune {
         Self {
             map: CountedMap::new(maps::AUTOTUNE, max_entries, map, stat::AUTOTUNE_SEEN, sum),
             retiring: Vec::new(),
+            held: false,
         }
     }
 
@@ -246,6 +250,7 @@ impl Autotune {
     /// events.
     fn read(&mut self, generation: Option<u64>, attr: &mut Attributor, store: &mut Store) {
         let now = Instant::now();
+        self.held = false;
         let current = self.map.read(generation);
         let last = &self.map.last;
         // Suppressed events follow the socket to its live holder (an accepted socket handed
@@ -265,7 +270,7 @@ impl Autotune {
             })
             .map(|(ino, _)| *ino)
             .collect();
-        attr.resolve_inodes(&unknown);
+        attr.resolve_inodes(Cause::Autotune, &unknown);
         for (ino, v) in current {
             let prev = self.map.last.get(&ino);
             let d = match prev {
@@ -276,6 +281,12 @@ impl Autotune {
             let mut owner = prev.and_then(|p| p.owner);
             if d > 0 || owner.is_none() {
                 owner = attr.lookup_inode(ino).or(owner);
+            }
+            // Its owner is being looked up: the new grows wait for it (the map keeps counting;
+            // the delta is taken at the poll after the answer).
+            if d > 0 && owner.is_none() && attr.pending(ino) {
+                self.held = true;
+                continue;
             }
             if d > 0 {
                 let who = who_or_unknown(store, PROBE.name, owner, d);
@@ -332,7 +343,7 @@ impl Signal for Autotune {
             }
         }
         let generation = self.map.generation(cx.stats);
-        if self.map.unchanged(generation) {
+        if self.map.unchanged(generation) && !self.held {
             return false;
         }
         self.read(generation, cx.attr, cx.store);
@@ -389,7 +400,7 @@ mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
     use crate::bpf::fake::FakeTable;
-    use crate::signals::testkit::{Bench, gone_inode, me, my_proc};
+    use crate::signals::testkit::{Bench, gone_inode, me, my_proc, udp_socket};
     use bufscope_common::SOCK_RCVBUF_LOCK;
 
     fn grow(grow_events: u64, suppressed: u64) -> AutotuneVal {
@@ -430,6 +441,34 @@ mod tests {
         room.poll(&mut b.poll());
         assert_eq!(b.sample(&room, SUPPRESSED_TOTAL, pid, &[]), 10.0);
         assert_eq!(room.map_fill().unwrap().entries, 1);
+    }
+
+    /// Grows of a socket whose owner is being looked up wait for the answer, then count on
+    /// the owner at the next poll, although the probe counted nothing since.
+    #[test]
+    fn grows_held_for_a_look_up_count_once_it_answered() {
+        let mut b = Bench::new();
+        b.attr = b.attr.with_inline_lookups(false);
+        let kernel = FakeTable::new(64);
+        let mut room = Autotune::new(kernel.boxed(), 64);
+        let (_sock, ino) = udp_socket();
+        kernel.set(ino, vec![grow(3, 2)]);
+        b.bump(stat::AUTOTUNE_SEEN);
+        room.poll(&mut b.poll());
+        let pid = my_proc().tgid;
+        assert_eq!(b.sample(&room, SUPPRESSED_TOTAL, pid, &[]), 0.0, "held");
+        assert_eq!(b.store.attribution_unknown.get("autotune"), None);
+        b.attr.settle();
+        assert!(
+            room.poll(&mut b.poll()),
+            "read again without a new generation"
+        );
+        assert_eq!(b.sample(&room, SUPPRESSED_TOTAL, pid, &[]), 2.0);
+        assert!(
+            !room.poll(&mut b.poll()),
+            "then only when the probe counts again"
+        );
+        assert_eq!(b.sample(&room, SUPPRESSED_TOTAL, pid, &[]), 2.0);
     }
 
     /// Without an owner the grows go to `_unknown` and `bufscope_attribution_unknown_total`.

@@ -6,6 +6,8 @@
 //! socket's netns `tcp_rmem[2]`; it also records listener owners so that accepted children
 //! are attributed to the process that listens.
 
+use std::time::{Duration, Instant};
+
 use foldhash::{HashMap, HashMapExt as _, HashSet};
 use prometheus::proto::MetricFamily;
 
@@ -13,7 +15,7 @@ use bufscope_common::{EstablishedEvent, SOCK_RCVBUF_LOCK, estab_flags, event_kin
 
 use super::{AdviceCx, GcCx, Part, PollCx, ProcStats, RingRoom, Row, Signal, decode};
 use crate::advice::{Inputs, TcpShape};
-use crate::attribution::Attributor;
+use crate::attribution::{Attributor, Cause};
 use crate::bpf::{Hook, ProbeSpec};
 use crate::exposition::Spec;
 use crate::labels::Proto;
@@ -104,27 +106,55 @@ pub fn shrunk(ev: &EstablishedEvent, rmem_max: i64) -> Option<u8> {
         .then_some(expected)
 }
 
-/// Who the connection belongs to: the probe's owner record, else `/proc`.
-fn resolve(ev: &EstablishedEvent, attr: &mut Attributor) -> Option<ProcRef> {
+/// A connection whose owner is being looked up (off the collector's lock) is held at most
+/// this long, then counted under `comm="_unknown"`.
+const PARK_AT_MOST: Duration = Duration::from_secs(10);
+/// Connections held at most (more: counted under `comm="_unknown"` at once).
+const PARK_MAX: usize = 65_536;
+
+/// Who a connection belongs to, as far as is known now.
+enum Owned {
+    /// This process.
+    By(ProcRef),
+    /// Its owner is being looked up: count it once the answer is in.
+    Wait,
+    /// Nobody can be found.
+    Unknown,
+}
+
+/// Who the connection belongs to: the probe's owner record, else the listener's owner or
+/// the socket's, from the caches or a look-up in `/proc` (queued: [`Owned::Wait`]).
+fn resolve(ev: &EstablishedEvent, attr: &mut Attributor) -> Owned {
     if ev.flags & estab_flags::OWNER_KNOWN != 0 {
-        return Some(attr.owner(&ev.owner));
+        return Owned::By(attr.owner(&ev.owner));
     }
     if ev.flags & estab_flags::PASSIVE != 0 {
-        return attr.listener(ev.netns, ev.lport);
+        return match attr.listener(ev.netns, ev.lport) {
+            Some(p) => Owned::By(p),
+            None if attr.listener_pending(ev.netns, ev.lport) => Owned::Wait,
+            None => Owned::Unknown,
+        };
     }
     if ev.inode == 0 {
-        return None;
+        return Owned::Unknown;
     }
-    attr.lookup_inode(ev.inode).or_else(|| {
-        attr.resolve_inodes(&HashSet::from_iter([ev.inode]));
-        attr.lookup_inode(ev.inode)
-    })
+    if let Some(p) = attr.lookup_inode(ev.inode) {
+        return Owned::By(p);
+    }
+    attr.resolve_inodes(Cause::Established, &HashSet::from_iter([ev.inode]));
+    match attr.lookup_inode(ev.inode) {
+        Some(p) => Owned::By(p),
+        None if attr.pending(ev.inode) => Owned::Wait,
+        None => Owned::Unknown,
+    }
 }
 
 /// The tcp_state room.
 pub struct TcpState {
     /// Last shrunk connection per process: (actual, expected) scale, for advice.
     examples: HashMap<ProcRef, (u8, u8)>,
+    /// Connections whose owner is being looked up, with when they arrived.
+    parked: Vec<(EstablishedEvent, Instant)>,
 }
 
 impl RingRoom for TcpState {
@@ -147,6 +177,32 @@ impl TcpState {
     pub fn new() -> Self {
         Self {
             examples: HashMap::new(),
+            parked: Vec::new(),
+        }
+    }
+
+    /// Counts one connection on `owner` (`_unknown` without one).
+    fn count(&mut self, ev: &EstablishedEvent, owner: Option<ProcRef>, cx: &mut PollCx<'_>) {
+        // Unknown rmem_max: judge by tcp_rmem[2] alone (never a false "shrunk").
+        let shrunk_to = shrunk(ev, cx.limits.rmem_max.unwrap_or(0));
+        // An exec since its last event: this connection already counts under the new name.
+        cx.attr.apply_renames(cx.store);
+        let (who, s) = cx.counters(PROBE.name, owner, 1);
+        s.parts.tcp_state.established += 1;
+        if shrunk_to.is_some() {
+            s.parts.tcp_state.wscale_shrunk += 1;
+        }
+        // A child accepted from a locked listener inherits SOCK_RCVBUF_LOCK (sk_clone_lock): it
+        // got the lock without calling setsockopt itself.
+        if ev.flags & estab_flags::PASSIVE != 0 && ev.userlocks & SOCK_RCVBUF_LOCK != 0 {
+            *s.parts
+                .setsockopt
+                .rcvbuf_locks
+                .entry(Proto::Tcp)
+                .or_default() += 1;
+        }
+        if let (Who::Proc(p), Some(expected)) = (who, shrunk_to) {
+            self.examples.insert(p, (ev.rcv_wscale, expected));
         }
     }
 }
@@ -176,28 +232,35 @@ impl Signal for TcpState {
         let Some(ev) = decode::<EstablishedEvent>(bytes) else {
             return;
         };
-        // Unknown rmem_max: judge by tcp_rmem[2] alone (never a false "shrunk").
-        let shrunk_to = shrunk(&ev, cx.limits.rmem_max.unwrap_or(0));
-        let owner = resolve(&ev, cx.attr);
-        // An exec since its last event: this connection already counts under the new name.
-        cx.attr.apply_renames(cx.store);
-        let (who, s) = cx.counters(PROBE.name, owner, 1);
-        s.parts.tcp_state.established += 1;
-        if shrunk_to.is_some() {
-            s.parts.tcp_state.wscale_shrunk += 1;
+        match resolve(&ev, cx.attr) {
+            Owned::By(p) => self.count(&ev, Some(p), cx),
+            Owned::Wait if self.parked.len() < PARK_MAX => {
+                self.parked.push((ev, Instant::now()));
+            }
+            Owned::Wait | Owned::Unknown => self.count(&ev, None, cx),
         }
-        // A child accepted from a locked listener inherits SOCK_RCVBUF_LOCK (sk_clone_lock): it
-        // got the lock without calling setsockopt itself.
-        if ev.flags & estab_flags::PASSIVE != 0 && ev.userlocks & SOCK_RCVBUF_LOCK != 0 {
-            *s.parts
-                .setsockopt
-                .rcvbuf_locks
-                .entry(Proto::Tcp)
-                .or_default() += 1;
+    }
+
+    /// Counts the connections whose owner was being looked up, once it is known (or can't
+    /// be, or after [`PARK_AT_MOST`]).
+    fn poll(&mut self, cx: &mut PollCx<'_>) -> bool {
+        if self.parked.is_empty() {
+            return false;
         }
-        if let (Who::Proc(p), Some(expected)) = (who, shrunk_to) {
-            self.examples.insert(p, (ev.rcv_wscale, expected));
+        let now = Instant::now();
+        let mut counted = false;
+        for (ev, since) in std::mem::take(&mut self.parked) {
+            match resolve(&ev, cx.attr) {
+                Owned::By(p) => self.count(&ev, Some(p), cx),
+                Owned::Wait if now.duration_since(since) < PARK_AT_MOST => {
+                    self.parked.push((ev, since));
+                    continue;
+                }
+                Owned::Wait | Owned::Unknown => self.count(&ev, None, cx),
+            }
+            counted = true;
         }
+        counted
     }
 
     fn gc(&mut self, cx: &mut GcCx<'_>) -> usize {
@@ -300,9 +363,7 @@ mod room_tests {
     }
 
     fn room() -> TcpState {
-        TcpState {
-            examples: HashMap::new(),
-        }
+        TcpState::new()
     }
 
     /// Records decoded from the ring buffer's bytes count connections and shrunken scales on

@@ -46,7 +46,8 @@ impl Bench {
         let owners = FakeTable::new(1024);
         let stats_map = FakeTable::new(64);
         Self {
-            attr: Attributor::new(Procfs::new("/proc"), Some(owners.boxed())),
+            attr: Attributor::new(Procfs::new("/proc"), Some(owners.boxed()))
+                .with_inline_lookups(true),
             store: Store::new(100, Duration::from_secs(300)),
             stats: Stats::new(stats_map.boxed()),
             stats_map,

@@ -8,7 +8,7 @@ use bufscope_common::{DropKey, drop_site};
 use foldhash::HashSet;
 
 use super::{Drops, shared};
-use crate::attribution::Attributor;
+use crate::attribution::{Attributor, Cause};
 use crate::labels::Proto;
 use crate::signals::{PollCx, Store, counters_of, who_or_unknown};
 use crate::store::{ProcRef, Who};
@@ -80,7 +80,7 @@ impl Drops {
             .filter(|k| k.site == drop_site::SOCKET && attr.lookup_inode(k.inode).is_none())
             .map(|k| k.inode)
             .collect();
-        attr.resolve_inodes(&unknown);
+        attr.resolve_inodes(Cause::Drops, &unknown);
         if let Some(sh) = &mut self.shared {
             sh.read_readers();
         }

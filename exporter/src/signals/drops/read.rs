@@ -299,7 +299,7 @@ mod tests {
     ) {
         let reasons = DropReasons::parse_format(r#"{ 6, "SOCKET_RCVBUFF" }"#);
         let mut d = Drops::new(map, 64, reasons, Duration::from_secs(10));
-        let mut attr = Attributor::new(Procfs::new("/proc"), None);
+        let mut attr = Attributor::new(Procfs::new("/proc"), None).with_inline_lookups(true);
         let mut store = Store::new(10, Duration::from_secs(300));
 
         kernel.set(5);
@@ -373,7 +373,7 @@ mod tests {
         let kernel = FakeTable::new(64).without_lookup_and_delete();
         let reasons = DropReasons::parse_format(r#"{ 6, "SOCKET_RCVBUFF" }"#);
         let mut d = Drops::new(kernel.boxed(), 64, reasons, Duration::from_secs(10));
-        let mut attr = Attributor::new(Procfs::new("/proc"), None);
+        let mut attr = Attributor::new(Procfs::new("/proc"), None).with_inline_lookups(true);
         let mut store = Store::new(10, Duration::from_secs(300));
         let mut k = kernel.clone();
         Kernel::set(&mut k, 5);

@@ -1,0 +1,173 @@
+//! The collector's two ways in, each holding its lock only for what needs it: a request's
+//! fresh view ([`fresh`]) and the background cycle ([`background`]: poll, GC, owner
+//! look-ups). Passes over `/proc` (GC's, the look-ups') run between two holds: a scrape
+//! waits for the lock only while the maps are read and the answers filed.
+
+use std::sync::Mutex;
+use std::time::Instant;
+
+use super::{Collector, Held, Holder, lock_as};
+use crate::attribution::{Found, Lookup};
+
+impl Collector {
+    /// The owner look-up pass to run without the lock: in the background when one is due
+    /// (the per-cause rate limits); for a request (`for_request`) only when counts wait for
+    /// it, and then at once, whatever the limits say — a scrape shows every count that
+    /// happened before it, and the pass runs between its two holds of the lock.
+    pub fn lookup_plan(&mut self, for_request: bool) -> Option<Lookup> {
+        if for_request && !self.attr.lookups_urgent() {
+            return None;
+        }
+        self.attr.take_lookup(Instant::now(), for_request)
+    }
+
+    /// Files what a look-up pass found; the rooms count what waited for it at their next
+    /// poll.
+    pub fn lookup_apply(&mut self, found: Found) {
+        self.attr.apply_lookup(found);
+        self.advice.dirty();
+        self.render.changed();
+    }
+}
+
+/// The collector, locked for a request that arrived at `arrived`, after a poll that started
+/// after it: a scrape reflects everything that happened before it. When counts wait for an
+/// owner look-up, the pass runs between two holds of the lock and a second poll counts them
+/// (the first scrape after a burst on a new socket shows the burst).
+pub fn fresh(c: &Mutex<Collector>, arrived: Instant) -> Held<'_> {
+    let mut held = lock_as(c, Holder::Request);
+    if held.last_poll_started().is_some_and(|t| t >= arrived) {
+        return held;
+    }
+    held.poll();
+    let Some(plan) = held.lookup_plan(true) else {
+        return held;
+    };
+    drop(held);
+    let found = plan.run();
+    let mut held = lock_as(c, Holder::Request);
+    held.lookup_apply(found);
+    held.poll();
+    held
+}
+
+/// One background cycle (the poll task's, every `--poll-interval`): a poll; GC when due,
+/// its `/proc` pass between two holds; the owner look-ups when due, likewise, then a poll
+/// when counts waited for them.
+pub fn background(c: &Mutex<Collector>) {
+    let gc = {
+        let mut held = lock_as(c, Holder::Poll);
+        held.poll();
+        held.gc_due().then(|| held.gc_plan())
+    };
+    if let Some(plan) = gc {
+        let scan = plan.scan();
+        lock_as(c, Holder::Gc).gc_apply(scan);
+        // What churn freed (exited processes, closed sockets) goes back to the kernel
+        // instead of staying in the allocator's arenas.
+        crate::bpf::trim_heap();
+    }
+    let (plan, urgent) = {
+        let mut held = lock_as(c, Holder::Lookup);
+        let urgent = held.attr.lookups_urgent();
+        (held.lookup_plan(false), urgent)
+    };
+    if let Some(plan) = plan {
+        let found = plan.run();
+        let mut held = lock_as(c, Holder::Lookup);
+        held.lookup_apply(found);
+        if urgent {
+            held.poll();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use crate::bpf::fake::FakeRing;
+    use crate::collector::Config;
+    use crate::signals::Signal;
+    use crate::signals::tcp_state::TcpState;
+    use crate::signals::testkit::{Bench, me, my_proc, udp_socket};
+    use bufscope_common::{EstablishedEvent, event_kind};
+
+    /// A connection whose owner `OWNERS` lost (evicted) is held, not looked up under the
+    /// lock; the next cycle's pass over `/proc` (between two holds) finds its owner and the
+    /// connection counts on it, once.
+    #[test]
+    fn an_evicted_owner_is_found_off_the_lock_and_counted_once() {
+        let mut b = Bench::new();
+        b.attr = b.attr.with_inline_lookups(false);
+        let ring = FakeRing::default();
+        let (_sock, held_inode) = udp_socket();
+        let rooms: Vec<Box<dyn Signal>> = vec![Box::new(TcpState::new())];
+        let c = Mutex::new(
+            Config {
+                rooms,
+                events: Some(Box::new(ring.clone())),
+                ..Config::new(b.store, b.attr)
+            }
+            .build(),
+        );
+        // The socket this test holds reaches ESTABLISHED; OWNERS has no entry for it.
+        ring.push_pod(&EstablishedEvent {
+            kind: event_kind::ESTABLISHED,
+            inode: held_inode,
+            owner: me(),
+            ..Default::default()
+        });
+        {
+            let mut g = lock_as(&c, Holder::Poll);
+            g.poll();
+            assert!(
+                g.attr.pending(held_inode),
+                "queued, not looked up under the lock"
+            );
+            assert!(
+                g.store.get(&my_proc()).is_none(),
+                "held, not counted on _unknown"
+            );
+            assert_eq!(g.store.attribution_unknown.get("tcp_state"), None);
+        }
+        background(&c);
+        let g = lock_as(&c, Holder::Request);
+        let s = g.store.get(&my_proc()).unwrap();
+        assert_eq!(
+            s.parts.tcp_state.established, 1,
+            "counted on its owner, once"
+        );
+        assert!(!g.attr.pending(held_inode));
+    }
+
+    /// A request finds the counts that waited for a look-up counted: the pass ran between
+    /// its two holds.
+    #[test]
+    fn a_request_counts_what_waited_for_a_due_look_up() {
+        let mut b = Bench::new();
+        b.attr = b.attr.with_inline_lookups(false);
+        let ring = FakeRing::default();
+        let (_sock, held_inode) = udp_socket();
+        let rooms: Vec<Box<dyn Signal>> = vec![Box::new(TcpState::new())];
+        let c = Mutex::new(
+            Config {
+                rooms,
+                events: Some(Box::new(ring.clone())),
+                ..Config::new(b.store, b.attr)
+            }
+            .build(),
+        );
+        ring.push_pod(&EstablishedEvent {
+            kind: event_kind::ESTABLISHED,
+            inode: held_inode,
+            ..Default::default()
+        });
+        let g = fresh(&c, Instant::now());
+        assert_eq!(
+            g.store.get(&my_proc()).unwrap().parts.tcp_state.established,
+            1
+        );
+        assert!(g.lock_stats.worst(Holder::Request) > std::time::Duration::ZERO);
+    }
+}
