@@ -14,5 +14,8 @@
 pub mod findings;
 pub mod status;
 
-pub use findings::{Finding, ProcessRef, Report, SCHEMA_VERSION, Severity, SocketRef};
+pub use findings::{
+    Call, Finding, Fix, Limit, ProcessRef, Report, Resolution, SCHEMA_VERSION, Severity, Snapshot,
+    SocketRef, Story, Verdict,
+};
 pub use status::{ProbeRow, ProcessRow, StatusDocument};

@@ -85,6 +85,8 @@ pub struct ProcessRow {
     pub failed: u64,
     /// Sockets that got `SOCK_RCVBUF_LOCK` (TCP receive autotuning off).
     pub rcvbuf_locks: u64,
+    /// Sockets that got `SOCK_SNDBUF_LOCK` (TCP send autotuning off).
+    pub sndbuf_locks: u64,
 
     // The tcp_state room.
     /// TCP connections established.
@@ -95,6 +97,10 @@ pub struct ProcessRow {
     // The autotune room.
     /// Autotuning grows the kernel wanted but a buffer lock suppressed.
     pub tcp_autotune_suppressed: u64,
+
+    // The netlink room.
+    /// Netlink messages lost on a full receive buffer (overruns, `ENOBUFS`), all families.
+    pub netlink_overruns: u64,
 
     // The guard room.
     /// Guard decisions by `rule/action` (`tcp-autotune/skip`, …).
@@ -195,6 +201,7 @@ mod tests {
         assert_eq!(
             keys(row),
             [
+                "cgroup",
                 "clamped",
                 "comm",
                 "container",
@@ -204,10 +211,12 @@ mod tests {
                 "failed",
                 "guard",
                 "namespace",
+                "netlink_overruns",
                 "pid",
                 "pod",
                 "rcvbuf_locks",
                 "setsockopt",
+                "sndbuf_locks",
                 "tcp_autotune_suppressed",
                 "tcp_established",
                 "tcp_wscale_shrunk"

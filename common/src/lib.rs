@@ -446,8 +446,11 @@ pub struct SockoptEvent {
     pub flags: u8,
     /// Address family of the socket (`AF_INET`, `AF_INET6`, `AF_UNIX`, …).
     pub family: u16,
+    /// `sk_state` at the call (`TCP_ESTABLISHED` 1, `TCP_CLOSE` 7 before `connect()`/`listen()`,
+    /// `TCP_LISTEN` 10; 0 from an older program that did not record it).
+    pub state: u8,
     /// Padding.
-    pub _pad1: u16,
+    pub _pad1: u8,
     /// The value the kernel's handler got: `requested`, unless the guard rewrote it
     /// ([`sockopt_flags::GUARD_RAISED`]).
     pub applied: i32,
@@ -686,15 +689,19 @@ pub mod total_family {
     /// Suppressed autotuning grows on sockets whose `AUTOTUNE` entries were collected
     /// (closed sockets of a live process).
     pub const AUTOTUNE_RETIRED: u8 = 7;
+    /// Sockets that got `SOCK_SNDBUF_LOCK` (by proto).
+    pub const SNDBUF_LOCKS: u8 = 8;
+    /// Netlink overruns (by netlink protocol, in the `proto` byte).
+    pub const NETLINK_OVERRUNS: u8 = 9;
     /// Buffer drops (by proto; the option byte holds the kernel's drop reason number) of an
     /// identity's departed processes.
-    pub const DROPS: u8 = 8;
+    pub const DROPS: u8 = 10;
     /// Suppressed autotuning grows of an identity's departed processes (all of them).
-    pub const AUTOTUNE_SUPPRESSED: u8 = 9;
+    pub const AUTOTUNE_SUPPRESSED: u8 = 11;
     /// 1: the identity had series of its own.
-    pub const OWN_SERIES: u8 = 10;
+    pub const OWN_SERIES: u8 = 12;
     /// Guard decisions (the proto byte holds the rule, the option byte the action).
-    pub const GUARD_DECISIONS: u8 = 11;
+    pub const GUARD_DECISIONS: u8 = 13;
 }
 
 /// Declares the `STATS` slots once each: its index constant and, for a slot that counts a

@@ -189,6 +189,7 @@ fn hook_exists(hook: &Hook, kinfo: Option<&KernelInfo>, tracefs: Option<&Path>) 
             tracefs.is_some_and(|t| t.join("events").join(category).join(name).is_dir())
         }
         h if h.needs_cgroup2() => kernel::cgroup2_root().is_some(),
+        Hook::Procfs { file } => Path::new("/proc/self").join(file).exists(),
         h => kinfo.is_some_and(|k| bpf::usable(std::slice::from_ref(h), &k.btf).is_ok()),
     }
 }

@@ -45,6 +45,10 @@ pub struct ExplainArgs {
     /// Only findings about processes with this name.
     #[arg(long)]
     pub comm: Option<String>,
+    /// Only what changed in this time (new findings, verdicts that moved, resolved ones), e.g.
+    /// `--since 10m` after applying a fix.
+    #[arg(long, value_parser = duration_within(Duration::from_secs(1), Duration::from_secs(7 * 24 * 3600)), value_name = "DURATION")]
+    pub since: Option<Duration>,
     /// Print the raw JSON document instead of text.
     #[arg(long)]
     pub json: bool,
@@ -167,6 +171,10 @@ pub struct RunArgs {
     /// socket).
     #[arg(long = "advice.window", default_value = "60s", value_parser = duration_within(Duration::from_secs(1), crate::advice::MAX_WINDOW), value_name = "DURATION")]
     pub advice_window: Duration,
+    /// How long a finding that stopped costing after a fix (a larger buffer, the program
+    /// restarted with one) is kept as `resolved` with its numbers before and after.
+    #[arg(long = "advice.resolved-retention", default_value = "30m", value_parser = duration_within(Duration::from_secs(1), Duration::from_secs(7 * 24 * 3600)), value_name = "DURATION")]
+    pub advice_resolved_retention: Duration,
     /// Most processes tracked one by one (status page, API, advice) and most identities;
     /// the least active beyond this leave the detail (their counts stay on their identity's
     /// series).

@@ -88,6 +88,7 @@ fn explain(a: ExplainArgs) -> i32 {
     let selection = bufscope_client::explain::Selection {
         pid: a.pid,
         comm: a.comm,
+        since: a.since.map(|d| d.as_secs()),
     };
     report(
         bufscope_client::Client::from_args(&a.connect)

@@ -177,6 +177,7 @@ fn load(
             idle: gc_idle().max(args.poll_interval * 3),
         },
         advice_window: args.advice_window,
+        advice_retention: args.advice_resolved_retention,
         pins: pins(&mut loaded),
         pinned_since: loaded
             .pins

@@ -166,6 +166,61 @@ impl Workload {
     }
 }
 
+/// A helper process a test started (`ip xfrm monitor`, a namespace's resident, `ip -batch`):
+/// killed (SIGKILL, which also ends a stopped process) and reaped when dropped, so also when
+/// the test panics, and never left behind holding a netlink socket or the kernel lock.
+pub struct Spawned {
+    child: std::process::Child,
+    what: String,
+}
+
+impl Spawned {
+    /// Spawns `cmd`.
+    pub fn new(cmd: &mut Command) -> Self {
+        let what = format!("{:?}", cmd);
+        let child = cmd
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start {what}: {e}"));
+        Self { child, what }
+    }
+
+    /// Its pid.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Sends `sig` (e.g. `libc::SIGSTOP`) to it.
+    pub fn signal(&self, sig: i32) {
+        // SAFETY: a signal to our own child, not yet reaped (reaping needs `&mut self`).
+        let rc = unsafe { libc::kill(self.child.id() as i32, sig) };
+        assert_eq!(rc, 0, "signal {sig} to {}", self.what);
+    }
+
+    /// Its stdin (when spawned with `Stdio::piped()`), taken.
+    pub fn take_stdin(&mut self) -> std::process::ChildStdin {
+        self.child
+            .stdin
+            .take()
+            .unwrap_or_else(|| panic!("{} has no piped stdin", self.what))
+    }
+
+    /// Waits for it to exit by itself; panics unless it succeeded.
+    pub fn wait_success(mut self) {
+        let st = self.child.wait().unwrap();
+        assert!(st.success(), "{} failed: {st}", self.what);
+    }
+}
+
+impl Drop for Spawned {
+    fn drop(&mut self) {
+        if matches!(self.child.try_wait(), Ok(Some(_))) {
+            return;
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
 /// Socket memory of UDP socket `inode` as `ss -uame` shows it (`skmem:(…,rb<N>,…)`): the
 /// kernel's effective receive buffer (`sk_rcvbuf`). Host network namespace.
 pub fn ss_udp_rcvbuf(inode: u64) -> Option<u64> {
@@ -454,4 +509,36 @@ pub fn ss_tcp() -> Vec<SsConn> {
         }
     }
     conns
+}
+
+#[cfg(test)]
+mod spawned_tests {
+    use super::*;
+
+    /// Whether `pid` is still a process (a zombie counts: it was not reaped).
+    fn exists(pid: u32) -> bool {
+        Path::new(&format!("/proc/{pid}")).exists()
+    }
+
+    #[test]
+    fn a_panicking_test_still_kills_and_reaps_a_stopped_helper() {
+        let mut pid = 0;
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            let s = Spawned::new(Command::new("sleep").arg("600"));
+            pid = s.pid();
+            s.signal(libc::SIGSTOP);
+            panic!("an assertion fails while the helper is stopped");
+        }));
+        assert!(r.is_err());
+        assert!(pid > 0);
+        assert!(!exists(pid), "sleep {pid} outlived the panic");
+    }
+
+    #[test]
+    fn a_finished_helper_is_left_alone() {
+        let s = Spawned::new(&mut Command::new("true"));
+        let pid = s.pid();
+        s.wait_success();
+        assert!(!exists(pid));
+    }
 }

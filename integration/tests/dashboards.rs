@@ -509,6 +509,8 @@ fn dashboard_is_a_grafana_10_import_with_valid_layout_and_queries() {
         "bufscope_tcp_established_total",
         "bufscope_tcp_wscale_shrunk_total",
         "bufscope_tcp_autotune_suppressed_total",
+        "bufscope_netlink_overruns_total",
+        "bufscope_xfrm_errors_total",
         "bufscope_finding",
         "bufscope_probe_attached",
         "bufscope_attribution_unknown_total",
@@ -787,12 +789,16 @@ struct Scene {
     locked: Workload,
     /// Two TCP clients that leave their buffers alone.
     control: Workload,
+    /// A TCP socket with SO_SNDBUF set (send autotuning off).
+    _sndlock: Workload,
     /// A bulk TCP receiver that set SO_RCVBUF after accept() (autotuning suppressed).
     bulk: Workload,
     /// Sockets of `locked` with SOCK_RCVBUF_LOCK (SO_BUF_LOCK readback).
     locked_sockets: usize,
     /// Share of `locked`'s connections whose receive window scale (ss) is below `control`'s.
     shrink_ratio: f64,
+    /// A netlink listener that overran and an XFRM block that refused sends, in a namespace.
+    dataplanes: Dataplanes,
 }
 
 /// A workload's identity as a label value: its comm (`bufscope-workload` names itself
@@ -810,7 +816,9 @@ impl Scene {
         let (listener, locked, control) = connect_locked_and_control_tcp_clients();
         let locked_sockets = locked_sockets(&locked);
         let shrink_ratio = kernel_shrink_ratio(&locked, &control);
+        let sndlock = lock_a_tcp_send_buffer();
         let bulk = run_a_bulk_transfer_with_a_small_rcvbuf();
+        let dataplanes = Dataplanes::run();
         Self {
             recv,
             crecv,
@@ -819,15 +827,106 @@ impl Scene {
             _listener: listener,
             locked,
             control,
+            _sndlock: sndlock,
             bulk,
             locked_sockets,
             shrink_ratio,
+            dataplanes,
         }
     }
 
     /// The receivers' ports, for the flooder.
     fn flooded_ports(&self) -> String {
         format!("{},{}", self.recv.get("ports"), self.crecv.get("ports"))
+    }
+}
+
+/// The kernel data planes' part of the scene, in a network namespace of its own (deleted when
+/// dropped): a NETLINK_ROUTE listener with an 8 KiB buffer that never reads while 4,000 route
+/// events happen (netlink overruns), and an `action block` XFRM out policy that refuses a
+/// second of UDP sends over a veth (`XfrmOutPolBlock`).
+struct Dataplanes {
+    ns: String,
+    listener: Workload,
+}
+
+impl Dataplanes {
+    fn run() -> Self {
+        let ns = format!("bs-dash-{}", std::process::id());
+        let ip = |args: &[&str]| {
+            let st = Command::new("ip").args(args).status().unwrap();
+            assert!(st.success(), "ip {args:?}");
+        };
+        let _ = Command::new("ip")
+            .args(["netns", "del", &ns])
+            .stderr(Stdio::null())
+            .status();
+        ip(&["netns", "add", &ns]);
+        ip(&["-n", &ns, "link", "set", "lo", "up"]);
+        ip(&[
+            "-n", &ns, "link", "add", "bsd0", "type", "veth", "peer", "name", "bsd1",
+        ]);
+        ip(&["-n", &ns, "addr", "add", "10.79.0.1/24", "dev", "bsd0"]);
+        ip(&["-n", &ns, "link", "set", "bsd0", "up"]);
+        ip(&["-n", &ns, "link", "set", "bsd1", "up"]);
+        ip(&[
+            "-n",
+            &ns,
+            "xfrm",
+            "policy",
+            "add",
+            "src",
+            "10.79.0.1/32",
+            "dst",
+            "10.79.0.9/32",
+            "dir",
+            "out",
+            "action",
+            "block",
+        ]);
+        let wrap = ["ip", "netns", "exec", ns.as_str()];
+        let listener = Workload::start_wrapped(
+            &wrap,
+            &["netlink-listen", "--rcvbuf", "4096", "--groups", "0x41"],
+        );
+        let mut batch = String::new();
+        for op in ["add", "del"] {
+            for i in 0..2000 {
+                batch.push_str(&format!(
+                    "route {op} 172.17.{}.{}/32 dev lo\n",
+                    i / 250,
+                    i % 250 + 1
+                ));
+            }
+        }
+        let mut c = bufscope_integration::Spawned::new(
+            Command::new("ip")
+                .args(["-n", &ns, "-batch", "-"])
+                .stdin(Stdio::piped())
+                .stdout(Stdio::null()),
+        );
+        std::io::Write::write_all(&mut c.take_stdin(), batch.as_bytes()).unwrap();
+        c.wait_success();
+        let mut blast = Workload::start_wrapped(
+            &wrap,
+            &[
+                "udp-blast",
+                "--dest",
+                "10.79.0.9:9",
+                "--seconds",
+                "1",
+                "--size",
+                "64",
+            ],
+        );
+        blast.wait_line("SENT", Duration::from_secs(20));
+        Self { ns, listener }
+    }
+}
+
+impl Drop for Dataplanes {
+    fn drop(&mut self) {
+        let _ = Command::new("ip").args(["netns", "del", &self.ns]).status();
     }
 }
 
@@ -874,6 +973,20 @@ fn connect_locked_and_control_tcp_clients() -> (Workload, Workload, Workload) {
     ]);
     let control = Workload::start(&["tcp-connect", "--port", &lport, "--count", "2"]);
     (listener, locked, control)
+}
+
+/// SO_SNDBUF on a TCP socket: the kernel sets SOCK_SNDBUF_LOCK (send autotuning off).
+fn lock_a_tcp_send_buffer() -> Workload {
+    let w = setsockopt("tcp", "SO_SNDBUF", "65536");
+    assert_eq!(w.get("errno"), "0", "kernel accepted SO_SNDBUF");
+    assert!(
+        w.get("locks")
+            .split(',')
+            .all(|b| b.parse::<u32>().is_ok_and(|l| l & 1 != 0)),
+        "kernel set SOCK_SNDBUF_LOCK: locks {}",
+        w.get("locks")
+    );
+    w
 }
 
 /// Sockets of a `tcp-connect` whose SO_BUF_LOCK readback has SOCK_RCVBUF_LOCK.
@@ -943,6 +1056,14 @@ fn wait_until_the_exporter_serves_the_workload(
             && m.sum(
                 "bufscope_tcp_autotune_suppressed_total",
                 &[("comm", &pid(&scene.bulk))],
+            ) > 0.0
+            && m.sum(
+                "bufscope_netlink_overruns_total",
+                &[("comm", &pid(&scene.dataplanes.listener))],
+            ) > 0.0
+            && m.sum(
+                "bufscope_xfrm_errors_total",
+                &[("reason", "XfrmOutPolBlock")],
             ) > 0.0;
         ok.then_some(m)
     });
@@ -1214,11 +1335,17 @@ fn assert_findings_panel_shows_the_flooded_receiver(
 ) {
     if findings {
         let f = results.get("Findings", "A");
+        // `bufscope_finding` is per program (no pid): the receiver's program on the host,
+        // outside the fake container.
+        let comm = std::fs::read_to_string(format!("/proc/{}/comm", scene.recv.pid()))
+            .map(|c| c.trim().to_string())
+            .unwrap_or_default();
         assert!(
-            series_with(f, "comm", &pid(&scene.recv))
+            series_with(f, "comm", &comm)
                 .iter()
-                .any(|s| s["metric"]["kind"] == "udp_rcvbuf_drops"),
-            "no udp_rcvbuf_drops finding for the flooded receiver: {f}"
+                .any(|s| s["metric"]["kind"] == "udp_rcvbuf_drops"
+                    && s["metric"].get("container").is_none()),
+            "no udp_rcvbuf_drops finding for the flooded receiver's program {comm}: {f}"
         );
     }
 }

@@ -31,12 +31,14 @@
 #[cfg(unix)]
 mod apply;
 mod caps;
+pub mod programs;
 mod rules;
 pub mod units;
 
 #[cfg(unix)]
 pub use apply::{DirectionOutcome, Force, Outcome, read_buffers, set_buffer};
 pub use caps::{CAP_NET_ADMIN, has_cap_net_admin};
+pub use programs::{Knob, PROGRAMS, Program, Sizing, program};
 pub use rules::*;
 
 /// Errors from applying a plan to a socket.

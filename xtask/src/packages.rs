@@ -16,6 +16,8 @@ pub const DEBIAN_PACKAGES: &[(&str, &str)] = &[
     ("wireguard-go", "/usr/bin/wireguard-go"),
     ("wireguard-tools", "/usr/bin/wg"),
     ("openvpn", "/usr/sbin/openvpn"),
+    // A real resolver whose per-socket finding is checked (integration/tests/findings_live.rs).
+    ("unbound", "/usr/sbin/unbound"),
     ("socat", "/usr/bin/socat"),
     ("prometheus", "/usr/bin/promtool"),
     ("bpftool", "/usr/sbin/bpftool"),

@@ -121,6 +121,34 @@ pub fn evidence(f: &Finding) -> String {
         .join(" ")
 }
 
+/// A socket's calls in one line: `SO_RCVBUFFORCE 7340032 EPERM; SO_RCVBUF 7340032 -> 425984
+/// (fallback, clamped)`.
+pub fn story(st: &bufscope_api::Story) -> String {
+    let mut parts: Vec<String> = st
+        .calls
+        .iter()
+        .map(|c| {
+            let r = match &c.error {
+                Some(e) => e.clone(),
+                None => format!("-> {}", c.effective),
+            };
+            let n = if c.notes.is_empty() {
+                String::new()
+            } else {
+                format!(" ({})", c.notes.join(", "))
+            };
+            format!("{} {} {r}{n}", c.option, c.requested)
+        })
+        .collect();
+    if st.calls_omitted > 0 {
+        parts.insert(
+            parts.len().min(8),
+            format!("… {} not kept", st.calls_omitted),
+        );
+    }
+    parts.join("; ")
+}
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]

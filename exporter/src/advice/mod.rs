@@ -2,17 +2,20 @@
 //!
 //! The rules live in `bufscope-policy` (the same crate the reference tunnel applies), so the
 //! exporter and the tunnel never disagree about what "right" is. This module is pure: the
-//! collector hands it an [`Inputs`] snapshot, it returns [`Finding`]s. One finding per
-//! (process, kind); the worst socket is named in the evidence.
+//! collector hands it an [`Inputs`] snapshot and the [`History`] of earlier evaluations, it
+//! returns [`Finding`]s: one per socket and buffer direction for what a socket's buffer does
+//! (its story, a verdict with numbers, where the fix can be made and what it costs:
+//! `sockets.rs`, `fixes.rs`; resolved ones from `history.rs`), one per (process, kind) for
+//! the rest (`rules.rs`).
 //!
 //! The JSON served at `/api/v1/findings` is [`Report`] (schema version [`SCHEMA_VERSION`],
 //! documented in `docs/findings.md`), a type of `bufscope-api`, the crate the clients read it
 //! with.
 
 use std::collections::BTreeMap;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use bufscope_policy::{self as policy, Direction, Platform, Rule};
+use bufscope_policy::{self as policy, Rule};
 
 use crate::labels::{BufOption, Proto};
 use crate::store::{ProcMeta, ProcRef};
@@ -49,6 +52,8 @@ pub mod kind {
     pub const FORCE_REFUSED: &str = "force_refused";
     /// TCP sockets with `SOCK_RCVBUF_LOCK`: receive autotuning off.
     pub const TCP_RCVBUF_LOCK: &str = "tcp_rcvbuf_lock";
+    /// A TCP socket with `SOCK_SNDBUF_LOCK`: send autotuning off.
+    pub const TCP_SNDBUF_LOCK: &str = "tcp_sndbuf_lock";
     /// TCP connections born with a shrunken window scale.
     pub const TCP_WSCALE_SHRUNK: &str = "tcp_wscale_shrunk";
     /// The kernel wanted to grow a locked TCP receive buffer.
@@ -86,25 +91,195 @@ pub struct SocketDrops {
     pub ifname: String,
 }
 
-/// The last setsockopt of one option on one socket.
+/// One buffer `setsockopt` call as the kernel handled it (derived by the setsockopt room).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CallRec {
+    /// When (Unix seconds).
+    pub at: u64,
+    /// Which option.
+    pub option: BufOption,
+    /// The value the program passed.
+    pub requested: i32,
+    /// The value the kernel's handler got (the guard may raise it).
+    pub applied: i32,
+    /// The size of the option's buffer after the call (bytes, as `getsockopt` reports it).
+    pub effective: i32,
+    /// Return (0 or -errno).
+    pub ret: i32,
+    /// Capped at `rmem_max`/`wmem_max`.
+    pub clamped: bool,
+    /// `sk_userlocks & 3` before and after.
+    pub locks_before: u8,
+    /// After.
+    pub locks_after: u8,
+    /// `sk_state` at the call (0: not recorded).
+    pub state: u8,
+    /// `sockopt_flags` of the event (guard decisions).
+    pub flags: u8,
+}
+
+/// Calls of one socket kept in full at its start.
+pub const STORY_FIRST: usize = 8;
+/// Calls of one socket kept at its end (the ones between are counted, not kept).
+pub const STORY_LAST: usize = 24;
+
+/// What sock_diag said of a TCP socket at one read.
+#[derive(Clone, Copy, Debug)]
+pub struct TcpSample {
+    /// When it was read.
+    pub at: Instant,
+    /// What it said.
+    pub diag: crate::kernel::sock_diag::TcpDiag,
+}
+
+/// Every buffer call of one socket, in order (bounded: [`STORY_FIRST`] + [`STORY_LAST`]).
 #[derive(Clone, Debug)]
-pub struct SocketOpt {
-    /// Caller.
+pub struct SocketStory {
+    /// The caller of its first call.
     pub owner: ProcRef,
     /// Socket inode.
     pub inode: u64,
     /// Transport.
     pub proto: Proto,
-    /// Which option.
-    pub option: BufOption,
-    /// Requested value.
-    pub requested: i64,
-    /// Effective size after the call (`sk_rcvbuf`/`sk_sndbuf`).
-    pub effective: i64,
-    /// Syscall return (0 or -errno).
-    pub ret: i32,
-    /// Whether the kernel clamped it.
-    pub clamped: bool,
+    /// Network namespace inode.
+    pub netns: u32,
+    /// The first calls.
+    pub first: Vec<CallRec>,
+    /// The last calls (after `first`).
+    pub last: std::collections::VecDeque<CallRec>,
+    /// Calls in all.
+    pub total: u64,
+    /// `sk_rcvbuf` after the last call.
+    pub rcvbuf: i32,
+    /// `sk_sndbuf` after the last call.
+    pub sndbuf: i32,
+    /// Lock bits after the last call.
+    pub locks: u8,
+    /// The last two sock_diag reads (TCP sockets with a lock), oldest first.
+    pub tcp: Vec<TcpSample>,
+    /// Why sock_diag could not read it, when it could not.
+    pub tcp_error: Option<String>,
+}
+
+impl SocketStory {
+    /// A socket with no calls yet.
+    pub fn new(owner: ProcRef, inode: u64, proto: Proto, netns: u32) -> Self {
+        Self {
+            owner,
+            inode,
+            proto,
+            netns,
+            first: Vec::new(),
+            last: std::collections::VecDeque::new(),
+            total: 0,
+            rcvbuf: 0,
+            sndbuf: 0,
+            locks: 0,
+            tcp: Vec::new(),
+            tcp_error: None,
+        }
+    }
+
+    /// Adds a call (the first [`STORY_FIRST`] and the last [`STORY_LAST`] are kept).
+    pub fn push(&mut self, c: CallRec) {
+        self.total += 1;
+        if self.first.len() < STORY_FIRST {
+            self.first.push(c);
+        } else {
+            if self.last.len() == STORY_LAST {
+                self.last.pop_front();
+            }
+            self.last.push_back(c);
+        }
+        if c.ret == 0 {
+            match c.option {
+                BufOption::Sndbuf | BufOption::SndbufForce => self.sndbuf = c.effective,
+                BufOption::Rcvbuf | BufOption::RcvbufForce => self.rcvbuf = c.effective,
+                BufOption::BufLock => {}
+            }
+            self.locks = c.locks_after;
+        }
+    }
+
+    /// The calls kept, in order.
+    pub fn calls(&self) -> impl Iterator<Item = &CallRec> {
+        self.first.iter().chain(self.last.iter())
+    }
+
+    /// Calls made but not kept.
+    pub fn omitted(&self) -> u64 {
+        self.total - (self.first.len() + self.last.len()) as u64
+    }
+
+    /// Adds a sock_diag read (the last two are kept: rates are measured between them).
+    pub fn sample(&mut self, s: TcpSample) {
+        if self.tcp.len() == 2 {
+            self.tcp.remove(0);
+        }
+        self.tcp.push(s);
+        self.tcp_error = None;
+    }
+}
+
+/// How a network namespace sees `net.core.rmem_max`/`wmem_max`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LimitScope {
+    /// The socket is in the host's (bufscope's) namespace.
+    Host,
+    /// The namespace shows the host's value read-only (6.11+): raised only on the host.
+    ReadOnly,
+    /// The namespace has its own writable value: it can be raised inside it.
+    Writable,
+    /// The namespace has no such file (before 6.11): only the host sets it.
+    Absent,
+    /// bufscope could not look (entering the namespace failed: no `CAP_SYS_ADMIN` over it,
+    /// or its processes exited first).
+    Unknown,
+}
+
+impl LimitScope {
+    /// The JSON value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Host => "host",
+            Self::ReadOnly => "read_only",
+            Self::Writable => "netns",
+            Self::Absent => "absent",
+            Self::Unknown => "unknown",
+        }
+    }
+}
+
+/// `rmem_max`/`wmem_max` as one network namespace sees them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct NsLimits {
+    /// How the namespace sees them.
+    pub scope: LimitScope,
+    /// `rmem_max` as read there (None: absent or unreadable).
+    pub rmem_max: Option<i64>,
+    /// `wmem_max` as read there.
+    pub wmem_max: Option<i64>,
+    /// The socket's owner runs in a user namespace other than the initial one: a capability
+    /// it holds there does not pass `capable(CAP_NET_ADMIN)` for `*FORCE`.
+    pub user_ns: bool,
+    /// Why the namespace's view could not be read (an errno of entering it), with
+    /// [`LimitScope::Unknown`].
+    pub unreadable: Option<i32>,
+}
+
+impl NsLimits {
+    /// Why the namespace's view could not be read, in words (None when it was read).
+    pub fn unreadable_text(&self) -> Option<String> {
+        let errno = self.unreadable?;
+        let why = match errno {
+            libc::EPERM => "EPERM: setns needs CAP_SYS_ADMIN over the namespace".to_string(),
+            libc::ENOENT | libc::ESRCH => {
+                "the process exited before bufscope could enter its namespace".to_string()
+            }
+            e => std::io::Error::from_raw_os_error(e).to_string(),
+        };
+        Some(format!("not readable from bufscope ({why})"))
+    }
 }
 
 /// TCP connection shape of one process.
@@ -165,13 +340,14 @@ pub struct GuardAct {
 /// `net.ipv4.tcp_rmem[2]`'s kernel default, assumed when the sysctl cannot be read.
 pub const TCP_RMEM_MAX_DEFAULT: i64 = 6_291_456;
 
+/// `net.ipv4.tcp_wmem[2]`'s kernel default, assumed when the sysctl cannot be read.
+pub const TCP_WMEM_MAX_DEFAULT: i64 = 4_194_304;
+
 /// Everything the rules look at.
 #[derive(Clone, Debug, Default)]
 pub struct Inputs {
     /// Per-socket drops.
     pub drops: Vec<SocketDrops>,
-    /// Per-socket setsockopt outcomes.
-    pub opts: Vec<SocketOpt>,
     /// Per-process TCP shape.
     pub tcp: Vec<(ProcRef, TcpShape)>,
     /// Per-socket autotune state.
@@ -188,6 +364,39 @@ pub struct Inputs {
     pub window: Duration,
     /// What the guard did, per process and rule.
     pub guard: Vec<GuardAct>,
+    /// Netlink sockets that overran.
+    pub netlink: Vec<NetlinkView>,
+    /// XFRM errors of namespaces with a known IKE daemon.
+    pub xfrm: Vec<XfrmView>,
+    /// Every socket with buffer calls (the setsockopt room).
+    pub stories: Vec<SocketStory>,
+    /// How each network namespace of those sockets sees the limits.
+    pub ns_limits: BTreeMap<u32, NsLimits>,
+    /// `net.ipv4.tcp_wmem[2]` (send autotuning's ceiling) of the host.
+    pub tcp_wmem_max: i64,
+    /// UDP sockets in use in the host's namespace (`/proc/net/sockstat`), for what a raised
+    /// default would cost.
+    pub udp_sockets: Option<u64>,
+    /// Live sockets of the programs whose costing socket is gone ([`History::waiting`]),
+    /// including ones they never sized: a restart's new socket.
+    pub live: Vec<LiveSocket>,
+}
+
+/// A live socket of a program, as sock_diag shows it (`ss -m` `rb`, `tb`, `d`).
+#[derive(Clone, Debug)]
+pub struct LiveSocket {
+    /// Its holder.
+    pub owner: ProcRef,
+    /// Socket inode.
+    pub inode: u64,
+    /// Transport.
+    pub proto: Proto,
+    /// `sk_rcvbuf`.
+    pub rcvbuf: i64,
+    /// `sk_sndbuf`.
+    pub sndbuf: i64,
+    /// Drops so far (`SK_MEMINFO_DROPS`).
+    pub drops: u64,
 }
 
 fn kib(b: f64) -> String {
@@ -196,11 +405,6 @@ fn kib(b: f64) -> String {
     } else {
         format!("{:.0} KiB", b / 1024.0)
     }
-}
-
-/// A sysctl value, or "unknown".
-fn limit(v: Option<i64>) -> String {
-    v.map_or_else(|| "unknown".to_string(), |v| v.to_string())
 }
 
 fn mbit(bps: f64) -> String {
@@ -247,8 +451,6 @@ fn drop_severity(rate: f64) -> Severity {
 struct Builder<'a> {
     inputs: &'a Inputs,
     out: Vec<Finding>,
-    /// Clamped receive-buffer requests by socket inode (looked up once per process).
-    clamped_rcv: foldhash::HashMap<u64, &'a SocketOpt>,
     /// Processes with locked TCP sockets.
     tcp_locked: foldhash::HashSet<ProcRef>,
 }
@@ -288,13 +490,14 @@ impl Builder<'_> {
             fix,
             evidence: evidence.into_iter().collect(),
             rule,
-            guard: None,
+            ..Finding::default()
         });
     }
 
-    /// The clamped receive request of `inode`, if any.
-    fn clamped_request(&self, inode: u64) -> Option<&SocketOpt> {
-        self.clamped_rcv.get(&inode).copied()
+    /// Who the program is across restarts.
+    fn program(&self, p: &ProcRef) -> history::Program {
+        let m = self.inputs.meta.get(p).cloned().unwrap_or_default();
+        (m.comm, m.container, m.pod, m.namespace)
     }
 }
 
@@ -307,17 +510,23 @@ fn by_owner<T>(items: impl Iterator<Item = (ProcRef, T)>) -> BTreeMap<ProcRef, V
     m
 }
 
-/// Evaluates every rule.
+/// Evaluates every rule once, with no past (tests, one-shot use).
 pub fn evaluate(inputs: &Inputs) -> Vec<Finding> {
+    evaluate_with(inputs, &mut History::default(), unix_now())
+}
+
+/// Seconds since the Unix epoch.
+pub fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+/// Evaluates every rule at `now` (Unix seconds), keeping the findings' past in `history`.
+pub fn evaluate_with(inputs: &Inputs, history: &mut History, now: u64) -> Vec<Finding> {
     let mut b = Builder {
         inputs,
         out: Vec::new(),
-        clamped_rcv: inputs
-            .opts
-            .iter()
-            .filter(|o| o.clamped && matches!(o.option, BufOption::Rcvbuf | BufOption::RcvbufForce))
-            .map(|o| (o.inode, o))
-            .collect(),
         tcp_locked: inputs
             .tcp
             .iter()
@@ -325,12 +534,19 @@ pub fn evaluate(inputs: &Inputs) -> Vec<Finding> {
             .map(|(p, _)| *p)
             .collect(),
     };
-    udp_drops(&mut b);
+    history.begin();
+    sockets::socket_findings(&mut b, history, now);
+    let per_socket = b.out.len();
     tcp_drops(&mut b);
     tun_ring(&mut b);
-    clamps(&mut b);
     tcp_locks(&mut b);
     autotune(&mut b);
+    dataplanes::netlink_overruns(&mut b);
+    dataplanes::xfrm_errors(&mut b);
+    for f in &mut b.out[per_socket..] {
+        history.stamp(f, now);
+    }
+    history.finish(&mut b.out, now);
     mark_guarded(&mut b.out, &inputs.guard);
     // Most severe first; within a severity, what costs most now (drop rate) first.
     let cost = |f: &Finding| f.evidence.get("drops_per_second").copied().unwrap_or(0.0);
@@ -346,9 +562,10 @@ pub fn evaluate(inputs: &Inputs) -> Vec<Finding> {
 /// The guard rule that addresses findings of `kind`, if one does.
 fn guard_rule_for(kind: &str) -> Option<&'static str> {
     match kind {
-        kind::TCP_RCVBUF_LOCK | kind::TCP_WSCALE_SHRUNK | kind::AUTOTUNE_SUPPRESSED => {
-            Some("tcp-autotune")
-        }
+        kind::TCP_RCVBUF_LOCK
+        | kind::TCP_SNDBUF_LOCK
+        | kind::TCP_WSCALE_SHRUNK
+        | kind::AUTOTUNE_SUPPRESSED => Some("tcp-autotune"),
         kind::UDP_RCVBUF_DROPS | kind::RCVBUF_CLAMPED | kind::SNDBUF_CLAMPED => Some("udp-floor"),
         _ => None,
     }
@@ -418,8 +635,15 @@ fn mark_guarded(out: &mut [Finding], acts: &[GuardAct]) {
     }
 }
 
+mod dataplanes;
+mod fixes;
+pub mod history;
 mod rules;
+mod sockets;
 #[cfg(test)]
 mod tests;
 
-use rules::{autotune, clamps, tcp_drops, tcp_locks, tun_ring, udp_drops};
+pub use dataplanes::{NetlinkView, XfrmView, kinds as dataplane_kinds};
+pub use history::History;
+use rules::{autotune, tcp_drops, tcp_locks, tun_ring};
+pub use sockets::MAX_PER_KIND;

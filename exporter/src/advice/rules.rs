@@ -3,104 +3,6 @@
 
 use super::*;
 
-/// How a UDP socket drops: sustained (a rate), sporadic, or not in the window.
-fn udp_drops_what(rate: f64, total: u64, window: std::time::Duration) -> String {
-    let secs = window.as_secs();
-    if rate >= SUSTAINED_DROPS_PER_SECOND {
-        format!(
-            "dropping {} over the last {secs}s",
-            drop_rate_text(rate, window)
-        )
-    } else if rate > 0.0 {
-        format!(
-            "dropped {} (sporadic; {total} in total)",
-            drop_rate_text(rate, window)
-        )
-    } else {
-        format!("dropped {total} datagrams (none in the last {secs}s)")
-    }
-}
-
-pub(super) fn udp_drops(b: &mut Builder<'_>) {
-    let groups = by_owner(b.inputs.drops.iter().filter_map(|d| {
-        let udp = d.proto == Proto::Udp && d.inode != 0;
-        let full = matches!(&*d.reason, "SOCKET_RCVBUFF" | "PROTO_MEM");
-        (udp && full).then(|| d.owner.map(|o| (o, d))).flatten()
-    }));
-    let (want, rule) = policy::recommended_udp_buffer(None);
-    for (p, socks) in groups {
-        let total: u64 = socks.iter().map(|d| d.packets).sum();
-        let rate: f64 = socks.iter().map(|d| d.rate).sum();
-        let Some(worst) = socks.iter().max_by(|a, c| {
-            (a.rate, a.packets)
-                .partial_cmp(&(c.rate, c.packets))
-                .unwrap_or(std::cmp::Ordering::Equal)
-        }) else {
-            continue;
-        };
-        let severity = drop_severity(rate);
-        let mut evidence = vec![
-            ("drops_total", total as f64),
-            ("drops_per_second", rate),
-            ("rcvbuf_bytes", worst.rcvbuf as f64),
-            ("sockets", socks.len() as f64),
-            ("recommended_bytes", want as f64),
-        ];
-        if let Some(r) = b.inputs.rmem_max {
-            evidence.push(("rmem_max_bytes", r as f64));
-        }
-        let mut summary = format!(
-            "UDP socket {} with an effective {} receive buffer",
-            udp_drops_what(rate, total, b.inputs.window),
-            kib(worst.rcvbuf as f64)
-        );
-        if socks.len() > 1 {
-            summary.push_str(&format!(" ({} sockets affected)", socks.len()));
-        }
-        let fix = match b.clamped_request(worst.inode) {
-            Some(o) => {
-                evidence.push(("requested_bytes", o.requested as f64));
-                summary.push_str(&format!(
-                    "; requested {} was clamped by net.core.rmem_max={}",
-                    kib(o.requested as f64),
-                    limit(b.inputs.rmem_max)
-                ));
-                format!(
-                    "raise it: {} — then the {} request takes effect",
-                    policy::clamp_fix(
-                        Platform::Linux,
-                        Direction::Receive,
-                        o.requested.max(want as i64) as usize
-                    ),
-                    kib(o.requested as f64)
-                )
-            }
-            None if (worst.rcvbuf as i64) < 2 * want as i64 => format!(
-                "request a {} receive buffer: SO_RCVBUFFORCE (with CAP_NET_ADMIN), else SO_RCVBUF \
-                 with net.core.rmem_max >= {want} (now {}); UDP has no autotuning",
-                kib(want as f64),
-                limit(b.inputs.rmem_max)
-            ),
-            None => "the buffer is already large: the reader is too slow for the arrival rate \
-                     (read in batches with recvmmsg/GRO, more reader threads or SO_REUSEPORT)"
-                .to_string(),
-        };
-        b.push(
-            &p,
-            kind::UDP_RCVBUF_DROPS,
-            severity,
-            Some(SocketRef {
-                inode: worst.inode,
-                proto: "udp",
-            }),
-            summary,
-            fix,
-            evidence,
-            rule.citation(),
-        );
-    }
-}
-
 pub(super) fn tcp_drops(b: &mut Builder<'_>) {
     let groups = by_owner(b.inputs.drops.iter().filter_map(|d| {
         (d.proto == Proto::Tcp)
@@ -185,103 +87,6 @@ pub(super) fn tun_ring(b: &mut Builder<'_>) {
     }
 }
 
-pub(super) fn clamps(b: &mut Builder<'_>) {
-    let groups = by_owner(b.inputs.opts.iter().map(|o| (o.owner, o)));
-    for (p, opts) in groups {
-        for (k, dir, cap) in [
-            (kind::RCVBUF_CLAMPED, Direction::Receive, b.inputs.rmem_max),
-            (kind::SNDBUF_CLAMPED, Direction::Send, b.inputs.wmem_max),
-        ] {
-            let of_dir = |o: &&&SocketOpt| match dir {
-                Direction::Receive => {
-                    matches!(o.option, BufOption::Rcvbuf | BufOption::RcvbufForce)
-                }
-                Direction::Send => matches!(o.option, BufOption::Sndbuf | BufOption::SndbufForce),
-            };
-            let clamped: Vec<&&SocketOpt> =
-                opts.iter().filter(of_dir).filter(|o| o.clamped).collect();
-            if let Some(o) = clamped.iter().max_by_key(|o| o.requested) {
-                let tcp = o.proto == Proto::Tcp;
-                let fix = if tcp {
-                    "do not set TCP buffers on Linux at all: autotuning grows them up to tcp_rmem[2]/tcp_wmem[2]"
-                        .to_string()
-                } else {
-                    policy::clamp_fix(Platform::Linux, dir, o.requested.max(0) as usize)
-                };
-                let sysctl = match dir {
-                    Direction::Receive => "rmem_max",
-                    Direction::Send => "wmem_max",
-                };
-                b.push(
-                    &p,
-                    k,
-                    Severity::Warning,
-                    Some(SocketRef {
-                        inode: o.inode,
-                        proto: o.proto.as_str(),
-                    }),
-                    format!(
-                        "{} requested {} but the kernel capped it at net.core.{sysctl}={} \
-                         (getsockopt reports {}, twice the cap); {} call(s) clamped",
-                        o.option.as_str(),
-                        kib(o.requested as f64),
-                        limit(cap),
-                        kib(o.effective as f64),
-                        clamped.len()
-                    ),
-                    fix,
-                    vec![
-                        ("requested_bytes", o.requested as f64),
-                        ("effective_bytes", o.effective as f64),
-                        ("limit_bytes", cap.unwrap_or(o.effective / 2) as f64),
-                        ("calls", clamped.len() as f64),
-                    ],
-                    if tcp {
-                        Rule::TcpAutotune.citation()
-                    } else {
-                        Rule::UdpDefault.citation()
-                    },
-                );
-            }
-        }
-        force_refused(b, &p, &opts);
-    }
-}
-
-/// `*FORCE` calls the kernel refused (EPERM: no `CAP_NET_ADMIN`).
-fn force_refused(b: &mut Builder<'_>, p: &ProcRef, opts: &[&SocketOpt]) {
-    let refused: Vec<&&SocketOpt> = opts
-        .iter()
-        .filter(|o| {
-            o.ret == -libc::EPERM
-                && matches!(o.option, BufOption::RcvbufForce | BufOption::SndbufForce)
-        })
-        .collect();
-    if let Some(o) = refused.first() {
-        b.push(
-            p,
-            kind::FORCE_REFUSED,
-            Severity::Warning,
-            Some(SocketRef {
-                inode: o.inode,
-                proto: o.proto.as_str(),
-            }),
-            format!(
-                "{} refused (EPERM) {} time(s): the process lacks CAP_NET_ADMIN in the initial user namespace",
-                o.option.as_str(),
-                refused.len()
-            ),
-            format!(
-                "grant CAP_NET_ADMIN (e.g. AmbientCapabilities=CAP_NET_ADMIN, or the container's \
-                 capabilities.add), or raise net.core.rmem_max/wmem_max to {} so the plain option suffices",
-                o.requested
-            ),
-            vec![("requested_bytes", o.requested as f64), ("calls", refused.len() as f64)],
-            Rule::UdpDefault.citation(),
-        );
-    }
-}
-
 pub(super) fn tcp_locks(b: &mut Builder<'_>) {
     for (p, s) in &b.inputs.tcp.clone() {
         if s.shrunk > 0 {
@@ -313,20 +118,39 @@ pub(super) fn tcp_locks(b: &mut Builder<'_>) {
                 Rule::TcpAutotune.citation(),
             );
         }
-        if s.locks > 0 {
+        // Locks set by a call of the process have their own per-socket findings; those
+        // inherited by accepted connections from a locked listener are told here.
+        let own = b
+            .inputs
+            .stories
+            .iter()
+            .filter(|x| {
+                x.owner == *p
+                    && x.proto == Proto::Tcp
+                    && x.calls()
+                        .any(|c| c.ret == 0 && c.locks_before & 2 == 0 && c.locks_after & 2 != 0)
+            })
+            .count() as u64;
+        let inherited = s.locks.saturating_sub(own);
+        if inherited > 0 {
             b.push(
                 p,
                 kind::TCP_RCVBUF_LOCK,
                 Severity::Warning,
                 None,
                 format!(
-                    "{} TCP socket(s) with SOCK_RCVBUF_LOCK: receive autotuning is off for them",
-                    s.locks
+                    "{inherited} TCP socket(s) with SOCK_RCVBUF_LOCK they did not set themselves \
+                     (accepted from a locked listener, which they inherit it from): receive \
+                     autotuning is off for them"
                 ),
-                "remove setsockopt(SO_RCVBUF) on Linux TCP sockets (autotuning grows the buffer up \
-                 to net.ipv4.tcp_rmem[2]); if a library sets it, SO_BUF_LOCK=0 clears the lock"
+                "remove setsockopt(SO_RCVBUF) on the listening socket (its accepted connections \
+                 inherit the lock, and the listener's buffer sizes their window scale); \
+                 autotuning grows the buffer up to net.ipv4.tcp_rmem[2]"
                     .to_string(),
-                vec![("sockets_locked", s.locks as f64), ("tcp_rmem_max_bytes", b.inputs.tcp_rmem_max as f64)],
+                vec![
+                    ("sockets_locked", inherited as f64),
+                    ("tcp_rmem_max_bytes", b.inputs.tcp_rmem_max as f64),
+                ],
                 Rule::TcpAutotune.citation(),
             );
         }
@@ -452,6 +276,7 @@ pub(super) fn autotune(b: &mut Builder<'_>) {
             Some(SocketRef {
                 inode: t.inode,
                 proto: "tcp",
+                netns: 0,
             }),
             summary,
             format!(

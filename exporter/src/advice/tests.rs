@@ -1,6 +1,7 @@
 //! The advice rules against hand-made inputs.
 #![allow(clippy::unwrap_used)]
 use super::*;
+use bufscope_api::Verdict;
 
 fn p(t: u32) -> ProcRef {
     ProcRef {
@@ -29,69 +30,564 @@ fn inputs() -> Inputs {
     }
 }
 
-#[test]
-fn clamped_udp_request_names_the_sysctl() {
-    let mut i = inputs();
-    i.drops.push(SocketDrops {
-        owner: Some(p(1)),
-        inode: 77,
-        proto: Proto::Udp,
-        reason: "SOCKET_RCVBUFF".into(),
-        packets: 5000,
-        rate: 120.0,
-        rcvbuf: 425_984,
-        ifname: String::new(),
-    });
-    i.opts.push(SocketOpt {
-        owner: p(1),
-        inode: 77,
-        proto: Proto::Udp,
-        option: BufOption::Rcvbuf,
-        requested: 8 << 20,
-        effective: 425_984,
-        ret: 0,
-        clamped: true,
-    });
-    let f = evaluate(&i);
-    let drops = f.iter().find(|f| f.kind == kind::UDP_RCVBUF_DROPS).unwrap();
-    assert_eq!(drops.severity, Severity::Critical);
-    assert!(
-        drops.summary.contains("dropping 120/s"),
-        "{}",
-        drops.summary
-    );
-    assert!(drops.summary.contains("416 KiB"), "{}", drops.summary);
-    assert!(
-        drops.summary.contains("net.core.rmem_max=212992"),
-        "{}",
-        drops.summary
-    );
-    assert!(
-        drops.fix.contains("sysctl -w net.core.rmem_max=8388608"),
-        "{}",
-        drops.fix
-    );
-    assert_eq!(drops.process.comm, "wireguard-go");
-    assert!(f.iter().any(|f| f.kind == kind::RCVBUF_CLAMPED));
+/// A call as the setsockopt room records it.
+fn rec(option: BufOption, requested: i32, effective: i32, ret: i32, clamped: bool) -> CallRec {
+    CallRec {
+        at: 1_796_000_000,
+        option,
+        requested,
+        applied: requested,
+        effective,
+        ret,
+        clamped,
+        locks_before: 0,
+        locks_after: 0,
+        state: 0,
+        flags: 0,
+    }
 }
 
-#[test]
-fn unclamped_small_udp_buffer_recommends_policy_size() {
-    let mut i = inputs();
-    i.drops.push(SocketDrops {
-        owner: Some(p(1)),
-        inode: 5,
+fn story(pid: u32, inode: u64, proto: Proto, calls: &[CallRec]) -> SocketStory {
+    let mut s = SocketStory::new(p(pid), inode, proto, 4_026_532_000);
+    s.rcvbuf = 212_992;
+    s.sndbuf = 212_992;
+    for c in calls {
+        s.push(*c);
+    }
+    s
+}
+
+fn dropping(pid: u32, inode: u64, packets: u64, rate: f64, rcvbuf: i32) -> SocketDrops {
+    SocketDrops {
+        owner: Some(p(pid)),
+        inode,
         proto: Proto::Udp,
         reason: "SOCKET_RCVBUFF".into(),
-        packets: 10,
-        rate: 0.0,
-        rcvbuf: 212_992,
+        packets,
+        rate,
+        rcvbuf,
         ifname: String::new(),
-    });
+    }
+}
+
+/// wireguard-go without CAP_NET_ADMIN in a pod: SO_RCVBUFFORCE refused, then SO_RCVBUF
+/// clamped, and the socket drops. One finding, one story, a verdict with numbers, and where
+/// each fix can be made on this kernel.
+#[test]
+fn force_refused_then_clamped_fallback_is_one_costing_story() {
+    let mut i = inputs();
+    i.stories.push(story(
+        1,
+        77,
+        Proto::Udp,
+        &[
+            rec(
+                BufOption::RcvbufForce,
+                7 << 20,
+                212_992,
+                -libc::EPERM,
+                false,
+            ),
+            rec(BufOption::Rcvbuf, 7 << 20, 425_984, 0, true),
+        ],
+    ));
+    i.ns_limits.insert(
+        4_026_532_000,
+        NsLimits {
+            scope: LimitScope::ReadOnly,
+            rmem_max: Some(212_992),
+            wmem_max: Some(212_992),
+            user_ns: false,
+            unreadable: None,
+        },
+    );
+    i.drops.push(dropping(1, 77, 5000, 120.0, 425_984));
     let f = evaluate(&i);
-    assert_eq!(f[0].severity, Severity::Warning, "no drops in the window");
-    assert!(f[0].fix.contains("7.0 MiB"), "{}", f[0].fix);
+    let mine: Vec<&Finding> = f
+        .iter()
+        .filter(|f| f.socket.as_ref().is_some_and(|s| s.inode == 77))
+        .collect();
+    assert_eq!(
+        mine.len(),
+        1,
+        "one finding for the socket's receive buffer: {f:#?}"
+    );
+    let d = mine[0];
+    assert_eq!(
+        (d.kind, d.severity, d.verdict),
+        (
+            kind::UDP_RCVBUF_DROPS,
+            Severity::Critical,
+            Some(Verdict::Costing)
+        )
+    );
+    let st = d.story.as_ref().unwrap();
+    assert_eq!(st.calls.len(), 2);
+    assert_eq!(st.calls[0].notes, vec!["force", "refused"]);
+    assert_eq!(st.calls[1].notes, vec!["fallback", "clamped"]);
+    assert_eq!(st.final_bytes, 425_984);
+    let limit = st.limit.as_ref().unwrap();
+    assert_eq!(
+        (limit.sysctl, limit.bytes, limit.scope),
+        ("net.core.rmem_max", Some(212_992), "read_only")
+    );
+    assert!(d.summary.contains("dropping 120/s"), "{}", d.summary);
+    assert_eq!(d.evidence["drops_per_second"], 120.0);
+    assert_eq!(d.process.comm, "wireguard-go");
+    let scopes: Vec<(&str, bool)> = d.fixes.iter().map(|x| (x.scope, x.possible)).collect();
+    assert_eq!(
+        scopes,
+        vec![("application", false), ("pod", true), ("host", true)],
+        "wireguard-go has no setting; the pod can add CAP_NET_ADMIN (it tries FORCE); the host can raise rmem_max: {:#?}",
+        d.fixes
+    );
+    assert!(
+        d.fixes[1].how.contains("rmem_max is read-only"),
+        "{}",
+        d.fixes[1].how
+    );
+    assert_eq!(
+        d.fixes[2].memory_bytes,
+        Some(2 * (7 << 20)),
+        "one socket x 2 x 7 MiB"
+    );
+    assert!(
+        d.fixes[2]
+            .how
+            .contains("sysctl -w net.core.rmem_max=7340032"),
+        "{}",
+        d.fixes[2].how
+    );
+}
+
+/// quic-go on 6.18's defaults: 7 MiB asked, clamped to rmem_max 4 MiB, read back as 8 MiB
+/// (quic-go is satisfied and silent). One finding per socket; costing only where the socket
+/// drops.
+#[test]
+fn quic_go_on_6_18_is_costing_only_where_it_drops() {
+    let mut i = inputs();
+    i.rmem_max = Some(4_194_304);
+    i.meta.get_mut(&p(1)).unwrap().comm = "caddy".into();
+    for inode in [10, 11] {
+        i.stories.push(story(
+            1,
+            inode,
+            Proto::Udp,
+            &[rec(BufOption::Rcvbuf, 7 << 20, 8_388_608, 0, true)],
+        ));
+    }
+    i.drops.push(dropping(1, 11, 3000, 50.0, 8_388_608));
+    let f = evaluate(&i);
+    let by_inode = |n: u64| {
+        f.iter()
+            .find(|f| f.socket.as_ref().is_some_and(|s| s.inode == n))
+            .unwrap()
+    };
+    let quiet = by_inode(10);
+    assert_eq!(
+        (quiet.kind, quiet.verdict, quiet.severity),
+        (kind::RCVBUF_CLAMPED, Some(Verdict::Benign), Severity::Info)
+    );
+    assert!(quiet.summary.contains("no drops"), "{}", quiet.summary);
+    let hot = by_inode(11);
+    assert_eq!(
+        (hot.kind, hot.verdict, hot.severity),
+        (
+            kind::UDP_RCVBUF_DROPS,
+            Some(Verdict::Costing),
+            Severity::Critical
+        )
+    );
+    assert!(
+        hot.fixes[0].how.contains("Caddy (quic-go) has no setting"),
+        "{}",
+        hot.fixes[0].how
+    );
+    assert_eq!(f.iter().filter(|f| f.process.pid == 1).count(), 2, "{f:#?}");
+}
+
+/// A socket that dropped before the window and not in it costs nothing now.
+#[test]
+fn past_drops_on_a_default_buffer_are_benign() {
+    let mut i = inputs();
+    i.drops.push(dropping(1, 5, 10, 0.0, 212_992));
+    let f = evaluate(&i);
+    assert_eq!(
+        (f[0].severity, f[0].verdict),
+        (Severity::Info, Some(Verdict::Benign))
+    );
+    assert!(
+        f[0].summary.contains("never sized by the program"),
+        "{}",
+        f[0].summary
+    );
+    assert!(
+        f[0].summary
+            .contains("no drops in the last 60s (10 before)"),
+        "{}",
+        f[0].summary
+    );
+    let host = f[0].fixes.iter().find(|x| x.scope == "host").unwrap();
+    assert!(host.how.contains("never asks for a size"), "{}", host.how);
     assert!(f[0].rule.contains("wireguard-go"));
+}
+
+/// A request below the kernel's floor is granted more than asked.
+#[test]
+fn a_request_below_the_minimum_is_described_as_granted_more() {
+    let mut i = inputs();
+    i.stories.push(story(
+        1,
+        9,
+        Proto::Udp,
+        &[rec(BufOption::Rcvbuf, 1000, 2304, 0, false)],
+    ));
+    i.stories[0].rcvbuf = 2304;
+    i.drops.push(dropping(1, 9, 500, 20.0, 2304));
+    let f = evaluate(&i);
+    assert!(
+        f[0].summary.contains("granted more than asked"),
+        "{}",
+        f[0].summary
+    );
+    assert_eq!(
+        f[0].story.as_ref().unwrap().calls[0].notes,
+        vec!["above_minimum"]
+    );
+}
+
+fn sample(at: Instant, acked: u64, limited_us: u64) -> TcpSample {
+    TcpSample {
+        at,
+        diag: crate::kernel::sock_diag::TcpDiag {
+            state: 1,
+            wscale_ok: true,
+            rcv_wscale: 10,
+            snd_wscale: 10,
+            rtt_us: 190_000,
+            bytes_acked: acked,
+            sndbuf_limited_us: limited_us,
+            sndbuf: 192_000,
+            ..Default::default()
+        },
+    }
+}
+
+/// The VPN worker that sets 96,000 bytes on its accepted TLS socket: send buffer pinned at
+/// 192,000 bytes, about 8 Mbit/s at 190 ms; the kernel says the send buffer limited it.
+#[test]
+fn a_send_lock_at_190ms_costs_about_8_mbit() {
+    let mut i = inputs();
+    i.meta.get_mut(&p(1)).unwrap().comm = "openvpn".into();
+    let mut c = rec(BufOption::Sndbuf, 96_000, 192_000, 0, false);
+    c.state = 1;
+    c.locks_after = bufscope_common::SOCK_SNDBUF_LOCK;
+    let mut s = story(1, 40, Proto::Tcp, &[c]);
+    let t0 = Instant::now();
+    s.sample(sample(t0, 0, 0));
+    // 5 s at 1.0 MB/s (8 Mbit/s), 4.5 s of it limited by the send buffer.
+    s.sample(sample(t0 + Duration::from_secs(5), 5_000_000, 4_500_000));
+    i.stories.push(s);
+    i.tcp_wmem_max = 4_194_304;
+    let f = evaluate(&i);
+    let x = f.iter().find(|f| f.kind == kind::TCP_SNDBUF_LOCK).unwrap();
+    assert_eq!(
+        (x.severity, x.verdict),
+        (Severity::Critical, Some(Verdict::Costing))
+    );
+    let cap = x.evidence["throughput_ceiling_bps"];
+    assert!((cap - 192_000.0 * 8.0 / 0.19).abs() < 1.0, "{cap}");
+    assert!((x.evidence["sndbuf_limited_ratio"] - 0.9).abs() < 1e-9);
+    assert!(
+        x.summary
+            .contains("~8.1 Mbit/s at the measured RTT of 190.0 ms"),
+        "{}",
+        x.summary
+    );
+    assert!(
+        x.summary.contains("on the established connection"),
+        "{}",
+        x.summary
+    );
+    assert_eq!(
+        x.fixes[0].config_key.as_deref(),
+        Some("sndbuf"),
+        "OpenVPN's own key"
+    );
+    assert!(
+        x.fixes[0].how.contains("does not change the window scale"),
+        "{}",
+        x.fixes[0].how
+    );
+    assert!(!x.fixes[1].possible, "the pod cannot undo a socket's lock");
+    // The same lock on an idle connection costs nothing now.
+    let mut i2 = inputs();
+    let mut s2 = story(1, 41, Proto::Tcp, &[c]);
+    s2.sample(sample(t0, 0, 0));
+    s2.sample(sample(t0 + Duration::from_secs(5), 0, 0));
+    i2.stories.push(s2);
+    let f2 = evaluate(&i2);
+    assert_eq!(f2[0].verdict, Some(Verdict::Benign));
+}
+
+/// A fix applied while bufscope runs: the socket's buffer is raised and it stops dropping:
+/// resolved with the numbers before and after.
+#[test]
+fn a_larger_buffer_that_stops_the_drops_is_resolved() {
+    let mut h = History::default();
+    let mut i = inputs();
+    i.stories.push(story(
+        1,
+        77,
+        Proto::Udp,
+        &[rec(BufOption::Rcvbuf, 7 << 20, 425_984, 0, true)],
+    ));
+    i.drops.push(dropping(1, 77, 6000, 100.0, 425_984));
+    let t = 1_796_000_000;
+    let f = evaluate_with(&i, &mut h, t);
+    assert_eq!(f[0].verdict, Some(Verdict::Costing));
+    assert_eq!(f[0].since, t);
+    // rmem_max raised and the program set its buffer again: 14 MiB; no drop since.
+    i.stories[0].push(rec(BufOption::Rcvbuf, 7 << 20, 14_680_064, 0, false));
+    i.drops[0].packets = 6100;
+    let f = evaluate_with(&i, &mut h, t + 2);
+    assert_ne!(
+        f[0].verdict,
+        Some(Verdict::Resolved),
+        "too early to call it a fix"
+    );
+    assert!(
+        f[0].summary.contains("the buffer changed 0s ago"),
+        "{}",
+        f[0].summary
+    );
+    // 15 s later, still 6100: none since the change.
+    i.drops[0].rate = 20.0;
+    let f = evaluate_with(&i, &mut h, t + 17);
+    let x = &f[0];
+    assert_eq!(
+        (x.verdict, x.severity),
+        (Some(Verdict::Resolved), Severity::Info),
+        "{x:#?}"
+    );
+    let r = x.resolved.as_ref().unwrap();
+    assert_eq!((r.before.bytes, r.after.bytes), (425_984, 14_680_064));
+    assert_eq!(r.before.drops_per_second, 100.0);
+    assert_eq!(r.after.drops_per_second, 0.0);
+    assert_eq!(r.change, "resized");
+    assert!(x.summary.starts_with("resolved:"), "{}", x.summary);
+    assert_eq!(x.since, t, "first seen when it began");
+}
+
+/// Drops that stop without any change are not a fix: benign, not resolved.
+#[test]
+fn drops_that_just_stop_are_not_resolved() {
+    let mut h = History::default();
+    let mut i = inputs();
+    i.drops.push(dropping(1, 77, 6000, 100.0, 212_992));
+    let t = 1_796_000_000;
+    evaluate_with(&i, &mut h, t);
+    i.drops[0].rate = 0.0;
+    let f = evaluate_with(&i, &mut h, t + 120);
+    assert_eq!(f[0].verdict, Some(Verdict::Benign));
+    assert_eq!(f[0].changed_at, t + 120, "its verdict changed then");
+}
+
+/// The program restarted with a larger buffer: its old socket is gone, the new one does not
+/// cost: resolved (restarted) with the new socket's numbers; then kept for the retention.
+#[test]
+fn a_restart_with_a_larger_buffer_is_resolved() {
+    let mut h = History::new(Duration::from_secs(600));
+    let mut i = inputs();
+    i.stories.push(story(
+        1,
+        77,
+        Proto::Udp,
+        &[rec(BufOption::Rcvbuf, 7 << 20, 425_984, 0, true)],
+    ));
+    i.drops.push(dropping(1, 77, 6000, 100.0, 425_984));
+    let t = 1_796_000_000;
+    evaluate_with(&i, &mut h, t);
+    // The process exits; a new one of the same program sets 7 MiB and gets it.
+    i.meta.insert(p(2), i.meta[&p(1)].clone());
+    i.meta.remove(&p(1));
+    i.drops.clear();
+    let mut s = story(
+        2,
+        88,
+        Proto::Udp,
+        &[rec(BufOption::Rcvbuf, 7 << 20, 14_680_064, 0, false)],
+    );
+    s.rcvbuf = 14_680_064;
+    i.stories = vec![s];
+    let f = evaluate_with(&i, &mut h, t + 30);
+    let x = f
+        .iter()
+        .find(|f| f.verdict == Some(Verdict::Resolved))
+        .unwrap();
+    let r = x.resolved.as_ref().unwrap();
+    assert_eq!(r.change, "restarted");
+    assert_eq!(
+        (r.before.pid, r.before.inode, r.before.bytes),
+        (1, 77, 425_984)
+    );
+    assert_eq!(
+        (r.after.pid, r.after.inode, r.after.bytes),
+        (2, 88, 14_680_064)
+    );
+    assert_eq!(r.after.drops_per_second, 0.0);
+    // Still shown a while later, gone after the retention.
+    let f = evaluate_with(&i, &mut h, t + 300);
+    assert!(f.iter().any(|f| f.verdict == Some(Verdict::Resolved)));
+    let f = evaluate_with(&i, &mut h, t + 30 + 601);
+    assert!(!f.iter().any(|f| f.verdict == Some(Verdict::Resolved)));
+}
+
+/// A costing socket whose program exits with no successor is not dropped silently: it is
+/// shown as `gone` with its last numbers (not counted in `bufscope_finding`'s terms: info),
+/// then goes after the retention.
+#[test]
+fn a_costing_socket_that_goes_away_is_kept_as_gone() {
+    let mut h = History::new(Duration::from_secs(600));
+    let mut i = inputs();
+    i.drops.push(dropping(1, 77, 6000, 100.0, 212_992));
+    let t = 1_796_000_000;
+    let f = evaluate_with(&i, &mut h, t);
+    assert_eq!(f[0].verdict, Some(Verdict::Costing));
+    assert!(h.waiting().is_empty(), "still there");
+    // The process exits: its socket and its drops go; nothing replaces it.
+    i.meta.clear();
+    i.drops.clear();
+    let f = evaluate_with(&i, &mut h, t + 10);
+    assert_eq!(f.len(), 1, "{f:?}");
+    let g = &f[0];
+    assert_eq!(
+        (g.verdict, g.severity, g.kind),
+        (Some(Verdict::Gone), Severity::Info, kind::UDP_RCVBUF_DROPS)
+    );
+    assert_eq!(g.socket.as_ref().map(|s| s.inode), Some(77));
+    assert!(
+        g.summary.starts_with("gone: ") && g.summary.contains("100.0 drops/s"),
+        "{}",
+        g.summary
+    );
+    assert_eq!(g.changed_at, t + 10);
+    assert_eq!(h.waiting().len(), 1, "its program is looked for");
+    // Still gone later (unchanged), then forgotten after the retention.
+    let f = evaluate_with(&i, &mut h, t + 300);
+    assert_eq!((f.len(), f[0].changed_at), (1, t + 10));
+    let f = evaluate_with(&i, &mut h, t + 10 + 601);
+    assert!(f.is_empty(), "{f:?}");
+    assert!(h.waiting().is_empty());
+}
+
+/// A program that never sizes its buffer drops; it is fixed with net.core.rmem_default and a
+/// restart. Its new socket has no calls and no drops, so no room knows it: the collector's
+/// live sockets of the waiting program show it, and the finding turns resolved (restarted)
+/// with the new size.
+#[test]
+fn a_never_sized_socket_fixed_by_rmem_default_and_a_restart_is_resolved() {
+    let mut h = History::new(Duration::from_secs(600));
+    let mut i = inputs();
+    i.drops.push(dropping(1, 77, 6000, 100.0, 212_992));
+    let t = 1_796_000_000;
+    evaluate_with(&i, &mut h, t);
+    // Exit: gone while the program is away.
+    let meta = i.meta[&p(1)].clone();
+    i.meta.clear();
+    i.drops.clear();
+    let f = evaluate_with(&i, &mut h, t + 5);
+    assert_eq!(f[0].verdict, Some(Verdict::Gone));
+    // The program is back (a new pid) with the default raised: one live socket, 8 MiB.
+    i.meta.insert(p(2), meta);
+    i.live.push(LiveSocket {
+        owner: p(2),
+        inode: 99,
+        proto: Proto::Udp,
+        rcvbuf: 8_388_608,
+        sndbuf: 212_992,
+        drops: 0,
+    });
+    let f = evaluate_with(&i, &mut h, t + 10);
+    let x = f
+        .iter()
+        .find(|f| f.verdict == Some(Verdict::Resolved))
+        .unwrap_or_else(|| panic!("{f:?}"));
+    let r = x.resolved.as_ref().unwrap();
+    assert_eq!(r.change, "restarted");
+    assert_eq!(
+        (
+            r.before.pid,
+            r.before.inode,
+            r.before.bytes,
+            r.before.drops_per_second
+        ),
+        (1, 77, 212_992, 100.0)
+    );
+    assert_eq!(
+        (
+            r.after.pid,
+            r.after.inode,
+            r.after.bytes,
+            r.after.drops_per_second
+        ),
+        (2, 99, 8_388_608, 0.0)
+    );
+    assert!(
+        x.summary.starts_with("resolved: ") && !x.summary.contains("gone:"),
+        "the socket's story, not its absence: {}",
+        x.summary
+    );
+    assert_eq!(f.len(), 1, "only the resolved one: {f:?}");
+    assert!(h.waiting().is_empty(), "nothing to look for any more");
+}
+
+/// Many processes of one program that cost at once (a pool of short-lived workers) and all
+/// exit: their gone findings are bounded per program, the newest kept. (A program whose next
+/// socket costs too replaces the gone finding instead: that socket's own finding says so.)
+#[test]
+fn gone_findings_are_bounded_per_program() {
+    let mut h = History::new(Duration::from_secs(600));
+    let mut i = inputs();
+    let meta = i.meta[&p(1)].clone();
+    let t = 1_796_000_000;
+    i.meta.clear();
+    for n in 0..40u32 {
+        i.meta.insert(p(100 + n), meta.clone());
+        i.drops
+            .push(dropping(100 + n, 1000 + u64::from(n), 10, 5.0, 212_992));
+    }
+    let f = evaluate_with(&i, &mut h, t);
+    assert_eq!(
+        f.iter()
+            .filter(|f| f.verdict == Some(Verdict::Costing))
+            .count(),
+        40,
+        "one per process"
+    );
+    i.meta.clear();
+    i.drops.clear();
+    let f = evaluate_with(&i, &mut h, t + 10);
+    assert_eq!(f.len(), history::MAX_SHOWN_PER_PROGRAM, "{f:?}");
+    assert!(f.iter().all(|f| f.verdict == Some(Verdict::Gone)));
+}
+
+/// Many sockets of one process with the same finding: the costliest listed, the rest counted.
+#[test]
+fn per_socket_findings_are_bounded_per_process_and_kind() {
+    let mut i = inputs();
+    for n in 0..40u64 {
+        i.drops
+            .push(dropping(1, 1000 + n, 100, n as f64 + 1.0, 212_992));
+    }
+    let f = evaluate(&i);
+    assert_eq!(f.len(), MAX_PER_KIND);
+    assert_eq!(f[0].evidence["sockets"], 40.0);
+    assert_eq!(
+        f[0].evidence["drops_per_second"], 40.0,
+        "the costliest first"
+    );
+    assert!(f[0].summary.contains("24 more sockets"), "{}", f[0].summary);
 }
 
 #[test]
@@ -298,4 +794,50 @@ fn findings_rank_by_what_they_cost_now() {
         "{f:#?}"
     );
     assert!(f[0].summary.contains("dropping 1000/s"), "{}", f[0].summary);
+}
+
+/// The socket closed: the setsockopt room forgot its story at its GC and its process left the
+/// store, while its drops are still there. Its finding keeps the story and the name it had.
+#[test]
+fn a_closed_sockets_finding_keeps_its_story_while_its_drops_linger() {
+    let mut h = History::new(Duration::from_secs(600));
+    let mut i = inputs();
+    i.stories.push(story(
+        1,
+        77,
+        Proto::Udp,
+        &[
+            rec(
+                BufOption::RcvbufForce,
+                7 << 20,
+                212_992,
+                -libc::EPERM,
+                false,
+            ),
+            rec(BufOption::Rcvbuf, 7 << 20, 425_984, 0, true),
+        ],
+    ));
+    i.drops.push(dropping(1, 77, 5000, 120.0, 425_984));
+    let t = 1_796_000_000;
+    let first = evaluate_with(&i, &mut h, t);
+    let was = first
+        .iter()
+        .find(|f| f.socket.as_ref().is_some_and(|s| s.inode == 77))
+        .unwrap()
+        .clone();
+    assert!(was.story.is_some());
+    i.stories.clear();
+    i.meta.clear();
+    i.drops = vec![dropping(1, 77, 5000, 80.0, 425_984)];
+    let f = evaluate_with(&i, &mut h, t + 5);
+    let now = f
+        .iter()
+        .find(|f| f.socket.as_ref().is_some_and(|s| s.inode == 77))
+        .unwrap_or_else(|| panic!("{f:#?}"));
+    assert_eq!(now.story, was.story, "the story it had");
+    assert_eq!(now.process.comm, "wireguard-go");
+    assert_eq!(
+        now.evidence["drops_per_second"], 80.0,
+        "this evaluation's rate"
+    );
 }

@@ -36,7 +36,8 @@ impl Procfs {
         &self.root
     }
 
-    fn pid_path(&self, pid: u32, rest: &str) -> PathBuf {
+    /// `/proc/<pid>/<rest>` under this mount.
+    pub fn pid_path(&self, pid: u32, rest: &str) -> PathBuf {
         self.root.join(pid.to_string()).join(rest)
     }
 
@@ -68,6 +69,12 @@ impl Procfs {
     pub fn netns(&self, pid: u32) -> Option<u32> {
         let link = std::fs::read_link(self.pid_path(pid, "ns/net")).ok()?;
         parse_bracketed(link.to_str()?, "net:[")
+    }
+
+    /// `/proc/<pid>/<file>` as text (e.g. `net/netlink`: the table of `pid`'s network
+    /// namespace); None when it cannot be read (the process exited, the file does not exist).
+    pub fn read_text(&self, pid: u32, file: &str) -> Option<String> {
+        crate::kernel::read_lossy(self.pid_path(pid, file))
     }
 
     /// Start time of `pid` in clock ticks since boot (field 22 of `/proc/<pid>/stat`).

@@ -73,7 +73,7 @@ pub(super) fn load(
     loaded: &mut HashSet<&'static str>,
 ) -> anyhow::Result<()> {
     let prog = hook.prog();
-    if loaded.contains(prog) {
+    if loaded.contains(prog) || matches!(hook, Hook::Procfs { .. }) {
         return Ok(());
     }
     let p = ebpf
@@ -145,8 +145,19 @@ fn tracepoint_id(tracefs: Option<&Path>, category: &str, name: &str) -> anyhow::
 
 /// Attaches the loaded program of `hook`.
 fn link(ebpf: &Ebpf, hook: &Hook, env: &AttachEnv<'_>) -> anyhow::Result<Link> {
-    let prog = prog_fd(ebpf, hook.prog())?;
     let what = hook.describe();
+    if let Hook::Procfs { file } = hook {
+        // Nothing to attach: the kernel must show the file (held open while the probe runs).
+        let path = Path::new("/proc/self").join(file);
+        let f = File::open(&path)
+            .with_context(|| format!("{}: not readable on this kernel", path.display()))?;
+        return Ok(Link {
+            fd: f.into(),
+            bpf_link: false,
+            hook: what,
+        });
+    }
+    let prog = prog_fd(ebpf, hook.prog())?;
     let (fd, bpf_link) = match hook {
         Hook::Tracepoint { category, name, .. } => {
             let id = tracepoint_id(env.tracefs, category, name)?;
@@ -177,6 +188,7 @@ fn link(ebpf: &Ebpf, hook: &Hook, env: &AttachEnv<'_>) -> anyhow::Result<Link> {
                 true,
             )
         }
+        Hook::Procfs { .. } => bail!("{what} has no program to attach"),
     };
     Ok(Link {
         fd,

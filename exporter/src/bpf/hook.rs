@@ -80,10 +80,18 @@ pub enum Hook {
         /// The attach point (`bind4`, `bind6`, `connect4`, `connect6`, `sendmsg4`, `sendmsg6`).
         attach: &'static str,
     },
+    /// No program: a counter the kernel keeps per network namespace and shows only in procfs
+    /// (`/proc/<pid>/<file>` of a process in each namespace), for events no hook fires on
+    /// (a netlink overrun, an XFRM error). "Attaching" checks the file is readable here; the
+    /// room reads it on every poll. Never pinned (nothing runs while bufscope does not).
+    Procfs {
+        /// The file under `/proc/<pid>/` (`net/netlink`, `net/xfrm_stat`).
+        file: &'static str,
+    },
 }
 
 impl Hook {
-    /// The program's name in the object.
+    /// The program's name in the object (empty for [`Hook::Procfs`], which has none).
     pub fn prog(&self) -> &'static str {
         match *self {
             Hook::Tracepoint { prog, .. }
@@ -96,6 +104,7 @@ impl Hook {
             | Hook::CgroupSockCreate { prog }
             | Hook::CgroupSockRelease { prog }
             | Hook::CgroupSockAddr { prog, .. } => prog,
+            Hook::Procfs { .. } => "",
         }
     }
 
@@ -123,6 +132,7 @@ impl Hook {
             Hook::CgroupSockAddr { attach, .. } => format!("cgroup/{attach}"),
             Hook::Fentry { func, .. } => format!("fentry/{func}"),
             Hook::Fexit { func, .. } => format!("fexit/{func}"),
+            Hook::Procfs { file } => format!("procfs/{file}"),
         }
     }
 

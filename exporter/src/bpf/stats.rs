@@ -85,6 +85,9 @@ impl RunStats {
                 continue;
             };
             for (n, hook) in hooks.iter().enumerate() {
+                if matches!(hook, super::Hook::Procfs { .. }) {
+                    continue;
+                }
                 let info = probes
                     .ebpf
                     .program(hook.prog())

@@ -7,10 +7,13 @@ use std::time::{Duration, Instant};
 
 use foldhash::HashSet;
 
-use crate::advice::{self, Finding, Inputs};
+use crate::advice::{self, Finding, Inputs, LiveSocket};
+use crate::attribution::Procfs;
 use crate::kernel::BufferLimits;
+use crate::labels::Proto;
 use crate::signals::{AdviceCx, Signal, Store};
 use crate::store::{ProcMeta, ProcRef};
+use bufscope_api::Verdict;
 
 /// How long an evaluation of the advice rules is reused while nothing it reads changed.
 pub const FINDINGS_MAX_AGE: Duration = Duration::from_secs(5);
@@ -23,6 +26,10 @@ pub struct AdviceCache {
     last: Option<(Instant, Arc<Vec<Finding>>)>,
     /// Something the rules read changed since `last` was computed.
     dirty: bool,
+    /// The findings' past: first seen, changes, resolved ones.
+    history: advice::History,
+    /// sock_diag sockets for the live sockets of programs whose costing socket is gone.
+    diag: crate::kernel::sock_diag::Diag,
 }
 
 /// What the rules look at, besides the rooms: the store and the sysctl limits.
@@ -33,15 +40,23 @@ pub struct Observed<'a> {
     pub store: &'a Store,
     /// `rmem_max`/`wmem_max`/`tcp_rmem` as of the last poll.
     pub limits: BufferLimits,
+    /// `/proc`, for the live sockets of programs whose costing socket is gone.
+    pub procfs: &'a Procfs,
 }
 
+/// Processes whose sockets are looked up per evaluation at most, for programs waiting for a
+/// successor of a costing socket.
+const LIVE_PROCESSES_MAX: usize = 64;
+
 impl AdviceCache {
-    /// Rates measured over `window`.
-    pub fn new(window: Duration) -> Self {
+    /// Rates measured over `window`; resolved findings kept for `retention`.
+    pub fn new(window: Duration, retention: Duration) -> Self {
         Self {
             window,
             last: None,
             dirty: true,
+            history: advice::History::new(retention),
+            diag: crate::kernel::sock_diag::Diag::new(),
         }
     }
 
@@ -63,6 +78,11 @@ impl AdviceCache {
                 .limits
                 .tcp_rmem_max
                 .unwrap_or(advice::TCP_RMEM_MAX_DEFAULT),
+            tcp_wmem_max: o
+                .limits
+                .tcp_wmem_max
+                .unwrap_or(advice::TCP_WMEM_MAX_DEFAULT),
+            udp_sockets: udp_sockets_in_use(),
             window: self.window,
             ..Inputs::default()
         };
@@ -77,7 +97,8 @@ impl AdviceCache {
         inputs
     }
 
-    /// Findings for tracked processes (those folded or unknown are not actionable).
+    /// Findings for tracked processes (those folded or unknown are not actionable), with
+    /// their past (first seen, resolved) from the cache's history.
     ///
     /// Evaluating the rules walks every socket that ever dropped (10,000 of them cost more
     /// than the rest of a scrape), so the result is reused until something it depends on
@@ -92,19 +113,106 @@ impl AdviceCache {
                 return f.clone();
             }
         }
-        let inputs = self.inputs(o);
+        let mut inputs = self.inputs(o);
+        inputs.live = self.live_sockets(o.procfs, &inputs.meta);
         // A set, not a scan of every tracked process per finding (1,000 × 1,000 per scrape).
         let tracked: HashSet<u32> = inputs.meta.keys().map(|p| p.tgid).collect();
         let findings: Arc<Vec<Finding>> = Arc::new(
-            advice::evaluate(&inputs)
+            advice::evaluate_with(&inputs, &mut self.history, advice::unix_now())
                 .into_iter()
-                .filter(|f| tracked.contains(&f.process.pid))
+                // Gone and resolved findings outlive their process (they say what became of
+                // it); the history bounds them.
+                .filter(|f| {
+                    tracked.contains(&f.process.pid)
+                        || matches!(f.verdict, Some(Verdict::Gone | Verdict::Resolved))
+                })
                 .collect(),
         );
         self.last = Some((Instant::now(), findings.clone()));
         self.dirty = false;
         findings
     }
+}
+
+impl AdviceCache {
+    /// The sockets (UDP and TCP, as sock_diag shows them) of the live processes of programs
+    /// whose costing socket is gone ([`advice::History::waiting`]): nothing when none waits.
+    fn live_sockets(
+        &mut self,
+        procfs: &Procfs,
+        meta: &BTreeMap<ProcRef, ProcMeta>,
+    ) -> Vec<LiveSocket> {
+        let waiting = self.history.waiting();
+        if waiting.is_empty() {
+            return Vec::new();
+        }
+        let mut out = Vec::new();
+        let mut looked = 0;
+        for (p, m) in meta {
+            let program = (
+                m.comm.clone(),
+                m.container.clone(),
+                m.pod.clone(),
+                m.namespace.clone(),
+            );
+            let protos: Vec<Proto> = waiting
+                .iter()
+                .filter(|(w, _)| *w == program)
+                .map(|(_, proto)| *proto)
+                .collect();
+            if protos.is_empty() || procfs.start_ticks(p.tgid) != Some(p.start_ticks) {
+                continue;
+            }
+            looked += 1;
+            if looked > LIVE_PROCESSES_MAX {
+                break;
+            }
+            let inodes: foldhash::HashSet<u64> = procfs
+                .socket_fds(p.tgid)
+                .into_iter()
+                .map(|(_, ino)| ino)
+                .collect();
+            let Some(netns) = procfs.netns(p.tgid) else {
+                continue;
+            };
+            if inodes.is_empty() {
+                continue;
+            }
+            let ns_path = procfs.pid_path(p.tgid, "ns/net");
+            for proto in protos {
+                let read = match proto {
+                    Proto::Udp => self.diag.read_udp(u64::from(netns), &ns_path, &inodes),
+                    Proto::Tcp => self.diag.read(u64::from(netns), &ns_path, &inodes),
+                    _ => continue,
+                };
+                match read {
+                    Ok(m) => out.extend(m.into_iter().map(|(inode, d)| LiveSocket {
+                        owner: *p,
+                        inode,
+                        proto,
+                        rcvbuf: i64::from(d.rcvbuf),
+                        sndbuf: i64::from(d.sndbuf),
+                        drops: u64::from(d.drops),
+                    })),
+                    Err(e) => tracing::debug!(pid = p.tgid, error = %e, "live sockets"),
+                }
+            }
+        }
+        out
+    }
+}
+
+/// `UDP: inuse N` of `/proc/net/sockstat` (this namespace).
+fn udp_sockets_in_use() -> Option<u64> {
+    let s = std::fs::read_to_string("/proc/net/sockstat").ok()?;
+    let line = s.lines().find(|l| l.starts_with("UDP: "))?;
+    let mut words = line.split_whitespace();
+    while let Some(w) = words.next() {
+        if w == "inuse" {
+            return words.next()?.parse().ok();
+        }
+    }
+    None
 }
 
 #[cfg(test)]
@@ -145,11 +253,12 @@ mod tests {
         let kernel = FakeTable::new(64);
         let room = locked_socket(&mut b, &kernel);
         let rooms: Vec<Box<dyn Signal>> = vec![Box::new(room)];
-        let mut cache = AdviceCache::new(Duration::from_secs(60));
+        let mut cache = AdviceCache::new(Duration::from_secs(60), Duration::from_secs(1800));
         let o = Observed {
             rooms: &rooms,
             store: &b.store,
             limits: b.limits,
+            procfs: b.attr.procfs(),
         };
         let first = cache.findings(Duration::ZERO, &o);
         assert!(
@@ -171,11 +280,12 @@ mod tests {
         let kernel = FakeTable::new(64);
         let room = locked_socket(&mut b, &kernel);
         let rooms: Vec<Box<dyn Signal>> = vec![Box::new(room)];
-        let cache = AdviceCache::new(Duration::from_secs(30));
+        let cache = AdviceCache::new(Duration::from_secs(30), Duration::from_secs(1800));
         let i = cache.inputs(&Observed {
             rooms: &rooms,
             store: &b.store,
             limits: b.limits,
+            procfs: b.attr.procfs(),
         });
         assert_eq!(
             (i.rmem_max, i.window),

@@ -53,6 +53,9 @@ use poll::PollLoop;
 use render::{Exposed, RenderCache};
 use ring::RingDispatch;
 
+/// How often a poll evaluates the advice rules when nothing asked for them.
+const FINDINGS_EVERY_POLL: Duration = Duration::from_secs(5);
+
 /// How long `/metrics` reuses an evaluation of the advice rules (the `bufscope_finding`
 /// gauges) even when something changed; `/api/v1/findings` always re-evaluates.
 const FINDINGS_MIN_AGE_SCRAPE: Duration = Duration::from_secs(1);
@@ -78,6 +81,8 @@ pub struct Config {
     pub timing: Timing,
     /// Window over which advice measures rates.
     pub advice_window: Duration,
+    /// How long resolved findings are kept (`--advice.resolved-retention`).
+    pub advice_retention: Duration,
     /// `--bpf.pin-path`: `TOTALS` and the pinned links.
     pub pins: Option<Pins>,
     /// With adopted pins: when the pinned maps began counting (Unix seconds), the
@@ -104,6 +109,7 @@ impl Config {
                 idle: Duration::from_secs(30),
             },
             advice_window: Duration::from_secs(60),
+            advice_retention: crate::advice::history::DEFAULT_RETENTION,
             pins: None,
             pinned_since: None,
             run_stats: None,
@@ -122,6 +128,7 @@ impl Config {
             health,
             timing,
             advice_window,
+            advice_retention,
             pins,
             pinned_since,
             run_stats,
@@ -144,7 +151,7 @@ impl Config {
             stats,
             poll: PollLoop::default(),
             ring: RingDispatch::new(events, ring_positions),
-            advice: AdviceCache::new(advice_window),
+            advice: AdviceCache::new(advice_window, advice_retention),
             gc: Gc::new(timing),
             render,
             pinned,
@@ -261,6 +268,9 @@ impl Collector {
         }
         self.health.rmem_max = self.limits.rmem_max;
         self.health.wmem_max = self.limits.wmem_max;
+        // Findings are evaluated while nobody reads them too, so a finding that cost and
+        // stopped after a fix is seen resolved (their past lives in the advice history).
+        self.findings(FINDINGS_EVERY_POLL);
         self.heartbeat.polled();
     }
 
@@ -275,6 +285,7 @@ impl Collector {
             rooms: &self.rooms,
             store: &self.store,
             limits: self.limits,
+            procfs: self.attr.procfs(),
         })
     }
 
@@ -285,6 +296,7 @@ impl Collector {
             rooms: &self.rooms,
             store: &self.store,
             limits: self.limits,
+            procfs: self.attr.procfs(),
         };
         self.advice.findings(min_age, &o)
     }

@@ -58,7 +58,7 @@ pub struct Health {
 
 const FINDING: Spec = Spec::gauge(
     "bufscope_finding",
-    "Active findings (1 per identity and kind: some process of that program and place has it); /api/v1/findings and `bufscope explain` say which process and what to change.",
+    "Active findings per identity (program and place), kind and severity (the value: how many, one per socket and buffer direction for the per-socket kinds, one per process for the others; resolved ones are not counted); /api/v1/findings and `bufscope explain` name the processes and sockets and say what to change.",
     &["kind", "severity"],
 );
 const PROCESS_INFO: Spec = Spec::gauge(
@@ -238,28 +238,36 @@ fn shown_identity<P: Parts>(store: &Store<P>, p: &ProcRef) -> Option<Row<()>> {
     })
 }
 
-/// `bufscope_finding`: one series per identity shown and kind of finding its processes have
-/// (findings may be up to a second old: only those of processes tracked now).
+/// `bufscope_finding`: per identity shown, kind and severity (no pid, no socket: bounded by
+/// the identities × kinds × severities), how many active findings its processes have.
+/// Findings may be up to a second old (see `Collector::findings`): only those of processes
+/// tracked now count; resolved and gone ones do not.
 fn findings_family<P: Parts>(store: &Store<P>, findings: &[Finding], out: &mut Vec<MetricFamily>) {
     let by_pid: foldhash::HashMap<u32, ProcRef> =
         store.procs().map(|(p, _)| (p.tgid, *p)).collect();
-    let mut seen = std::collections::BTreeSet::new();
-    let mut rows = Vec::new();
-    for x in findings {
+    let mut counts: std::collections::BTreeMap<(u64, &str, &str), (Row<()>, u64)> =
+        std::collections::BTreeMap::new();
+    for x in findings.iter().filter(|x| {
+        !matches!(
+            x.verdict,
+            Some(bufscope_api::Verdict::Resolved | bufscope_api::Verdict::Gone)
+        )
+    }) {
         let Some(row) = by_pid
             .get(&x.process.pid)
             .and_then(|p| shown_identity(store, p))
         else {
             continue;
         };
-        if seen.insert((row.id, x.kind, x.severity.as_str())) {
-            rows.push((row, x.kind, x.severity.as_str()));
-        }
+        counts
+            .entry((row.id, x.kind, x.severity.as_str()))
+            .or_insert((row, 0))
+            .1 += 1;
     }
     let mut f = Family::new(&FINDING, [PROCESS_LABELS, FINDING.labels].concat());
-    for (row, kind, severity) in &rows {
+    for ((_, kind, severity), (row, n)) in &counts {
         let base = identity_labels(row);
-        f.push_values(base.iter().copied().chain([*kind, *severity]), 1.0);
+        f.push_values(base.iter().copied().chain([*kind, *severity]), *n as f64);
     }
     f.done(out);
 }
@@ -455,6 +463,12 @@ mod tests {
             evidence: Default::default(),
             rule: "",
             guard: None,
+            verdict: None,
+            story: None,
+            fixes: Vec::new(),
+            resolved: None,
+            since: 0,
+            changed_at: 0,
         };
         let mut out = Vec::new();
         families(

@@ -146,12 +146,49 @@ mod tests {
                     namespace: "n".into(),
                     container_name: "c".into(),
                 },
-                socket: None,
+                socket: Some(bufscope_api::SocketRef {
+                    inode: 1,
+                    proto: "udp".into(),
+                    netns: 1,
+                }),
                 summary: String::new(),
                 fix: String::new(),
                 evidence: Default::default(),
                 rule: String::new(),
                 guard: Some(String::new()),
+                verdict: Some(bufscope_api::Verdict::Resolved),
+                story: Some(bufscope_api::Story {
+                    direction: "receive".into(),
+                    calls: Vec::new(),
+                    calls_total: 0,
+                    calls_omitted: 0,
+                    final_bytes: 0,
+                    limit: None,
+                }),
+                fixes: vec![bufscope_api::Fix {
+                    scope: "host".into(),
+                    possible: true,
+                    how: String::new(),
+                    config_key: None,
+                    memory_bytes: None,
+                }],
+                resolved: Some(bufscope_api::Resolution {
+                    at: 1,
+                    before: bufscope_api::Snapshot {
+                        bytes: 0,
+                        drops_per_second: 0.0,
+                        inode: 0,
+                        pid: 0,
+                    },
+                    after: bufscope_api::Snapshot {
+                        bytes: 0,
+                        drops_per_second: 0.0,
+                        inode: 0,
+                        pid: 0,
+                    },
+                    change: String::new(),
+                }),
+                ..bufscope_api::Finding::default()
             }],
         })
         .unwrap();

@@ -6,6 +6,7 @@ pub mod btf;
 pub mod caps;
 pub mod compat;
 pub mod reasons;
+pub mod sock_diag;
 
 use std::path::{Path, PathBuf};
 
@@ -398,6 +399,8 @@ pub struct BufferLimits {
     pub wmem_max: Option<i64>,
     /// `net.ipv4.tcp_rmem[2]` of this network namespace (autotuning's ceiling).
     pub tcp_rmem_max: Option<i64>,
+    /// `net.ipv4.tcp_wmem[2]` of this network namespace (send autotuning's ceiling).
+    pub tcp_wmem_max: Option<i64>,
 }
 
 impl BufferLimits {
@@ -407,6 +410,7 @@ impl BufferLimits {
             rmem_max: sysctl_i64("net/core/rmem_max"),
             wmem_max: sysctl_i64("net/core/wmem_max"),
             tcp_rmem_max: sysctl_field("net/ipv4/tcp_rmem", 2),
+            tcp_wmem_max: sysctl_field("net/ipv4/tcp_wmem", 2),
         }
     }
 }

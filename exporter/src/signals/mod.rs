@@ -19,6 +19,8 @@
 //! | [`tcp_state`] | `tcp_state` | ring buffer, [`EstablishedEvent`](bufscope_common::EstablishedEvent) | [`tcp_state::ProcTcp`] | `bufscope_tcp_established_total`, `bufscope_tcp_wscale_shrunk_total` |
 //! | [`autotune`] | `autotune` | `AUTOTUNE` per-CPU hash (socket) | [`autotune::ProcAutotune`] | `bufscope_tcp_autotune_suppressed_total` |
 //! | [`owners`] | `owners` | `OWNERS` hash (socket → process), read by the [`Attributor`](crate::attribution::Attributor) | — | — |
+//! | [`netlink`] | `netlink` (procfs: no hook fires per overrun) | `/proc/<pid>/net/netlink` per network namespace | [`netlink::ProcNetlink`] | `bufscope_netlink_overruns_total` |
+//! | [`xfrm`] | `xfrm` (procfs: the kernel's per-namespace counters) | `/proc/<pid>/net/xfrm_stat` per network namespace | — | `bufscope_xfrm_errors_total`, `bufscope_xfrm_daemon_info` |
 //! | [`guard`] | `guard` (+ decisions in `cgroup/setsockopt`) | ring buffer, [`GuardEvent`](bufscope_common::GuardEvent) | [`guard::ProcGuard`] | `bufscope_guard_decisions_total` |
 //!
 //! The collector drives the running rooms through the [`Signal`] trait and the loader reads
@@ -29,6 +31,7 @@ pub mod autotune;
 mod counted;
 pub mod drops;
 pub mod guard;
+pub mod netlink;
 #[cfg(test)]
 mod object_test;
 pub mod owners;
@@ -37,6 +40,7 @@ pub mod setsockopt;
 pub mod tcp_state;
 #[cfg(test)]
 pub mod testkit;
+pub mod xfrm;
 
 use aya::Ebpf;
 use prometheus::proto::MetricFamily;
@@ -191,6 +195,8 @@ signals! {
     autotune: autotune::Autotune,
     owners: owners::Owners,
     guard: guard::Guard,
+    netlink: netlink::Netlink,
+    xfrm: xfrm::Xfrm,
 }
 
 /// The running rooms and what they provide.

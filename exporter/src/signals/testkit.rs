@@ -56,6 +56,7 @@ impl Bench {
                 rmem_max: Some(4_194_304),
                 wmem_max: Some(4_194_304),
                 tcp_rmem_max: Some(6_291_456),
+                tcp_wmem_max: None,
             },
         }
     }

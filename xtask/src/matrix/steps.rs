@@ -112,6 +112,15 @@ pub(super) const STEPS: &[Step] = &[
         shared: Some(&[]),
     },
     Step {
+        name: "IPsec ESP without an SA vs /proc/net/xfrm_stat (XfrmInNoStates) and the finding on the daemon",
+        test: "xfrm",
+        env: &[],
+        args: &["inbound_esp_without_an_sa"],
+        when: None,
+        // Its own exporter: the test reads findings on processes it starts.
+        shared: None,
+    },
+    Step {
         name: "static binary (cargo xtask dist) alone in an empty root: check passes, same hooks",
         test: STATIC_BINARY,
         env: &[],

@@ -86,6 +86,9 @@ pub(super) fn finding_lines(f: &Finding, width: usize) -> Vec<Line<'static>> {
         Span::raw("  "),
         Span::styled(f.kind.clone(), Style::new().add_modifier(Modifier::BOLD)),
     ];
+    if let Some(v) = f.verdict {
+        head.push(Span::raw(format!("  [{}]", v.as_str())));
+    }
     if let Some(s) = &f.socket {
         head.push(Span::raw(format!(
             "  socket inode {} ({})",
@@ -94,12 +97,63 @@ pub(super) fn finding_lines(f: &Finding, width: usize) -> Vec<Line<'static>> {
     }
     let mut out = vec![Line::from(head)];
     out.extend(wrapped("  what:  ", &f.summary, width, Style::new()));
-    out.extend(wrapped(
-        "  fix:   ",
-        &f.fix,
-        width,
-        Style::new().fg(Color::Cyan),
-    ));
+    if let Some(st) = &f.story
+        && !st.calls.is_empty()
+    {
+        out.extend(wrapped("  calls: ", &data::story(st), width, Style::new()));
+    }
+    for x in &f.fixes {
+        let label = format!(
+            "  {:<6} ",
+            match x.scope.as_str() {
+                "application" => "app:",
+                "pod" => "pod:",
+                _ => "host:",
+            }
+        );
+        let cost = x
+            .memory_bytes
+            .map(|m| format!(" [up to {:.1} MiB]", m as f64 / f64::from(1u32 << 20)))
+            .unwrap_or_default();
+        let text = format!(
+            "{}{}{cost}",
+            if x.possible { "" } else { "(not from here) " },
+            x.how
+        );
+        out.extend(wrapped(
+            &label,
+            &text,
+            width,
+            Style::new().fg(if x.possible {
+                Color::Cyan
+            } else {
+                Color::DarkGray
+            }),
+        ));
+    }
+    if let Some(r) = &f.resolved {
+        out.extend(wrapped(
+            "  took:  ",
+            &format!(
+                "{}: {} B at {:.1} drops/s -> {} B at {:.1} drops/s",
+                r.change,
+                r.before.bytes,
+                r.before.drops_per_second,
+                r.after.bytes,
+                r.after.drops_per_second
+            ),
+            width,
+            Style::new().fg(Color::Green),
+        ));
+    }
+    if f.fixes.is_empty() {
+        out.extend(wrapped(
+            "  fix:   ",
+            &f.fix,
+            width,
+            Style::new().fg(Color::Cyan),
+        ));
+    }
     if let Some(g) = &f.guard {
         out.extend(wrapped("  guard: ", g, width, Style::new()));
     }

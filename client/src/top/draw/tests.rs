@@ -39,9 +39,11 @@ fn finding(pid: u32, comm: &str, kind: &str, sev: Severity) -> Finding {
         socket: Some(SocketRef {
             inode: 42,
             proto: "udp".into(),
+            netns: 0,
         }),
         evidence: [("drops_total".to_string(), 2997.0)].into(),
         rule: "UDP 7 MiB rcv+snd".into(),
+        ..Finding::default()
     }
 }
 

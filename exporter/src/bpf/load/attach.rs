@@ -210,6 +210,10 @@ fn attach_probe(
 /// bpf_perf_link` in BTF); before, they are attached with perf-event ioctls and the probe runs
 /// unpinned (it counts while bufscope runs).
 fn pinnable(hooks: &[Hook], perf_links: bool, probe: &str) -> bool {
+    if hooks.iter().any(|h| matches!(h, Hook::Procfs { .. })) {
+        // Nothing of it runs in the kernel: there is nothing to keep.
+        return false;
+    }
     let ok = perf_links || !hooks.iter().any(|h| matches!(h, Hook::Tracepoint { .. }));
     if !ok {
         tracing::warn!(

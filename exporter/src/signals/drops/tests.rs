@@ -54,12 +54,17 @@ fn udp_drops(b: &Bench, room: &Drops, reason: &str) -> f64 {
 
 /// Drops on a socket this process holds go to it, by reason, as deltas of the kernel's
 /// per-CPU counts; the map is read again only when the probe's generation moved.
+///
+/// `OWNERS` records the socket's creator, as the owners probe does: without it the holder rule
+/// falls back to the newest holder, and any process this test binary forks meanwhile (the BTF
+/// tests run `bpftool`) holds a copy of every descriptor between its fork and its exec.
 #[test]
 fn drops_go_to_the_process_that_holds_the_socket() {
     let mut b = Bench::new();
     let kernel = FakeTable::new(64);
     let mut d = room(&kernel, Duration::from_secs(10));
     let (_sock, ino) = udp_socket();
+    b.owners.set(ino, me());
     kernel.set(key(drop_site::SOCKET, ino, 6), vec![drops(5), drops(2)]);
     kernel.set(key(drop_site::SOCKET, ino, 3), vec![drops(1)]);
     b.bump(stat::DROPS_SEEN);
@@ -74,6 +79,57 @@ fn drops_go_to_the_process_that_holds_the_socket() {
     assert_eq!(udp_drops(&b, &d, "SOCKET_RCVBUFF"), 11.0);
     assert_eq!(d.map_fill().unwrap().entries, 2);
     assert_eq!(b.store.attribution_unknown.get("drops"), None);
+}
+
+/// Kills and reaps a child at the end of a test, whatever the test's outcome.
+struct Reaped(std::process::Child);
+
+impl Drop for Reaped {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// A second process holding the socket (a child that inherited it: a fork before its exec, a
+/// helper that keeps it) does not take the drops while the creator `OWNERS` recorded still
+/// holds it, although it is the newer holder.
+#[test]
+fn a_child_holding_the_socket_does_not_take_the_creators_drops() {
+    let mut b = Bench::new();
+    let kernel = FakeTable::new(64);
+    let mut d = room(&kernel, Duration::from_secs(10));
+    let (sock, ino) = udp_socket();
+    b.owners.set(ino, me());
+    // The child holds the socket as its stdin from before spawn() returns (spawn waits for
+    // the exec): no waiting needed.
+    let inherited = std::os::fd::OwnedFd::from(sock.try_clone().unwrap());
+    let child = Reaped(
+        std::process::Command::new("sleep")
+            .arg("60")
+            .stdin(std::process::Stdio::from(inherited))
+            .spawn()
+            .unwrap(),
+    );
+    let child_link = std::fs::read_link(format!("/proc/{}/fd/0", child.0.id())).unwrap();
+    assert_eq!(
+        child_link.to_string_lossy(),
+        format!("socket:[{ino}]"),
+        "the child holds the socket"
+    );
+    kernel.set(key(drop_site::SOCKET, ino, 6), vec![drops(5)]);
+    b.bump(stat::DROPS_SEEN);
+    d.poll(&mut b.poll());
+    assert_eq!(udp_drops(&b, &d, "SOCKET_RCVBUFF"), 5.0);
+    assert_eq!(
+        b.sample(
+            &d,
+            SOCKET_DROPS_TOTAL,
+            child.0.id(),
+            &[("proto", "udp"), ("reason", "SOCKET_RCVBUFF")]
+        ),
+        0.0
+    );
 }
 
 /// A closed socket's drops go to the owner `OWNERS` recorded.

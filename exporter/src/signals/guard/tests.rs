@@ -113,6 +113,7 @@ fn poll_keeps_the_ceilings_in_guard_state_current() {
         rmem_max: None,
         wmem_max: None,
         tcp_rmem_max: None,
+        tcp_wmem_max: None,
     };
     r.poll(&mut b.poll());
     assert_eq!(m.state.value(&g::STATE_RMEM_MAX), Some(0));

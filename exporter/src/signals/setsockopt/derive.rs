@@ -41,6 +41,12 @@ pub fn set_rcvbuf_lock(ev: &SockoptEvent) -> bool {
     ev.ret == 0 && ev.locks_before & SOCK_RCVBUF_LOCK == 0 && ev.locks_after & SOCK_RCVBUF_LOCK != 0
 }
 
+/// True when this call turned send autotuning off for the socket (`SOCK_SNDBUF_LOCK`: a
+/// successful `SO_SNDBUF`/`SO_SNDBUFFORCE`, or `SO_BUF_LOCK` with the bit).
+pub fn set_sndbuf_lock(ev: &SockoptEvent) -> bool {
+    ev.ret == 0 && ev.locks_before & SOCK_SNDBUF_LOCK == 0 && ev.locks_after & SOCK_SNDBUF_LOCK != 0
+}
+
 /// `EINVAL`.
 pub(super) const EINVAL: i32 = 22;
 /// `EPERM`.
@@ -58,8 +64,17 @@ pub struct Floors {
 }
 
 impl Floors {
+    /// The floors of 6.x x86_64 kernels, used when the measurement fails or is not believable.
+    const DEFAULT: Self = Self {
+        rcvbuf: 2304,
+        sndbuf: 4608,
+    };
+
     /// Measures them with a UDP socket of this process: `SO_RCVBUF`/`SO_SNDBUF` of 0 read
-    /// back as the floors (the defaults of 6.x x86_64 kernels when that fails).
+    /// back as the floors. A readback that cannot be a floor (outside 2048 + 0..2048, or a
+    /// send floor other than twice the receive one) means something changed the request on
+    /// its way — a `cgroup/setsockopt` program such as a buffer guard attached above this
+    /// process raises small UDP requests —, and the defaults are used.
     pub fn measure() -> Self {
         let measured = (|| {
             let s = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::DGRAM, None).ok()?;
@@ -70,10 +85,24 @@ impl Floors {
                 sndbuf: i32::try_from(s.send_buffer_size().ok()?).ok()?,
             })
         })();
-        measured.unwrap_or(Self {
-            rcvbuf: 2304,
-            sndbuf: 4608,
-        })
+        match measured {
+            Some(f) if f.believable() => f,
+            Some(f) => {
+                tracing::warn!(
+                    measured = ?f,
+                    "SO_RCVBUF/SO_SNDBUF of 0 did not read back as the kernel's floors (a \
+                     cgroup/setsockopt program changed the request?): using 2304/4608"
+                );
+                Self::DEFAULT
+            }
+            None => Self::DEFAULT,
+        }
+    }
+
+    /// Whether these can be the kernel's floors: 2048 + `SKB_DATA_ALIGN(sizeof(struct
+    /// sk_buff))` (an sk_buff is a few hundred bytes), and the send floor twice that.
+    fn believable(self) -> bool {
+        (2048..4096).contains(&self.rcvbuf) && self.sndbuf == 2 * self.rcvbuf
     }
 }
 
@@ -199,6 +228,7 @@ mod tests {
         rmem_max: Some(4_194_304),
         wmem_max: Some(4_194_304),
         tcp_rmem_max: None,
+        tcp_wmem_max: None,
     };
     const FLOORS: Floors = Floors {
         rcvbuf: 2304,
@@ -303,10 +333,26 @@ mod tests {
         assert!(!derive(&mut unknown, &BufferLimits::default(), floors));
     }
 
+    /// The measurement is checked: a readback raised by someone's buffer guard (a
+    /// `cgroup/setsockopt` program at the cgroup root raises every small UDP request on the
+    /// machine, this test's too) is not taken for the floors.
     #[test]
-    fn floors_are_measured_on_this_kernel() {
+    fn floors_are_measured_on_this_kernel_and_checked() {
         let f = Floors::measure();
-        assert!(f.rcvbuf >= 2048 && f.sndbuf == 2 * f.rcvbuf, "{f:?}");
+        assert!(f.believable(), "{f:?}");
+        let raised = Floors {
+            rcvbuf: 8_388_608,
+            sndbuf: 8_388_608,
+        };
+        assert!(!raised.believable());
+        assert!(
+            !Floors {
+                rcvbuf: 2304,
+                sndbuf: 2304
+            }
+            .believable()
+        );
+        assert!(Floors::DEFAULT.believable());
     }
 
     #[test]
@@ -319,5 +365,12 @@ mod tests {
         e.locks_before = 1;
         e.locks_after = 1;
         assert!(!set_rcvbuf_lock(&e), "SO_SNDBUF lock is not a receive lock");
+        e.locks_before = 0;
+        assert!(set_sndbuf_lock(&e), "SO_SNDBUF set the send lock");
+        e.locks_before = 1;
+        assert!(!set_sndbuf_lock(&e), "already locked");
+        e.locks_before = 0;
+        e.ret = -1;
+        assert!(!set_sndbuf_lock(&e), "a failed call sets nothing");
     }
 }

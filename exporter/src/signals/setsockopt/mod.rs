@@ -10,8 +10,11 @@
 //! `sys_enter_setsockopt` + `sys_exit_setsockopt`, which read the outcome itself but tax
 //! every syscall of every task while attached.
 //!
-//! Each event is counted per (proto, option); the last call per (socket, option) is kept for
-//! advice.
+//! Each event is counted per (proto, option); every socket's calls are kept in order for
+//! advice (its story: [`story`], bounded), with, for locked TCP sockets, what sock_diag says of
+//! the connection. A successful `SO_RCVBUF`/`SO_SNDBUF` on TCP sets `SOCK_RCVBUF_LOCK` /
+//! `SOCK_SNDBUF_LOCK` (that direction's autotuning off): counted as
+//! `bufscope_rcvbuf_locks_total` and `bufscope_sndbuf_locks_total`.
 
 use std::collections::BTreeMap;
 
@@ -21,7 +24,7 @@ use prometheus::proto::MetricFamily;
 use bufscope_common::{SockoptEvent, event_kind, sockopt_flags, total_family};
 
 use super::{AdviceCx, GcCx, Part, PollCx, RingRoom, Row, Signal, absorb_counts, decode};
-use crate::advice::{Inputs, SocketOpt};
+use crate::advice::{CallRec, Inputs, LimitScope, NsLimits, SocketStory};
 use crate::bpf::{Hook, ProbeSpec};
 use crate::exposition::Spec;
 use crate::labels::{BufOption, Proto};
@@ -29,7 +32,37 @@ use crate::store::{ProcRef, Who};
 use crate::totals::Total;
 
 mod derive;
-pub use derive::{Floors, clamped, derive, set_rcvbuf_lock};
+mod story;
+pub use derive::{Floors, clamped, derive, set_rcvbuf_lock, set_sndbuf_lock};
+pub use story::{DIAG_EVERY, MAX_STORIES};
+
+/// How soon a network namespace whose limits could not be read is tried again.
+const NS_RETRY: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Whether a namespace's view of the limits must be read (again) for a call of process `pid`:
+/// never read; or not readable because the process looked through had exited by then (a
+/// short-lived `ip -n <ns> …` that sized its netlink socket while configuring the namespace
+/// before the daemon started: its events are decoded after it is gone) — at once through
+/// another process —; or not readable for another reason (`EPERM`) — at most every
+/// [`NS_RETRY`].
+fn ns_stale(
+    limits: Option<&NsLimits>,
+    tried: Option<(std::time::Instant, u32)>,
+    pid: u32,
+    now: std::time::Instant,
+) -> bool {
+    let Some(l) = limits else {
+        return true;
+    };
+    if l.scope != LimitScope::Unknown {
+        return false;
+    }
+    let Some((at, by)) = tried else {
+        return true;
+    };
+    let exited = matches!(l.unreadable, Some(libc::ENOENT | libc::ESRCH));
+    (exited && by != pid) || now.duration_since(at) >= NS_RETRY
+}
 
 /// The probe.
 pub const PROBE: ProbeSpec = ProbeSpec {
@@ -59,9 +92,6 @@ pub const PROBE: ProbeSpec = ProbeSpec {
     attributed: true,
 };
 
-/// Most per-socket notes kept for advice (an arbitrary old one goes first).
-const MAX_NOTES: usize = 20_000;
-
 /// Counts of one (proto, option) pair.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct SockoptCounts {
@@ -81,6 +111,8 @@ pub struct ProcSockopt {
     /// Sockets that got `SOCK_RCVBUF_LOCK`, by proto (by setsockopt here, or inherited from a
     /// locked listener: [`crate::signals::tcp_state`] adds those).
     pub rcvbuf_locks: BTreeMap<Proto, u64>,
+    /// Sockets that got `SOCK_SNDBUF_LOCK` by setsockopt, by proto (send autotuning off).
+    pub sndbuf_locks: BTreeMap<Proto, u64>,
 }
 
 impl Part for ProcSockopt {
@@ -92,10 +124,11 @@ impl Part for ProcSockopt {
             c.failed += v.failed;
         }
         absorb_counts(&mut self.rcvbuf_locks, &o.rcvbuf_locks);
+        absorb_counts(&mut self.sndbuf_locks, &o.sndbuf_locks);
     }
 
     fn has_counts(&self) -> bool {
-        !self.calls.is_empty() || !self.rcvbuf_locks.is_empty()
+        !self.calls.is_empty() || !self.rcvbuf_locks.is_empty() || !self.sndbuf_locks.is_empty()
     }
 
     fn totals(&self, out: &mut Vec<Total>) {
@@ -115,13 +148,18 @@ impl Part for ProcSockopt {
                 }
             }
         }
-        for (proto, value) in &self.rcvbuf_locks {
-            out.push(Total {
-                family: total_family::RCVBUF_LOCKS,
-                proto: proto.to_ip(),
-                option: 0,
-                value: *value,
-            });
+        for (family, locks) in [
+            (total_family::RCVBUF_LOCKS, &self.rcvbuf_locks),
+            (total_family::SNDBUF_LOCKS, &self.sndbuf_locks),
+        ] {
+            for (proto, value) in locks {
+                out.push(Total {
+                    family,
+                    proto: proto.to_ip(),
+                    option: 0,
+                    value: *value,
+                });
+            }
         }
     }
 
@@ -129,6 +167,10 @@ impl Part for ProcSockopt {
         let proto = Proto::from_ip(t.proto);
         if t.family == total_family::RCVBUF_LOCKS {
             *self.rcvbuf_locks.entry(proto).or_default() += t.value;
+            return;
+        }
+        if t.family == total_family::SNDBUF_LOCKS {
+            *self.sndbuf_locks.entry(proto).or_default() += t.value;
             return;
         }
         let Some(option) = BufOption::from_optname(t.option as i32) else {
@@ -148,13 +190,24 @@ impl Part for ProcSockopt {
         row.clamped = self.calls.values().map(|c| c.clamped).sum();
         row.failed = self.calls.values().map(|c| c.failed).sum();
         row.rcvbuf_locks = self.rcvbuf_locks.values().sum();
+        row.sndbuf_locks = self.sndbuf_locks.values().sum();
     }
 }
 
 /// The setsockopt room.
 pub struct Setsockopt {
-    /// Last call per (socket, option), for advice.
-    notes: HashMap<(u64, BufOption), SocketOpt>,
+    /// Every socket's calls, by inode, for advice.
+    stories: HashMap<u64, SocketStory>,
+    /// How each network namespace of those sockets sees the limits (read once per namespace).
+    ns_limits: BTreeMap<u32, NsLimits>,
+    /// When each namespace's view was last read, and through which process.
+    ns_tried: BTreeMap<u32, (std::time::Instant, u32)>,
+    /// bufscope's own network namespace.
+    own_netns: Option<u32>,
+    /// sock_diag sockets, one per namespace.
+    diag: crate::kernel::sock_diag::Diag,
+    /// The last sock_diag read.
+    diag_at: Option<std::time::Instant>,
     floors: Floors,
     /// Calls whose outcome could not be derived (ceiling unknown) were already logged.
     warned_underived: bool,
@@ -179,7 +232,12 @@ impl Setsockopt {
     /// The room, with this kernel's buffer floors.
     pub fn new() -> Self {
         Self {
-            notes: HashMap::new(),
+            stories: HashMap::new(),
+            ns_limits: BTreeMap::new(),
+            ns_tried: BTreeMap::new(),
+            own_netns: story::own_netns(),
+            diag: crate::kernel::sock_diag::Diag::new(),
+            diag_at: None,
             floors: Floors::measure(),
             warned_underived: false,
         }
@@ -201,35 +259,75 @@ impl Setsockopt {
         if set_rcvbuf_lock(ev) {
             *s.parts.setsockopt.rcvbuf_locks.entry(proto).or_default() += 1;
         }
+        if set_sndbuf_lock(ev) {
+            *s.parts.setsockopt.sndbuf_locks.entry(proto).or_default() += 1;
+        }
         who
     }
 
-    fn note(&mut self, ev: &SockoptEvent, option: BufOption, clamped: bool, owner: ProcRef) {
-        let key = (ev.inode, option);
-        if self.notes.len() >= MAX_NOTES && !self.notes.contains_key(&key) {
-            // Bounded: forget an arbitrary old note rather than grow without limit.
-            if let Some(k) = self.notes.keys().next().copied() {
-                self.notes.remove(&k);
+    /// Adds the call to its socket's story.
+    fn note(
+        &mut self,
+        ev: &SockoptEvent,
+        option: BufOption,
+        clamped: bool,
+        owner: ProcRef,
+        procfs: &crate::attribution::Procfs,
+    ) {
+        if ev.inode == 0 {
+            return;
+        }
+        if self.stories.len() >= MAX_STORIES && !self.stories.contains_key(&ev.inode) {
+            // Bounded: forget an arbitrary old story rather than grow without limit.
+            if let Some(k) = self.stories.keys().next().copied() {
+                self.stories.remove(&k);
             }
+        }
+        // Read once per namespace; one that could not be read is read again (ns_stale).
+        let now = std::time::Instant::now();
+        if ns_stale(
+            self.ns_limits.get(&ev.netns),
+            self.ns_tried.get(&ev.netns).copied(),
+            owner.tgid,
+            now,
+        ) {
+            let l = story::ns_limits(procfs, owner.tgid, self.own_netns);
+            self.ns_tried.insert(ev.netns, (now, owner.tgid));
+            self.ns_limits.insert(ev.netns, l);
         }
         let effective = if option.is_send() {
             ev.sndbuf_after
         } else {
             ev.rcvbuf_after
         };
-        self.notes.insert(
-            key,
-            SocketOpt {
-                owner,
-                inode: ev.inode,
-                proto: Proto::from_ip(ev.proto),
-                option,
-                requested: ev.requested as i64,
-                effective: effective as i64,
-                ret: ev.ret,
-                clamped,
-            },
-        );
+        let story = self.stories.entry(ev.inode).or_insert_with(|| {
+            SocketStory::new(owner, ev.inode, Proto::from_ip(ev.proto), ev.netns)
+        });
+        if story.total == 0 {
+            story.rcvbuf = ev.rcvbuf_after;
+            story.sndbuf = ev.sndbuf_after;
+        }
+        let at = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        story.push(CallRec {
+            at,
+            option,
+            requested: ev.requested,
+            applied: ev.applied,
+            effective,
+            ret: ev.ret,
+            clamped,
+            locks_before: ev.locks_before,
+            locks_after: ev.locks_after,
+            state: ev.state,
+            flags: ev.flags,
+        });
+        // Both sizes as the kernel left them (the other direction's is unchanged by a call).
+        if ev.ret == 0 {
+            story.rcvbuf = ev.rcvbuf_after;
+            story.sndbuf = ev.sndbuf_after;
+        }
     }
 }
 
@@ -291,17 +389,39 @@ impl Signal for Setsockopt {
             "setsockopt outcome"
         );
         if let Who::Proc(p) = Self::count(&ev, option, clamped, cx) {
-            self.note(&ev, option, clamped, p);
+            let procfs = cx.attr.procfs().clone();
+            self.note(&ev, option, clamped, p, &procfs);
         }
     }
 
+    /// Reads locked TCP sockets through sock_diag (every [`DIAG_EVERY`]).
+    fn poll(&mut self, cx: &mut PollCx<'_>) -> bool {
+        story::refresh_tcp(
+            &mut self.diag,
+            &mut self.diag_at,
+            &mut self.stories,
+            cx.attr.procfs(),
+            std::time::Instant::now(),
+        )
+    }
+
     fn gc(&mut self, cx: &mut GcCx<'_>) -> usize {
-        self.notes.retain(|(ino, _), _| cx.live.contains(ino));
+        self.stories.retain(|ino, _| cx.live.contains(ino));
+        let namespaces: foldhash::HashSet<u32> = self.stories.values().map(|s| s.netns).collect();
+        self.ns_limits.retain(|ns, _| namespaces.contains(ns));
+        self.ns_tried.retain(|ns, _| namespaces.contains(ns));
         0
     }
 
+    fn referenced(&self, out: &mut foldhash::HashSet<ProcRef>) {
+        out.extend(self.stories.values().map(|s| s.owner));
+    }
+
     fn advise(&self, _cx: &AdviceCx<'_>, inputs: &mut Inputs) {
-        inputs.opts.extend(self.notes.values().cloned());
+        inputs.stories.extend(self.stories.values().cloned());
+        inputs
+            .ns_limits
+            .extend(self.ns_limits.iter().map(|(k, v)| (*k, *v)));
     }
 }
 
@@ -321,11 +441,22 @@ const FAILED: Spec = Spec::counter(
     &["proto", "option"],
 );
 /// Every family of this room (all built from events).
-const FAMILIES: &[&str] = &[CALLS.name, CLAMPED.name, FAILED.name, LOCKS.name];
+const FAMILIES: &[&str] = &[
+    CALLS.name,
+    CLAMPED.name,
+    FAILED.name,
+    LOCKS.name,
+    SND_LOCKS.name,
+];
 
 const LOCKS: Spec = Spec::counter(
     "bufscope_rcvbuf_locks_total",
     "Sockets that got SOCK_RCVBUF_LOCK (receive autotuning off), by setsockopt or inherited from a locked listener.",
+    &["proto"],
+);
+const SND_LOCKS: Spec = Spec::counter(
+    "bufscope_sndbuf_locks_total",
+    "Sockets that got SOCK_SNDBUF_LOCK (send autotuning off) by setsockopt(SO_SNDBUF/SO_SNDBUFFORCE).",
     &["proto"],
 );
 
@@ -346,6 +477,11 @@ fn families(procs: &[Row], out: &mut Vec<MetricFamily>) {
     }
     LOCKS.per_process(procs, out, |s, emit| {
         for (proto, v) in &s.parts.setsockopt.rcvbuf_locks {
+            emit(&[proto.as_str()], *v as f64);
+        }
+    });
+    SND_LOCKS.per_process(procs, out, |s, emit| {
+        for (proto, v) in &s.parts.setsockopt.sndbuf_locks {
             emit(&[proto.as_str()], *v as f64);
         }
     });

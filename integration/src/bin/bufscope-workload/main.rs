@@ -7,6 +7,7 @@
 
 mod args;
 mod bench;
+mod netlink;
 mod process;
 mod sys;
 mod tcp;
@@ -25,6 +26,8 @@ const USAGE: &str = "usage: bufscope-workload <command> [--key value …]
   tcp-bulk-send --port P [--bytes B]
   setsockopt --proto udp|tcp --opt NAME --value V   one call; prints ret/errno and readbacks
   hold-comm  --comm BYTES     set comm (\\xNN escapes allowed), open a UDP socket with SO_RCVBUF, hold
+  netlink-listen [--protocol P] [--groups G] [--rcvbuf N] [--read]   a netlink socket bound to
+             multicast groups G (hex with 0x) with SO_RCVBUF N; never reads unless --read
 
 Benchmark and reliability workloads:
   udp-sink   [--bind IP] [--rcvbuf N | --rcvbuf-force N] [--no-read]   one UDP socket read with
@@ -78,6 +81,7 @@ fn main() {
         "tcp-bulk-send" => tcp::tcp_bulk_send(&a),
         "setsockopt" => process::one_setsockopt(&a),
         "hold-comm" => process::hold_comm(&a),
+        "netlink-listen" => netlink::netlink_listen(&a),
         "udp-sink" => bench::udp_sink(&a),
         "udp-blast" => bench::udp_blast(&a),
         "udp-fresh" => bench::udp_fresh(&a),

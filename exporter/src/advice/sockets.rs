@@ -1,0 +1,845 @@
+//! Per-socket findings: one per socket and buffer direction, telling the story of that buffer
+//! (every call in order), the verdict with numbers (drops/s; for TCP the throughput ceiling
+//! the locked buffer implies at the RTT sock_diag measured), where the fix can be made and
+//! what it costs. The verdict comes from what the socket does, never from the call alone.
+
+use std::collections::BTreeMap;
+
+use bufscope_api::{Call, Limit, Story, Verdict};
+use bufscope_common::{SOCK_RCVBUF_LOCK, SOCK_SNDBUF_LOCK, sockopt_flags};
+use bufscope_policy::Direction;
+
+use super::fixes;
+use super::history::{History, Observation};
+use super::*;
+
+/// TCP states as `sk_state` has them.
+const TCP_ESTABLISHED: u8 = 1;
+const TCP_CLOSE: u8 = 7;
+const TCP_LISTEN: u8 = 10;
+
+/// The share of the time the send buffer limited a connection (`tcpi_sndbuf_limited`) from
+/// which a send lock costs now.
+const SNDBUF_LIMITED_COSTING: f64 = 0.1;
+
+/// Per-socket findings listed per (process, kind) at most; the rest are counted on the
+/// first (`sockets`) and named in its summary.
+pub const MAX_PER_KIND: usize = 16;
+
+/// Drops of one socket for buffer reasons (receive side).
+#[derive(Clone, Copy, Debug, Default)]
+pub(super) struct Dropped {
+    pub packets: u64,
+    pub rate: f64,
+    pub rcvbuf: i32,
+}
+
+/// One socket's buffer in one direction, as the rules see it.
+pub(super) struct Candidate<'a> {
+    pub owner: ProcRef,
+    pub inode: u64,
+    pub proto: Proto,
+    pub netns: u32,
+    pub dir: Direction,
+    pub story: Option<&'a SocketStory>,
+    pub drops: Dropped,
+}
+
+impl Candidate<'_> {
+    fn calls(&self) -> Vec<&CallRec> {
+        let Some(s) = self.story else {
+            return Vec::new();
+        };
+        s.calls()
+            .filter(|c| match c.option {
+                BufOption::BufLock => true,
+                o => o.is_send() == (self.dir == Direction::Send),
+            })
+            .collect()
+    }
+
+    /// The buffer's size now.
+    pub fn bytes(&self) -> i64 {
+        match (self.story, self.dir) {
+            (Some(s), Direction::Receive) if s.rcvbuf > 0 => s.rcvbuf as i64,
+            (Some(s), Direction::Send) if s.sndbuf > 0 => s.sndbuf as i64,
+            _ => self.drops.rcvbuf.max(0) as i64,
+        }
+    }
+
+    fn lock_bit(&self) -> u8 {
+        match self.dir {
+            Direction::Receive => SOCK_RCVBUF_LOCK,
+            Direction::Send => SOCK_SNDBUF_LOCK,
+        }
+    }
+
+    fn locked(&self) -> bool {
+        self.proto == Proto::Tcp && self.story.is_some_and(|s| s.locks & self.lock_bit() != 0)
+    }
+}
+
+/// The socket's sock_diag rates between its last two reads.
+#[derive(Clone, Copy, Debug, Default)]
+pub(super) struct TcpRates {
+    pub rtt_us: u32,
+    pub observed_bps: f64,
+    pub sndbuf_limited: f64,
+    pub rcv_wscale: u8,
+    pub wscale_ok: bool,
+}
+
+fn tcp_rates(s: &SocketStory, dir: Direction) -> Option<TcpRates> {
+    let last = s.tcp.last()?;
+    let d = last.diag;
+    let rtt_us = match dir {
+        Direction::Receive if d.rcv_rtt_us > 0 => d.rcv_rtt_us,
+        _ => d.rtt_us,
+    };
+    let mut r = TcpRates {
+        rtt_us,
+        rcv_wscale: d.rcv_wscale,
+        wscale_ok: d.wscale_ok,
+        ..TcpRates::default()
+    };
+    if let [a, b] = s.tcp.as_slice() {
+        let dt = b.at.duration_since(a.at).as_secs_f64();
+        if dt > 0.0 {
+            let bytes = match dir {
+                Direction::Send => b.diag.bytes_acked.saturating_sub(a.diag.bytes_acked),
+                Direction::Receive => b.diag.bytes_received.saturating_sub(a.diag.bytes_received),
+            };
+            r.observed_bps = bytes as f64 * 8.0 / dt;
+            r.sndbuf_limited = b
+                .diag
+                .sndbuf_limited_us
+                .saturating_sub(a.diag.sndbuf_limited_us) as f64
+                / (dt * 1e6);
+        }
+    }
+    Some(r)
+}
+
+/// The words for one call.
+fn call_notes(c: &CallRec, refused_before: bool, floors_hint: bool) -> Vec<&'static str> {
+    let mut n = Vec::new();
+    let force = matches!(c.option, BufOption::RcvbufForce | BufOption::SndbufForce);
+    if force {
+        n.push("force");
+    }
+    if c.ret == -libc::EPERM {
+        n.push("refused");
+    }
+    if !force && c.option != BufOption::BufLock && refused_before {
+        n.push("fallback");
+    }
+    if c.clamped {
+        n.push("clamped");
+    }
+    if c.ret == 0
+        && floors_hint
+        && c.requested >= 0
+        && (c.effective as i64) > 2 * c.requested as i64
+    {
+        n.push("above_minimum");
+    }
+    let bit_set = |bit: u8| c.locks_before & bit == 0 && c.locks_after & bit != 0;
+    if c.ret == 0 && (bit_set(SOCK_RCVBUF_LOCK) || bit_set(SOCK_SNDBUF_LOCK)) {
+        n.push("locked");
+    }
+    match c.state {
+        TCP_ESTABLISHED => n.push("established"),
+        TCP_LISTEN => n.push("listening"),
+        TCP_CLOSE => n.push("before_connect"),
+        _ => {}
+    }
+    if c.flags & sockopt_flags::GUARD_RAISED != 0 {
+        n.push("guard_raised");
+    }
+    if c.flags & sockopt_flags::GUARD_SKIPPED != 0 {
+        n.push("guard_skipped");
+    }
+    n
+}
+
+fn errno_name(ret: i32) -> Option<&'static str> {
+    match -ret {
+        0 => None,
+        libc::EPERM => Some("EPERM"),
+        libc::EINVAL => Some("EINVAL"),
+        libc::ENOPROTOOPT => Some("ENOPROTOOPT"),
+        _ => Some("error"),
+    }
+}
+
+/// The story's calls as the API has them, with the facts of each.
+fn story_calls(calls: &[&CallRec], proto: Proto) -> Vec<Call<&'static str>> {
+    let mut refused = false;
+    calls
+        .iter()
+        .map(|c| {
+            let notes = call_notes(c, refused, true)
+                .into_iter()
+                .filter(|n| {
+                    proto == Proto::Tcp
+                        || !matches!(*n, "established" | "listening" | "before_connect")
+                })
+                .collect();
+            if c.ret == -libc::EPERM {
+                refused = true;
+            }
+            Call {
+                at: c.at,
+                option: c.option.as_str(),
+                requested: c.requested as i64,
+                effective: c.effective as i64,
+                error: errno_name(c.ret),
+                notes,
+            }
+        })
+        .collect()
+}
+
+/// One line for the calls: runs of the same option told once ("23 SO_RCVBUF calls, 7.0 MiB
+/// down to 4.0 MiB, 22 clamped").
+pub(super) fn narrate(calls: &[Call<&'static str>], omitted: u64) -> String {
+    let mut parts: Vec<String> = Vec::new();
+    let mut i = 0;
+    while i < calls.len() {
+        let mut j = i + 1;
+        while j < calls.len()
+            && calls[j].option == calls[i].option
+            && calls[j].error == calls[i].error
+        {
+            j += 1;
+        }
+        let run = &calls[i..j];
+        let c = &run[0];
+        let tag = |c: &Call<&'static str>| -> String {
+            let mut t = Vec::new();
+            for n in &c.notes {
+                match *n {
+                    "refused" => t.push("refused: EPERM, no CAP_NET_ADMIN".to_string()),
+                    "fallback" => t.push("the fallback".to_string()),
+                    "clamped" => t.push("clamped".to_string()),
+                    "above_minimum" => {
+                        t.push("below the kernel's minimum: granted more than asked".to_string())
+                    }
+                    "established" => t.push("on the established connection".to_string()),
+                    "listening" => {
+                        t.push("on the listener (accepted connections inherit it)".to_string())
+                    }
+                    "before_connect" => t.push("before connect()/listen()".to_string()),
+                    "guard_raised" => t.push("raised by the guard".to_string()),
+                    "guard_skipped" => t.push("skipped by the guard".to_string()),
+                    _ => {}
+                }
+            }
+            if t.is_empty() {
+                String::new()
+            } else {
+                format!(" ({})", t.join(", "))
+            }
+        };
+        if run.len() == 1 {
+            let got = if c.error.is_some() {
+                String::new()
+            } else {
+                format!(" -> {}", kib(c.effective as f64))
+            };
+            parts.push(format!(
+                "{} {}{got}{}",
+                c.option,
+                size_text(c.requested),
+                tag(c)
+            ));
+        } else {
+            let clamped = run.iter().filter(|c| c.notes.contains(&"clamped")).count();
+            let hi = run.iter().map(|c| c.requested).max().unwrap_or(0);
+            let lo = run.iter().map(|c| c.requested).min().unwrap_or(0);
+            let last = &run[run.len() - 1];
+            let mut s = format!(
+                "{} {} calls, {} to {}",
+                run.len(),
+                c.option,
+                size_text(hi),
+                size_text(lo)
+            );
+            if clamped > 0 {
+                s.push_str(&format!(", {clamped} clamped"));
+            }
+            if c.error.is_none() {
+                s.push_str(&format!(", the last -> {}", kib(last.effective as f64)));
+            } else {
+                s.push_str(" (each refused: EPERM)");
+            }
+            parts.push(s);
+        }
+        i = j;
+    }
+    let mut s = parts.join("; then ");
+    if omitted > 0 {
+        s.push_str(&format!(" ({omitted} calls between not kept)"));
+    }
+    s
+}
+
+/// A request as a person reads it (bytes below 1 KiB, negative values as they are).
+fn size_text(v: i64) -> String {
+    if v < 0 {
+        format!("{v} (\"as much as allowed\")")
+    } else if v < 1024 {
+        format!("{v} B")
+    } else {
+        kib(v as f64)
+    }
+}
+
+/// What kind of finding a candidate is, if any.
+fn kind_of(c: &Candidate<'_>, calls: &[&CallRec]) -> Option<&'static str> {
+    let clamped = calls.iter().any(|c| c.clamped);
+    let refused = calls.iter().any(|c| c.ret == -libc::EPERM);
+    match c.dir {
+        Direction::Receive if c.proto == Proto::Udp && c.drops.packets > 0 => {
+            Some(kind::UDP_RCVBUF_DROPS)
+        }
+        Direction::Receive if c.locked() => Some(kind::TCP_RCVBUF_LOCK),
+        Direction::Send if c.locked() => Some(kind::TCP_SNDBUF_LOCK),
+        Direction::Receive if clamped => Some(kind::RCVBUF_CLAMPED),
+        Direction::Send if clamped => Some(kind::SNDBUF_CLAMPED),
+        _ if refused && !reached_after_refusal(calls) => Some(kind::FORCE_REFUSED),
+        _ => None,
+    }
+}
+
+/// A refused FORCE whose size a later call got anyway (the fallback was enough) costs nothing.
+fn reached_after_refusal(calls: &[&CallRec]) -> bool {
+    let Some(pos) = calls.iter().rposition(|c| c.ret == -libc::EPERM) else {
+        return true;
+    };
+    let want = calls[pos].requested.max(0) as i64;
+    calls[pos + 1..]
+        .iter()
+        .any(|c| c.ret == 0 && c.effective as i64 >= 2 * want)
+}
+
+/// The verdict, its severity, and the numbers behind them.
+pub(super) struct Judged {
+    pub verdict: Verdict,
+    pub severity: Severity,
+    pub evidence: Vec<(&'static str, f64)>,
+    /// What it costs (or why it costs nothing), in words.
+    pub cost: String,
+}
+
+fn judge_drops(rate: f64, total: u64, window: Duration, judging_since: Option<u64>) -> Judged {
+    let mut evidence = vec![("drops_total", total as f64), ("drops_per_second", rate)];
+    if let Some(s) = judging_since {
+        evidence.push(("seconds_since_change", s as f64));
+    }
+    if rate > 0.0 {
+        Judged {
+            verdict: Verdict::Costing,
+            severity: drop_severity(rate),
+            evidence,
+            cost: if judging_since.is_some() {
+                format!(
+                    "still dropping {} since the buffer changed",
+                    drop_rate_text(rate, window)
+                )
+            } else if rate >= SUSTAINED_DROPS_PER_SECOND {
+                format!(
+                    "dropping {} over the last {}s",
+                    drop_rate_text(rate, window),
+                    window.as_secs()
+                )
+            } else {
+                format!(
+                    "dropped {} (sporadic; {total} in total)",
+                    drop_rate_text(rate, window)
+                )
+            },
+        }
+    } else {
+        Judged {
+            verdict: Verdict::Benign,
+            severity: Severity::Info,
+            evidence,
+            cost: if total > 0 {
+                format!(
+                    "no drops in the last {}s ({total} before)",
+                    window.as_secs()
+                )
+            } else {
+                "no drops at the observed rate".to_string()
+            },
+        }
+    }
+}
+
+fn judge_tcp(c: &Candidate<'_>, inputs: &Inputs) -> Judged {
+    let bytes = c.bytes();
+    let Some(r) = c.story.and_then(|s| tcp_rates(s, c.dir)) else {
+        let why = c
+            .story
+            .and_then(|s| s.tcp_error.clone())
+            .unwrap_or_else(|| "not read yet".to_string());
+        return Judged {
+            verdict: Verdict::Benign,
+            severity: Severity::Info,
+            evidence: vec![(bytes_key(c.dir), bytes as f64)],
+            cost: format!("no RTT measured (sock_diag: {why}): nothing shows it costs now"),
+        };
+    };
+    let rtt = r.rtt_us.max(1) as f64 / 1e6;
+    // Send: the whole locked buffer may be in flight per RTT. Receive: about half of it is
+    // advertised as window; a shrunk scale caps the window at 65535 << scale.
+    let mut cap = match c.dir {
+        Direction::Send => bytes as f64 * 8.0 / rtt,
+        Direction::Receive => bytes as f64 / 2.0 * 8.0 / rtt,
+    };
+    let mut evidence = vec![
+        (bytes_key(c.dir), bytes as f64),
+        ("rtt_us", r.rtt_us as f64),
+    ];
+    let expected = crate::signals::tcp_state::expected_wscale(
+        inputs.tcp_rmem_max,
+        inputs.rmem_max.unwrap_or(0),
+    );
+    let shrunk = c.dir == Direction::Receive && r.wscale_ok && r.rcv_wscale < expected;
+    if c.dir == Direction::Receive && r.wscale_ok {
+        evidence.push(("wscale", r.rcv_wscale as f64));
+        evidence.push(("wscale_expected", expected as f64));
+        if shrunk {
+            cap = cap.min((65535u64 << r.rcv_wscale.min(14)) as f64 * 8.0 / rtt);
+        }
+    }
+    evidence.push(("throughput_ceiling_bps", cap));
+    evidence.push(("observed_bps", r.observed_bps));
+    if c.dir == Direction::Send {
+        evidence.push(("sndbuf_limited_ratio", r.sndbuf_limited));
+    }
+    let at_ceiling = r.observed_bps >= 0.8 * cap;
+    let limited = c.dir == Direction::Send && r.sndbuf_limited >= SNDBUF_LIMITED_COSTING;
+    let same_host = r.rtt_us < SAME_HOST_RTT_US;
+    let what = match c.dir {
+        Direction::Send => "send",
+        Direction::Receive => "receive",
+    };
+    let ceiling = format!(
+        "a locked {} {what} buffer{} allows ~{} at the measured RTT of {}",
+        kib(bytes as f64),
+        if shrunk {
+            format!(
+                " and window scale {} (the kernel would pick {expected})",
+                r.rcv_wscale
+            )
+        } else {
+            String::new()
+        },
+        mbit(cap),
+        rtt_text(r.rtt_us)
+    );
+    if !same_host && (at_ceiling || limited) {
+        Judged {
+            verdict: Verdict::Costing,
+            severity: Severity::Critical,
+            evidence,
+            cost: format!(
+                "costs throughput now: {ceiling}, and the connection runs at {}{}",
+                mbit(r.observed_bps),
+                if limited {
+                    format!(
+                        " (the kernel counted {:.0}% of the time limited by the send buffer)",
+                        r.sndbuf_limited * 100.0
+                    )
+                } else {
+                    String::new()
+                }
+            ),
+        }
+    } else {
+        Judged {
+            verdict: Verdict::Benign,
+            severity: Severity::Info,
+            evidence,
+            cost: if same_host {
+                format!(
+                    "costs nothing at this RTT ({}, the same host); on a {} ms path it would cap the connection at ~{}",
+                    rtt_text(r.rtt_us),
+                    WAN_RTT.as_millis(),
+                    mbit(cap * rtt / WAN_RTT.as_secs_f64())
+                )
+            } else {
+                format!(
+                    "below its ceiling now: {ceiling} (observed {})",
+                    mbit(r.observed_bps)
+                )
+            },
+        }
+    }
+}
+
+fn bytes_key(dir: Direction) -> &'static str {
+    match dir {
+        Direction::Receive => "rcvbuf_bytes",
+        Direction::Send => "sndbuf_bytes",
+    }
+}
+
+/// Every per-socket candidate: each story's directions, and UDP sockets that dropped.
+pub(super) fn candidates<'a>(inputs: &'a Inputs) -> Vec<Candidate<'a>> {
+    let mut drops: BTreeMap<u64, (ProcRef, Dropped)> = BTreeMap::new();
+    for d in &inputs.drops {
+        let full = matches!(&*d.reason, "SOCKET_RCVBUFF" | "PROTO_MEM");
+        if d.proto != Proto::Udp || d.inode == 0 || !full {
+            continue;
+        }
+        let Some(o) = d.owner else { continue };
+        let e = drops.entry(d.inode).or_insert((o, Dropped::default()));
+        e.1.packets += d.packets;
+        e.1.rate += d.rate;
+        e.1.rcvbuf = e.1.rcvbuf.max(d.rcvbuf);
+    }
+    let mut out = Vec::new();
+    for s in &inputs.stories {
+        for dir in [Direction::Receive, Direction::Send] {
+            let dropped = match dir {
+                Direction::Receive => drops.remove(&s.inode).map(|d| d.1).unwrap_or_default(),
+                Direction::Send => Dropped::default(),
+            };
+            out.push(Candidate {
+                owner: s.owner,
+                inode: s.inode,
+                proto: s.proto,
+                netns: s.netns,
+                dir,
+                story: Some(s),
+                drops: dropped,
+            });
+        }
+    }
+    for (inode, (owner, d)) in drops {
+        out.push(Candidate {
+            owner,
+            inode,
+            proto: Proto::Udp,
+            netns: 0,
+            dir: Direction::Receive,
+            story: None,
+            drops: d,
+        });
+    }
+    out
+}
+
+/// The per-socket findings, with their lifecycle (first seen, resolved) from `history`.
+pub(super) fn socket_findings(b: &mut Builder<'_>, history: &mut History, now: u64) {
+    let inputs = b.inputs;
+    let cands = candidates(inputs);
+    let mut made: Vec<(Finding, Observation)> = Vec::new();
+    for c in &cands {
+        let calls = c.calls();
+        let kind = kind_of(c, &calls);
+        let obs = Observation {
+            pid: c.owner.tgid,
+            inode: c.inode,
+            program: b.program(&c.owner),
+            proto: c.proto,
+            dir: c.dir,
+            bytes: c.bytes(),
+            drops_total: c.drops.packets,
+            window_rate: c.drops.rate,
+            kind,
+        };
+        let Some(kind) = kind else {
+            history.observe_quiet(&obs, now);
+            continue;
+        };
+        let since_change = history.seconds_since_change(&obs, now);
+        let j = if kind == kind::TCP_RCVBUF_LOCK || kind == kind::TCP_SNDBUF_LOCK {
+            judge_tcp(c, inputs)
+        } else {
+            let rate = history.rate(&obs, now);
+            judge_drops(rate, c.drops.packets, inputs.window, since_change)
+        };
+        let f = finding(b, c, kind, &calls, j);
+        made.push((f, obs));
+    }
+    // Live sockets of programs whose costing socket is gone: a restart's new socket, which
+    // the rules see nowhere else when the program never sizes it.
+    let known: std::collections::HashSet<u64> = cands.iter().map(|c| c.inode).collect();
+    for l in inputs.live.iter().filter(|l| !known.contains(&l.inode)) {
+        for (dir, bytes) in [(Direction::Receive, l.rcvbuf), (Direction::Send, l.sndbuf)] {
+            history.observe_quiet(
+                &Observation {
+                    pid: l.owner.tgid,
+                    inode: l.inode,
+                    program: b.program(&l.owner),
+                    proto: l.proto,
+                    dir,
+                    bytes,
+                    drops_total: l.drops,
+                    window_rate: 0.0,
+                    kind: None,
+                },
+                now,
+            );
+        }
+    }
+    let made = history.settle(made, now, inputs.window);
+    push_grouped(b, made);
+}
+
+/// Keeps at most [`MAX_PER_KIND`] findings per (process, kind): the costliest.
+fn push_grouped(b: &mut Builder<'_>, mut made: Vec<Finding>) {
+    made.sort_by(|x, y| {
+        (x.process.pid, x.kind, x.severity)
+            .cmp(&(y.process.pid, y.kind, y.severity))
+            .then(cost(y).total_cmp(&cost(x)))
+    });
+    let mut i = 0;
+    while i < made.len() {
+        let mut j = i + 1;
+        while j < made.len()
+            && made[j].process.pid == made[i].process.pid
+            && made[j].kind == made[i].kind
+        {
+            j += 1;
+        }
+        let n = j - i;
+        for (k, f) in made[i..j].iter_mut().enumerate() {
+            f.evidence.insert("sockets", n as f64);
+            if k == 0 && n > MAX_PER_KIND {
+                f.summary.push_str(&format!(
+                    " ({} more sockets of this process have this finding; the {MAX_PER_KIND} costliest are listed)",
+                    n - MAX_PER_KIND
+                ));
+            }
+        }
+        b.out.extend(made[i..j].iter().take(MAX_PER_KIND).cloned());
+        i = j;
+    }
+}
+
+fn cost(f: &Finding) -> f64 {
+    f.evidence.get("drops_per_second").copied().unwrap_or(0.0)
+        + f.evidence.get("observed_bps").copied().unwrap_or(0.0) / 1e9
+}
+
+fn finding(
+    b: &Builder<'_>,
+    c: &Candidate<'_>,
+    kind: &'static str,
+    calls: &[&CallRec],
+    j: Judged,
+) -> Finding {
+    let inputs = b.inputs;
+    let api_calls = story_calls(calls, c.proto);
+    let omitted = c.story.map_or(0, |s| s.omitted());
+    let ns = inputs.ns_limits.get(&c.netns).copied();
+    let (sysctl, host_value) = match c.dir {
+        Direction::Receive => ("net.core.rmem_max", inputs.rmem_max),
+        Direction::Send => ("net.core.wmem_max", inputs.wmem_max),
+    };
+    let limit = Limit {
+        sysctl,
+        bytes: match (ns, c.dir) {
+            (Some(n), Direction::Receive) if n.scope != LimitScope::Absent => {
+                n.rmem_max.or(host_value)
+            }
+            (Some(n), Direction::Send) if n.scope != LimitScope::Absent => {
+                n.wmem_max.or(host_value)
+            }
+            (Some(_), _) => host_value,
+            (None, _) => host_value,
+        },
+        scope: ns.map_or("host", |n| n.scope.as_str()),
+        unreadable: ns.and_then(|n| n.unreadable_text()),
+    };
+    let bytes = c.bytes();
+    let proto = c.proto.as_str();
+    let dir_word = match c.dir {
+        Direction::Receive => "receive",
+        Direction::Send => "send",
+    };
+    let history = if api_calls.is_empty() {
+        match c.dir {
+            Direction::Receive => format!(
+                "never sized by the program (the default net.core.rmem_default applies: {})",
+                kib(bytes as f64)
+            ),
+            Direction::Send => "never sized by the program".to_string(),
+        }
+    } else {
+        narrate(&api_calls, omitted)
+    };
+    let summary = format!(
+        "{} socket {} {dir_word} buffer: {history}; now {}; {}",
+        proto.to_uppercase(),
+        c.inode,
+        kib(bytes as f64),
+        j.cost
+    );
+    let mut evidence: BTreeMap<&'static str, f64> = j.evidence.into_iter().collect();
+    let requested = calls
+        .iter()
+        .filter(|c| c.option != BufOption::BufLock)
+        .map(|c| c.requested as i64)
+        .max();
+    if let Some(r) = requested {
+        evidence.insert("requested_bytes", r as f64);
+    }
+    evidence.insert("effective_bytes", bytes as f64);
+    evidence.insert("calls", calls.len() as f64 + omitted as f64);
+    if let Some(v) = limit.bytes {
+        evidence.insert("limit_bytes", v as f64);
+        if c.dir == Direction::Receive {
+            evidence.insert("rmem_max_bytes", v as f64);
+        }
+    }
+    if kind == kind::UDP_RCVBUF_DROPS {
+        evidence.insert(
+            "recommended_bytes",
+            policy::recommended_udp_buffer(None).0 as f64,
+        );
+        evidence.insert("rcvbuf_bytes", bytes as f64);
+    }
+    if kind == kind::TCP_RCVBUF_LOCK {
+        evidence.insert("sockets_locked", 1.0);
+        evidence.insert("tcp_rmem_max_bytes", inputs.tcp_rmem_max as f64);
+    }
+    if kind == kind::TCP_SNDBUF_LOCK {
+        evidence.insert("tcp_wmem_max_bytes", inputs.tcp_wmem_max as f64);
+    }
+    let fixes = fixes::fixes(b, c, kind, calls, ns, requested);
+    let fix = fixes::one_line(&fixes);
+    let socket = Some(SocketRef {
+        inode: c.inode,
+        proto,
+        netns: u64::from(c.netns),
+    });
+    let rule = match (c.proto, kind) {
+        (Proto::Tcp, _) => Rule::TcpAutotune.citation(),
+        _ => policy::recommended_udp_buffer(None).1.citation(),
+    };
+    let mut f = Finding {
+        kind,
+        severity: j.severity,
+        process: b.process(&c.owner),
+        socket,
+        summary,
+        fix,
+        evidence,
+        rule,
+        guard: None,
+        verdict: Some(j.verdict),
+        story: Some(Story {
+            direction: dir_word,
+            calls: api_calls,
+            calls_total: c.story.map_or(0, |s| {
+                s.calls()
+                    .filter(|x| match x.option {
+                        BufOption::BufLock => true,
+                        o => o.is_send() == (c.dir == Direction::Send),
+                    })
+                    .count() as u64
+                    + omitted
+            }),
+            calls_omitted: omitted,
+            final_bytes: bytes,
+            limit: Some(limit),
+        }),
+        fixes,
+        ..Finding::default()
+    };
+    if f.story.as_ref().is_some_and(|s| s.calls.is_empty()) {
+        // No calls: the story is the default size and the drops.
+        if let Some(s) = f.story.as_mut() {
+            s.calls_total = 0;
+        }
+    }
+    f.severity = j.severity;
+    f
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn call(option: BufOption, requested: i32, effective: i32, ret: i32, clamped: bool) -> CallRec {
+        CallRec {
+            at: 1,
+            option,
+            requested,
+            applied: requested,
+            effective,
+            ret,
+            clamped,
+            locks_before: 0,
+            locks_after: 0,
+            state: 0,
+            flags: 0,
+        }
+    }
+
+    #[test]
+    fn a_probing_sequence_is_told_once() {
+        let mut calls = Vec::new();
+        let mut v = 7 << 20;
+        for _ in 0..23 {
+            calls.push(call(BufOption::Rcvbuf, v, 8_388_608, 0, v > 4_194_304));
+            v = v * 15 / 16;
+        }
+        let refs: Vec<&CallRec> = calls.iter().collect();
+        let api = story_calls(&refs, Proto::Udp);
+        assert_eq!(api.len(), 23);
+        let s = narrate(&api, 0);
+        assert!(s.starts_with("23 SO_RCVBUF calls, 7.0 MiB to "), "{s}");
+        assert!(s.contains("clamped"), "{s}");
+        assert!(!s.contains("; then"), "one run: {s}");
+    }
+
+    #[test]
+    fn force_refused_then_fallback_is_one_story() {
+        let calls = [
+            call(
+                BufOption::RcvbufForce,
+                7 << 20,
+                212_992,
+                -libc::EPERM,
+                false,
+            ),
+            call(BufOption::Rcvbuf, 7 << 20, 8_388_608, 0, true),
+        ];
+        let refs: Vec<&CallRec> = calls.iter().collect();
+        let api = story_calls(&refs, Proto::Udp);
+        assert_eq!(api[0].error, Some("EPERM"));
+        assert_eq!(api[0].notes, vec!["force", "refused"]);
+        assert_eq!(api[1].notes, vec!["fallback", "clamped"]);
+        let s = narrate(&api, 0);
+        assert!(
+            s.contains("SO_RCVBUFFORCE 7.0 MiB (refused: EPERM")
+                && s.contains("then SO_RCVBUF 7.0 MiB -> 8.0 MiB (the fallback, clamped)"),
+            "{s}"
+        );
+    }
+
+    #[test]
+    fn below_the_minimum_is_granted_more() {
+        let c = call(BufOption::Rcvbuf, 1000, 2304, 0, false);
+        let api = story_calls(&[&c], Proto::Udp);
+        assert_eq!(api[0].notes, vec!["above_minimum"]);
+        assert!(narrate(&api, 0).contains("granted more than asked"));
+    }
+
+    #[test]
+    fn a_send_buffer_set_on_an_established_connection_says_so() {
+        let mut c = call(BufOption::Sndbuf, 96_000, 192_000, 0, false);
+        c.state = TCP_ESTABLISHED;
+        c.locks_after = SOCK_SNDBUF_LOCK;
+        let api = story_calls(&[&c], Proto::Tcp);
+        assert_eq!(api[0].notes, vec!["locked", "established"]);
+        assert!(narrate(&api, 0).contains("on the established connection"));
+    }
+}
