@@ -238,6 +238,14 @@ fn shown_identity<P: Parts>(store: &Store<P>, p: &ProcRef) -> Option<Row<()>> {
     })
 }
 
+/// A finding that counts now (not `resolved`, not `gone`).
+fn active(f: &Finding) -> bool {
+    !matches!(
+        f.verdict,
+        Some(bufscope_api::Verdict::Resolved | bufscope_api::Verdict::Gone)
+    )
+}
+
 /// `bufscope_finding`: per identity shown, kind and severity (no pid, no socket: bounded by
 /// the identities × kinds × severities), how many active findings its processes have.
 /// Findings may be up to a second old (see `Collector::findings`): only those of processes
@@ -247,12 +255,7 @@ fn findings_family<P: Parts>(store: &Store<P>, findings: &[Finding], out: &mut V
         store.procs().map(|(p, _)| (p.tgid, *p)).collect();
     let mut counts: std::collections::BTreeMap<(u64, &str, &str), (Row<()>, u64)> =
         std::collections::BTreeMap::new();
-    for x in findings.iter().filter(|x| {
-        !matches!(
-            x.verdict,
-            Some(bufscope_api::Verdict::Resolved | bufscope_api::Verdict::Gone)
-        )
-    }) {
+    for x in findings.iter().filter(|x| active(x)) {
         let Some(row) = by_pid
             .get(&x.process.pid)
             .and_then(|p| shown_identity(store, p))
@@ -282,10 +285,14 @@ pub const INFO_MIN_AGE_SECS: f64 = 60.0;
 pub const INFO_MIN_AGE_FINDING_SECS: f64 = 10.0;
 
 /// `bufscope_process_info{<identity>,pid} 1`: the processes that matter behind the shown
-/// identities — those with a finding (running for [`INFO_MIN_AGE_FINDING_SECS`]), then those
+/// identities — those with an active finding (running for [`INFO_MIN_AGE_FINDING_SECS`]), then those
 /// running for [`INFO_MIN_AGE_SECS`], oldest first — at most [`Store::info_budget`].
 fn process_info<P: Parts>(store: &Store<P>, findings: &[Finding], out: &mut Vec<MetricFamily>) {
-    let with_finding: foldhash::HashSet<u32> = findings.iter().map(|f| f.process.pid).collect();
+    let with_finding: foldhash::HashSet<u32> = findings
+        .iter()
+        .filter(|f| active(f))
+        .map(|f| f.process.pid)
+        .collect();
     let uptime = std::fs::read_to_string("/proc/uptime")
         .ok()
         .and_then(|s| s.split_whitespace().next()?.parse::<f64>().ok());
@@ -474,7 +481,14 @@ mod tests {
         families(
             &store,
             &Health::default(),
-            &[finding(201), finding(202)],
+            &[
+                finding(201),
+                finding(202),
+                Finding {
+                    verdict: Some(bufscope_api::Verdict::Resolved),
+                    ..finding(203)
+                },
+            ],
             std::iter::empty(),
             &mut out,
         );
@@ -485,11 +499,14 @@ mod tests {
             .filter_map(|l| l.split("pid=\"").nth(1)?.split('"').next())
             .collect();
         assert_eq!(pids, ["202"], "{text}");
-        // The identity's finding is shown all the same.
-        assert!(
-            text.contains(r#"bufscope_finding{comm="resolver""#),
-            "{text}"
-        );
+        // The identity's findings are shown all the same, counted: the two active ones, not
+        // the resolved one (which gives 203 no info series either).
+        let finding_lines: Vec<&str> = text
+            .lines()
+            .filter(|l| l.starts_with(r#"bufscope_finding{comm="resolver""#))
+            .collect();
+        assert_eq!(finding_lines.len(), 1, "{text}");
+        assert!(finding_lines[0].ends_with(" 2"), "{text}");
     }
 
     /// A process whose identity went to the overflow series has no info series.
