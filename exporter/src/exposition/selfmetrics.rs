@@ -285,8 +285,8 @@ pub const INFO_MIN_AGE_SECS: f64 = 60.0;
 pub const INFO_MIN_AGE_FINDING_SECS: f64 = 10.0;
 
 /// `bufscope_process_info{<identity>,pid} 1`: the processes that matter behind the shown
-/// identities — those with an active finding (running for [`INFO_MIN_AGE_FINDING_SECS`]), then those
-/// running for [`INFO_MIN_AGE_SECS`], oldest first — at most [`Store::info_budget`].
+/// identities — those with an active finding (running for [`INFO_MIN_AGE_FINDING_SECS`]), then
+/// those running for [`INFO_MIN_AGE_SECS`], oldest first — at most [`Store::info_budget`].
 fn process_info<P: Parts>(store: &Store<P>, findings: &[Finding], out: &mut Vec<MetricFamily>) {
     let with_finding: foldhash::HashSet<u32> = findings
         .iter()
