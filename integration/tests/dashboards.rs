@@ -751,13 +751,16 @@ fn rmem_max_with_room_for_a_clamp() -> i64 {
     rmem_max
 }
 
-/// Two exporters: A as shipped; B degraded (one probe off, a one-entry drop map) so the
+/// Two exporters: A as shipped (with room in its series budget); B degraded (one probe off, a one-entry drop map) so the
 /// health panels and alerts have something to show, with --bpf.run-stats, and with the guard
 /// observing (the guard row: it changes nothing). Both read the fake container's kubelet
 /// layout.
 fn start_a_shipped_and_a_degraded_exporter(container: &FakeContainer) -> (Exporter, Exporter) {
     let log_dir = container.log_dir.display().to_string();
-    let a = Exporter::start(&["--kubernetes.log-dir", &log_dir]);
+    // A's only change from the defaults: a series budget that the node's other programs (this
+    // run's builds, the other tests' processes) cannot fill before the scene's own programs
+    // come (the data-plane listener comes last); the budget has its own tests (fleet.rs).
+    let a = Exporter::start(&["--kubernetes.log-dir", &log_dir, "--max-series", "5000"]);
     let b = Exporter::start(&[
         "--probe.disable",
         "autotune",
