@@ -21,8 +21,8 @@ use bufscope_integration::manifests::{
     KUBERNETES_VERSION, docs, kind, quantity, render, strings, validate,
 };
 use bufscope_integration::{
-    Metrics, TempDir, Workload, bufscope_bin, eventually, http_get, output, proc_udp_drops, repo,
-    terminate,
+    Metrics, TempDir, Workload, bufscope_bin, default_probes, eventually, http_get, output,
+    proc_udp_drops, repo, terminate,
 };
 
 const TARGETS: [&str; 4] = [
@@ -564,7 +564,11 @@ fn the_daemonsets_capabilities_are_enough_and_each_attribution_capability_is_nee
         for s in m.find("bufscope_probe_attached", &[]) {
             assert_eq!(s.value, 1.0, "{name}: {s:?} not attached:\n{}", pod.log());
         }
-        assert_eq!(m.find("bufscope_probe_attached", &[]).count(), 5, "{name}");
+        assert_eq!(
+            m.find("bufscope_probe_attached", &[]).count(),
+            default_probes().len(),
+            "{name}"
+        );
         let before = proc_udp_drops(recv.pid(), inode).unwrap();
         assert!(
             Workload::start(&["udp-flood", "--port", &port, "--count", "2000"]).wait(),

@@ -26,8 +26,8 @@ use std::time::{Duration, Instant};
 use bufscope_integration::fixtures::AS_NOBODY;
 use bufscope_integration::manifests::{docs, kind, quantity, render, strings, validate};
 use bufscope_integration::{
-    Metrics, TempDir, Workload, bufscope_bin, http_get, output, proc_udp_drops, repo, require_root,
-    workload_bin,
+    Metrics, TempDir, Workload, bufscope_bin, default_probes, http_get, output, proc_udp_drops,
+    repo, require_root, workload_bin,
 };
 use serde_json::Value;
 
@@ -695,7 +695,7 @@ fn with_the_shipped_seccomp_profile_the_image_runs_as_the_daemonset_and_counts_h
         "read-only root: {root}"
     );
     let attached: Vec<_> = m.find("bufscope_probe_attached", &[]).collect();
-    assert_eq!(attached.len(), 5, "{attached:?}");
+    assert_eq!(attached.len(), default_probes().len(), "{attached:?}");
     // Its links are pinned on the node's bpffs (--bpf.pin-path of the DaemonSet).
     let pinned = node.pinned();
     assert!(

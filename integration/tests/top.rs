@@ -337,14 +337,31 @@ fn top_shows_the_dropping_process_with_the_kernels_count() {
         .find(|f| f["kind"] == "udp_rcvbuf_drops" && f["process"]["pid"] == dpid)
         .expect("the exporter's udp_rcvbuf_drops finding for the dropper")
         .clone();
-    let fix = finding["fix"].as_str().unwrap();
-    let fix_words = fix.split_whitespace().collect::<Vec<_>>().join(" ");
+    // The first fix the exporter gives, as the detail view labels it by where it goes
+    // (`app:`, `pod:`, `host:`), else the finding's one-line fix.
+    let expected = match finding["fixes"].as_array().and_then(|f| f.first()) {
+        Some(x) => {
+            let label = match x["scope"].as_str() {
+                Some("application") => "app:",
+                Some("pod") => "pod:",
+                _ => "host:",
+            };
+            let not = if x["possible"] == false {
+                "(not from here) "
+            } else {
+                ""
+            };
+            format!("{label} {not}{}", x["how"].as_str().unwrap())
+        }
+        None => format!("fix: {}", finding["fix"].as_str().unwrap()),
+    };
+    let fix_words = expected.split_whitespace().collect::<Vec<_>>().join(" ");
     t.keys(&["Down", "Enter"]);
     let s = t.wait("the dropper's findings with the fix", |s| {
         let flat = s.join(" ").split_whitespace().collect::<Vec<_>>().join(" ");
         s[3].contains(&format!("bstop-z-drop (pid {dpid})"))
             && flat.contains("CRITICAL udp_rcvbuf_drops")
-            && flat.contains(&format!("fix: {fix_words}"))
+            && flat.contains(&fix_words)
     });
     eprintln!("findings:\n{}", s.join("\n"));
     t.keys(&["Escape"]);

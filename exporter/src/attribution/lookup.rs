@@ -464,6 +464,14 @@ impl Attributor {
             || self.lookups.flight.listeners.contains_key(&key)
     }
 
+    /// Whether a pass is running (taken, not applied yet) that counts wait for: a request
+    /// that wants every count before it waits for its answer.
+    pub fn urgent_in_flight(&self) -> bool {
+        let f = &self.lookups.flight;
+        f.since.is_some()
+            && (!f.listeners.is_empty() || !f.tun.is_empty() || f.inodes.values().any(|w| w.urgent))
+    }
+
     /// Whether counts wait for a queued look-up (a scrape then runs the pass, when due,
     /// before it answers; a re-listing nothing waits for is left to the background).
     pub fn lookups_urgent(&self) -> bool {

@@ -4,7 +4,11 @@
 //! waits for the lock only while the maps are read and the answers filed.
 
 use std::sync::Mutex;
-use std::time::Instant;
+use std::time::{Duration, Instant};
+
+/// How long a request waits for a running owner look-up pass its counts wait for (a pass
+/// over `/proc` takes milliseconds to a few hundred on a busy node).
+const IN_FLIGHT_WAIT: Duration = Duration::from_secs(2);
 
 use super::{Collector, Held, Holder, lock_as};
 use crate::attribution::{Found, Lookup};
@@ -40,6 +44,17 @@ pub fn fresh(c: &Mutex<Collector>, arrived: Instant) -> Held<'_> {
         return held;
     }
     held.poll();
+    // A background pass may be answering what this request's counts wait for (one pass runs
+    // at a time): wait for its answer without the lock, then count what it found.
+    let deadline = Instant::now() + IN_FLIGHT_WAIT;
+    if held.attr.urgent_in_flight() {
+        while held.attr.urgent_in_flight() && Instant::now() < deadline {
+            drop(held);
+            std::thread::sleep(Duration::from_millis(2));
+            held = lock_as(c, Holder::Request);
+        }
+        held.poll();
+    }
     let Some(plan) = held.lookup_plan(true) else {
         return held;
     };

@@ -81,7 +81,7 @@ impl PinnedState {
 
     /// Checks the pinned links (at most every [`LINK_CHECK_EVERY`]): a probe whose link is
     /// gone or replaced no longer counts, so `health` says it is detached and the log why.
-    /// Returns whether any probe is still attached (None: nothing checked).
+    /// Returns whether any pinned probe is still attached (None: nothing checked).
     pub fn check_links(&mut self, health: &mut Health) -> Option<bool> {
         let (watch, at) = self.links.as_mut()?;
         if at.elapsed() < LINK_CHECK_EVERY {
@@ -102,7 +102,15 @@ impl PinnedState {
             }
             self.lost.insert(probe, why);
         }
-        Some(health.probes.iter().any(|p| p.attached))
+        // Probes without links (procfs readers such as netlink's) go on, but with every
+        // pinned link gone the node's BPF view is: that is what liveness reports.
+        Some(
+            health
+                .probes
+                .iter()
+                .filter(|p| p.pinned)
+                .any(|p| p.attached),
+        )
     }
 
     /// Why probe `name` stopped counting since start (its pinned link was removed or
