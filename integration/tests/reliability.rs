@@ -518,22 +518,27 @@ fn churn_of_5000_processes_stays_bounded_and_memory_returns_to_baseline() {
     let base_rss = rss_kib(e.pid());
     let one = churn_round(&e, MAX, "bsp-churn-1");
     let two = churn_round(&e, MAX, "bsp-churn-2");
+    let three = churn_round(&e, MAX, "bsp-churn-3");
     let folded = e.scrape().sum("bufscope_folded_processes_total", &[]);
     assert!(
-        folded >= (2 * (5000 - MAX)) as f64,
+        folded >= (3 * (5000 - MAX)) as f64,
         "the bound was exercised: {folded} folded"
     );
-    // The allocator keeps part of what the first round made it reserve (fragmentation: about
-    // +8 MiB in a release build, +20 MiB in a debug one); a second round of 5,000 processes
-    // must not add a comparable amount again (the state itself is back to empty: checked
-    // above). 16 MiB over 5,000 processes would be a leak of > 3 KiB per process.
+    // The allocator keeps part of what the first rounds made it reserve (fragmentation: its
+    // high-water mark, reached by the second round in a debug build under nextest — measured
+    // 47.5 -> 72.6 -> 75.2 MiB after rounds 1, 2, 3); a third round of 5,000 processes must
+    // not add a comparable amount again (the state itself is back to empty: checked above).
+    // 16 MiB over 5,000 processes would be a leak of > 3 KiB per process, which every round
+    // would show (remembering every gone socket's findings did: +50 MiB a round).
     assert!(
-        two.rss_after <= one.rss_after + 16 * 1024,
-        "RSS grew from {} KiB after round 1 to {} KiB after round 2 (start {base_rss} KiB)",
-        one.rss_after,
-        two.rss_after
+        three.rss_after <= two.rss_after + 16 * 1024,
+        "RSS grew from {} KiB after round 2 to {} KiB after round 3 (round 1: {} KiB, start \
+         {base_rss} KiB)",
+        two.rss_after,
+        three.rss_after,
+        one.rss_after
     );
-    for (n, r) in [(1, &one), (2, &two)] {
+    for (n, r) in [(1, &one), (2, &two), (3, &three)] {
         eprintln!(
             "churn round {n}: 5000 processes in {:.1} s, kernel drops {} (= the namespace's \
              RcvbufErrors), bufscope counted ≥ {}; peak {} pid series / {} tracked (bound \

@@ -36,6 +36,9 @@ pub const DEFAULT_RETENTION: Duration = Duration::from_secs(30 * 60);
 /// Who a program is across restarts: comm, container, pod, namespace.
 pub type Program = (String, String, String, String);
 
+/// A program's sockets of one protocol and direction.
+type Kind = (Program, Proto, Option<Direction>);
+
 /// One socket direction as the rules saw it in one evaluation.
 #[derive(Clone, Debug)]
 pub struct Observation {
@@ -129,6 +132,11 @@ impl History {
             retention,
             generation: 0,
         }
+    }
+
+    /// Entries remembered (sockets and per-process findings, seen or gone).
+    pub fn remembered(&self) -> usize {
+        self.entries.len()
     }
 
     /// Starts an evaluation.
@@ -357,7 +365,32 @@ impl History {
         });
         bound_per_program(&mut gone_keep);
         out.extend(gone_keep);
+        self.bound_remembered();
         self.bound();
+    }
+
+    /// Remembers at most [`MAX_SHOWN_PER_PROGRAM`] gone or resolved sockets per program and
+    /// kind (the most recently changed, as shown): a program whose short-lived processes
+    /// each cost once (one socket each) keeps what is shown of it, not every socket it had
+    /// for the retention (5,000 of them held ~50 MB of findings).
+    fn bound_remembered(&mut self) {
+        let generation = self.generation;
+        let mut per: HashMap<Kind, Vec<(u64, Key)>> = HashMap::new();
+        for (k, e) in &self.entries {
+            if e.seen != generation && e.shown.is_some() {
+                per.entry((e.program.clone(), e.proto, e.dir))
+                    .or_default()
+                    .push((e.changed_at, *k));
+            }
+        }
+        for (_, mut v) in per {
+            if v.len() > MAX_SHOWN_PER_PROGRAM {
+                v.sort_unstable_by_key(|(changed, _)| std::cmp::Reverse(*changed));
+                for (_, k) in v.into_iter().skip(MAX_SHOWN_PER_PROGRAM) {
+                    self.entries.remove(&k);
+                }
+            }
+        }
     }
 
     /// Programs with a costing socket that is gone and not yet replaced, with its protocol:

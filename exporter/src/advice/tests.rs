@@ -570,6 +570,10 @@ fn gone_findings_are_bounded_per_program() {
     let f = evaluate_with(&i, &mut h, t + 10);
     assert_eq!(f.len(), history::MAX_SHOWN_PER_PROGRAM, "{f:?}");
     assert!(f.iter().all(|f| f.verdict == Some(Verdict::Gone)));
+    // What is remembered is what is shown: not the 40 sockets for the whole retention.
+    assert_eq!(h.remembered(), history::MAX_SHOWN_PER_PROGRAM);
+    let f = evaluate_with(&i, &mut h, t + 20);
+    assert_eq!(f.len(), history::MAX_SHOWN_PER_PROGRAM, "{f:?}");
 }
 
 /// Many sockets of one process with the same finding: the costliest listed, the rest counted.
