@@ -599,7 +599,9 @@ fn quiet_processes_keep_their_totals_across_a_restart_after_a_churn() {
         let dump: Value = serde_json::from_slice(&out.stdout).ok()?;
         dump.as_array().map(Vec::len).filter(|n| *n > 0)
     });
-    eprintln!("pinned TOTALS after {CHURN} short-lived processes of one program and 3 quiet ones: {entries} entries (bpftool)");
+    eprintln!(
+        "pinned TOTALS after {CHURN} short-lived processes of one program and 3 quiet ones: {entries} entries (bpftool)"
+    );
     assert!(
         entries < 200,
         "TOTALS holds {entries} entries after {CHURN} processes of one program: keyed per process, not per identity"

@@ -148,6 +148,11 @@ fn records(store: &Store) -> Vec<(u64, Vec<Total>)> {
         .identities()
         .map(|(id, s)| {
             let mut v = s.departed.counters();
+            // Processes that left while alive: their map-read counters come back from the
+            // maps (a restart reads them again), so only their event-built ones are kept.
+            for (_, parts) in &s.departed_alive {
+                v = without(v, &map_read(parts));
+            }
             if s.admission == Admission::Own && id != OVERFLOW {
                 v.push(Total {
                     family: total_family::OWN_SERIES,
@@ -174,6 +179,29 @@ fn records(store: &Store) -> Vec<(u64, Vec<Total>)> {
             let v = by.remove(&id)?;
             Some((hash_of(id, &s.meta), merged(v)))
         })
+        .collect()
+}
+
+/// The counters of `parts` the probes' maps keep (every counter but the event-built ones).
+fn map_read(parts: &Parts) -> Vec<Total> {
+    without(merged(parts.counters()), &merged(parts.totals()))
+}
+
+/// `from` less `less`, counter by counter (never below 0).
+fn without(from: Vec<Total>, less: &[Total]) -> Vec<Total> {
+    let key = |t: &Total| (t.family, t.proto, t.option);
+    merged(from)
+        .into_iter()
+        .map(|mut t| {
+            let minus: u64 = less
+                .iter()
+                .filter(|l| key(l) == key(&t))
+                .map(|l| l.value)
+                .sum();
+            t.value = t.value.saturating_sub(minus);
+            t
+        })
+        .filter(|t| t.value > 0)
         .collect()
 }
 
@@ -315,6 +343,64 @@ mod tests {
             Admission::Own,
             "no second admission: its series were shown"
         );
+    }
+
+    /// A live process folded out of the detail for room still has its drops in the pinned
+    /// maps, which a restart reads again: its identity's record leaves them out (the
+    /// series goes on at 7, not 14) and keeps its connections (events). Once the process is
+    /// gone (its map entries with it), the record keeps its counts whole.
+    #[test]
+    fn a_live_process_folded_for_room_is_not_counted_twice_after_a_restart() {
+        let mut b = Bench::new();
+        b.store = Store::new(1, Duration::from_secs(600));
+        let map = FakeTable::new(64);
+        let mut s = pinned(&mut b, &map, false);
+        let me = my_proc();
+        b.attr.proc_from_pid(me.tgid).unwrap();
+        let meta = b.attr.meta(&me);
+        let m = b.store.proc_mut(Who::Proc(me), || meta.clone());
+        m.parts.drops.add(Proto::Udp, "SOCKET_RCVBUFF", 7);
+        m.parts.tcp_state.established = 3;
+        let other = ProcRef {
+            tgid: u32::MAX - 5,
+            start_ticks: 1,
+        };
+        b.store
+            .proc_mut(Who::Proc(other), || ProcMeta {
+                comm: "other".into(),
+                cgroup: "/".into(),
+                ..ProcMeta::default()
+            })
+            .parts
+            .tcp_state
+            .established = 1;
+        assert!(b.store.get(&me).is_none(), "folded out of the one place");
+        assert!(b.store.watched().contains(&me), "GC watches it");
+        let before = my_row(&mut b);
+        let drops = |r: &crate::signals::Row| r.stats.parts.drops.packets.values().sum::<u64>();
+        assert_eq!(drops(&before), 7);
+        crate::labels::register_drop_reasons([(6, "SOCKET_RCVBUFF".to_string())]);
+        s.flush(&b.store);
+        let restart = |drops_in_maps: u64| {
+            let mut after = Bench::new();
+            pinned(&mut after, &map, true);
+            // What the adopted maps give the live process on the first read.
+            after
+                .store
+                .proc_mut(Who::Proc(me), || meta.clone())
+                .parts
+                .drops
+                .add(Proto::Udp, "SOCKET_RCVBUFF", drops_in_maps);
+            let row = my_row(&mut after);
+            (drops(&row), row.stats.parts.tcp_state.established)
+        };
+        assert_eq!(restart(7), (7, 3), "the maps' 7 drops are not added twice");
+
+        // The process is gone: its sockets' entries leave the maps, its counts stay whole.
+        b.store.expire(|p| *p == other);
+        assert!(!b.store.watched().contains(&me));
+        s.flush(&b.store);
+        assert_eq!(restart(0), (7, 3), "nothing comes back from the maps now");
     }
 
     /// Records are per identity: 50,000 short-lived processes of two programs write the

@@ -203,7 +203,8 @@ impl<P: Parts> Store<P> {
     }
 
     /// A process leaves the per-process detail: its counts stay on its identity's series.
-    fn depart(&mut self, s: &ProcStats<P>, now: Instant) {
+    /// `alive`: the process (still running) whose counts the probes' maps keep too.
+    fn depart(&mut self, s: &ProcStats<P>, alive: Option<ProcRef>, now: Instant) {
         let id = if self.series.contains_key(&s.series) {
             s.series
         } else {
@@ -211,6 +212,12 @@ impl<P: Parts> Store<P> {
         };
         if let Some(series) = self.series.get_mut(&id) {
             series.departed.absorb(&s.parts);
+            if let Some(p) = alive
+                && s.exited.is_none()
+                && s.has_counts()
+            {
+                series.departed_alive.push((p, s.parts.clone()));
+            }
             series.members = series.members.saturating_sub(1);
             series.last_left = now;
         }
@@ -329,7 +336,7 @@ impl<P: Parts> Store<P> {
         if !leaving.has_counts() {
             leaving.parts = P::default();
         }
-        self.depart(&leaving, now);
+        self.depart(&leaving, Some(p), now);
         fresh.series = self.join(&meta, true).unwrap_or(OVERFLOW);
         self.procs.insert(p, fresh);
     }
@@ -354,7 +361,7 @@ impl<P: Parts> Store<P> {
         if let Some(v) = victim
             && let Some(stats) = self.procs.remove(&v)
         {
-            self.depart(&stats, Instant::now());
+            self.depart(&stats, Some(v), Instant::now());
             if !stats.placeholder {
                 self.other.absorb(&stats);
                 self.folded += 1;
@@ -366,6 +373,18 @@ impl<P: Parts> Store<P> {
     /// again: one seen alive is not exited, whatever an earlier look said).
     pub fn tracked(&self) -> Vec<ProcRef> {
         self.procs.keys().copied().collect()
+    }
+
+    /// What GC must know the liveness of: every tracked process, and those that left the
+    /// detail while alive ([`Series::departed_alive`]).
+    pub fn watched(&self) -> Vec<ProcRef> {
+        let mut v = self.tracked();
+        v.extend(
+            self.series
+                .values()
+                .flat_map(|s| s.departed_alive.iter().map(|(p, _)| *p)),
+        );
+        v
     }
 
     /// Marks processes for which `alive` is false as exited and forgets those that exited
@@ -395,8 +414,11 @@ impl<P: Parts> Store<P> {
             .collect();
         for p in gone {
             if let Some(s) = self.procs.remove(&p) {
-                self.depart(&s, now);
+                self.depart(&s, None, now);
             }
+        }
+        for s in self.series.values_mut() {
+            s.departed_alive.retain(|(p, _)| alive(p));
         }
         let expired: Vec<SeriesId> = self
             .series
@@ -557,6 +579,7 @@ impl<P: Parts> Store<P> {
                 self.by_meta.remove(&s.meta);
                 if let Some(o) = self.series.get_mut(&OVERFLOW) {
                     o.departed.absorb(&s.departed);
+                    o.departed_alive.extend(s.departed_alive);
                 }
             }
         }

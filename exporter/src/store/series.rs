@@ -45,6 +45,12 @@ pub struct Series<P> {
     pub meta: ProcMeta,
     /// The counts of its processes that left the per-process store.
     pub departed: P,
+    /// Of those, the processes that left while alive (folded out of the detail for room, or
+    /// relabelled by an `exec`), each with what it had counted: their map-read counters are
+    /// still in the probes' maps, which a restart that adopts them reads again, so the
+    /// identity's record for a restart leaves those out. Dropped once the process is gone
+    /// ([`super::Store::expire`]).
+    pub departed_alive: Vec<(super::ProcRef, P)>,
     /// Processes tracked under it now.
     pub members: u32,
     /// When a process last left it (with no members, it leaves `--retention` after that).
@@ -60,6 +66,7 @@ impl<P: Parts> Series<P> {
         Self {
             meta,
             departed: P::default(),
+            departed_alive: Vec::new(),
             members: 0,
             last_left: Instant::now(),
             born: SystemTime::now(),
