@@ -855,15 +855,22 @@ fn very_long_cgroup_paths() {
             &[&bin, "in-cgroup", "--root", &root, "--chain", &chain, "--"],
             &["hold-comm", "--comm", "bsp-deep-cg"],
         );
-        let pid = w.pid().to_string();
+        let pid = w.pid();
         let cg = std::fs::read_to_string(format!("/proc/{pid}/cgroup"));
-        let m = eventually(Duration::from_secs(15), "the deep-cgroup process", || {
-            let m = e.scrape();
-            (m.sum("bufscope_setsockopt_total", &[("pid", pid.as_str())]) == 1.0).then_some(m)
+        // The process's own row (both runs share the name; each place is its own identity).
+        let row = eventually(Duration::from_secs(15), "the deep-cgroup process", || {
+            e.processes()
+                .into_iter()
+                .find(|r| r.pid_number() == Some(pid) && r.setsockopt == 1)
         });
-        let want = [("pid", pid.as_str())];
+        assert_eq!(row.comm, "bsp-deep-cg");
+        assert_eq!(row.container, want_container, "container of the process");
+        let want = [("comm", "bsp-deep-cg"), ("container", want_container)];
+        let m = eventually(Duration::from_secs(15), "its identity's series", || {
+            let m = e.scrape();
+            (m.sum("bufscope_setsockopt_total", &want) == 1.0).then_some(m)
+        });
         let s = m.find("bufscope_setsockopt_total", &want).next().unwrap();
-        assert_eq!(s.labels["comm"], "bsp-deep-cg");
         assert_eq!(s.labels["container"], want_container, "container label");
         let (ok, msg) = promtool_check_metrics(&e.scrape_text());
         assert!(ok, "promtool:\n{msg}");
