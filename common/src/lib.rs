@@ -292,6 +292,14 @@ pub struct Config {
     pub sk_type: Field,
     /// `net.ipv4.sysctl_tcp_wmem` + 8 (`tcp_wmem[2]`, int: send autotuning's ceiling).
     pub net_tcp_wmem_max: u32,
+    /// `sk_buff.data` (a pointer: the start of the data kernel WireGuard parses).
+    pub skb_data: u32,
+    /// `sk_buff.len`.
+    pub skb_len: u32,
+    /// `sk_buff.cb` (the control buffer: kernel WireGuard keeps its `struct packet_cb` there).
+    pub skb_cb: u32,
+    /// `sk_buff.transport_header` (u16, an offset from `head`).
+    pub skb_transport_header: u32,
     /// Padding.
     pub _pad_end: u32,
 }
@@ -351,6 +359,53 @@ pub struct DropKey {
     pub site: u8,
     /// Padding (keeps the key 24 bytes on every target).
     pub _pad: u32,
+}
+
+/// Where kernel WireGuard frees the packets it discards (the `wireguard` room fills it from
+/// `/proc/kallsyms` whenever the module is (re)loaded): `consume_skb`'s `location` (its
+/// caller's return address) inside one of these `[lo, hi)` ranges is a discard site.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct WgSites {
+    /// `wg_packet_receive` (a packet dropped on arrival: a full per-peer or handshake queue,
+    /// an unknown session, a malformed packet).
+    pub receive: [u64; 2],
+    /// `wg_receive`: `wg_packet_receive` frees its `err:` packets with a tail call, so
+    /// `location` is the return address in its caller.
+    pub socket_receive: [u64; 2],
+    /// `wg_packet_rx_poll` (a packet queued dead: the device's decrypt ring was full, or it
+    /// could not be decrypted, or was replayed).
+    pub rx_poll: [u64; 2],
+}
+
+/// Why kernel WireGuard discarded a packet (the `reason` of a [`WgKey`]).
+pub mod wg_reason {
+    /// A data packet whose peer's receive queue was full.
+    pub const PEER_QUEUE_FULL: u16 = 1;
+    /// A handshake packet while the device's handshake queue was full.
+    pub const HANDSHAKE_QUEUE_FULL: u16 = 2;
+    /// A data packet for a session index with no key (stale or unknown session).
+    pub const UNKNOWN_SESSION: u16 = 3;
+    /// A packet that is no WireGuard message.
+    pub const MALFORMED: u16 = 4;
+    /// A data packet queued dead: the device's decrypt ring was full (or it failed to decrypt).
+    pub const DECRYPT_RING_FULL: u16 = 5;
+    /// A decrypted packet freed after decryption: replayed, or with an inner header the peer
+    /// may not send (the latter also counted in the device's `rx_errors`).
+    pub const REPLAYED_OR_INVALID: u16 = 6;
+}
+
+/// Key of the `WG_DROPS` per-CPU hash: the namespace and UDP port of the WireGuard socket that
+/// received the packet, and why it was discarded. Value: packets (u64).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct WgKey {
+    /// Network namespace inode number of the receiving (outer) device.
+    pub netns: u32,
+    /// Destination UDP port of the outer packet (the WireGuard device's listen port).
+    pub port: u16,
+    /// One of [`wg_reason`].
+    pub reason: u16,
 }
 
 /// Value of the `DROPS` per-CPU hash (summed over CPUs by userspace).
@@ -825,8 +880,22 @@ pub mod maps {
         default_entries: 1,
     };
 
+    /// Kernel WireGuard's discard sites (`wireguard` room; array of one [`super::WgSites`]).
+    pub const WG_SITES: MapSpec = MapSpec {
+        name: "WG_SITES",
+        default_entries: 1,
+    };
+    /// (namespace, port, reason) → packets kernel WireGuard discarded (`wireguard` room;
+    /// per-CPU hash).
+    pub const WG_DROPS: MapSpec = MapSpec {
+        name: "WG_DROPS",
+        default_entries: 1024,
+    };
+
     /// Every map above.
     pub const ALL: &[MapSpec] = &[
+        WG_SITES,
+        WG_DROPS,
         DROPS,
         AUTOTUNE,
         OWNERS,
@@ -977,7 +1046,7 @@ pub struct ReaderVal {
 const _: () = assert!(core::mem::size_of::<CompatConfig>() == 32);
 const _: () = assert!(core::mem::size_of::<SpaceSnap>() == 16);
 const _: () = assert!(core::mem::size_of::<Field>() == 8);
-const _: () = assert!(core::mem::size_of::<Config>() == 312);
+const _: () = assert!(core::mem::size_of::<Config>() == 328);
 const _: () = assert!(core::mem::offset_of!(Config, reason_mask) == 208);
 const _: () = assert!(core::mem::size_of::<Owner>() == 40);
 const _: () = assert!(core::mem::size_of::<DropKey>() == 24);
@@ -988,6 +1057,8 @@ const _: () = assert!(core::mem::size_of::<GuardEvent>() == 72);
 const _: () = assert!(core::mem::size_of::<GuardConfig>() == 56);
 const _: () = assert!(core::mem::size_of::<EstablishedEvent>() == 80);
 const _: () = assert!(core::mem::size_of::<ReaderKey>() == 16);
+const _: () = assert!(core::mem::size_of::<WgSites>() == 48);
+const _: () = assert!(core::mem::size_of::<WgKey>() == 8);
 const _: () = assert!(core::mem::size_of::<ReaderVal>() == 16);
 
 #[cfg(feature = "user")]
@@ -1010,4 +1081,6 @@ mod user {
     unsafe impl aya::Pod for ReaderKey {}
     unsafe impl aya::Pod for ReaderVal {}
     unsafe impl aya::Pod for TotalKey {}
+    unsafe impl aya::Pod for WgSites {}
+    unsafe impl aya::Pod for WgKey {}
 }

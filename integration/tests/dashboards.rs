@@ -1186,7 +1186,9 @@ fn query_every_panel(prom: &Prometheus, served: &BTreeSet<String>, findings: boo
     for t in targets(&d) {
         let expr = substitute(&t.expr);
         for n in metric_names(&expr) {
-            if n != "bufscope_finding" || findings {
+            // Kernel WireGuard's room runs only where the wireguard module is loaded (none
+            // here): its panel is checked for validity below.
+            if (n != "bufscope_finding" || findings) && !n.starts_with("bufscope_wireguard_") {
                 assert!(
                     served.contains(&n) || recorded.contains(&n),
                     "{}/{}: {n} not served by the running exporter",
@@ -1218,6 +1220,13 @@ fn query_every_panel(prom: &Prometheus, served: &BTreeSet<String>, findings: boo
             eprintln!(
                 "NOTE: bufscope_finding is not in the exporter's code yet: {} only checked for validity",
                 t.panel
+            );
+        } else if t.expr.contains("bufscope_wireguard_drops_total") {
+            // Series only where kernel WireGuard discarded packets (this workload has no
+            // WireGuard; the matrix step "kernel WireGuard" proves the values).
+            eprintln!(
+                "NOTE: {} [{}]: kernel WireGuard's drops need the wireguard module: {n} series, checked for validity",
+                t.panel, t.ref_id
             );
         } else {
             assert!(n > 0, "{} [{}] returned no data: {expr}", t.panel, t.ref_id);

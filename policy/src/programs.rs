@@ -51,9 +51,17 @@ pub struct Knob {
     pub file: &'static str,
     /// How a value is written (`{}` is replaced by the size in bytes).
     pub example: &'static str,
+    /// The sockets it sizes (`udp`, `tcp`, `netlink`): a key for another kind of socket is
+    /// no fix for this one.
+    pub sockets: &'static [&'static str],
 }
 
 impl Knob {
+    /// Whether it sizes sockets of `proto` (`udp`, `tcp`, `netlink`).
+    pub fn sizes(&self, proto: &str) -> bool {
+        self.sockets.contains(&proto)
+    }
+
     /// The key set to `bytes`, as the operator would write it.
     pub fn with(&self, bytes: u64) -> String {
         self.example.replace("{}", &bytes.to_string())
@@ -91,10 +99,14 @@ impl Program {
     }
 }
 
-/// quic-go's request (`protocol.DesiredReceiveBufferSize`, and the send side's twin).
-const QUIC_GO_NOTE: &str = "quic-go asks for 7 MiB in each direction on its UDP socket and \
-    has no setting for it; it warns (\"failed to sufficiently increase receive buffer size\") \
-    only when the readback is below 7 MiB";
+/// quic-go's requests (`protocol.DesiredReceiveBufferSize`, and the send side's twin), by
+/// generation.
+const QUIC_GO_NOTE: &str = "quic-go sizes its UDP socket itself: \
+    the generation Debian 12's Caddy 2.6 vendors (github.com/lucas-clemente/quic-go) asks \
+    SO_RCVBUF 2 MiB on the receive side only, and only when the socket has less; current \
+    releases ask 7 MiB in each direction and then the FORCE option when the readback is short. \
+    It warns (\"failed to sufficiently increase receive buffer size\") only when the readback \
+    is below its request";
 
 /// The programs bufscope knows.
 pub const PROGRAMS: &[Program] = &[
@@ -107,11 +119,13 @@ pub const PROGRAMS: &[Program] = &[
             key: "so-rcvbuf",
             file: "unbound.conf (server:)",
             example: "so-rcvbuf: {}",
+            sockets: &["udp"],
         }),
         send: Some(Knob {
             key: "so-sndbuf",
             file: "unbound.conf (server:)",
             example: "so-sndbuf: {}",
+            sockets: &["udp"],
         }),
         note: "applies to the UDP port 53 sockets; 0 (the default) leaves the system value",
         source: "unbound.conf(5) so-rcvbuf/so-sndbuf (Debian 12 unbound 1.17): \"on linux \
@@ -128,11 +142,13 @@ pub const PROGRAMS: &[Program] = &[
             key: "rcvbuf",
             file: "the OpenVPN config (or --rcvbuf)",
             example: "rcvbuf {}",
+            sockets: &["udp", "tcp"],
         }),
         send: Some(Knob {
             key: "sndbuf",
             file: "the OpenVPN config (or --sndbuf)",
             example: "sndbuf {}",
+            sockets: &["udp", "tcp"],
         }),
         note: "applies to its TCP or UDP socket; on TCP any value turns autotuning off, so \
                remove both options there rather than raise them",
@@ -148,6 +164,7 @@ pub const PROGRAMS: &[Program] = &[
             key: "charon.plugins.kernel-netlink.receive_buffer_size (with force_receive_buffer_size = yes for SO_RCVBUFFORCE)",
             file: "strongswan.d/charon/kernel-netlink.conf",
             example: "receive_buffer_size = {}",
+            sockets: &["netlink"],
         }),
         send: None,
         note: "the key sizes charon's XFRM netlink event socket (its IKE UDP sockets are not \
@@ -178,11 +195,13 @@ pub const PROGRAMS: &[Program] = &[
             key: "listen.read_buffer",
             file: "nebula config.yml",
             example: "listen:\n  read_buffer: {}",
+            sockets: &["udp"],
         }),
         send: Some(Knob {
             key: "listen.write_buffer",
             file: "nebula config.yml",
             example: "listen:\n  write_buffer: {}",
+            sockets: &["udp"],
         }),
         note: "unset by default (the system value)",
         source: "nebula examples/config.yml listen.read_buffer/write_buffer; udp/udp_linux.go \
@@ -197,11 +216,13 @@ pub const PROGRAMS: &[Program] = &[
             key: "setUDPSocketBufferSizes(recv, send)",
             file: "dnsdist.conf",
             example: "setUDPSocketBufferSizes({}, 0)",
+            sockets: &["udp"],
         }),
         send: Some(Knob {
             key: "setUDPSocketBufferSizes(recv, send)",
             file: "dnsdist.conf",
             example: "setUDPSocketBufferSizes(0, {})",
+            sockets: &["udp"],
         }),
         note: "applies to its UDP frontends (1.7.0+)",
         source: "dnsdist reference, setUDPSocketBufferSizes (new in 1.7.0): SO_RCVBUF/SO_SNDBUF \
@@ -216,7 +237,9 @@ pub const PROGRAMS: &[Program] = &[
         send: None,
         note: QUIC_GO_NOTE,
         source: "quic-go sys_conn_buffers*.go: SetReadBuffer(7 MiB), readback, then \
-                 SO_RCVBUFFORCE when short (Debian 12 caddy 2.6 vendors quic-go)",
+                 SO_RCVBUFFORCE when short; Debian 12 caddy 2.6.2 as bufscope saw it \
+                 (integration/tests/findings_live.rs): one SO_RCVBUF of 2097152, read back \
+                 4194304 on 6.18, no FORCE, no warning",
     },
     Program {
         name: "cloudflared (quic-go)",
@@ -289,6 +312,10 @@ mod tests {
             }
         }
         assert!(program("nebula").is_some_and(|p| p.sizing.tries_force()));
+        let charon = program("charon")
+            .and_then(|p| p.receive)
+            .expect("charon has a receive key");
+        assert!(charon.sizes("netlink") && !charon.sizes("udp"));
         assert!(program("openvpn").is_some_and(|p| !p.sizing.tries_force()));
     }
 }

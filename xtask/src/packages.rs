@@ -18,6 +18,10 @@ pub const DEBIAN_PACKAGES: &[(&str, &str)] = &[
     ("openvpn", "/usr/sbin/openvpn"),
     // A real resolver whose per-socket finding is checked (integration/tests/findings_live.rs).
     ("unbound", "/usr/sbin/unbound"),
+    // A QUIC server (quic-go) and an IKE daemon whose per-socket findings are checked the same
+    // way.
+    ("caddy", "/usr/bin/caddy"),
+    ("strongswan-charon", "/usr/lib/ipsec/charon"),
     ("socat", "/usr/bin/socat"),
     ("prometheus", "/usr/bin/promtool"),
     ("bpftool", "/usr/sbin/bpftool"),

@@ -56,14 +56,22 @@ pub(super) fn fixes(
     let n = sockets_like(b, c);
     let memory = n.saturating_mul(2 * want);
     let (plain, force, sysctl) = names(c.dir);
+    let bytes = c.bytes();
+    // The program's largest request is what the socket has (the kernel doubles it): neither a
+    // higher ceiling nor CAP_NET_ADMIN gives it more, only a larger request does.
+    let granted = requested.filter(|&r| r > 0 && bytes >= 2 * r);
     let tried_force = calls
         .iter()
         .any(|x| matches!(x.option, BufOption::RcvbufForce | BufOption::SndbufForce))
-        || program.is_some_and(|p| p.sizing.tries_force());
+        || program.is_some_and(|p| match p.sizing {
+            Sizing::Plain => false,
+            // FORCE comes only when the plain call's readback is short.
+            Sizing::PlainThenForce => granted.is_none(),
+            Sizing::ForceThenPlain | Sizing::ForceOnly => true,
+        });
     let refused = calls.iter().any(|x| x.ret == -libc::EPERM);
     let in_container = ns.is_some_and(|n| n.scope != LimitScope::Host);
     let user_ns = ns.is_some_and(|n| n.user_ns);
-    let bytes = c.bytes();
     let mut out = Vec::new();
 
     // The buffer is already large and it still drops: the reader, not the buffer.
@@ -84,7 +92,8 @@ pub(super) fn fixes(
 
     // The application.
     out.push(match program {
-        Some(p) => match p.knob(c.dir) {
+        // A key for another kind of socket (strongSwan's sizes its netlink socket) is none.
+        Some(p) => match p.knob(c.dir).filter(|k| k.sizes(c.proto.as_str())) {
             Some(k) => Fix {
                 scope: "application",
                 possible: true,
@@ -140,7 +149,14 @@ pub(super) fn fixes(
     // kernel gives the namespace its own).
     if in_container {
         let scope = ns.map_or(LimitScope::Absent, |n| n.scope);
-        let cap = if !tried_force {
+        let cap = if let Some(r) = granted {
+            format!(
+                "CAP_NET_ADMIN does not help: the program asked for {} and got it in full ({} \
+                 after the kernel's doubling), so nothing is capped",
+                kib(r as f64),
+                kib(bytes as f64)
+            )
+        } else if !tried_force {
             format!("CAP_NET_ADMIN does not help: the program never tries {force}")
         } else if user_ns {
             format!(
@@ -158,7 +174,7 @@ pub(super) fn fixes(
                 }
             )
         };
-        let cap_ok = tried_force && !user_ns;
+        let cap_ok = tried_force && !user_ns && granted.is_none();
         let sysctl_text = match scope {
             LimitScope::Writable => format!(
                 "raise {sysctl} to {want} inside the pod (this kernel gives each namespace its own)"
@@ -188,7 +204,17 @@ pub(super) fn fixes(
 
     // The host.
     let asks = requested.is_some_and(|r| r > 0);
-    let host = if asks {
+    let host = if let Some(r) = granted {
+        format!(
+            "its request ({}) was granted in full, so a higher {sysctl} alone changes nothing: \
+             bufscope's guard (--guard.mode enforce, udp-floor) rewrites this program's smaller \
+             UDP requests to the floor ({} by default; the floor is capped at {sysctl}, which \
+             --guard.raise-sysctl raises to it), at most {} for its {n} socket(s)",
+            kib(r as f64),
+            kib(want as f64),
+            kib(memory as f64)
+        )
+    } else if asks {
         format!(
             "sysctl -w {sysctl}={want}: raises only the ceiling, so only sockets that ask get \
              more ({n} socket(s) of this process: at most {} in all); no other socket on the node \
@@ -203,6 +229,8 @@ pub(super) fn fixes(
         let every = b
             .inputs
             .udp_sockets
+            // None in the host's namespace (the sockets are in others') says nothing useful.
+            .filter(|&u| u > 0)
             .map(|u| {
                 format!(
                     " ({u} UDP sockets in the host's namespace now: up to {} if every one filled)",
@@ -248,7 +276,11 @@ fn tcp_lock_fixes(
     } else {
         " (set after the handshake it did not change the window scale)"
     };
-    let app = match program.and_then(|p| p.knob(c.dir).map(|k| (p, k))) {
+    let app = match program.and_then(|p| {
+        p.knob(c.dir)
+            .filter(|k| k.sizes(c.proto.as_str()))
+            .map(|k| (p, k))
+    }) {
         Some((p, k)) => Fix {
             scope: "application",
             possible: true,

@@ -206,6 +206,91 @@ fn quic_go_on_6_18_is_costing_only_where_it_drops() {
     assert_eq!(f.iter().filter(|f| f.process.pid == 1).count(), 2, "{f:#?}");
 }
 
+/// Debian 12's Caddy 2.6 (an older quic-go) on 6.18: one SO_RCVBUF of 2 MiB, granted in full
+/// (4 MiB read back), and the socket drops under load. Neither a higher rmem_max nor
+/// CAP_NET_ADMIN gives it more (it asked for no more, and this quic-go tries FORCE only when
+/// the readback is short): the fixes say so and name the guard's floor.
+#[test]
+fn a_request_granted_in_full_is_not_fixed_by_the_ceiling_or_the_capability() {
+    let mut i = inputs();
+    i.rmem_max = Some(4_194_304);
+    i.meta.get_mut(&p(1)).unwrap().comm = "caddy".into();
+    let mut st = story(
+        1,
+        12,
+        Proto::Udp,
+        &[rec(BufOption::Rcvbuf, 2 << 20, 4 << 20, 0, false)],
+    );
+    st.rcvbuf = 4 << 20;
+    i.stories.push(st);
+    i.ns_limits.insert(
+        4_026_532_000,
+        NsLimits {
+            scope: LimitScope::ReadOnly,
+            rmem_max: Some(4_194_304),
+            wmem_max: Some(4_194_304),
+            user_ns: false,
+            unreadable: None,
+        },
+    );
+    i.drops.push(dropping(1, 12, 6000, 40.0, 4 << 20));
+    let f = evaluate(&i);
+    let d = f
+        .iter()
+        .find(|f| f.socket.as_ref().is_some_and(|s| s.inode == 12))
+        .unwrap();
+    assert_eq!(
+        (d.kind, d.verdict),
+        (kind::UDP_RCVBUF_DROPS, Some(Verdict::Costing))
+    );
+    let scopes: Vec<(&str, bool)> = d.fixes.iter().map(|x| (x.scope, x.possible)).collect();
+    assert_eq!(
+        scopes,
+        vec![("application", false), ("pod", false), ("host", true)],
+        "{:#?}",
+        d.fixes
+    );
+    assert!(
+        d.fixes[1].how.contains("got it in full"),
+        "{}",
+        d.fixes[1].how
+    );
+    let host = &d.fixes[2].how;
+    assert!(
+        host.starts_with("its request (2.0 MiB) was granted in full") && host.contains("udp-floor"),
+        "{host}"
+    );
+    assert!(
+        d.fixes[0].how.contains("2 MiB"),
+        "the note names the older quic-go's request: {}",
+        d.fixes[0].how
+    );
+}
+
+/// strongSwan's charon: its key (kernel-netlink's receive_buffer_size) sizes its XFRM netlink
+/// socket, not the IKE UDP sockets it never sizes: a drop on UDP 500 is not fixed by that key.
+#[test]
+fn a_key_for_another_kind_of_socket_is_not_the_application_fix() {
+    let mut i = inputs();
+    i.meta.get_mut(&p(1)).unwrap().comm = "charon".into();
+    i.drops.push(dropping(1, 13, 400, 30.0, 212_992));
+    let f = evaluate(&i);
+    let d = f
+        .iter()
+        .find(|f| f.socket.as_ref().is_some_and(|s| s.inode == 13))
+        .unwrap();
+    assert_eq!(d.fixes[0].scope, "application");
+    assert!(!d.fixes[0].possible, "{:#?}", d.fixes);
+    assert_eq!(d.fixes[0].config_key, None);
+    assert!(
+        d.fixes[0]
+            .how
+            .starts_with("strongSwan charon has no setting for it"),
+        "{}",
+        d.fixes[0].how
+    );
+}
+
 /// A socket that dropped before the window and not in it costs nothing now.
 #[test]
 fn past_drops_on_a_default_buffer_are_benign() {

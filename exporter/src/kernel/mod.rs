@@ -182,6 +182,10 @@ fn skb_dev_layout(c: &mut Config, l: &Layout<'_>) -> Result<(), BtfError> {
     // sk_buff_data_t is an `unsigned int` offset on 64-bit kernels, a pointer on 32-bit ones.
     c.skb_end_is_offset = u32::from(!end.is_pointer);
     c.skb_dev = l.off("sk_buff", "dev")?;
+    c.skb_data = l.off("sk_buff", "data")?;
+    c.skb_len = l.off("sk_buff", "len")?;
+    c.skb_cb = l.off("sk_buff", "cb")?;
+    c.skb_transport_header = l.off("sk_buff", "transport_header")?;
     c.shinfo_gso_segs = l.off("skb_shared_info", "gso_segs")?;
     c.dev_ifindex = l.off("net_device", "ifindex")?;
     c.dev_name = l.off("net_device", "name")?;

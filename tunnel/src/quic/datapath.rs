@@ -26,6 +26,9 @@ const TX_BATCH: usize = 256;
 /// Stream mode: bytes of frames per chunk, handed to quinn in one `write_chunk` (the seed's
 /// 256 KiB copy buffers instead of tokio's 8 KiB).
 const CHUNK: usize = 256 << 10;
+/// Stream mode: a chunk write that took this long waited for quinn (flow-control credit or
+/// room in its send buffer), and is counted as a wait.
+const STREAM_WAIT: std::time::Duration = std::time::Duration::from_millis(1);
 /// Stream mode: receive buffer (many frames per read).
 const READ_BUF: usize = 1 << 20;
 
@@ -350,12 +353,22 @@ fn tun_to_stream(ctx: &Ctx) -> Result<()> {
             continue;
         };
         let chunk = streams::chunk(w.framed(&f));
+        let t0 = std::time::Instant::now();
         let r = ctx.handle.block_on(async {
             tokio::select! {
                 r = async { send.lock().await.write(chunk).await } => Some(r),
                 _ = ctx.stopped() => None,
             }
         });
+        // quinn takes a chunk at once while the stream's flow-control credit and its send
+        // buffer have room; a longer write waited for one of them.
+        let took = t0.elapsed();
+        if took >= STREAM_WAIT {
+            cur.counters.send_waits.fetch_add(1, Ordering::Relaxed);
+            cur.counters
+                .send_wait_us
+                .fetch_add(took.as_micros() as u64, Ordering::Relaxed);
+        }
         match r {
             None => return Ok(()),
             Some(Ok(())) => Stats::add(&peer.stats.net_out, f.frames),

@@ -57,8 +57,9 @@ const CLOSE_REPLACED: u32 = 0x52;
 struct ConnCounters {
     datagrams_read: AtomicU64,
     stream_bytes_read: AtomicU64,
-    /// Datagram mode: times the TUN → QUIC thread found quinn's datagram send buffer full and
-    /// waited (quinn's congestion window, not the TUN, set the pace) ...
+    /// Times the TUN → QUIC thread waited for quinn (quinn's windows, not the TUN, set the
+    /// pace): in datagram mode for room in its datagram send buffer, in stream mode for a
+    /// stream's flow-control credit or room in its send buffer (writes of 1 ms or more) ...
     send_waits: AtomicU64,
     /// ... and the microseconds it waited in all.
     send_wait_us: AtomicU64,

@@ -174,12 +174,14 @@ pub(super) fn log_conn_summary(ctx: &Ctx, cur: &Current, when: &str) {
     };
     let mode_part = match ctx.mode {
         QuicMode::Stream => format!(
-            "stream bytes read {bytes} over {} streams, MAX_STREAM_DATA sent {} (stream window in effect ≈ {} per stream), MAX_DATA sent {} (connection window in effect ≈ {})",
+            "stream bytes read {bytes} over {} streams, MAX_STREAM_DATA sent {} (stream window in effect ≈ {} per stream), MAX_DATA sent {} (connection window in effect ≈ {}), waits for quinn's stream credit or send buffer {} ({} ms)",
             streams::STREAMS,
             st.frame_tx.max_stream_data,
             window(st.frame_tx.max_stream_data),
             st.frame_tx.max_data,
-            window(st.frame_tx.max_data)
+            window(st.frame_tx.max_data),
+            cur.counters.send_waits.load(Ordering::Relaxed),
+            cur.counters.send_wait_us.load(Ordering::Relaxed) / 1000
         ),
         QuicMode::Datagram => format!(
             "datagrams received {} read {} (dropped in quinn's receive buffer {}), sent {}, waits for quinn's send buffer {} ({} ms)",

@@ -121,6 +121,15 @@ pub(super) const STEPS: &[Step] = &[
         shared: None,
     },
     Step {
+        name: "kernel WireGuard drops vs the module's loss (veth rx - wg0 rx): junk to its port, a tunnel data message sent again faster than it decrypts",
+        test: "wireguard",
+        env: &[],
+        args: &["kernel_wireguard_queue_drops"],
+        when: None,
+        // Its own exporter, started once the test has loaded the wireguard module.
+        shared: None,
+    },
+    Step {
         name: "static binary (cargo xtask dist) alone in an empty root: check passes, same hooks",
         test: STATIC_BINARY,
         env: &[],

@@ -18,3 +18,53 @@ fn a_steps_full_name_reruns_that_step_alone() {
         "cargo xtask matrix --kernel 6.1 --step 'TCP lock'"
     );
 }
+
+/// A probe no variant of which this kernel's BTF allows: offline says so ("no variant is
+/// usable"), the guest names the variant it passed over and fails it; both agree. Offline
+/// "none usable" with a guest that attached something is a disagreement.
+#[test]
+fn no_usable_variant_offline_agrees_with_a_guest_that_could_not_attach() {
+    let line = |ok: &str| {
+        vec![
+            "probes:".to_string(),
+            format!("[{ok}] drops                  tp_btf/kfree_skb — drops: attached"),
+            format!(
+                "[{ok}] wireguard              tp_btf/consume_skb — kernel WireGuard's drops: no variant attached"
+            ),
+        ]
+    };
+    let offline = vec![
+        ("drops".to_string(), "tp_btf/kfree_skb".to_string()),
+        ("wireguard".to_string(), "no".to_string()),
+    ];
+    let run = |check: Vec<String>| GuestRun {
+        check,
+        check_rc: Some(0),
+        ended: true,
+        ..GuestRun::default()
+    };
+    let mut out = Outcome {
+        steps: Vec::new(),
+        failures: Vec::new(),
+        kernel_secs: Vec::new(),
+    };
+    let mut failed = line(" ok ");
+    failed[2] = failed[2].replace("[ ok ]", "[FAIL]");
+    judge("6.1", &run(failed), &offline, 0, &mut out);
+    assert!(
+        !out.failures.iter().any(|(f, _)| f.contains("wireguard")),
+        "{:?}",
+        out.failures
+    );
+    let mut out = Outcome {
+        steps: Vec::new(),
+        failures: Vec::new(),
+        kernel_secs: Vec::new(),
+    };
+    judge("6.1", &run(line(" ok ")), &offline, 0, &mut out);
+    assert!(
+        out.failures.iter().any(|(f, _)| f.contains("wireguard")),
+        "{:?}",
+        out.failures
+    );
+}

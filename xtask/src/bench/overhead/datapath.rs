@@ -82,6 +82,9 @@ pub(super) enum Variant {
     /// The drop probe alone with fentry/fexit refused: its zero-per-packet tracepoint
     /// variant, where the best one runs on every received datagram.
     DropsTracepoint,
+    /// bufscope with kernel WireGuard's drop hook attached (`--wireguard.queue-drops on`):
+    /// `tp_btf/consume_skb`, which runs for every packet the kernel consumes.
+    Wireguard,
     Bpftrace,
 }
 
@@ -93,6 +96,7 @@ impl Variant {
             "run-stats" => Self::RunStats,
             "drops-only" => Self::DropsOnly,
             "drops-tracepoint" => Self::DropsTracepoint,
+            "wireguard" => Self::Wireguard,
             "bpftrace" => Self::Bpftrace,
             _ => return None,
         })
@@ -105,6 +109,7 @@ impl Variant {
             Self::RunStats => "bufscope --bpf.run-stats",
             Self::DropsOnly => "bufscope, drop probe only",
             Self::DropsTracepoint => "bufscope, drop probe only, fentry/fexit refused",
+            Self::Wireguard => "bufscope --wireguard.queue-drops on (consume_skb)",
             Self::Bpftrace => "bpftrace drop counter",
         }
     }
@@ -283,6 +288,10 @@ fn attach(bins: &Bins, v: Variant) -> anyhow::Result<Attached> {
                 "fentry,fexit",
                 &["--probe.disable", "setsockopt,tcp_state,autotune,owners"],
             )?),
+            _bpftrace: None,
+        },
+        Variant::Wireguard => Attached {
+            _exporter: Some(bins.exporter(&["--wireguard.queue-drops", "on"])?),
             _bpftrace: None,
         },
         Variant::Bpftrace => Attached {

@@ -97,7 +97,7 @@ pub struct Args {
     )]
     pub cases: Vec<String>,
     /// Data-path variants: none, bufscope, run-stats (bufscope --bpf.run-stats), drops-only, drops-tracepoint (the drop probe with
-    /// fentry/fexit refused), bpftrace.
+    /// fentry/fexit refused), wireguard (bufscope --wireguard.queue-drops on), bpftrace.
     #[arg(
         long,
         value_delimiter = ',',
@@ -154,7 +154,7 @@ pub fn run(a: &Args) -> anyhow::Result<()> {
     for v in &a.variants {
         if Variant::parse(v).is_none() {
             bail!(
-                "unknown variant {v:?} (variants: none, bufscope, run-stats, drops-only, drops-tracepoint, bpftrace)"
+                "unknown variant {v:?} (variants: none, bufscope, run-stats, drops-only, drops-tracepoint, wireguard, bpftrace)"
             );
         }
     }

@@ -79,6 +79,7 @@ pub(super) fn measure_variant(
     let rcvbuf = outer_rcvbuf(lab.a(), v.transport());
     let up = logged(false)?;
     let logs = tunnel.stop();
+    keep_logs(rtt, v, &logs);
     let quic = v
         .transport()
         .is_quic()
@@ -91,6 +92,33 @@ pub(super) fn measure_variant(
         up,
         quic,
     })
+}
+
+/// With `BUFSCOPE_BENCH_LOGS=DIR` (for investigations, e.g. with
+/// `BUFSCOPE_TUNNEL_LOG=info,bufscope_tunnel=debug`): both ends' logs of the row, copied to
+/// `DIR/<rtt>ms-<variant>-<server|client>.log` (a later row of the same name overwrites them).
+fn keep_logs(rtt: u64, v: Variant, logs: &[String]) {
+    let Some(dir) = std::env::var_os("BUFSCOPE_BENCH_LOGS") else {
+        return;
+    };
+    let dir = Path::new(&dir);
+    if let Err(e) = std::fs::create_dir_all(dir) {
+        eprintln!(
+            "bench tunnel: not keeping logs: creating {}: {e}",
+            dir.display()
+        );
+        return;
+    }
+    let label: String = format!("{} {}", v.transport().name(), v.label())
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() { c } else { '-' })
+        .collect();
+    for (end, log) in ["server", "client"].iter().zip(logs) {
+        let path = dir.join(format!("{rtt}ms-{label}-{end}.log"));
+        if let Err(e) = std::fs::write(&path, log) {
+            eprintln!("bench tunnel: not keeping {}: {e}", path.display());
+        }
+    }
 }
 
 /// What every transfer of a variant shares.
