@@ -804,11 +804,19 @@ pub mod maps {
         name: "OWNERS",
         default_entries: 65536,
     };
-    /// Socket inode → its transport, for UDP sockets at creation (`owners` room; LRU hash).
+    /// Socket inode → its transport, for UDP sockets at creation (`owners` room; LRU hash):
+    /// [`udp_sockets_entries`] of `OWNERS`' size.
     pub const UDP_SOCKETS: MapSpec = MapSpec {
         name: "UDP_SOCKETS",
-        default_entries: 16384,
+        default_entries: udp_sockets_entries(OWNERS.default_entries),
     };
+
+    /// Entries of `UDP_SOCKETS` for an `OWNERS` of `owners` entries: a quarter (at least one).
+    /// Both are sized by `--owners.map-entries`; `UDP_SOCKETS` holds a UDP socket only until
+    /// userspace has read it (within a second of its creation).
+    pub const fn udp_sockets_entries(owners: u32) -> u32 {
+        if owners / 4 == 0 { 1 } else { owners / 4 }
+    }
     /// The event ring buffer (bytes; `--bpf.events-ring-bytes`).
     pub const EVENTS: MapSpec = MapSpec {
         name: "EVENTS",
@@ -941,6 +949,9 @@ pub mod stat {
         /// `tcp_rcvbuf_grow` events counted into `AUTOTUNE` (or lost), bumped after the update
         /// (as [`DROPS_SEEN`]).
         AUTOTUNE_SEEN = 8;
+        /// `UDP_SOCKETS` insert failed: a new UDP socket's process is not known to hold one
+        /// until it drops (its drop series does not start at 0).
+        UDP_SOCKETS_FULL = 9, lost "udp_sockets_map_full";
     }
 
     #[cfg(test)]
@@ -949,14 +960,15 @@ pub mod stat {
 
         #[test]
         fn slots_are_dense_and_losses_named_once() {
-            assert_eq!(COUNT, AUTOTUNE_SEEN + 1);
-            let idx: [u32; 6] = [
+            assert_eq!(COUNT, UDP_SOCKETS_FULL + 1);
+            let idx: [u32; 7] = [
                 DROPS_MAP_FULL,
                 AUTOTUNE_MAP_FULL,
                 RINGBUF_FULL,
                 OWNERS_FULL,
                 FD_WALK_FAILED,
                 PENDING_FULL,
+                UDP_SOCKETS_FULL,
             ];
             assert_eq!(LOSSES.len(), idx.len());
             for (i, (slot, cause)) in LOSSES.iter().enumerate() {

@@ -42,7 +42,7 @@ fn record_udp(inode: u64, transport: u8) {
     if (transport == IPPROTO_UDP || transport == IPPROTO_UDPLITE)
         && UDP_SOCKETS.insert(&inode, &transport, 0).is_err()
     {
-        stat_inc(stat::OWNERS_FULL);
+        stat_inc(stat::UDP_SOCKETS_FULL);
     }
 }
 

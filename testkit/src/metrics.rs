@@ -87,6 +87,77 @@ impl Metrics {
     pub fn sum(&self, name: &str, want: &[(&str, &str)]) -> f64 {
         self.find(name, want).map(|s| s.value).sum()
     }
+
+    /// The cumulative buckets (`le` bound → count) of histogram `name` (the base name, without
+    /// `_bucket`) summed over every series matching `want`, minus those of `earlier` (an
+    /// earlier scrape: the observations in between).
+    pub fn buckets_since(
+        &self,
+        earlier: Option<&Metrics>,
+        name: &str,
+        want: &[(&str, &str)],
+    ) -> Vec<(f64, f64)> {
+        let bucket = format!("{name}_bucket");
+        let of = |m: &Metrics| {
+            let mut by_le: BTreeMap<String, (f64, f64)> = BTreeMap::new();
+            for s in m.find(&bucket, want) {
+                let Some(le) = s.labels.get("le") else {
+                    continue;
+                };
+                let bound = if le == "+Inf" {
+                    f64::INFINITY
+                } else {
+                    le.parse().unwrap_or(f64::NAN)
+                };
+                by_le.entry(le.clone()).or_insert((bound, 0.0)).1 += s.value;
+            }
+            by_le
+        };
+        let now = of(self);
+        let before = earlier.map(of).unwrap_or_default();
+        let mut out: Vec<(f64, f64)> = now
+            .iter()
+            .map(|(le, (bound, n))| (*bound, n - before.get(le).map_or(0.0, |b| b.1)))
+            .collect();
+        out.sort_by(|a, b| a.0.total_cmp(&b.0));
+        out
+    }
+
+    /// The `q` quantile (0..1) of histogram `name` over the observations since `earlier`, as
+    /// Prometheus's `histogram_quantile` estimates it (linear within the bucket; the highest
+    /// finite bound when it falls in `+Inf`); None without observations.
+    pub fn histogram_quantile(
+        &self,
+        earlier: Option<&Metrics>,
+        name: &str,
+        want: &[(&str, &str)],
+        q: f64,
+    ) -> Option<f64> {
+        let b = self.buckets_since(earlier, name, want);
+        let total = b.last()?.1;
+        if total <= 0.0 {
+            return None;
+        }
+        let rank = q * total;
+        let (mut lo, mut below) = (0.0, 0.0);
+        for (bound, n) in &b {
+            if *n >= rank {
+                if bound.is_infinite() {
+                    return Some(lo);
+                }
+                let inside = n - below;
+                let frac = if inside > 0.0 {
+                    (rank - below) / inside
+                } else {
+                    1.0
+                };
+                return Some(lo + (bound - lo) * frac);
+            }
+            lo = *bound;
+            below = *n;
+        }
+        Some(lo)
+    }
 }
 
 /// The `comm` of process `pid` (what its series are labelled with): read while it runs and
@@ -143,6 +214,38 @@ fn parse_labels(s: &str) -> (BTreeMap<String, String>, &str) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn histogram_quantile_since_an_earlier_scrape() {
+        let h = |a: u32, b: u32, c: u32| {
+            Metrics::parse(&format!(
+                "h_bucket{{x=\"1\",le=\"0.01\"}} {a}\nh_bucket{{x=\"1\",le=\"0.02\"}} {b}\n\
+                 h_bucket{{x=\"1\",le=\"+Inf\"}} {c}\nh_bucket{{x=\"2\",le=\"0.01\"}} 0\n\
+                 h_bucket{{x=\"2\",le=\"0.02\"}} 0\nh_bucket{{x=\"2\",le=\"+Inf\"}} 0\n"
+            ))
+        };
+        let before = h(10, 10, 10);
+        let after = h(60, 110, 110);
+        // 100 new observations: 50 up to 10 ms, 50 in (10, 20] ms.
+        let p50 = after
+            .histogram_quantile(Some(&before), "h", &[], 0.5)
+            .expect("observations");
+        assert!((p50 - 0.01).abs() < 1e-9, "{p50}");
+        let p99 = after
+            .histogram_quantile(Some(&before), "h", &[], 0.99)
+            .expect("observations");
+        assert!((p99 - 0.0198).abs() < 1e-9, "{p99}");
+        // In +Inf: the highest finite bound.
+        let over = h(60, 110, 210);
+        assert_eq!(
+            over.histogram_quantile(Some(&before), "h", &[], 0.99),
+            Some(0.02)
+        );
+        assert_eq!(
+            before.histogram_quantile(Some(&before), "h", &[], 0.99),
+            None
+        );
+    }
 
     #[test]
     fn parses_escaped_labels() {

@@ -61,6 +61,9 @@ const UDP_SCAN_EVERY: Duration = Duration::from_millis(900);
 const UDP_RECHECK: Duration = Duration::from_secs(10);
 /// New sockets still waiting for their process's next look are forgotten after this.
 const UDP_PENDING_TTL: Duration = Duration::from_secs(30);
+/// More new UDP sockets than this since the last look: their owners come from one batch read
+/// of `OWNERS` instead of one lookup each.
+const UDP_OWNERS_BATCH: usize = 512;
 
 /// A `comm` as the probes record it: up to the first NUL.
 fn comm_bytes(raw: &[u8]) -> &[u8] {
@@ -118,7 +121,7 @@ pub type UdpSocketsMap = Box<dyn Table<u64, u8>>;
 /// State of [`Attributor::new_udp_holders`].
 #[derive(Default)]
 struct UdpWatch {
-    /// `OWNERS` keys at the last read.
+    /// `OWNERS` keys at the last read (`UDP_SOCKETS` keys when that map is there).
     seen: HashSet<u64>,
     /// New sockets whose protocol was not looked at yet: owner, first seen.
     pending: HashMap<u64, (Owner, Instant)>,
@@ -339,13 +342,14 @@ impl Attributor {
     }
 
     /// Processes newly known to hold a UDP socket (each reported once), so that their drop
-    /// series can exist at 0 before their first drop. Sources: the sockets `OWNERS` gained
-    /// since the last call (recorded at creation), UDP when `UDP_SOCKETS` has them (the
-    /// kernel's family, type and protocol at creation; without the owners probe, when their
-    /// namespace's `/proc/<pid>/net/udp*` lists them, a process looked at again no sooner
-    /// than [`UDP_RECHECK`]); at the first call also every process `/proc` shows holding a UDP
-    /// socket (sockets older than bufscope). Runs at most every [`UDP_SCAN_EVERY`]; costs a
-    /// read of `OWNERS` and a lookup per new socket.
+    /// series can exist at 0 before their first drop. Sources: the sockets `UDP_SOCKETS`
+    /// gained since the last call (the kernel's family, type and protocol at creation) with
+    /// their owners from `OWNERS`; without the owners probe (no `UDP_SOCKETS`), the sockets
+    /// `OWNERS` gained, UDP when their namespace's `/proc/<pid>/net/udp*` lists them, a
+    /// process looked at again no sooner than [`UDP_RECHECK`]; at the first call also every
+    /// process `/proc` shows holding a UDP socket (sockets older than bufscope). Runs at most
+    /// every [`UDP_SCAN_EVERY`]; with `UDP_SOCKETS` it costs a read of that map and a lookup
+    /// per new UDP socket, however many other sockets come and go.
     pub fn new_udp_holders(&mut self) -> Vec<ProcRef> {
         let now = Instant::now();
         if self
@@ -361,6 +365,11 @@ impl Attributor {
             self.udp.boot_done = true;
             self.scans += 1;
             out = self.udp_holders_in_proc();
+        }
+        if self.udp_sockets.is_some() {
+            let found = self.new_udp_sockets_holders();
+            out.extend(found);
+            return self.report(out);
         }
         let entries = self.read_owners();
         let mut seen = HashSet::with_capacity(entries.len());
@@ -446,6 +455,64 @@ impl Attributor {
         self.report(out)
     }
 
+    /// The processes of the UDP sockets `UDP_SOCKETS` gained since the last call (the
+    /// socket-creation hook records each UDP socket there, nothing else): one batch read of
+    /// that map and one `OWNERS` lookup per new UDP socket (a batch read of `OWNERS` when there
+    /// are more new UDP sockets than [`UDP_OWNERS_BATCH`]), one `/proc` read per new process.
+    /// A `socket()`/`close()` loop of TCP sockets costs nothing here; one of UDP sockets costs
+    /// at most one read of each map per call.
+    fn new_udp_sockets_holders(&mut self) -> Vec<ProcRef> {
+        let Some(map) = self.udp_sockets.as_mut() else {
+            return Vec::new();
+        };
+        let now: HashSet<u64> = map.entries().into_iter().map(|(ino, _)| ino).collect();
+        let fresh: Vec<u64> = now
+            .iter()
+            .filter(|ino| !self.udp.seen.contains(ino))
+            .copied()
+            .collect();
+        self.udp.seen = now;
+        if fresh.is_empty() {
+            return Vec::new();
+        }
+        let owners: Vec<(u64, Owner)> = if fresh.len() > UDP_OWNERS_BATCH {
+            let fresh: HashSet<u64> = fresh.into_iter().collect();
+            self.read_owners()
+                .into_iter()
+                .filter(|(ino, _)| fresh.contains(ino))
+                .collect()
+        } else {
+            let Some(owners) = self.owners.as_ref() else {
+                return Vec::new();
+            };
+            fresh
+                .into_iter()
+                .filter_map(|ino| Some((ino, owners.get(&ino)?)))
+                .collect()
+        };
+        let mut by_proc: HashMap<ProcRef, (Owner, u64)> = HashMap::new();
+        for (ino, o) in owners {
+            let r = ProcRef {
+                tgid: o.tgid,
+                start_ticks: Procfs::ns_to_ticks(o.start_ns),
+            };
+            if !self.udp.reported.contains(&r) {
+                by_proc.entry(r).or_insert((o, ino));
+            }
+        }
+        let mut out = Vec::new();
+        for (r, (o, ino)) in by_proc {
+            // The owner is gone (or its pid reused): nothing to put a series on.
+            if self.procfs.start_ticks(o.tgid) != Some(r.start_ticks) {
+                continue;
+            }
+            let p = self.owner(&o);
+            self.inode_owner.insert(ino, p);
+            out.push(p);
+        }
+        out
+    }
+
     /// Keeps the processes of `found` not reported before, and remembers them.
     fn report(&mut self, found: Vec<ProcRef>) -> Vec<ProcRef> {
         let mut out = Vec::new();
@@ -517,5 +584,67 @@ impl Attributor {
             .retain(|_, (_, t)| now.duration_since(*t) < CACHE_TTL);
         self.tun_answered
             .retain(|_, t| now.duration_since(*t) <= CACHE_TTL);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use crate::bpf::fake::FakeTable;
+    use crate::signals::testkit::me;
+
+    /// The owner record of a live process `pid`, as the probes write it.
+    fn owner_of(pid: u32) -> Owner {
+        let ticks = Procfs::new("/proc").start_ticks(pid).unwrap();
+        Owner {
+            tgid: pid,
+            pid,
+            start_ns: ticks * (1_000_000_000 / procfs::clk_tck()),
+            ..me()
+        }
+    }
+
+    /// A `socket()`/`close()` loop fills `OWNERS` with sockets that are not UDP: finding the
+    /// new UDP holders reads `UDP_SOCKETS` and looks up only the new UDP socket's owner, never
+    /// the whole `OWNERS`; a second look finds nothing new and looks up nothing.
+    #[test]
+    fn new_udp_holders_cost_the_new_udp_sockets_not_the_churn() {
+        let mut child = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .unwrap();
+        let owners = FakeTable::new(8192);
+        let udp = FakeTable::new(1024);
+        for i in 0..5000 {
+            owners.set(1_000_000 + i, me());
+        }
+        let ino = 77_000_001;
+        owners.set(ino, owner_of(child.id()));
+        udp.set(ino, bufscope_common::IPPROTO_UDP);
+        let mut attr = Attributor::new(Procfs::new("/proc"), Some(owners.boxed()))
+            .with_udp_sockets(Some(udp.boxed()));
+        let found = attr.new_udp_holders();
+        let sleeper = ProcRef {
+            tgid: child.id(),
+            start_ticks: Procfs::new("/proc").start_ticks(child.id()).unwrap(),
+        };
+        assert!(found.contains(&sleeper), "{found:?}");
+        assert_eq!(attr.lookup_inode(ino), Some(sleeper));
+        assert_eq!(owners.reads(), (0, 1), "one lookup, no read of all OWNERS");
+        assert_eq!(udp.reads().0, 1);
+        // Nothing new: nothing looked up, nothing reported again.
+        attr.udp.last = None;
+        assert!(!attr.new_udp_holders().contains(&sleeper));
+        assert_eq!(owners.reads(), (0, 1));
+        // Many new UDP sockets at once (a UDP socket()/close() loop): one batch read of OWNERS.
+        for i in 0..=(UDP_OWNERS_BATCH as u64) {
+            udp.set(88_000_000 + i, bufscope_common::IPPROTO_UDP);
+        }
+        attr.udp.last = None;
+        attr.new_udp_holders();
+        assert_eq!(owners.reads(), (1, 1));
+        let _ = child.kill();
+        let _ = child.wait();
     }
 }

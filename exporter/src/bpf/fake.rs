@@ -23,6 +23,8 @@ struct FakeMap<K, V> {
     capacity: usize,
     /// Whether the kernel reads and deletes in one step (else `take` deletes plainly).
     lookup_and_delete: bool,
+    /// Reads through [`Table`]: whole-map reads, single-entry lookups.
+    reads: (usize, usize),
 }
 
 impl<K, V> Clone for FakeTable<K, V> {
@@ -41,6 +43,7 @@ impl<K: PartialEq + Copy, V: Clone> FakeTable<K, V> {
                 entries: Vec::new(),
                 capacity,
                 lookup_and_delete: true,
+                reads: (0, 0),
             })),
         }
     }
@@ -76,6 +79,11 @@ impl<K: PartialEq + Copy, V: Clone> FakeTable<K, V> {
             .map(|(_, v)| v.clone())
     }
 
+    /// Reads through [`Table`] so far: (whole-map reads, single-entry lookups).
+    pub fn reads(&self) -> (usize, usize) {
+        self.lock().reads
+    }
+
     /// Number of entries.
     pub fn len(&self) -> usize {
         self.lock().entries.len()
@@ -98,10 +106,13 @@ impl<K: PartialEq + Copy, V: Clone> FakeTable<K, V> {
 
 impl<K: PartialEq + Copy + Send, V: Clone + Send> Table<K, V> for FakeTable<K, V> {
     fn entries(&mut self) -> Vec<(K, V)> {
-        self.lock().entries.clone()
+        let mut m = self.lock();
+        m.reads.0 += 1;
+        m.entries.clone()
     }
 
     fn get(&self, key: &K) -> Option<V> {
+        self.lock().reads.1 += 1;
         self.value(key)
     }
 

@@ -54,7 +54,8 @@ pub const PROBE: ProbeSpec = ProbeSpec {
 #[derive(clap::Args, Clone, Debug)]
 #[group(skip)]
 pub struct Flags {
-    /// Entries of the socket-owner map (LRU).
+    /// Entries of the socket-owner map (LRU); the map of new UDP sockets (LRU) gets a
+    /// quarter of it.
     #[arg(
         id = "owners_entries",
         long = "owners.map-entries",
@@ -78,6 +79,10 @@ impl Room for Owners {
 
     fn prepare(flags: &Flags, plan: &mut LoadPlan) -> anyhow::Result<()> {
         plan.map_entries(maps::OWNERS.name, flags.entries);
+        plan.map_entries(
+            maps::UDP_SOCKETS.name,
+            maps::udp_sockets_entries(flags.entries),
+        );
         Ok(())
     }
 

@@ -53,6 +53,11 @@ Benchmark and reliability workloads:
   churn      --procs N [--parallel P] [--sends K] [--rcvbuf R] [--comm NAME] [--new-netns]   N short-lived
              children, each: UDP socket, SO_RCVBUF, K datagrams to itself (drops), read its own
              drops column, close, exit; prints DONE procs=N drops=<sum of the drops columns>
+  socket-churn [--proto tcp|udp]   socket() + close() as fast as possible until stdin closes;
+             stdin \"count\" prints COUNT <sockets> <secs>; prints DONE <sockets> <secs> at the end
+  tcp-accept-hold --bind IP [--port P]   accepts every connection (backlog 4096) and holds it
+  tcp-open   --dest IP:PORT --count N [--rate R]   N non-blocking connects started at R/s, all in
+             flight at once; prints OPENED ok=<n> failed=<n> secs=<s> p50_ms=<ms> p99_ms=<ms>, holds
   in-cgroup  --root DIR --chain A/B/… -- COMMAND ARGS…   join the cgroup DIR/A/B/… (walked one
              level at a time: the path may exceed PATH_MAX), then exec COMMAND";
 
@@ -94,6 +99,9 @@ fn main() {
         "many-procs" => bench::many_procs(&a),
         "churn" => bench::churn(&a),
         "in-cgroup" => bench::in_cgroup(&a),
+        "socket-churn" => bench::socket_churn(&a),
+        "tcp-accept-hold" => bench::tcp_accept_hold(&a),
+        "tcp-open" => bench::tcp_open(&a),
         _ => {
             eprintln!("unknown command {cmd}\n{USAGE}");
             std::process::exit(2);

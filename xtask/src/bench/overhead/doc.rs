@@ -52,6 +52,7 @@ pub(super) fn update(a: &Args, r: &Report) -> anyhow::Result<()> {
         ("syscalls", &r.syscalls),
         ("exporter", &r.exporter),
         ("guard", &r.guard),
+        ("churn", &r.churn),
     ] {
         if let Some(t) = text {
             parts.push((name, format!("{run_line}\n\n{}", t.trim_end())));

@@ -1,6 +1,6 @@
 //! `cargo xtask bench overhead`: what bufscope costs, measured side by side in one run.
 //!
-//! Five sections, each printed as a table (and written into the "Overhead" section of
+//! Six sections, each printed as a table (and written into the "Overhead" section of
 //! `docs/benchmarks.md` with `--update-doc`):
 //!
 //! 1. **probes** — cost per event of each BPF program (`run_time_ns / run_cnt` with
@@ -25,6 +25,11 @@
 //!    `sendmmsg`) in its own network namespace with the guard off, in `observe` and in
 //!    `enforce`, in `--guard-rounds` short paired rounds under `perf stat` with confidence
 //!    intervals, and what a per-socket decision costs.
+//! 6. **churn** — a `socket()`/`close()` loop that evicts owners from the `OWNERS` LRU while
+//!    `--churn-conns` TCP connections open over a 190 ms WAN, without and with bufscope
+//!    (alternating): the loop's rate and the connections' set-up times side by side, the
+//!    collector lock's hold p99 from bufscope's own histogram, and established counts against
+//!    `ss -tnp`.
 //!
 //! The machine is shared (other agents build and test on the same two cores): alternating A/B
 //! phases cancel slow drift; medians cancel short bursts. Nothing here asserts a time: the
@@ -32,10 +37,11 @@
 //!
 //! The code: `harness` (the binaries, child processes, the exporter, bpftrace, statistics),
 //! `bpf_stats` (per-program run time and count), `hooks` (what is compared per probe), one
-//! module per section (`probes`, `datapath`, `syscalls`, `exporter`, `guard`) and `doc`
+//! module per section (`probes`, `datapath`, `syscalls`, `exporter`, `guard`, `churn`) and `doc`
 //! (docs/benchmarks.md).
 
 mod bpf_stats;
+mod churn;
 mod datapath;
 mod doc;
 mod exporter;
@@ -58,16 +64,18 @@ use harness::Bins;
 use loads::Load;
 
 /// The sections, in the order they run.
-const SECTIONS: [&str; 5] = ["probes", "datapath", "syscalls", "exporter", "guard"];
+const SECTIONS: [&str; 6] = [
+    "probes", "datapath", "syscalls", "exporter", "guard", "churn",
+];
 
 /// Arguments of `cargo xtask bench overhead`.
 #[derive(clap::Args)]
 pub struct Args {
-    /// Sections to run: probes, datapath, syscalls, exporter, guard.
+    /// Sections to run: probes, datapath, syscalls, exporter, guard, churn.
     #[arg(
         long,
         value_delimiter = ',',
-        default_value = "probes,datapath,syscalls,exporter,guard"
+        default_value = "probes,datapath,syscalls,exporter,guard,churn"
     )]
     pub sections: Vec<String>,
     /// Workloads of the probes section: udp-drops, setsockopt, tcp-connect, tcp-bulk.
@@ -117,6 +125,12 @@ pub struct Args {
     /// GC period of the exporter at its default retention, so the window sees its average).
     #[arg(long, default_value_t = 60)]
     pub cpu_window: u64,
+    /// TCP connections opened over the 190 ms WAN in each phase of the churn section.
+    #[arg(long, default_value_t = 1000)]
+    pub churn_conns: usize,
+    /// Connections started per second in the churn section (all in their handshake at once).
+    #[arg(long, default_value_t = 200.0)]
+    pub churn_rate: f64,
     /// Scrapes per latency measurement.
     #[arg(long, default_value_t = 100)]
     pub scrapes: usize,
@@ -199,6 +213,10 @@ pub fn run(a: &Args) -> anyhow::Result<()> {
         out.guard = Some(guard::section(a, &bins)?);
         println!("{}", out.guard.as_deref().unwrap_or(""));
     }
+    if a.sections.iter().any(|s| s == "churn") {
+        out.churn = Some(churn::section(a, &bins)?);
+        println!("{}", out.churn.as_deref().unwrap_or(""));
+    }
     out.elapsed = started.elapsed();
     out.load = (load_before, loadavg());
     if a.update_doc {
@@ -245,6 +263,7 @@ struct Report {
     syscalls: Option<String>,
     exporter: Option<String>,
     guard: Option<String>,
+    churn: Option<String>,
     elapsed: Duration,
     load: (String, String),
 }

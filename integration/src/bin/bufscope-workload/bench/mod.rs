@@ -2,6 +2,7 @@
 //! (UDP/TCP blasts and sinks), event loops that fire each probe, and process populations
 //! (many long-lived holders of sockets, churn of short-lived ones).
 
+mod churn;
 mod datapath;
 mod loops;
 mod procs;
@@ -14,6 +15,7 @@ use socket2::{Domain, Protocol, SockAddr, Socket, Type};
 
 use crate::args::Args;
 
+pub(crate) use churn::*;
 pub(crate) use datapath::*;
 pub(crate) use loops::*;
 pub(crate) use procs::*;
