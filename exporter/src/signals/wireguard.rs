@@ -24,7 +24,7 @@ use bufscope_common::{WgKey, WgSites, maps, wg_reason};
 use clap::ValueEnum;
 use prometheus::proto::MetricFamily;
 
-use super::{BuildCx, CheckLine, PollCx, ProcStats, Room, Services, Signal};
+use super::{BuildCx, CheckLine, PollCx, Room, Services, Signal};
 use crate::bpf::table::{PerCpuHash, Slots};
 use crate::bpf::{BtfNeed, Hook, LoadPlan, PerCpuTable, ProbeSpec, Table};
 use crate::exposition::Spec;
@@ -303,7 +303,7 @@ impl Signal for Wireguard {
         moved
     }
 
-    fn families(&self, _procs: &[(String, &ProcStats)], out: &mut Vec<MetricFamily>) {
+    fn families(&self, _procs: &[super::Row], out: &mut Vec<MetricFamily>) {
         let mut f = DROPS.family();
         for (k, v) in &self.counts {
             f.push(
