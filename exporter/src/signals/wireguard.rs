@@ -189,7 +189,7 @@ impl Room for Wireguard {
             QueueDrops::Auto if !module_present() => {
                 plan.leave_off(
                     PROBE.name,
-                    "off: no wireguard module loaded at start (--wireguard.queue-drops auto; on attaches anyway)",
+                    "off (no wireguard module loaded at start; --wireguard.queue-drops auto: on attaches anyway)",
                 );
             }
             QueueDrops::Auto => {}
