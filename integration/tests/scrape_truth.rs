@@ -283,9 +283,10 @@ fn value(p: &Prometheus, q: &str) -> Option<f64> {
 #[test]
 #[ignore = "needs root: run via cargo xtask test"]
 fn two_prometheus_servers_both_see_a_new_processs_whole_burst() {
-    // Room in the series budget for the new process's program whatever else runs on this
-    // test machine (the budget is decided at an identity's first scrape, in arrival order).
-    let e = Exporter::start(&["--max-series", "100000"]);
+    // Room for the new process and its program whatever else runs on this test machine: a
+    // zero series is made only in free room (placeholders never fold a process) and the
+    // budget is decided at an identity's first scrape, in arrival order.
+    let e = Exporter::start(&["--max-series", "100000", "--max-processes", "100000"]);
     let config = format!(
         "global:\n  scrape_interval: 1s\n  scrape_timeout: 1s\n  evaluation_interval: 1s\n\
          scrape_configs:\n  - job_name: bufscope\n    static_configs:\n      - targets: ['{}']\n",
