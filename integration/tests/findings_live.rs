@@ -809,8 +809,10 @@ fn tcp_send_lock_on_an_established_connection_caps_it_at_buffer_over_rtt() {
     });
     eprintln!(
         "payload share of the send queue: bufscope {ratio:.3}, kernel (ss) {kernel_ratio:?}; \
-         kernel rate / ceiling {:.2} (buffer / RTT alone: {:.2})",
+         kernel rate / ceiling {:.2}, bufscope's observed / ceiling {:.2} (kernel rate / \
+         buffer over RTT alone: {:.2})",
         kernel_bps / ceiling,
+        observed / ceiling,
         kernel_bps / (tb as f64 * 8.0 / (rtt_us / 1e6))
     );
     assert!(ratio > 0.0 && ratio <= 1.0, "payload share {ratio}");
@@ -820,14 +822,16 @@ fn tcp_send_lock_on_an_established_connection_caps_it_at_buffer_over_rtt() {
             "payload share: bufscope {ratio}, kernel {k}"
         );
     }
-    let expect = tb as f64 * ratio * 8.0 / (rtt_us / 1e6);
+    // sendall() sleeps until the kernel wakes it with a third of the buffer free: the queue
+    // refills from 2/3, 5/6 of it in flight on average.
+    let expect = tb as f64 * ratio * 5.0 / 6.0 * 8.0 / (rtt_us / 1e6);
     assert!(
         (ceiling - expect).abs() <= 0.01 * expect,
-        "ceiling {ceiling} = {tb} B × {ratio} × 8 ÷ {rtt_us} µs"
+        "ceiling {ceiling} = {tb} B × {ratio} × 5/6 × 8 ÷ {rtt_us} µs"
     );
-    // The kernel's rate is the ceiling's: the buffer alone (0.6x) would fail this.
+    // The kernel's rate is the ceiling's: the buffer alone (0.54–0.61x) would fail this.
     assert!(
-        kernel_bps <= 1.15 * ceiling && kernel_bps >= 0.8 * ceiling,
+        kernel_bps <= 1.15 * ceiling && kernel_bps >= 0.75 * ceiling,
         "kernel's rate {kernel_bps} bit/s against bufscope's ceiling {ceiling}"
     );
     assert!(kernel_bps < 100e6, "the 200 Mbit/s link is not the limit");

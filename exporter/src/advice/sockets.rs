@@ -92,6 +92,11 @@ pub(super) struct TcpRates {
     pub payload_fraction: Option<f64>,
 }
 
+/// The mean fill of a send queue whose writer the kernel wakes when a third of the buffer is
+/// free (`sk_stream_write_space` → `sk_stream_is_writeable`: free ≥ queued / 2) and which ACKs
+/// drain steadily: between 2/3 and all of the buffer, 5/6 on average.
+pub(super) const SNDBUF_REFILL_MEAN: f64 = 5.0 / 6.0;
+
 /// The share of the send buffer the kernel lets payload use, from one sock_diag read.
 ///
 /// `tcp_sendmsg` stops queueing when `sk_wmem_queued` (every queued skb at its `truesize`:
@@ -419,8 +424,15 @@ fn judge_tcp(c: &Candidate<'_>, inputs: &Inputs) -> Judged {
         Direction::Send => r.payload_fraction,
         Direction::Receive => None,
     };
+    // With the share measured, the writer's refill is counted too: the kernel wakes a writer
+    // waiting for space (blocking send, poll/epoll) only once a third of the buffer is free
+    // (`sk_stream_min_wspace`), so the queue swings between 2/3 and all of it as ACKs drain
+    // it: 5/6 of it on average.
     let mut cap = match c.dir {
-        Direction::Send => bytes as f64 * fraction.unwrap_or(1.0) * 8.0 / rtt,
+        Direction::Send => match fraction {
+            Some(f) => bytes as f64 * f * SNDBUF_REFILL_MEAN * 8.0 / rtt,
+            None => bytes as f64 * 8.0 / rtt,
+        },
         Direction::Receive => bytes as f64 / 2.0 * 8.0 / rtt,
     };
     let mut evidence = vec![
@@ -459,7 +471,8 @@ fn judge_tcp(c: &Candidate<'_>, inputs: &Inputs) -> Judged {
         kib(bytes as f64),
         match fraction {
             Some(f) => format!(
-                " (the kernel's queue is {:.0}% payload, the rest skb overhead)",
+                " (the kernel's queue is {:.0}% payload, the rest skb overhead, and refills \
+                 from 2/3 full)",
                 f * 100.0
             ),
             None => String::new(),

@@ -462,11 +462,12 @@ fn a_send_ceiling_counts_only_the_payload_the_kernel_queues() {
     a.diag.wmem_queued = 40_000;
     a.diag.bytes_sent = 20_000;
     assert_eq!(super::sockets::payload_fraction(&a.diag), None);
-    let mut b = sample(t0 + Duration::from_secs(5), 5_800_001, 4_000_000);
+    // No time counted limited by the send buffer: the verdict rests on the rate alone.
+    let mut b = sample(t0 + Duration::from_secs(5), 4_900_001, 0);
     b.diag.rtt_us = 100_000;
     // 101,000 in flight (one of them retransmitted) plus 16,000 not sent, in a queue of 192,000.
     b.diag.wmem_queued = 192_000;
-    b.diag.bytes_sent = 5_800_001 + 101_000 + 1_448;
+    b.diag.bytes_sent = 4_900_001 + 101_000 + 1_448;
     b.diag.bytes_retrans = 1_448;
     b.diag.notsent_bytes = 16_000;
     s.sample(a);
@@ -477,9 +478,12 @@ fn a_send_ceiling_counts_only_the_payload_the_kernel_queues() {
     let ratio = 117_000.0 / 192_000.0;
     assert!((x.evidence["sndbuf_payload_ratio"] - ratio).abs() < 1e-9);
     let cap = x.evidence["throughput_ceiling_bps"];
-    assert!((cap - 117_000.0 * 8.0 / 0.1).abs() < 1.0, "{cap}");
-    // 5.8 MB in 5 s = 9.28 Mbit/s: 0.99x the 9.36 Mbit/s ceiling (0.6x of buffer / RTT).
+    // 117,000 payload bytes, refilled from 2/3: 97,500 in flight on average per 100 ms.
+    assert!((cap - 97_500.0 * 8.0 / 0.1).abs() < 1.0, "{cap}");
+    // 4.9 MB in 5 s = 7.84 Mbit/s: at the 7.8 Mbit/s ceiling; against buffer / RTT alone
+    // (15.36 Mbit/s) it would be 0.51x, and the "at the ceiling" rule could never fire.
     assert!(x.evidence["observed_bps"] >= 0.8 * cap);
+    assert!(x.evidence["observed_bps"] < 0.8 * 192_000.0 * 8.0 / 0.1);
     assert_eq!(x.verdict, Some(Verdict::Costing));
     assert!(x.summary.contains("61% payload"), "{}", x.summary);
     // Without a filled queue in either read the buffer itself is the (upper) bound.
