@@ -66,6 +66,9 @@ pub struct ProcessRow {
     pub namespace: String,
     /// The container's name in its pod (empty outside a pod or when not known).
     pub container_name: String,
+    /// A host process's service cgroup (`system.slice/nginx.service`; empty in a
+    /// container): with `comm`, what its series are keyed by.
+    pub cgroup: String,
 
     // The drops room.
     /// Buffer drops by `proto/REASON` (`udp/SOCKET_RCVBUFF`, …).
@@ -198,6 +201,7 @@ mod tests {
         assert_eq!(
             keys(row),
             [
+                "cgroup",
                 "clamped",
                 "comm",
                 "container",

@@ -712,10 +712,10 @@ pub struct EstablishedEvent {
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct TotalKey {
-    /// Start time of the process in clock ticks since boot (`/proc/<pid>/stat` field 22):
-    /// with `tgid`, tells a reused pid apart.
+    /// The identity's hash (its labels': the program and where it runs), or, in entries of
+    /// earlier versions, the start time of a process.
     pub start_ticks: u64,
-    /// Process id (thread-group id).
+    /// 0 for an identity's entry (earlier versions: the process id).
     pub tgid: u32,
     /// Which counter: one of [`total_family`].
     pub family: u8,
@@ -748,6 +748,15 @@ pub mod total_family {
     pub const SNDBUF_LOCKS: u8 = 8;
     /// Netlink overruns (by netlink protocol, in the `proto` byte).
     pub const NETLINK_OVERRUNS: u8 = 9;
+    /// Buffer drops (by proto; the option byte holds the kernel's drop reason number) of an
+    /// identity's departed processes.
+    pub const DROPS: u8 = 10;
+    /// Suppressed autotuning grows of an identity's departed processes (all of them).
+    pub const AUTOTUNE_SUPPRESSED: u8 = 11;
+    /// 1: the identity had series of its own.
+    pub const OWN_SERIES: u8 = 12;
+    /// Guard decisions (the proto byte holds the rule, the option byte the action).
+    pub const GUARD_DECISIONS: u8 = 13;
 }
 
 /// Declares the `STATS` slots once each: its index constant and, for a slot that counts a

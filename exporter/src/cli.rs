@@ -175,10 +175,16 @@ pub struct RunArgs {
     /// restarted with one) is kept as `resolved` with its numbers before and after.
     #[arg(long = "advice.resolved-retention", default_value = "30m", value_parser = duration_within(Duration::from_secs(1), Duration::from_secs(7 * 24 * 3600)), value_name = "DURATION")]
     pub advice_resolved_retention: Duration,
-    /// Most processes with their own series; the least active beyond this are folded into
-    /// `comm="_other"`.
+    /// Most processes tracked one by one (status page, API, advice) and most identities;
+    /// the least active beyond this leave the detail (their counts stay on their identity's
+    /// series).
     #[arg(long = "max-processes", default_value_t = 1000, value_name = "N", value_parser = at_least_one::<usize>)]
     pub max_processes: usize,
+    /// The node's budget of per-process series: identities (program and place) get series of
+    /// their own while theirs fit (a fifth of it is for `bufscope_process_info`); the others
+    /// count on each family's overflow series (`otel_metric_overflow="true"`).
+    #[arg(long = "max-series", default_value_t = crate::store::DEFAULT_MAX_SERIES, value_name = "N", value_parser = at_least_one::<usize>)]
+    pub max_series: usize,
     /// How long series of an exited process stay (e.g. `5m`, `30s`).
     #[arg(long = "retention", default_value = "5m", value_parser = parse_duration, value_name = "DURATION")]
     pub retention: Duration,

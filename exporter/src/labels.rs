@@ -1,5 +1,32 @@
 //! The label vocabularies the signal rooms and the advice rules share: a socket's transport
-//! (`proto`) and a buffer-size socket option (`option`).
+//! (`proto`), a buffer-size socket option (`option`), and the kernel's drop reasons by number
+//! (for counters kept across restarts).
+
+use std::sync::RwLock;
+
+/// The running kernel's drop reasons (number, name), as the drops room resolved them.
+static DROP_REASONS: RwLock<Vec<(u16, String)>> = RwLock::new(Vec::new());
+
+/// Registers the running kernel's drop reasons (the drops room, at start).
+pub fn register_drop_reasons(reasons: impl IntoIterator<Item = (u16, String)>) {
+    if let Ok(mut r) = DROP_REASONS.write() {
+        *r = reasons.into_iter().collect();
+    }
+}
+
+/// The number of drop reason `name` on this kernel, if registered.
+pub fn drop_reason_number(name: &str) -> Option<u16> {
+    let r = DROP_REASONS.read().ok()?;
+    r.iter().find(|(_, n)| n == name).map(|(v, _)| *v)
+}
+
+/// The name of drop reason `v` on this kernel, if registered.
+pub fn drop_reason_name(v: u16) -> Option<String> {
+    let r = DROP_REASONS.read().ok()?;
+    r.iter()
+        .find(|(n, _)| *n == v)
+        .map(|(_, name)| name.clone())
+}
 
 /// Transport of a socket, as the `proto` label says it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]

@@ -189,7 +189,7 @@ fn load(
             false => None,
         },
         ..collector::Config::new(
-            Store::new(args.max_processes, args.retention),
+            Store::new(args.max_processes, args.retention).with_series_budget(args.max_series),
             attributor(args, built.services.owners, built.services.udp_sockets),
         )
     }

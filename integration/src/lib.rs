@@ -18,7 +18,7 @@ use std::time::Duration;
 
 use bufscope_testkit::LineChild;
 // Shared with the benchmarks (`cargo xtask bench`): see `bufscope-testkit`.
-pub use bufscope_testkit::{Metrics, Sample, proc_udp_drops, terminate};
+pub use bufscope_testkit::{Metrics, Sample, comm_of, proc_udp_drops, terminate};
 
 /// The value of a testkit helper, or a panic with its error (tests panic with a message).
 fn ok<T>(r: anyhow::Result<T>) -> T {
@@ -134,6 +134,9 @@ impl Workload {
         cmd.args(args).stderr(Stdio::inherit());
         let mut proc = ok(LineChild::spawn(cmd, "workload"));
         let ready = ok(proc.wait_ready(Duration::from_secs(30)));
+        // Its series are labelled with its name (`wl<pid>`, set before READY): remembered now
+        // so that a `("pid", N)` selection still finds them after it exits.
+        let _ = comm_of(&proc.pid().to_string());
         Self { proc, ready }
     }
 
@@ -331,6 +334,17 @@ impl Exporter {
         let (status, body) = self.get("/metrics");
         assert_eq!(status, 200, "GET /metrics: {body}");
         Metrics::parse(&body)
+    }
+
+    /// Per-process detail: the rows of `/api/v1/status`, one per tracked process with its pid
+    /// and every signal's counters. `/metrics` keys its series by program and place (a forked
+    /// child shares its parent's), so which process of a program an event went to is read here.
+    pub fn processes(&self) -> Vec<bufscope_api::status::ProcessRow> {
+        let (status, body) = self.get(bufscope_api::status::PATH);
+        assert_eq!(status, 200, "GET {}: {body}", bufscope_api::status::PATH);
+        let doc: bufscope_api::status::StatusDocument = serde_json::from_str(&body)
+            .unwrap_or_else(|e| panic!("{}: {e}: {body}", bufscope_api::status::PATH));
+        doc.processes
     }
 
     /// Raw `/metrics` text.

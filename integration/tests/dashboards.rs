@@ -221,6 +221,16 @@ fn run(cmd: &mut Command) -> (bool, String) {
     )
 }
 
+/// The names the shipped recording rules record (`level:metric:operations`).
+fn recorded_in_rules() -> BTreeSet<String> {
+    let rules = std::fs::read_to_string(repo().join("dashboards/alerts.yaml")).unwrap();
+    rules
+        .lines()
+        .filter_map(|l| l.trim_start().strip_prefix("- record: "))
+        .map(|n| n.trim().to_string())
+        .collect()
+}
+
 fn alert_names_in_rules() -> Vec<String> {
     std::fs::read_to_string(repo().join("dashboards/alerts.yaml"))
         .unwrap()
@@ -236,11 +246,12 @@ fn promtool_checks_the_alert_rules() {
         .args(["check", "rules"])
         .arg(repo().join("dashboards/alerts.yaml")));
     assert!(ok, "promtool check rules failed:\n{out}");
-    let n = alert_names_in_rules().len();
-    assert!(n >= 10, "only {n} alerts");
+    let alerts = alert_names_in_rules().len();
+    assert!(alerts >= 10, "only {alerts} alerts");
+    let n = alerts + recorded_in_rules().len();
     assert!(
         out.contains(&format!("SUCCESS: {n} rules found")),
-        "promtool saw a different number of rules than the file's {n} alerts:\n{out}"
+        "promtool saw a different number of rules than the file's {n} alerts and recording rules:\n{out}"
     );
 }
 
@@ -445,7 +456,9 @@ fn dashboard_is_a_grafana_10_import_with_valid_layout_and_queries() {
         }
     }
     // queries: datasource variable, $__rate_interval windows, only the exporter's metric names
-    let known = families_in_exporter_code();
+    // and the names the shipped recording rules record
+    let mut known = families_in_exporter_code();
+    known.extend(recorded_in_rules());
     assert!(known.contains("bufscope_socket_drops_total"), "{known:?}");
     let ts = targets(&d);
     assert!(ts.len() >= 20, "{} targets", ts.len());
@@ -551,10 +564,11 @@ fn now() -> f64 {
         .as_secs_f64()
 }
 
-/// A cgroup2 directory named like a docker container's scope, so processes moved into it get a
-/// real `container` label; removed on drop (after its processes exited).
+/// A cgroup2 directory laid out as the kubelet lays out a pod's container (pod labels come only
+/// from the kubelet's own hierarchy), so processes moved into it get a real `container` label
+/// and their pod's; the directories it made are removed on drop (after its processes exited).
 struct FakeContainer {
-    parent: PathBuf,
+    made: Vec<PathBuf>,
     scope: PathBuf,
     id: String,
     /// The kubelet's /var/log for it: `containers/<pod>_<namespace>_<name>-<id>.log` and
@@ -577,12 +591,23 @@ impl FakeContainer {
         let seed = format!("{:08x}{:024x}", std::process::id(), now().to_bits());
         let id = format!("{seed:0<64}").replace('0', "b")[..64].to_string();
         assert!(id.bytes().all(|b| b.is_ascii_hexdigit()));
-        let parent = root.join(format!("bsd-dash-{}", std::process::id()));
-        let scope = parent.join(format!("docker-{id}.scope"));
-        std::fs::create_dir_all(&scope).unwrap();
+        let uid = "1b9e4c2a-7d3f-4e8a-9b6c-5a2d8f0e1c47";
+        let chain = format!(
+            "kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod{}.slice/cri-containerd-{id}.scope",
+            uid.replace('-', "_")
+        );
+        let mut made = Vec::new();
+        let mut scope = root.clone();
+        for c in chain.split('/') {
+            scope.push(c);
+            if !scope.exists() {
+                std::fs::create_dir(&scope).unwrap();
+                made.push(scope.clone());
+            }
+        }
         let log_dir = std::env::temp_dir().join(format!("bsd-dash-kubelet-{}", std::process::id()));
         let (pod, ns, name) = K8S;
-        let pod_dir = format!("pods/{ns}_{pod}_1b9e4c2a-7d3f-4e8a-9b6c-5a2d8f0e1c47/{name}");
+        let pod_dir = format!("pods/{ns}_{pod}_{uid}/{name}");
         std::fs::create_dir_all(log_dir.join(&pod_dir)).unwrap();
         std::fs::create_dir_all(log_dir.join("containers")).unwrap();
         let _ = std::os::unix::fs::symlink(
@@ -590,7 +615,7 @@ impl FakeContainer {
             log_dir.join(format!("containers/{pod}_{ns}_{name}-{id}.log")),
         );
         Self {
-            parent,
+            made,
             scope,
             id,
             log_dir,
@@ -615,8 +640,10 @@ impl Drop for FakeContainer {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.log_dir);
         for _ in 0..50 {
-            let _ = std::fs::remove_dir(&self.scope);
-            if std::fs::remove_dir(&self.parent).is_ok() {
+            for d in self.made.iter().rev() {
+                let _ = std::fs::remove_dir(d);
+            }
+            if self.made.iter().all(|d| !d.exists()) {
                 return;
             }
             std::thread::sleep(Duration::from_millis(100));
@@ -702,7 +729,7 @@ fn every_panel_and_alert_works_on_a_real_prometheus() {
     assert_buffer_request_panel_shows_the_clamp_and_the_failure(&results, &scene);
     assert_findings_panel_shows_the_flooded_receiver(&results, &scene, findings);
     assert_health_panels_show_the_degraded_exporter(&results, &b);
-    assert_variable_queries_list_the_workload(&prom, &a, &b, &container);
+    assert_variable_queries_list_the_workload(&prom, &a, &b, &container, &scene.recv);
     let groups = wait_for_the_fast_alerts_to_fire(&prom, &scene, &b, &container);
     assert_every_rule_is_healthy_and_blames_only_the_workload(&groups, &b);
     assert_the_shipped_drop_rule_is_pending(&groups, &scene);
@@ -724,13 +751,16 @@ fn rmem_max_with_room_for_a_clamp() -> i64 {
     rmem_max
 }
 
-/// Two exporters: A as shipped; B degraded (one probe off, a one-entry drop map) so the
+/// Two exporters: A as shipped (with room in its series budget); B degraded (one probe off, a one-entry drop map) so the
 /// health panels and alerts have something to show, with --bpf.run-stats, and with the guard
 /// observing (the guard row: it changes nothing). Both read the fake container's kubelet
 /// layout.
 fn start_a_shipped_and_a_degraded_exporter(container: &FakeContainer) -> (Exporter, Exporter) {
     let log_dir = container.log_dir.display().to_string();
-    let a = Exporter::start(&["--kubernetes.log-dir", &log_dir]);
+    // A's only change from the defaults: a series budget that the node's other programs (this
+    // run's builds, the other tests' processes) cannot fill before the scene's own programs
+    // come (the data-plane listener comes last); the budget has its own tests (fleet.rs).
+    let a = Exporter::start(&["--kubernetes.log-dir", &log_dir, "--max-series", "5000"]);
     let b = Exporter::start(&[
         "--probe.disable",
         "autotune",
@@ -774,9 +804,10 @@ struct Scene {
     dataplanes: Dataplanes,
 }
 
-/// A workload's pid as a label value.
+/// A workload's identity as a label value: its comm (`bufscope-workload` names itself
+/// `wl<pid>`, so each one is a program of its own).
 fn pid(w: &Workload) -> String {
-    w.pid().to_string()
+    format!("wl{}", w.pid())
 }
 
 impl Scene {
@@ -1017,18 +1048,21 @@ fn wait_until_the_exporter_serves_the_workload(
 ) -> BTreeSet<String> {
     let served = eventually(Duration::from_secs(15), "the workload in /metrics", || {
         let m = a.scrape();
-        let ok = m.sum("bufscope_socket_drops_total", &[("pid", &pid(&scene.recv))]) > 0.0
+        let ok = m.sum(
+            "bufscope_socket_drops_total",
+            &[("comm", &pid(&scene.recv))],
+        ) > 0.0
             && m.sum(
                 "bufscope_socket_drops_total",
-                &[("pid", &pid(&scene.crecv))],
+                &[("comm", &pid(&scene.crecv))],
             ) > 0.0
             && m.sum(
                 "bufscope_tcp_autotune_suppressed_total",
-                &[("pid", &pid(&scene.bulk))],
+                &[("comm", &pid(&scene.bulk))],
             ) > 0.0
             && m.sum(
                 "bufscope_netlink_overruns_total",
-                &[("pid", &pid(&scene.dataplanes.listener))],
+                &[("comm", &pid(&scene.dataplanes.listener))],
             ) > 0.0
             && m.sum(
                 "bufscope_xfrm_errors_total",
@@ -1040,7 +1074,7 @@ fn wait_until_the_exporter_serves_the_workload(
         served
             .find(
                 "bufscope_socket_drops_total",
-                &[("pid", &pid(&scene.crecv))]
+                &[("comm", &pid(&scene.crecv))]
             )
             .next()
             .unwrap()
@@ -1051,7 +1085,7 @@ fn wait_until_the_exporter_serves_the_workload(
     let (pod, ns, name) = K8S;
     for s in served.find(
         "bufscope_socket_drops_total",
-        &[("pid", &pid(&scene.crecv))],
+        &[("comm", &pid(&scene.crecv))],
     ) {
         assert_eq!(
             (
@@ -1121,7 +1155,7 @@ fn wait_for_prometheus_to_scrape_the_workload(prom: &Prometheus, scene: &Scene) 
                 "/api/v1/query",
                 &[(
                     "query",
-                    &format!("bufscope_socket_drops_total{{pid=\"{recv_pid}\"}}"),
+                    &format!("bufscope_socket_drops_total{{comm=\"{recv_pid}\"}}"),
                 )],
             );
             (r["result"].as_array().unwrap().len() == 2).then_some(())
@@ -1146,6 +1180,7 @@ impl PanelResults {
 /// `bufscope_finding` is in the exporter's code).
 fn query_every_panel(prom: &Prometheus, served: &BTreeSet<String>, findings: bool) -> PanelResults {
     let d = dashboard();
+    let recorded = recorded_in_rules();
     let mut results: BTreeMap<(String, String), Value> = BTreeMap::new();
     let mut report = Vec::new();
     for t in targets(&d) {
@@ -1155,7 +1190,7 @@ fn query_every_panel(prom: &Prometheus, served: &BTreeSet<String>, findings: boo
             // here): its panel is checked for validity below.
             if (n != "bufscope_finding" || findings) && !n.starts_with("bufscope_wireguard_") {
                 assert!(
-                    served.contains(&n),
+                    served.contains(&n) || recorded.contains(&n),
                     "{}/{}: {n} not served by the running exporter",
                     t.panel,
                     t.ref_id
@@ -1210,7 +1245,7 @@ fn assert_drop_panels_show_the_receivers(
     container: &FakeContainer,
 ) {
     let top = results.get("Top processes by drop rate (by reason)", "A");
-    let mine = series_with(top, "pid", &pid(&scene.recv));
+    let mine = series_with(top, "comm", &pid(&scene.recv));
     assert!(
         !mine.is_empty()
             && mine
@@ -1226,17 +1261,17 @@ fn assert_drop_panels_show_the_receivers(
     assert!(flooder_comm_only);
     let udp = results.get("UDP receive-buffer drops over time", "A");
     assert!(
-        series_with(udp, "pid", &pid(&scene.recv))
+        series_with(udp, "comm", &pid(&scene.recv))
             .iter()
             .any(|s| last_value(s) > 0.0),
         "{udp}"
     );
     assert_eq!(
-        series_with(udp, "pid", &pid(&scene.crecv))[0]["metric"]["container"],
+        series_with(udp, "comm", &pid(&scene.crecv))[0]["metric"]["container"],
         container.id.as_str()
     );
     assert_eq!(
-        series_with(udp, "pid", &pid(&scene.crecv))[0]["metric"]["pod"],
+        series_with(udp, "comm", &pid(&scene.crecv))[0]["metric"]["pod"],
         K8S.0
     );
     // By namespace: the fake pod's, and the host receiver under (host).
@@ -1256,7 +1291,7 @@ fn assert_drop_panels_show_the_receivers(
 fn assert_tcp_panels_show_the_locked_clients(results: &PanelResults, scene: &Scene) {
     let locks = results.get("TCP sockets with autotuning off", "A");
     assert_eq!(
-        last_value(series_with(locks, "pid", &pid(&scene.locked))[0]),
+        last_value(series_with(locks, "comm", &pid(&scene.locked))[0]),
         scene.locked_sockets as f64,
         "SO_BUF_LOCK readback"
     );
@@ -1264,19 +1299,19 @@ fn assert_tcp_panels_show_the_locked_clients(results: &PanelResults, scene: &Sce
         last_value(
             series_with(
                 results.get("TCP sockets with autotuning off", "B"),
-                "pid",
+                "comm",
                 &pid(&scene.bulk)
             )[0]
         ) > 0.0
     );
     let ratio = results.get("Window-scale shrink ratio (shrunk / established)", "A");
     assert_eq!(
-        last_value(series_with(ratio, "pid", &pid(&scene.locked))[0]),
+        last_value(series_with(ratio, "comm", &pid(&scene.locked))[0]),
         scene.shrink_ratio,
         "ss wscale ratio"
     );
     assert!(
-        series_with(ratio, "pid", &pid(&scene.control)).is_empty(),
+        series_with(ratio, "comm", &pid(&scene.control)).is_empty(),
         "control has no shrink"
     );
 }
@@ -1288,17 +1323,17 @@ fn assert_buffer_request_panel_shows_the_clamp_and_the_failure(
 ) {
     let panel = "Clamped and failed buffer requests";
     assert_eq!(
-        last_value(series_with(results.get(panel, "B"), "pid", &pid(&scene.clamp))[0]),
+        last_value(series_with(results.get(panel, "B"), "comm", &pid(&scene.clamp))[0]),
         1.0,
         "clamped"
     );
     assert_eq!(
-        last_value(series_with(results.get(panel, "C"), "pid", &pid(&scene.failed))[0]),
+        last_value(series_with(results.get(panel, "C"), "comm", &pid(&scene.failed))[0]),
         1.0,
         "failed"
     );
     assert_eq!(
-        last_value(series_with(results.get(panel, "A"), "pid", &pid(&scene.clamp))[0]),
+        last_value(series_with(results.get(panel, "A"), "comm", &pid(&scene.clamp))[0]),
         1.0,
         "calls"
     );
@@ -1318,11 +1353,10 @@ fn assert_findings_panel_shows_the_flooded_receiver(
             .map(|c| c.trim().to_string())
             .unwrap_or_default();
         assert!(
-            f.as_array().is_some_and(|a| a.iter().any(|s| {
-                s["metric"]["kind"] == "udp_rcvbuf_drops"
-                    && s["metric"]["comm"] == comm.as_str()
-                    && s["metric"].get("container").is_none()
-            })),
+            series_with(f, "comm", &comm)
+                .iter()
+                .any(|s| s["metric"]["kind"] == "udp_rcvbuf_drops"
+                    && s["metric"].get("container").is_none()),
             "no udp_rcvbuf_drops finding for the flooded receiver's program {comm}: {f}"
         );
     }
@@ -1369,8 +1403,10 @@ fn assert_variable_queries_list_the_workload(
     a: &Exporter,
     b: &Exporter,
     container: &FakeContainer,
+    recv: &Workload,
 ) {
     let d = dashboard();
+    let comm = pid(recv);
     for v in d["templating"]["list"]
         .as_array()
         .unwrap()
@@ -1396,7 +1432,7 @@ fn assert_variable_queries_list_the_workload(
             .collect();
         let must = match v["name"].as_str().unwrap() {
             "instance" => vec![a.addr.as_str(), b.addr.as_str()],
-            "comm" => vec!["bufscope-worklo"],
+            "comm" => vec![comm.as_str()],
             "container" => vec![container.id.as_str()],
             "namespace" => vec![K8S.1],
             "pod" => vec![K8S.0],
@@ -1422,29 +1458,35 @@ fn alerts_expected_to_fire(
         (
             "BufscopeSocketDropsSustained",
             vec![
-                ("pid", pid(&scene.recv)),
+                ("comm", pid(&scene.recv)),
                 ("reason", "SOCKET_RCVBUFF".into()),
             ],
         ),
         (
             "BufscopeSocketDropsSustained",
             vec![
-                ("pid", pid(&scene.crecv)),
+                ("comm", pid(&scene.crecv)),
                 ("container", container.id.clone()),
                 ("pod", K8S.0.to_string()),
                 ("namespace", K8S.1.to_string()),
             ],
         ),
-        ("BufscopeTcpRcvbufLocked", vec![("pid", pid(&scene.locked))]),
-        ("BufscopeTcpWscaleShrunk", vec![("pid", pid(&scene.locked))]),
+        (
+            "BufscopeTcpRcvbufLocked",
+            vec![("comm", pid(&scene.locked))],
+        ),
+        (
+            "BufscopeTcpWscaleShrunk",
+            vec![("comm", pid(&scene.locked))],
+        ),
         (
             "BufscopeBufferRequestClamped",
-            vec![("pid", pid(&scene.clamp)), ("option", "SO_RCVBUF".into())],
+            vec![("comm", pid(&scene.clamp)), ("option", "SO_RCVBUF".into())],
         ),
         (
             "BufscopeBufferRequestFailed",
             vec![
-                ("pid", pid(&scene.failed)),
+                ("comm", pid(&scene.failed)),
                 ("option", "SO_RCVBUFFORCE".into()),
             ],
         ),
@@ -1519,8 +1561,8 @@ fn assert_every_rule_is_healthy_and_blames_only_the_workload(groups: &[Value], b
     }
     assert_eq!(
         n_rules,
-        2 * alert_names_in_rules().len(),
-        "every rule of both copies is loaded"
+        2 * (alert_names_in_rules().len() + recorded_in_rules().len()),
+        "every rule (alerts and recording rules) of both copies is loaded"
     );
 }
 
@@ -1545,7 +1587,7 @@ fn assert_the_shipped_drop_rule_is_pending(groups: &[Value], scene: &Scene) {
             .as_array()
             .unwrap()
             .iter()
-            .any(|al| al["labels"]["pid"] == pid(&scene.recv).as_str()),
+            .any(|al| al["labels"]["comm"] == pid(&scene.recv).as_str()),
         "{drops}"
     );
 }

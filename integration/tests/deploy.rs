@@ -629,6 +629,45 @@ impl Drop for Podman {
     }
 }
 
+/// The cgroup directories podman made for a `--cgroup-parent` (`/kubepods/…/pod<uid>`, and
+/// its `conmon` beside the container's) in every hierarchy, removed when dropped after the
+/// container: the pod's subtree deepest first, then each parent once empty.
+struct KubepodsCgroups(String);
+
+fn remove_cgroup_tree(dir: &Path) {
+    if let Ok(entries) = std::fs::read_dir(dir) {
+        for e in entries.flatten() {
+            if e.file_type().is_ok_and(|t| t.is_dir()) {
+                remove_cgroup_tree(&e.path());
+            }
+        }
+    }
+    let _ = std::fs::remove_dir(dir);
+}
+
+impl Drop for KubepodsCgroups {
+    fn drop(&mut self) {
+        let Ok(mounts) = std::fs::read_dir("/sys/fs/cgroup") else {
+            return;
+        };
+        let mut roots: Vec<std::path::PathBuf> = mounts.flatten().map(|e| e.path()).collect();
+        roots.push("/sys/fs/cgroup".into());
+        for root in roots {
+            let mut dir = root.join(self.0.trim_start_matches('/'));
+            remove_cgroup_tree(&dir);
+            dir.pop();
+            while dir != root && dir.starts_with(&root) {
+                if std::fs::remove_dir(&dir).is_err() {
+                    break;
+                }
+                if !dir.pop() {
+                    break;
+                }
+            }
+        }
+    }
+}
+
 #[test]
 #[ignore = "needs root: run via cargo xtask test"]
 fn a_container_laid_out_as_the_kubelet_does_gets_its_pod_namespace_and_name() {
@@ -669,9 +708,19 @@ fn a_container_laid_out_as_the_kubelet_does_gets_its_pod_namespace_and_name() {
         "the DaemonSet mounts /var/log/pods and /var/log/containers"
     );
 
+    let (ns, pod, uid, cname) = (
+        "vpn-edge",
+        "wg-gw-7d9f4",
+        "8d2c7a9e-3b1f-4f6a-9c0d-2e5b7a1c4d3f",
+        "wireguard-go",
+    );
     // A real container (its own network namespace), created first so that its id is laid out
-    // before its process runs, as the kubelet links a container's log before starting it.
+    // before its process runs, as the kubelet links a container's log before starting it. It
+    // runs where the kubelet puts a pod's containers (`/kubepods/besteffort/pod<uid>/`,
+    // podman's cgroupfs driver here; root-owned): pod labels come only from that hierarchy.
     let name = format!("bufscope-test-{}-k8s", std::process::id());
+    let pod_cgroup = format!("/kubepods/besteffort/pod{uid}");
+    let _cgroups = KubepodsCgroups(pod_cgroup.clone());
     let wl = bufscope_integration::workload_bin().display().to_string();
     let id = podman(&[
         "create",
@@ -681,6 +730,8 @@ fn a_container_laid_out_as_the_kubelet_does_gets_its_pod_namespace_and_name() {
         "--network",
         "none",
         "--read-only",
+        "--cgroup-parent",
+        &pod_cgroup,
         "--volume",
         &format!("{wl}:{wl}:ro"),
         LOCAL_BASE,
@@ -691,12 +742,6 @@ fn a_container_laid_out_as_the_kubelet_does_gets_its_pod_namespace_and_name() {
     ]);
     let _ct = Podman(name.clone());
     assert_eq!(id.len(), 64, "a container id: {id}");
-    let (ns, pod, uid, cname) = (
-        "vpn-edge",
-        "wg-gw-7d9f4",
-        "8d2c7a9e-3b1f-4f6a-9c0d-2e5b7a1c4d3f",
-        "wireguard-go",
-    );
     let log_dir = node.join(format!("var/log/pods/{ns}_{pod}_{uid}/{cname}"));
     std::fs::create_dir_all(&log_dir).unwrap();
     std::fs::write(log_dir.join("0.log"), "").unwrap();
@@ -772,7 +817,7 @@ fn a_container_laid_out_as_the_kubelet_does_gets_its_pod_namespace_and_name() {
     );
     // Host processes carry none of them (bufscope's own series have no pid).
     for s in m.find("bufscope_socket_drops_total", &[]) {
-        if s.labels["pid"] != pid_s {
+        if bufscope_integration::comm_of(&pid_s).as_ref() != s.labels.get("comm") {
             assert!(!s.labels.contains_key("pod"), "{s:?}");
         }
     }

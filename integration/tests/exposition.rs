@@ -37,25 +37,46 @@ fn promtool_accepts_metrics_with_a_hostile_comm() {
 #[test]
 #[ignore = "needs root: run via cargo xtask test"]
 fn promtool_accepts_every_comm_byte() {
-    let e = Exporter::start(&[]);
+    // Room in the series budget for every name, whatever else runs on this machine.
+    let e = Exporter::start(&["--max-series", "100000"]);
+    let calls = || {
+        bufscope_integration::Metrics::parse(&e.scrape_text())
+            .find("bufscope_setsockopt_total", &[])
+            .count()
+    };
+    let before = calls();
     // Bytes 0x01..=0xff in 15-byte comms (the kernel keeps 15 + NUL).
     let mut workers = Vec::new();
+    // Names as bufscope labels them (invalid UTF-8 replaced): names that only differ in
+    // invalid bytes are one program.
+    let mut labels = std::collections::BTreeSet::new();
     let mut b = 1u32;
     while b <= 0xff {
+        let raw: Vec<u8> = (b..(b + 15).min(0x100)).map(|x| x as u8).collect();
+        labels.insert(String::from_utf8_lossy(&raw).into_owned());
         let name: String = (b..(b + 15).min(0x100))
             .map(|x| format!("\\x{x:02x}"))
             .collect();
         workers.push(Workload::start(&["hold-comm", "--comm", &name]));
         b += 15;
     }
-    let pids: Vec<String> = workers.iter().map(|w| w.pid().to_string()).collect();
-    let text = eventually(Duration::from_secs(15), "every process to appear", || {
-        let text = e.scrape_text();
-        let m = bufscope_integration::Metrics::parse(&text);
+    let pids: Vec<u32> = workers.iter().map(|w| w.pid()).collect();
+    // Each process counted its call (the per-process detail: its series carry its name, which
+    // a test cannot compare byte for byte once escaped), then every name is in the scrape.
+    eventually(Duration::from_secs(15), "every process to appear", || {
+        let rows = e.processes();
         pids.iter()
-            .all(|p| m.sum("bufscope_setsockopt_total", &[("pid", p.as_str())]) == 1.0)
-            .then_some(text)
+            .all(|p| {
+                rows.iter()
+                    .any(|r| r.pid_number() == Some(*p) && r.setsockopt == 1)
+            })
+            .then_some(())
     });
+    // A series per name (identities are admitted at the scrape after they appear).
+    eventually(Duration::from_secs(15), "a series per name", || {
+        (calls() >= before + labels.len()).then_some(())
+    });
+    let text = e.scrape_text();
     let (ok, msg) = promtool_check_metrics(&text);
     assert!(ok, "promtool check metrics failed:\n{msg}");
 }

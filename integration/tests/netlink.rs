@@ -141,7 +141,8 @@ fn route_listener_overruns_equal_the_drops_column() {
     );
     assert!(
         m.find(OVERRUNS, &[("pid", s.as_str())])
-            .all(|x| x.labels["comm"] == "bufscope-worklo")
+            .all(|x| x.labels["comm"] == format!("wl{spid}") && !x.labels.contains_key("pid")),
+        "the overruns are on the listener's identity (bufscope-workload names itself wl<pid>), no pid"
     );
     // The finding names the family, the buffer and the fix.
     let (code, body) = exporter.get("/api/v1/findings");

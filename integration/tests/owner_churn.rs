@@ -170,10 +170,13 @@ fn scenario(lab: &Lab, entries: Option<u32>) -> f64 {
     );
     let after = e.scrape();
     drop(churn);
-    assert_eq!(
-        unknown(&after) - unknown(&before),
-        0.0,
-        "no established connection on _unknown"
+    // The node's `_unknown` (it has no namespace label): other tests' short-lived programs on
+    // a shared machine can add a few; an owner lost to the churn would add hundreds of these
+    // 2,000 ends (their own counts are exact above).
+    let lost = unknown(&after) - unknown(&before);
+    assert!(
+        lost < CONNS as f64 / 100.0,
+        "{lost} established connections on _unknown"
     );
     // Stays exact: nothing counted twice once the look-ups settle.
     std::thread::sleep(Duration::from_secs(3));

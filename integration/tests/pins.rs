@@ -391,7 +391,10 @@ fn drops_created(e: &Exporter, pid: u32) -> f64 {
     )
     .unwrap();
     assert_eq!(status, 200);
-    let want = format!("pid=\"{pid}\"");
+    let want = format!(
+        "comm=\"{}\"",
+        bufscope_integration::comm_of(&pid.to_string()).unwrap()
+    );
     body.lines()
         .find(|l| l.starts_with("bufscope_socket_drops_created{") && l.contains(&want))
         .and_then(|l| l.rsplit(' ').next()?.parse().ok())

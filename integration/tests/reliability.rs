@@ -68,12 +68,25 @@ fn rss_kib(pid: u32) -> u64 {
 }
 
 /// Distinct non-empty `pid` label values over the per-process families.
+/// The distinct identities (program and place) with series of their own in a scrape: what a
+/// node's per-process series are keyed by (no pid).
 fn distinct_pids(m: &Metrics) -> BTreeSet<String> {
     m.samples
         .iter()
-        .filter_map(|s| s.labels.get("pid"))
-        .filter(|p| !p.is_empty())
-        .cloned()
+        .filter(|s| s.labels.contains_key("comm") && !s.labels.contains_key("otel_metric_overflow"))
+        .filter(|s| s.name != "bufscope_process_info")
+        .map(|s| {
+            [
+                "comm",
+                "container",
+                "cgroup",
+                "pod",
+                "namespace",
+                "container_name",
+            ]
+            .map(|k| s.labels.get(k).cloned().unwrap_or_default())
+            .join("/")
+        })
         .collect()
 }
 
@@ -431,7 +444,7 @@ fn assert_no_bpf_side_losses_since(e: &Exporter, base: &Metrics) {
 fn assert_series_stayed_within_the_bound(peak_pids: usize, peak_tracked: usize, max: usize) {
     assert!(
         peak_pids <= max,
-        "{peak_pids} pid series > --max-processes {max}"
+        "{peak_pids} identities with series > --max-processes {max}"
     );
     assert!(peak_tracked <= max, "{peak_tracked} tracked > {max}");
 }
@@ -465,9 +478,7 @@ fn wait_for_retention_and_map_gc_to_remove_the_round(e: &Exporter, netns: u32, c
             .samples
             .iter()
             .filter(|s| s.labels.get("comm").map(String::as_str) == Some(comm))
-            .filter_map(|s| s.labels.get("pid").cloned())
-            .collect::<BTreeSet<_>>()
-            .len();
+            .count();
         if entries == 0 && series == 0 {
             break;
         }
@@ -844,15 +855,22 @@ fn very_long_cgroup_paths() {
             &[&bin, "in-cgroup", "--root", &root, "--chain", &chain, "--"],
             &["hold-comm", "--comm", "bsp-deep-cg"],
         );
-        let pid = w.pid().to_string();
+        let pid = w.pid();
         let cg = std::fs::read_to_string(format!("/proc/{pid}/cgroup"));
-        let m = eventually(Duration::from_secs(15), "the deep-cgroup process", || {
-            let m = e.scrape();
-            (m.sum("bufscope_setsockopt_total", &[("pid", pid.as_str())]) == 1.0).then_some(m)
+        // The process's own row (both runs share the name; each place is its own identity).
+        let row = eventually(Duration::from_secs(15), "the deep-cgroup process", || {
+            e.processes()
+                .into_iter()
+                .find(|r| r.pid_number() == Some(pid) && r.setsockopt == 1)
         });
-        let want = [("pid", pid.as_str())];
+        assert_eq!(row.comm, "bsp-deep-cg");
+        assert_eq!(row.container, want_container, "container of the process");
+        let want = [("comm", "bsp-deep-cg"), ("container", want_container)];
+        let m = eventually(Duration::from_secs(15), "its identity's series", || {
+            let m = e.scrape();
+            (m.sum("bufscope_setsockopt_total", &want) == 1.0).then_some(m)
+        });
         let s = m.find("bufscope_setsockopt_total", &want).next().unwrap();
-        assert_eq!(s.labels["comm"], "bsp-deep-cg");
         assert_eq!(s.labels["container"], want_container, "container label");
         let (ok, msg) = promtool_check_metrics(&e.scrape_text());
         assert!(ok, "promtool:\n{msg}");

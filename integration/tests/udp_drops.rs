@@ -83,9 +83,12 @@ fn flood_and_compare(recv_args: &[&str], v6: bool, pre_existing: bool) {
         0.0,
         "nothing on the sender"
     );
+    // The receiver's series carry its program's name (bufscope-workload names itself
+    // wl<pid>), not the sender's.
+    let comm = format!("wl{rpid}");
     assert!(
         m.find(DROPS, &[("pid", pid_s.as_str())])
-            .all(|s| s.labels["comm"] == "bufscope-worklo")
+            .all(|s| s.labels["comm"] == comm)
     );
 }
 

@@ -28,7 +28,7 @@ pub use cmd::{cmd_output, output_with_input};
 pub use exporter::Exporter;
 pub use http::{Headers, http_get, http_get_with};
 pub use kernel::{CheckedProbe, btf_dump, btf_tracepoint_args, check_probes};
-pub use metrics::{Metrics, Sample};
+pub use metrics::{Metrics, Sample, comm_of};
 pub use process::{
     LineChild, line_channel, ready_fields, signal, terminate, terminate_with, wait_exit, wait_until,
 };

@@ -33,9 +33,87 @@ pub fn container_id_from_path(path: &str) -> Option<String> {
     None
 }
 
+/// The cgroup v2 path of a `/proc/<pid>/cgroup` file (its `0::` line; on a v1-only host the
+/// `name=systemd` hierarchy's), without the leading `/`.
+pub fn unified_path(cgroup_file: &str) -> &str {
+    let mut systemd = None;
+    for line in cgroup_file.lines() {
+        let mut f = line.splitn(3, ':');
+        let (id, controllers, path) = (f.next(), f.next(), f.next().unwrap_or(""));
+        if id == Some("0") && controllers == Some("") {
+            return path.trim_start_matches('/');
+        }
+        if controllers == Some("name=systemd") {
+            systemd = Some(path.trim_start_matches('/'));
+        }
+    }
+    systemd.unwrap_or("")
+}
+
+/// What a host process's cgroup says about the service it belongs to: the path up to its
+/// first systemd service (`system.slice/nginx.service`, a user's `user@1000.service`),
+/// else the path without its trailing transient scopes (`session-4.scope`, `run-…scope`),
+/// else the path; `/` for the root. Bounded like the services of a host, not like its
+/// sessions or processes.
+pub fn service_cgroup(path: &str) -> String {
+    let comps: Vec<&str> = path
+        .split('/')
+        .filter(|c| !c.is_empty() && *c != "..")
+        .collect();
+    if let Some(i) = comps.iter().position(|c| c.ends_with(".service")) {
+        return comps[..=i].join("/");
+    }
+    let mut end = comps.len();
+    while end > 0 && comps[end - 1].ends_with(".scope") && !(end == 1 && comps[0] == "init.scope") {
+        end -= 1;
+    }
+    if end == 0 {
+        return "/".to_string();
+    }
+    comps[..end].join("/")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn service_cgroups_name_services_not_sessions() {
+        for (path, want) in [
+            ("system.slice/nginx.service", "system.slice/nginx.service"),
+            (
+                "/system.slice/nginx.service/worker",
+                "system.slice/nginx.service",
+            ),
+            (
+                "user.slice/user-1000.slice/user@1000.service/app.slice/x.scope",
+                "user.slice/user-1000.slice/user@1000.service",
+            ),
+            (
+                "user.slice/user-1000.slice/session-4.scope",
+                "user.slice/user-1000.slice",
+            ),
+            ("init.scope", "init.scope"),
+            ("", "/"),
+            (
+                "/../../system.slice/chronyd.service",
+                "system.slice/chronyd.service",
+            ),
+            ("bufscope-test/child", "bufscope-test/child"),
+        ] {
+            assert_eq!(service_cgroup(path), want, "{path}");
+        }
+    }
+
+    #[test]
+    fn the_unified_path() {
+        assert_eq!(unified_path("12:pids:/x\n0::/a/b.scope\n"), "a/b.scope");
+        assert_eq!(
+            unified_path("1:name=systemd:/system.slice/a.service\n"),
+            "system.slice/a.service"
+        );
+        assert_eq!(unified_path(""), "");
+    }
 
     const ID: &str = "0f1e2d3c4b5a69788796a5b4c3d2e1f00f1e2d3c4b5a69788796a5b4c3d2e1f0";
 

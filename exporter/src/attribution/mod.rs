@@ -160,10 +160,16 @@ impl Attributor {
         }
     }
 
-    /// Labels processes in Kubernetes pods from the kubelet's layout under `log_dir`.
+    /// Labels processes in Kubernetes pods from the kubelet's layout under `log_dir`, for
+    /// cgroups of the kubelet's own hierarchy (checked under the host's cgroup2 mount).
     pub fn with_pods(mut self, log_dir: Option<std::path::PathBuf>) -> Self {
-        self.pods = kubernetes::Pods::new(log_dir);
+        self.pods = kubernetes::Pods::new(log_dir).with_cgroup_root(crate::kernel::cgroup2_root());
         self
+    }
+
+    /// Processes whose kubelet-like cgroup was refused pod labels, by reason.
+    pub fn pod_labels_refused(&self) -> Vec<(&'static str, u64)> {
+        self.pods.refused()
     }
 
     /// Learns which new sockets are UDP from `UDP_SOCKETS` (filled by the owners probe's
@@ -242,16 +248,17 @@ impl Attributor {
         self.meta_of(&comm, &cgroup)
     }
 
-    /// A process's labels from its `comm` and `/proc/<pid>/cgroup`.
+    /// A process's labels from its `comm` and `/proc/<pid>/cgroup` (pod labels only for a
+    /// cgroup of the kubelet's own hierarchy).
     fn meta_of(&self, comm: &[u8], cgroup: &str) -> ProcMeta {
-        let container = container::container_id(cgroup).unwrap_or_default();
-        let pod = self.pods.labels(&container, cgroup);
+        let place = self.pods.place(cgroup);
         ProcMeta {
             comm: String::from_utf8_lossy(comm).into_owned(),
-            container,
-            pod: pod.pod,
-            namespace: pod.namespace,
-            container_name: pod.container_name,
+            container: place.container,
+            pod: place.pod.pod,
+            namespace: place.pod.namespace,
+            container_name: place.pod.container_name,
+            cgroup: place.cgroup,
         }
     }
 

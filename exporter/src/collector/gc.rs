@@ -74,7 +74,7 @@ impl Gc {
         });
         GcPlan {
             procfs: attr.procfs().clone(),
-            procs: store.tracked(),
+            procs: store.watched(),
             scan_sockets: !reuse,
         }
     }

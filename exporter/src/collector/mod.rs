@@ -330,6 +330,8 @@ impl Collector {
     pub fn gc_apply(&mut self, scan: GcScan) {
         self.advice.dirty();
         self.render.changed();
+        // Identities not decided yet are decided before any can expire unseen.
+        self.admit();
         self.gc
             .apply(scan, &mut self.rooms, &mut self.attr, &mut self.store);
         self.pinned.retain(&self.store);
@@ -339,8 +341,11 @@ impl Collector {
     /// body in this format was rendered (they queued behind one poll) get that body.
     pub fn render_shared(&mut self, format: Format) -> Bytes {
         self.health.map_entries = self.rooms.iter().filter_map(|s| s.map_fill()).collect();
+        self.health.pod_labels_refused = self.attr.pod_labels_refused();
         let findings = self.findings(FINDINGS_MIN_AGE_SCRAPE);
         let runs = self.probe_runs();
+        self.admit();
+        let rows = self.store.rows();
         self.lock_stats.roll(std::time::Instant::now());
         let mut own = Vec::new();
         self.lock_stats.families(&mut own);
@@ -349,14 +354,32 @@ impl Collector {
         let e = Exposed {
             rooms: &self.rooms,
             store: &self.store,
+            rows: &rows,
             health: &self.health,
             findings: &findings,
             poll_durations: self.poll.durations(),
             probe_runs: &runs,
             collector: own,
         };
-        self.render
-            .shared(format, |created| render::render(&e, format, created))
+        let used = std::cell::Cell::new(None);
+        let body = self.render.shared(format, |created| {
+            let (text, n) = render::render_counted(&e, format, created);
+            used.set(Some(n));
+            text
+        });
+        if let Some(n) = used.get() {
+            self.store.series_used = n;
+        }
+        body
+    }
+
+    /// Decides the identities not decided yet: series of their own while they fit the
+    /// budget, else the overflow series ([`Store::admit`]).
+    fn admit(&mut self) {
+        let rooms = &self.rooms;
+        if self.store.admit(|row| render::series_of(rooms, row)) {
+            self.render.changed();
+        }
     }
 }
 

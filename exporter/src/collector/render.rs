@@ -8,7 +8,7 @@ use prometheus::proto::MetricFamily;
 
 use crate::advice::Finding;
 use crate::exposition::{self, Created, Format, Health, selfmetrics};
-use crate::signals::{self, ProcStats, Signal, Store};
+use crate::signals::{self, Row, Signal, Store};
 
 /// What one exposition shows, besides the rooms' families.
 pub struct Exposed<'a> {
@@ -16,6 +16,8 @@ pub struct Exposed<'a> {
     pub rooms: &'a [Box<dyn Signal>],
     /// Per-process counters.
     pub store: &'a Store,
+    /// The identities shown ([`Store::rows`]).
+    pub rows: &'a [Row],
     /// Health facts.
     pub health: &'a Health,
     /// The advice's findings.
@@ -65,23 +67,64 @@ impl RenderCache {
 /// client: nothing depends on who scraped before. OpenMetrics adds each counter's `_created`
 /// time ([`Created`]).
 pub fn render(e: &Exposed<'_>, format: Format, created: &mut Created) -> String {
+    render_counted(e, format, created).0
+}
+
+/// [`render`], and the number of per-process series of identities with their own (the
+/// budget's use).
+pub fn render_counted(e: &Exposed<'_>, format: Format, created: &mut Created) -> (String, usize) {
     let fams = families(e);
+    let used = own_series(&fams);
+    let text = encode_as(e, format, created, &fams);
+    (text, used)
+}
+
+/// The samples of per-process families on identities with series of their own (not the
+/// overflow one, not `_unknown`).
+pub fn own_series(fams: &[prometheus::proto::MetricFamily]) -> usize {
+    fams.iter()
+        .filter(|f| f.name() != "bufscope_finding" && f.name() != "bufscope_process_info")
+        .flat_map(|f| f.get_metric())
+        .filter(|m| {
+            let labels = m.get_label();
+            labels.first().is_some_and(|l| l.name() == "comm")
+                && !labels.iter().any(|l| {
+                    (l.name() == exposition::OVERFLOW_LABEL)
+                        || (l.name() == "comm" && l.value() == crate::store::UNKNOWN_COMM)
+                })
+        })
+        .count()
+}
+
+/// How many series `row` would have (an identity not decided yet: [`Store::admit`]).
+pub fn series_of(rooms: &[Box<dyn Signal>], row: &Row) -> usize {
+    signals::families(rooms, std::slice::from_ref(row))
+        .iter()
+        .map(|f| f.get_metric().len())
+        .sum()
+}
+
+fn encode_as(
+    e: &Exposed<'_>,
+    format: Format,
+    created: &mut Created,
+    fams: &[MetricFamily],
+) -> String {
     match format {
-        Format::Text => exposition::encode(&fams).unwrap_or_else(|err| {
+        Format::Text => exposition::encode(fams).unwrap_or_else(|err| {
             tracing::error!("encoding metrics: {err}");
             String::new()
         }),
         Format::OpenMetrics { .. } => {
-            let times = exposition::created_times(created, e.store, &fams);
-            exposition::encode_openmetrics(&fams, &times)
+            let times = exposition::created_times(created, e.store, e.rows, fams);
+            exposition::encode_openmetrics(fams, &times)
         }
     }
 }
 
 /// Every family: the rooms', bufscope's own health, its own cost.
 fn families(e: &Exposed<'_>) -> Vec<MetricFamily> {
-    let procs: Vec<(String, &ProcStats)> = e.store.iter().collect();
-    let mut fams = signals::families(e.rooms, &procs);
+    let mut fams = signals::families(e.rooms, e.rows);
     selfmetrics::families(
         e.store,
         e.health,
@@ -134,6 +177,7 @@ mod tests {
         let e = Exposed {
             rooms: &[],
             store: &b.store,
+            rows: &[],
             health: &health,
             findings: &[],
             poll_durations: &[("drops", Duration::from_millis(2))],

@@ -6,7 +6,7 @@ use std::time::SystemTime;
 
 use prometheus::proto::{LabelPair, MetricFamily, MetricType};
 
-use crate::store::{Parts, Store};
+use crate::store::{Parts, Row, Store};
 
 /// Unix seconds of `t` (0 before the epoch).
 pub fn unix_seconds(t: SystemTime) -> f64 {
@@ -18,11 +18,11 @@ pub fn unix_seconds(t: SystemTime) -> f64 {
 /// `--enable-feature=created-timestamp-zero-ingestion` stores a 0 at that time, so a series
 /// that appears with its first count still shows that count as an increase).
 ///
-/// A series' created time is the latest moment bufscope knows it was 0: when its process's
-/// entry was made ([`ProcStats::born`]), or, for a series that appeared later in a process
+/// A series' created time is the latest moment bufscope knows it was 0: when its identity was
+/// made ([`crate::store::Series::born`]), or, for a series that appeared later in an identity
 /// already exposed, the previous OpenMetrics exposition (it was absent then). It is fixed
-/// once given and the same for every client; a series that leaves (its process exited past
-/// retention or was folded) and comes back gets a new one, which is a reset.
+/// once given and the same for every client; a series that leaves (its identity had no
+/// process for the retention window) and comes back gets a new one, which is a reset.
 #[derive(Debug)]
 pub struct Created {
     /// Series (hash of name and labels) → Unix seconds.
@@ -40,10 +40,6 @@ pub struct Created {
 struct PinnedSince {
     /// The maps' creation (Unix seconds).
     since: f64,
-    /// The system's boot (Unix seconds, `btime` of /proc/stat).
-    boot: f64,
-    /// Clock ticks per second (`/proc/<pid>/stat` start times).
-    hz: f64,
     /// Counter families read from the maps ([`crate::signals::Signal::map_counters`]).
     families: Vec<&'static str>,
 }
@@ -61,24 +57,11 @@ impl Default for Created {
 
 impl Created {
     /// With pins kept from an earlier bufscope: the series of `families` (read from the
-    /// pinned maps, which count since `since`, Unix seconds) get, as created time, the later of
-    /// `since` and their process's start, so that a restart is no reset (a 0 stored at the
-    /// restart would make the adopted total look like a burst).
+    /// pinned maps, which count since `since`, Unix seconds) get `since` as created time, so
+    /// that a restart is no reset (a 0 stored at the restart would make the adopted total
+    /// look like a burst).
     pub fn pinned_since(&mut self, since: f64, families: Vec<&'static str>) {
-        let boot = std::fs::read_to_string("/proc/stat")
-            .ok()
-            .and_then(|s| {
-                s.lines()
-                    .find_map(|l| l.strip_prefix("btime "))
-                    .and_then(|v| v.trim().parse::<f64>().ok())
-            })
-            .unwrap_or(0.0);
-        self.pinned = Some(PinnedSince {
-            since,
-            boot,
-            hz: crate::attribution::procfs::clk_tck() as f64,
-            families,
-        });
+        self.pinned = Some(PinnedSince { since, families });
     }
 
     fn key(&self, name: &str, labels: &[LabelPair]) -> u64 {
@@ -94,7 +77,8 @@ impl Created {
 
     /// The created time of every counter sample of `fams`, in order (families, then samples):
     /// kept from before, or new ones for series not seen at the previous call. `born` gives,
-    /// by `pid` label value, when that process's entry was made (`""`: the exporter's start).
+    /// by identity ([`identity_key`] of its labels), when it was made (others: the
+    /// exporter's start).
     pub fn stamp(
         &mut self,
         fams: &[MetricFamily],
@@ -105,13 +89,13 @@ impl Created {
         self.stamp_with(fams, born, None, started, now)
     }
 
-    /// [`Created::stamp`], with (for the families read from pinned maps) each process's
-    /// zero time from `pinned_born` and `pinned_started` for the pseudo-processes.
+    /// [`Created::stamp`], with (for the families read from pinned maps, and every identity
+    /// an earlier bufscope left) the zero time `pinned`: when the maps began counting.
     fn stamp_with(
         &mut self,
         fams: &[MetricFamily],
         born: &foldhash::HashMap<String, f64>,
-        pinned_born: Option<(&foldhash::HashMap<String, f64>, f64)>,
+        pinned: Option<f64>,
         started: f64,
         now: f64,
     ) -> Vec<f64> {
@@ -122,29 +106,25 @@ impl Created {
             if mf.get_field_type() != MetricType::COUNTER {
                 continue;
             }
-            let from_pins = pinned_born.filter(|_| {
+            let from_pins = pinned.filter(|_| {
                 self.pinned
                     .as_ref()
                     .is_some_and(|p| p.families.contains(&mf.name()))
             });
-            let (born, started, last) = match from_pins {
-                // Counting went on while no bufscope ran: no "absent at the last exposition".
-                Some((b, s)) => (b, s, None),
-                None => (born, started, self.last),
-            };
             for m in mf.get_metric() {
                 let key = self.key(mf.name(), m.get_label());
-                let ct = match self.at.get(&key) {
-                    Some(ct) => *ct,
-                    None => {
-                        let pid = m
-                            .get_label()
-                            .iter()
-                            .find(|l| l.name() == "pid")
-                            .map(|l| l.value());
-                        let born = pid.and_then(|p| born.get(p)).copied().unwrap_or(started);
+                let ct = match (self.at.get(&key), from_pins) {
+                    (Some(ct), _) => *ct,
+                    // Counting went on while no bufscope ran: no "absent at the last
+                    // exposition".
+                    (None, Some(since)) => since.min(now),
+                    (None, None) => {
+                        let born = born
+                            .get(&identity_key(m.get_label()))
+                            .copied()
+                            .unwrap_or(started);
                         // Never after now: the zero must come before the first sample.
-                        born.max(last.unwrap_or(started)).min(now)
+                        born.max(self.last.unwrap_or(started)).min(now)
                     }
                 };
                 next.insert(key, ct);
@@ -167,31 +147,46 @@ impl Created {
     }
 }
 
+/// The identity a sample's labels name (the values of [`super::PROCESS_LABELS`], absent ones
+/// empty), as a map key.
+pub fn identity_key(labels: &[LabelPair]) -> String {
+    let mut key = String::new();
+    for name in super::PROCESS_LABELS {
+        if let Some(l) = labels.iter().find(|l| l.name() == *name) {
+            key.push_str(l.value());
+        }
+        key.push('\u{1}');
+    }
+    key
+}
+
+/// [`identity_key`] of a row.
+pub fn row_key<P>(row: &Row<P>) -> String {
+    let mut key = String::new();
+    for v in super::identity_labels(row) {
+        key.push_str(v);
+        key.push('\u{1}');
+    }
+    key
+}
+
 /// The created time of every counter sample of `fams` (see [`Created::stamp`]), with each
-/// process's entry time from `store`.
+/// identity's birth from `rows`.
 pub fn created_times<P: Parts>(
     created: &mut Created,
     store: &Store<P>,
+    rows: &[Row<P>],
     fams: &[MetricFamily],
 ) -> Vec<f64> {
-    let born: foldhash::HashMap<String, f64> = store
+    let born: foldhash::HashMap<String, f64> = rows
         .iter()
-        .map(|(pid, s)| (pid, unix_seconds(s.born)))
+        .map(|r| (row_key(r), unix_seconds(r.stats.born)))
         .collect();
-    let pinned: Option<(foldhash::HashMap<String, f64>, f64)> = created.pinned.as_ref().map(|p| {
-        let zero = store
-            .procs()
-            .map(|(r, _)| {
-                let start = p.boot + r.start_ticks as f64 / p.hz.max(1.0);
-                (r.tgid.to_string(), p.since.max(start))
-            })
-            .collect();
-        (zero, p.since)
-    });
+    let pinned = created.pinned.as_ref().map(|p| p.since);
     created.stamp_with(
         fams,
         &born,
-        pinned.as_ref().map(|(z, s)| (z, *s)),
+        pinned,
         unix_seconds(store.started()),
         unix_seconds(SystemTime::now()),
     )

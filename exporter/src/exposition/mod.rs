@@ -14,26 +14,52 @@ pub mod selfmetrics;
 
 use prometheus::proto::{Counter, Gauge, LabelPair, Metric, MetricFamily, MetricType};
 
-use crate::store::ProcStats;
+use crate::store::{ProcStats, Row};
 
 pub use created::{Created, created_times, unix_seconds};
 pub use openmetrics::{Format, encode, encode_openmetrics};
 pub use selfmetrics::{Health, MapFill, ProbeHealth};
 
-/// The labels every per-process family starts with.
+/// The labels every per-process family starts with: the identity of a program and where it
+/// runs (never a pid: [`crate::store::series`]), and the overflow marker.
 pub const PROCESS_LABELS: &[&str] = &[
     "comm",
-    "pid",
     "container",
     "pod",
     "namespace",
     "container_name",
+    "cgroup",
+    OVERFLOW_LABEL,
 ];
 
-/// Labels left out of a sample when empty (processes outside Kubernetes pods): Prometheus
-/// reads an absent label as an empty one, and a scrape of 1,000 host processes is no longer
-/// for them.
-pub const OMIT_EMPTY: &[&str] = &["pod", "namespace", "container_name"];
+/// The label that marks a family's overflow series (as OpenTelemetry SDKs name theirs):
+/// the counts of identities that got no series of their own.
+pub const OVERFLOW_LABEL: &str = "otel_metric_overflow";
+
+/// Labels left out of a sample when empty (processes outside Kubernetes pods, containers
+/// for `cgroup`, every series but the overflow one for the marker): Prometheus reads an
+/// absent label as an empty one, and a scrape is no longer for them.
+pub const OMIT_EMPTY: &[&str] = &[
+    "pod",
+    "namespace",
+    "container_name",
+    "cgroup",
+    OVERFLOW_LABEL,
+];
+
+/// The values of [`PROCESS_LABELS`] for an identity's row.
+pub fn identity_labels<P>(row: &Row<P>) -> [&str; 7] {
+    let m = &row.stats.meta;
+    [
+        m.comm.as_str(),
+        m.container.as_str(),
+        m.pod.as_str(),
+        m.namespace.as_str(),
+        m.container_name.as_str(),
+        m.cgroup.as_str(),
+        if row.overflow { "true" } else { "" },
+    ]
+}
 
 /// Counter or gauge.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -96,28 +122,22 @@ impl Spec {
         Family::new(self, self.labels.to_vec())
     }
 
-    /// Builds this family per process: `f` is called for each process with an `emit` that
-    /// adds a sample labelled with the process labels plus the spec's labels, whose values it
-    /// is given in order. The family is left out when no process emitted anything.
+    /// Builds this family per identity: `f` is called for each row (an identity's counters,
+    /// its processes summed) with an `emit` that adds a sample labelled with the identity's
+    /// labels plus the spec's labels, whose values it is given in order. The family is left
+    /// out when no row emitted anything.
     pub fn per_process<P>(
         &self,
-        procs: &[(String, &ProcStats<P>)],
+        rows: &[Row<P>],
         out: &mut Vec<MetricFamily>,
         f: impl Fn(&ProcStats<P>, &mut dyn FnMut(&[&str], f64)),
     ) {
         let mut names = PROCESS_LABELS.to_vec();
         names.extend_from_slice(self.labels);
         let mut fam = Family::new(self, names);
-        for (pid, s) in procs {
-            let base = [
-                s.meta.comm.as_str(),
-                pid.as_str(),
-                s.meta.container.as_str(),
-                s.meta.pod.as_str(),
-                s.meta.namespace.as_str(),
-                s.meta.container_name.as_str(),
-            ];
-            f(s, &mut |extra, v| {
+        for row in rows {
+            let base = identity_labels(row);
+            f(&row.stats, &mut |extra, v| {
                 fam.push_values(base.iter().chain(extra).copied(), v);
             });
         }
@@ -128,7 +148,7 @@ impl Spec {
     /// for which it is Some.
     pub fn per_process_value<P>(
         &self,
-        procs: &[(String, &ProcStats<P>)],
+        procs: &[Row<P>],
         out: &mut Vec<MetricFamily>,
         value: impl Fn(&ProcStats<P>) -> Option<u64>,
     ) {
@@ -226,20 +246,32 @@ mod tests {
     }
 
     #[test]
-    fn kubernetes_labels_only_when_known() {
+    fn identity_labels_only_when_known() {
         const K: Spec = Spec::gauge("k", "help", &["kind"]);
         let mut f = Family::new(&K, [PROCESS_LABELS, K.labels].concat());
-        f.push(&["wg", "1", "ab", "gw-0", "vpn", "wg", "x"], 1.0);
-        f.push(&["sshd", "2", "", "", "", "", "y"], 1.0);
+        f.push(&["wg", "ab", "gw-0", "vpn", "wg", "", "", "x"], 1.0);
+        f.push(
+            &["sshd", "", "", "", "", "system.slice/ssh.service", "", "y"],
+            1.0,
+        );
+        f.push(&["_other", "", "", "", "", "", "true", "z"], 1.0);
         let mut out = Vec::new();
         f.done(&mut out);
         let text = encode(&out).unwrap();
         assert!(
-            text.contains(r#"k{comm="wg",pid="1",container="ab",pod="gw-0",namespace="vpn",container_name="wg",kind="x"} 1"#),
+            text.contains(r#"k{comm="wg",container="ab",pod="gw-0",namespace="vpn",container_name="wg",kind="x"} 1"#),
             "{text}"
         );
         assert!(
-            text.contains(r#"k{comm="sshd",pid="2",container="",kind="y"} 1"#),
+            text.contains(
+                r#"k{comm="sshd",container="",cgroup="system.slice/ssh.service",kind="y"} 1"#
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                r#"k{comm="_other",container="",otel_metric_overflow="true",kind="z"} 1"#
+            ),
             "{text}"
         );
     }

@@ -288,14 +288,20 @@ mod tests {
     );
 
     /// What the collector renders: a per-process family, then bufscope's own.
+    /// The identities shown (every pending one admitted).
+    fn shown(store: &mut Store) -> Vec<crate::store::Row<T>> {
+        store.admit(|_| 1);
+        store.rows()
+    }
+
     fn families(
-        store: &Store,
+        store: &mut Store,
         health: &Health,
         findings: &[crate::advice::Finding],
     ) -> Vec<MetricFamily> {
-        let procs: Vec<_> = store.iter().collect();
+        let procs = shown(store);
         let mut out = Vec::new();
-        DROPS.per_process(&procs, &mut out, |s, emit| {
+        DROPS.per_process(&procs, &mut out, |s: &crate::store::ProcStats<T>, emit| {
             for (reason, v) in &s.parts.0 {
                 emit(&["udp", reason], *v as f64);
             }
@@ -314,12 +320,13 @@ mod tests {
         let s = store.proc_mut(who, || ProcMeta {
             comm: "a\"b\\c\nd".into(),
             container: String::new(),
+            cgroup: "/".into(),
             ..ProcMeta::default()
         });
         s.parts.0.insert("SOCKET_RCVBUFF", 5);
-        let text = encode(&families(&store, &Health::default(), &[])).unwrap();
+        let text = encode(&families(&mut store, &Health::default(), &[])).unwrap();
         assert!(
-            text.contains(r#"bufscope_socket_drops_total{comm="a\"b\\c\nd",pid="42",container="",proto="udp",reason="SOCKET_RCVBUFF"} 5"#),
+            text.contains(r#"bufscope_socket_drops_total{comm="a\"b\\c\nd",container="",cgroup="/",proto="udp",reason="SOCKET_RCVBUFF"} 5"#),
             "{text}"
         );
         // Every sample is on one line: no raw newline inside a label value.
@@ -337,6 +344,7 @@ mod tests {
         let s = store.proc_mut(who, || ProcMeta {
             comm: comm.into(),
             container: String::new(),
+            cgroup: "/".into(),
             ..ProcMeta::default()
         });
         s.parts.0.insert("SOCKET_RCVBUFF", drops);
@@ -399,18 +407,19 @@ mod tests {
 
     #[test]
     fn openmetrics_has_created_samples_escaping_and_eof() {
-        let store = store_with("a\"b\\c\nd", 5);
-        let fams = families(&store, &health(), &[]);
+        let mut store = store_with("a\"b\\c\nd", 5);
+        let fams = families(&mut store, &health(), &[]);
+        let rows = store.rows();
         let mut created = Created::default();
-        let cts = created_times(&mut created, &store, &fams);
+        let cts = created_times(&mut created, &store, &rows, &fams);
         let text = encode_openmetrics(&fams, &cts);
         assert!(text.ends_with("# EOF\n"), "{text}");
         assert!(
             text.contains("# TYPE bufscope_socket_drops counter\n"),
             "{text}"
         );
-        let total = r#"bufscope_socket_drops_total{comm="a\"b\\c\nd",pid="42",container="",proto="udp",reason="SOCKET_RCVBUFF"} 5"#;
-        let created_line = r#"bufscope_socket_drops_created{comm="a\"b\\c\nd",pid="42",container="",proto="udp",reason="SOCKET_RCVBUFF"} "#;
+        let total = r#"bufscope_socket_drops_total{comm="a\"b\\c\nd",container="",cgroup="/",proto="udp",reason="SOCKET_RCVBUFF"} 5"#;
+        let created_line = r#"bufscope_socket_drops_created{comm="a\"b\\c\nd",container="",cgroup="/",proto="udp",reason="SOCKET_RCVBUFF"} "#;
         let lines: Vec<&str> = text.lines().collect();
         let i = lines.iter().position(|l| *l == total).unwrap();
         let ct: f64 = lines[i + 1]
@@ -418,11 +427,8 @@ mod tests {
             .unwrap()
             .parse()
             .unwrap();
-        let born = unix_seconds(store.iter().next().unwrap().1.born);
-        assert_eq!(
-            ct, born,
-            "a new process's series were 0 when its entry was made"
-        );
+        let born = unix_seconds(rows[0].stats.born);
+        assert_eq!(ct, born, "a new identity's series were 0 when it was made");
         // Info and gauge families; HELP escapes the double quote.
         assert!(text.contains("# TYPE bufscope_build info\nbufscope_build_info{version=\"1.2.3\",kernel=\"6.18\"} 1\n"), "{text}");
         assert!(
@@ -446,8 +452,8 @@ mod tests {
     fn created_times_are_stable_and_new_series_start_after_the_last_exposition() {
         let mut store = store_with("a", 5);
         let mut created = Created::default();
-        let fams = families(&store, &health(), &[]);
-        let first = created_times(&mut created, &store, &fams);
+        let fams = families(&mut store, &health(), &[]);
+        let first = created_times(&mut created, &store, &store.rows(), &fams);
         let started = unix_seconds(store.started());
         // Self-metrics count since the exporter started.
         let fams_names: Vec<&str> = fams
@@ -462,7 +468,8 @@ mod tests {
         assert_eq!(first[i], started);
         std::thread::sleep(Duration::from_millis(20));
         // A second exposition: same created times.
-        let again = created_times(&mut created, &store, &families(&store, &health(), &[]));
+        let fams = families(&mut store, &health(), &[]);
+        let again = created_times(&mut created, &store, &store.rows(), &fams);
         assert_eq!(first, again);
         let before_new = unix_seconds(SystemTime::now());
         std::thread::sleep(Duration::from_millis(20));
@@ -477,8 +484,8 @@ mod tests {
             .parts
             .0
             .insert("PROTO_MEM", 3);
-        let fams = families(&store, &health(), &[]);
-        let third = created_times(&mut created, &store, &fams);
+        let fams = families(&mut store, &health(), &[]);
+        let third = created_times(&mut created, &store, &store.rows(), &fams);
         let text = encode_openmetrics(&fams, &third);
         let line = text
             .lines()
@@ -492,9 +499,10 @@ mod tests {
         );
         // A series that went away and came back is new again.
         let mut c2 = Created::default();
-        created_times(&mut c2, &store, &families(&store, &health(), &[]));
+        let fams = families(&mut store, &health(), &[]);
+        created_times(&mut c2, &store, &store.rows(), &fams);
         assert_eq!(c2.len(), created.len());
-        created_times(&mut c2, &Store::new(10, Duration::from_secs(1)), &[]);
+        created_times(&mut c2, &Store::new(10, Duration::from_secs(1)), &[], &[]);
         assert!(c2.is_empty());
     }
 }

@@ -3,10 +3,11 @@
 
 use prometheus::proto::MetricFamily;
 
-use super::Spec;
+use super::{Family, PROCESS_LABELS, Spec, identity_labels};
 use crate::advice::Finding;
 use crate::bpf::pins::PinsReport;
-use crate::store::{Parts, Store};
+use crate::store::series::OVERFLOW;
+use crate::store::{Admission, Parts, ProcRef, Row, Store};
 
 /// One probe's state (`bufscope_probe_attached`, `bufscope_probe_pinned`).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -51,20 +52,44 @@ pub struct Health {
     pub wmem_max: Option<i64>,
     /// `--bpf.pin-path`: what the start found and did (None: nothing pinned).
     pub pins: Option<PinsReport>,
+    /// Processes refused pod labels, by reason.
+    pub pod_labels_refused: Vec<(&'static str, u64)>,
 }
 
 const FINDING: Spec = Spec::gauge(
     "bufscope_finding",
-    "Active findings per program, kind and severity (the value: how many, one per socket and buffer direction for the per-socket kinds, one per process for the others; resolved ones are not counted); /api/v1/findings and `bufscope explain` name the sockets and say what to change.",
-    &[
-        "comm",
-        "container",
-        "pod",
-        "namespace",
-        "container_name",
-        "kind",
-        "severity",
-    ],
+    "Active findings per identity (program and place), kind and severity (the value: how many, one per socket and buffer direction for the per-socket kinds, one per process for the others; resolved ones are not counted); /api/v1/findings and `bufscope explain` name the processes and sockets and say what to change.",
+    &["kind", "severity"],
+);
+const PROCESS_INFO: Spec = Spec::gauge(
+    "bufscope_process_info",
+    "The processes behind an identity's series (1 per long-lived process or process with a finding, within --max-series): join on the identity labels with group_left(pid).",
+    &["pid"],
+);
+const SERIES_BUDGET: Spec = Spec::gauge(
+    "bufscope_series_budget",
+    "--max-series: the per-process series this node may show (identities' counters, and a fifth of it for bufscope_process_info).",
+    &[],
+);
+const SERIES: Spec = Spec::gauge(
+    "bufscope_series",
+    "Per-process series shown now (the counters of identities with series of their own).",
+    &[],
+);
+const SERIES_IDENTITIES: Spec = Spec::gauge(
+    "bufscope_series_identities",
+    "Identities (program and place) with series of their own.",
+    &[],
+);
+const SERIES_OVERFLOW: Spec = Spec::counter(
+    "bufscope_series_overflow_processes_total",
+    "Processes whose counts went to the overflow series (otel_metric_overflow=\"true\") because their identity got no series of its own (--max-series or --max-processes reached).",
+    &[],
+);
+const POD_LABELS_REFUSED: Spec = Spec::counter(
+    "bufscope_pod_labels_refused_total",
+    "Processes whose cgroup looked like a kubelet's pod but was not the kubelet's own (a user-delegated subtree, outside the kubelet's root, another layout, a directory not owned by root): they keep their own cgroup, no pod labels.",
+    &["reason"],
 );
 const PROBE_ATTACHED: Spec = Spec::gauge(
     "bufscope_probe_attached",
@@ -93,12 +118,12 @@ const MAP_MAX_ENTRIES: Spec = Spec::gauge(
 );
 const TRACKED: Spec = Spec::gauge(
     "bufscope_tracked_processes",
-    "Processes with their own series (bounded by --max-processes).",
+    "Processes tracked one by one (status page, API; bounded by --max-processes).",
     &[],
 );
 const FOLDED: Spec = Spec::counter(
     "bufscope_folded_processes_total",
-    "Processes folded into comm=\"_other\" because --max-processes was reached.",
+    "Processes that left the per-process detail because --max-processes was reached (their counts stay on their identity's series).",
     &[],
 );
 const RMEM_MAX: Spec = Spec::gauge(
@@ -153,6 +178,7 @@ pub fn families<P: Parts>(
     out: &mut Vec<MetricFamily>,
 ) {
     findings_family(store, findings, out);
+    process_info(store, findings, out);
     probes_family(health, out);
     let mut f = ATTRIBUTION_UNKNOWN.family();
     for probe in attributed {
@@ -175,6 +201,15 @@ pub fn families<P: Parts>(
     max.done(out);
     single(&TRACKED, store.len() as f64, out);
     single(&FOLDED, store.folded as f64, out);
+    single(&SERIES_BUDGET, store.budget as f64, out);
+    single(&SERIES, store.series_used as f64, out);
+    single(&SERIES_IDENTITIES, store.own_identities() as f64, out);
+    single(&SERIES_OVERFLOW, store.overflowed as f64, out);
+    let mut f = POD_LABELS_REFUSED.family();
+    for (reason, n) in &health.pod_labels_refused {
+        f.push(&[reason], *n as f64);
+    }
+    f.done(out);
     if let Some(v) = health.rmem_max {
         single(&RMEM_MAX, v as f64, out);
     }
@@ -187,35 +222,107 @@ pub fn families<P: Parts>(
     f.done(out);
 }
 
-/// `bufscope_finding`: per program (no pid, no socket: bounded by programs × kinds ×
-/// severities), how many active findings of processes tracked now.
+/// The identity row (labels only) of process `p`'s series, when it is shown.
+fn shown_identity<P: Parts>(store: &Store<P>, p: &ProcRef) -> Option<Row<()>> {
+    let s = store.get(p)?;
+    let id = store.identity(s.series)?;
+    let overflow = s.series == OVERFLOW;
+    (overflow || id.admission == Admission::Own).then(|| {
+        let mut stats = crate::store::ProcStats::new_row(id.meta.clone());
+        stats.series = s.series;
+        Row {
+            id: s.series,
+            overflow,
+            stats,
+        }
+    })
+}
+
+/// A finding that counts now (not `resolved`, not `gone`).
+fn active(f: &Finding) -> bool {
+    !matches!(
+        f.verdict,
+        Some(bufscope_api::Verdict::Resolved | bufscope_api::Verdict::Gone)
+    )
+}
+
+/// `bufscope_finding`: per identity shown, kind and severity (no pid, no socket: bounded by
+/// the identities × kinds × severities), how many active findings its processes have.
+/// Findings may be up to a second old (see `Collector::findings`): only those of processes
+/// tracked now count; resolved and gone ones do not.
 fn findings_family<P: Parts>(store: &Store<P>, findings: &[Finding], out: &mut Vec<MetricFamily>) {
-    let mut f = FINDING.family();
-    // Findings may be up to a second old (see `Collector::findings`): count only those of
-    // processes tracked now, so the finding series stay within --max-processes too.
-    let tracked: foldhash::HashSet<u32> = store.procs().map(|(p, _)| p.tgid).collect();
-    let mut counts: std::collections::BTreeMap<[&str; 7], u64> = std::collections::BTreeMap::new();
-    for x in findings.iter().filter(|x| {
-        tracked.contains(&x.process.pid)
-            && !matches!(
-                x.verdict,
-                Some(bufscope_api::Verdict::Resolved | bufscope_api::Verdict::Gone)
-            )
-    }) {
-        *counts
-            .entry([
-                x.process.comm.as_str(),
-                x.process.container.as_str(),
-                x.process.pod.as_str(),
-                x.process.namespace.as_str(),
-                x.process.container_name.as_str(),
-                x.kind,
-                x.severity.as_str(),
-            ])
-            .or_default() += 1;
+    let by_pid: foldhash::HashMap<u32, ProcRef> =
+        store.procs().map(|(p, _)| (p.tgid, *p)).collect();
+    let mut counts: std::collections::BTreeMap<(u64, &str, &str), (Row<()>, u64)> =
+        std::collections::BTreeMap::new();
+    for x in findings.iter().filter(|x| active(x)) {
+        let Some(row) = by_pid
+            .get(&x.process.pid)
+            .and_then(|p| shown_identity(store, p))
+        else {
+            continue;
+        };
+        counts
+            .entry((row.id, x.kind, x.severity.as_str()))
+            .or_insert((row, 0))
+            .1 += 1;
     }
-    for (labels, n) in &counts {
-        f.push(labels, *n as f64);
+    let mut f = Family::new(&FINDING, [PROCESS_LABELS, FINDING.labels].concat());
+    for ((_, kind, severity), (row, n)) in &counts {
+        let base = identity_labels(row);
+        f.push_values(base.iter().copied().chain([*kind, *severity]), *n as f64);
+    }
+    f.done(out);
+}
+
+/// How long a process must have run to get a `bufscope_process_info` series without a
+/// finding: longer than a cron job or a health check, so that short-lived processes leave no
+/// series of their own.
+pub const INFO_MIN_AGE_SECS: f64 = 60.0;
+
+/// How long a process with a finding must have run to get one: a process that lives for a
+/// moment and drops leaves no series of its own either.
+pub const INFO_MIN_AGE_FINDING_SECS: f64 = 10.0;
+
+/// `bufscope_process_info{<identity>,pid} 1`: the processes that matter behind the shown
+/// identities — those with an active finding (running for [`INFO_MIN_AGE_FINDING_SECS`]), then
+/// those running for [`INFO_MIN_AGE_SECS`], oldest first — at most [`Store::info_budget`].
+fn process_info<P: Parts>(store: &Store<P>, findings: &[Finding], out: &mut Vec<MetricFamily>) {
+    let with_finding: foldhash::HashSet<u32> = findings
+        .iter()
+        .filter(|f| active(f))
+        .map(|f| f.process.pid)
+        .collect();
+    let uptime = std::fs::read_to_string("/proc/uptime")
+        .ok()
+        .and_then(|s| s.split_whitespace().next()?.parse::<f64>().ok());
+    let hz = crate::attribution::procfs::clk_tck().max(1) as f64;
+    let mut picked: Vec<(bool, u64, ProcRef)> = store
+        .procs()
+        .filter(|(_, s)| s.exited.is_none())
+        .filter_map(|(p, _)| {
+            let age = uptime.map_or(0.0, |u| u - p.start_ticks as f64 / hz);
+            let finding = with_finding.contains(&p.tgid) && age >= INFO_MIN_AGE_FINDING_SECS;
+            (finding || age >= INFO_MIN_AGE_SECS).then_some((!finding, p.start_ticks, *p))
+        })
+        .collect();
+    picked.sort_unstable();
+    let mut f = Family::new(
+        &PROCESS_INFO,
+        [PROCESS_LABELS, PROCESS_INFO.labels].concat(),
+    );
+    let mut n = 0;
+    for (_, _, p) in picked {
+        if n >= store.info_budget() {
+            break;
+        }
+        let Some(row) = shown_identity(store, &p).filter(|r| !r.overflow) else {
+            continue;
+        };
+        let pid = p.tgid.to_string();
+        let base = identity_labels(&row);
+        f.push_values(base.iter().copied().chain([pid.as_str()]), 1.0);
+        n += 1;
     }
     f.done(out);
 }
@@ -252,4 +359,183 @@ fn pins_families(health: &Health, out: &mut Vec<MetricFamily>) {
         );
     }
     f.done(out);
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use crate::exposition::encode;
+    use crate::signals::Store;
+    use crate::store::{ProcMeta, Who};
+    use std::time::Duration;
+
+    fn proc(tgid: u32) -> Who {
+        // Started a tick after boot: long-lived.
+        Who::Proc(ProcRef {
+            tgid,
+            start_ticks: 1,
+        })
+    }
+
+    /// The info series name the long-lived processes of shown identities, at most a fifth
+    /// of the budget, with the identity's labels and the pid; the budget's gauges say how
+    /// full it is.
+    #[test]
+    fn process_info_is_bounded_and_joinable() {
+        let mut store = Store::new(100, Duration::from_secs(60)).with_series_budget(10);
+        let wg = || ProcMeta {
+            comm: "wireguard-go".into(),
+            cgroup: "system.slice/wg.service".into(),
+            ..ProcMeta::default()
+        };
+        for pid in [101, 102, 103] {
+            store.proc_mut(proc(pid), wg).parts.tcp_state.established += 1;
+        }
+        store.admit(|_| 1);
+        store.series_used = 1;
+        let mut out = Vec::new();
+        families(
+            &store,
+            &Health::default(),
+            &[],
+            std::iter::empty(),
+            &mut out,
+        );
+        let text = encode(&out).unwrap();
+        let info: Vec<&str> = text
+            .lines()
+            .filter(|l| l.starts_with("bufscope_process_info{"))
+            .collect();
+        assert_eq!(info.len(), 2, "a fifth of 10: {info:?}");
+        assert!(
+            info[0].starts_with(
+                r#"bufscope_process_info{comm="wireguard-go",container="",cgroup="system.slice/wg.service",pid="#
+            ),
+            "{info:?}"
+        );
+        assert!(text.contains("bufscope_series_budget 10\n"), "{text}");
+        assert!(text.contains("bufscope_series 1\n"), "{text}");
+        assert!(text.contains("bufscope_series_identities 1\n"), "{text}");
+        assert!(
+            text.contains("bufscope_series_overflow_processes_total 0\n"),
+            "{text}"
+        );
+    }
+
+    /// A process with a finding gets its info series once it has run
+    /// [`INFO_MIN_AGE_FINDING_SECS`], one without only after [`INFO_MIN_AGE_SECS`]: a process
+    /// that lives for a moment and drops leaves no series of its own.
+    #[test]
+    fn a_finding_shortens_the_age_not_to_zero() {
+        let uptime: f64 = std::fs::read_to_string("/proc/uptime")
+            .unwrap()
+            .split_whitespace()
+            .next()
+            .unwrap()
+            .parse()
+            .unwrap();
+        let hz = crate::attribution::procfs::clk_tck() as f64;
+        // Started `ago` seconds before now.
+        let started = |tgid: u32, ago: f64| {
+            Who::Proc(ProcRef {
+                tgid,
+                start_ticks: ((uptime - ago) * hz) as u64,
+            })
+        };
+        let mut store = Store::new(100, Duration::from_secs(60)).with_series_budget(100);
+        let meta = || ProcMeta {
+            comm: "resolver".into(),
+            ..ProcMeta::default()
+        };
+        // 201: a moment old with a finding; 202: 30 s with one; 203: 30 s without.
+        for (pid, ago) in [(201, 1.0), (202, 30.0), (203, 30.0)] {
+            store
+                .proc_mut(started(pid, ago), meta)
+                .parts
+                .tcp_state
+                .established += 1;
+        }
+        store.admit(|_| 1);
+        let finding = |pid: u32| Finding {
+            kind: "udp_rcvbuf_drops",
+            severity: bufscope_api::Severity::Warning,
+            process: bufscope_api::ProcessRef {
+                pid,
+                ..Default::default()
+            },
+            socket: None,
+            summary: String::new(),
+            fix: String::new(),
+            evidence: Default::default(),
+            rule: "",
+            guard: None,
+            verdict: None,
+            story: None,
+            fixes: Vec::new(),
+            resolved: None,
+            since: 0,
+            changed_at: 0,
+        };
+        let mut out = Vec::new();
+        families(
+            &store,
+            &Health::default(),
+            &[
+                finding(201),
+                finding(202),
+                Finding {
+                    verdict: Some(bufscope_api::Verdict::Resolved),
+                    ..finding(203)
+                },
+            ],
+            std::iter::empty(),
+            &mut out,
+        );
+        let text = encode(&out).unwrap();
+        let pids: Vec<&str> = text
+            .lines()
+            .filter(|l| l.starts_with("bufscope_process_info{"))
+            .filter_map(|l| l.split("pid=\"").nth(1)?.split('"').next())
+            .collect();
+        assert_eq!(pids, ["202"], "{text}");
+        // The identity's findings are shown all the same, counted: the two active ones, not
+        // the resolved one (which gives 203 no info series either).
+        let finding_lines: Vec<&str> = text
+            .lines()
+            .filter(|l| l.starts_with(r#"bufscope_finding{comm="resolver""#))
+            .collect();
+        assert_eq!(finding_lines.len(), 1, "{text}");
+        assert!(finding_lines[0].ends_with(" 2"), "{text}");
+    }
+
+    /// A process whose identity went to the overflow series has no info series.
+    #[test]
+    fn no_info_for_the_overflow() {
+        let mut store = Store::new(100, Duration::from_secs(60)).with_series_budget(1);
+        store
+            .proc_mut(proc(7), || ProcMeta {
+                comm: "late".into(),
+                ..ProcMeta::default()
+            })
+            .parts
+            .tcp_state
+            .established = 1;
+        // Its two series do not fit a budget of one.
+        store.admit(|_| 2);
+        let mut out = Vec::new();
+        families(
+            &store,
+            &Health::default(),
+            &[],
+            std::iter::empty(),
+            &mut out,
+        );
+        let text = encode(&out).unwrap();
+        assert!(!text.contains("bufscope_process_info{"), "{text}");
+        assert!(
+            text.contains("bufscope_series_overflow_processes_total 1\n"),
+            "{text}"
+        );
+    }
 }

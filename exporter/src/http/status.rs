@@ -25,6 +25,7 @@ pub fn document(c: &Collector, probes: &[ProbeStatus]) -> StatusDocument {
                 pod: s.meta.pod.clone(),
                 namespace: s.meta.namespace.clone(),
                 container_name: s.meta.container_name.clone(),
+                cgroup: s.meta.cgroup.clone(),
                 ..ProcessRow::default()
             };
             s.parts.status(&mut row);

@@ -60,6 +60,11 @@ impl DropReasons {
         Self { by_value }
     }
 
+    /// Every reason: (number, name).
+    pub fn iter(&self) -> impl Iterator<Item = (u16, &str)> {
+        self.by_value.iter().map(|(v, n)| (*v, n.as_str()))
+    }
+
     /// Name of reason `v` (`"REASON_<v>"` when unknown).
     pub fn name(&self, v: u16) -> String {
         self.by_value

@@ -13,7 +13,7 @@ use bufscope_common::{AutotuneVal, maps, stat, total_family};
 
 use super::counted::{Changed, CountedMap};
 use super::{
-    AdviceCx, BuildCx, GcCx, MapFill, Part, PollCx, ProcStats, Room, Services, Signal, Store,
+    AdviceCx, BuildCx, GcCx, MapFill, Part, PollCx, Room, Row, Services, Signal, Store,
     counters_of, who_or_unknown,
 };
 use crate::advice::{Inputs, TuneView};
@@ -127,6 +127,25 @@ impl Part for ProcAutotune {
         if t.family == total_family::AUTOTUNE_RETIRED {
             self.suppressed += t.value;
             self.retired += t.value;
+        }
+    }
+
+    /// All of them (departed processes: nothing of theirs is left in `AUTOTUNE`).
+    fn counters(&self, out: &mut Vec<Total>) {
+        if self.suppressed > 0 {
+            out.push(Total {
+                family: total_family::AUTOTUNE_SUPPRESSED,
+                proto: Proto::Tcp.to_ip(),
+                option: 0,
+                value: self.suppressed,
+            });
+        }
+    }
+
+    fn restore_counter(&mut self, t: &Total) {
+        match t.family {
+            total_family::AUTOTUNE_SUPPRESSED => self.suppressed += t.value,
+            _ => self.restore(t),
         }
     }
 }
@@ -300,7 +319,7 @@ impl Signal for Autotune {
         PROBE.name
     }
 
-    fn families(&self, procs: &[(String, &ProcStats)], out: &mut Vec<MetricFamily>) {
+    fn families(&self, procs: &[Row], out: &mut Vec<MetricFamily>) {
         SUPPRESSED.per_process_value(procs, out, |s| {
             Some(s.parts.autotune.suppressed).filter(|n| *n > 0)
         });

@@ -61,6 +61,8 @@ pub use room::{
 pub type ProcStats = crate::store::ProcStats<Parts>;
 /// The per-process counters of every room.
 pub type Store = crate::store::Store<Parts>;
+/// One identity's counters as the exposition shows them (its processes summed).
+pub type Row = crate::store::Row<Parts>;
 
 /// The rooms, in the order their probes attach and are listed (`bufscope check`, metrics).
 /// Each line is `field: Room`: `field` names the room's part of [`Parts`], its flags in
@@ -128,6 +130,18 @@ macro_rules! signals {
             /// Gives a counter kept across a restart back to the room it belongs to.
             pub fn restore(&mut self, t: &crate::totals::Total) {
                 $( Part::restore(&mut self.$field, t); )*
+            }
+
+            /// Every room's every counter ([`Part::counters`]).
+            pub fn counters(&self) -> Vec<crate::totals::Total> {
+                let mut out = Vec::new();
+                $( Part::counters(&self.$field, &mut out); )*
+                out
+            }
+
+            /// Gives a counter of [`Parts::counters`] back to the room it belongs to.
+            pub fn restore_counter(&mut self, t: &crate::totals::Total) {
+                $( Part::restore_counter(&mut self.$field, t); )*
             }
         }
 
@@ -213,7 +227,7 @@ pub fn attributed() -> impl Iterator<Item = &'static str> {
 }
 
 /// Every running room's metric families, in list order.
-pub fn families(rooms: &[Box<dyn Signal>], procs: &[(String, &ProcStats)]) -> Vec<MetricFamily> {
+pub fn families(rooms: &[Box<dyn Signal>], procs: &[Row]) -> Vec<MetricFamily> {
     let mut out = Vec::new();
     for r in rooms {
         r.families(procs, &mut out);

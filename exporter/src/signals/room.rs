@@ -7,7 +7,7 @@ use aya::Ebpf;
 use foldhash::HashSet;
 use prometheus::proto::MetricFamily;
 
-use super::{ProcStats, Store};
+use super::{ProcStats, Row, Store};
 use crate::advice::Inputs;
 use crate::attribution::{Attributor, OwnersMap, UdpSocketsMap};
 use crate::bpf::pins::Outcome;
@@ -43,6 +43,19 @@ pub trait Part: Clone + std::fmt::Debug + Default + Send + Sync + 'static {
 
     /// Takes back a counter [`Part::totals`] gave before a restart (ignores other families).
     fn restore(&mut self, _t: &Total) {}
+
+    /// Every counter, those read from maps included: what an identity's departed processes
+    /// counted, kept across a restart in `TOTALS` ([`crate::totals`]). Default:
+    /// [`Part::totals`].
+    fn counters(&self, out: &mut Vec<Total>) {
+        self.totals(out);
+    }
+
+    /// Takes back a counter [`Part::counters`] gave before a restart. Default:
+    /// [`Part::restore`].
+    fn restore_counter(&mut self, t: &Total) {
+        self.restore(t);
+    }
 }
 
 /// Adds every counter of `from` to `into` (a part's counters keyed by label values: how it
@@ -347,7 +360,7 @@ pub trait Signal: Send {
     fn advise(&self, _cx: &AdviceCx<'_>, _inputs: &mut Inputs) {}
 
     /// Its metric families: per process from `procs`, and its own (e.g. a hook's state).
-    fn families(&self, _procs: &[(String, &ProcStats)], _out: &mut Vec<MetricFamily>) {}
+    fn families(&self, _procs: &[Row], _out: &mut Vec<MetricFamily>) {}
 
     /// Its counter families whose values are read from BPF maps (so, with `--bpf.pin-path`,
     /// they go on across restarts: their `_created` is when the pinned maps began counting,

@@ -13,7 +13,7 @@ use prometheus::proto::MetricFamily;
 
 use bufscope_common::{EstablishedEvent, SOCK_RCVBUF_LOCK, estab_flags, event_kind, total_family};
 
-use super::{AdviceCx, GcCx, Part, PollCx, ProcStats, RingRoom, Signal, decode};
+use super::{AdviceCx, GcCx, Part, PollCx, ProcStats, RingRoom, Row, Signal, decode};
 use crate::advice::{Inputs, TcpShape};
 use crate::attribution::{Attributor, Cause};
 use crate::bpf::{Hook, ProbeSpec};
@@ -212,7 +212,7 @@ impl Signal for TcpState {
         PROBE.name
     }
 
-    fn families(&self, procs: &[(String, &ProcStats)], out: &mut Vec<MetricFamily>) {
+    fn families(&self, procs: &[Row], out: &mut Vec<MetricFamily>) {
         let tcp = |s: &ProcStats| Some(s.parts.tcp_state).filter(|t| t.established > 0);
         ESTABLISHED.per_process_value(procs, out, |s| tcp(s).map(|t| t.established));
         SHRUNK.per_process_value(procs, out, |s| tcp(s).map(|t| t.wscale_shrunk));

@@ -99,20 +99,34 @@ impl Bench {
         }
     }
 
-    /// `room`'s families, as the exposition renders them.
+    /// `room`'s families, as the exposition renders them (every identity, decided or not).
     pub fn families(&self, room: &dyn Signal) -> Vec<MetricFamily> {
-        let procs: Vec<_> = self.store.iter().collect();
+        let rows = self.store.rows_including_pending();
         let mut out = Vec::new();
-        room.families(&procs, &mut out);
+        room.families(&rows, &mut out);
         out
     }
 
-    /// Counts of `proc` in `room`'s family `name` (summed over label sets, then matched on
-    /// `labels`: every (name, value) given must be on the sample).
+    /// Counts of the identity of process `pid` in `room`'s family `name` (summed over label
+    /// sets, then matched on `labels`: every (name, value) given must be on the sample).
     pub fn sample(&self, room: &dyn Signal, name: &str, pid: u32, labels: &[(&str, &str)]) -> f64 {
-        let pid = pid.to_string();
-        self.families(room)
-            .iter()
+        let Some(series) = self
+            .store
+            .procs()
+            .find(|(p, _)| p.tgid == pid)
+            .map(|(_, s)| s.series)
+        else {
+            return 0.0;
+        };
+        let rows: Vec<_> = self
+            .store
+            .rows_including_pending()
+            .into_iter()
+            .filter(|r| r.id == series)
+            .collect();
+        let mut out = Vec::new();
+        room.families(&rows, &mut out);
+        out.iter()
             .filter(|f| f.name() == name)
             .flat_map(|f| f.get_metric())
             .filter(|m| {
@@ -121,7 +135,7 @@ impl Bench {
                         .iter()
                         .any(|l| l.name() == k && l.value() == v)
                 };
-                has("pid", &pid) && labels.iter().all(|(k, v)| has(k, v))
+                labels.iter().all(|(k, v)| has(k, v))
             })
             .map(|m| m.get_counter().get_value() + m.get_gauge().get_value())
             .sum()

@@ -24,7 +24,7 @@ use bufscope_common::{WgKey, WgSites, maps, wg_reason};
 use clap::ValueEnum;
 use prometheus::proto::MetricFamily;
 
-use super::{BuildCx, CheckLine, PollCx, ProcStats, Room, Services, Signal};
+use super::{BuildCx, CheckLine, PollCx, Room, Services, Signal};
 use crate::bpf::table::{PerCpuHash, Slots};
 use crate::bpf::{BtfNeed, Hook, LoadPlan, PerCpuTable, ProbeSpec, Table};
 use crate::exposition::Spec;
@@ -189,7 +189,7 @@ impl Room for Wireguard {
             QueueDrops::Auto if !module_present() => {
                 plan.leave_off(
                     PROBE.name,
-                    "off: no wireguard module loaded at start (--wireguard.queue-drops auto; on attaches anyway)",
+                    "off (no wireguard module loaded at start; --wireguard.queue-drops auto: on attaches anyway)",
                 );
             }
             QueueDrops::Auto => {}
@@ -303,7 +303,7 @@ impl Signal for Wireguard {
         moved
     }
 
-    fn families(&self, _procs: &[(String, &ProcStats)], out: &mut Vec<MetricFamily>) {
+    fn families(&self, _procs: &[super::Row], out: &mut Vec<MetricFamily>) {
         let mut f = DROPS.family();
         for (k, v) in &self.counts {
             f.push(

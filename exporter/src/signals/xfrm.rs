@@ -23,7 +23,7 @@ use prometheus::proto::MetricFamily;
 
 use super::netlink::namespaces::Namespaces;
 use super::netlink::table;
-use super::{AdviceCx, BuildCx, NoFlags, PollCx, ProcStats, Room, Services, Signal};
+use super::{AdviceCx, BuildCx, NoFlags, PollCx, Room, Services, Signal};
 use crate::advice::{Inputs, XfrmView};
 use crate::attribution::Cause;
 use crate::bpf::{Hook, LoadPlan, ProbeSpec};
@@ -59,15 +59,15 @@ const ERRORS: Spec = Spec::counter(
 
 const DAEMON: Spec = Spec::gauge(
     "bufscope_xfrm_daemon_info",
-    "The IKE daemon of a network namespace with XFRM errors: the process holding a NETLINK_XFRM socket bound to XFRM groups (else a PF_KEY socket) there.",
+    "The IKE daemon of a network namespace with XFRM errors: the program (its identity, as on the per-process families; join bufscope_process_info on it for the pid) holding a NETLINK_XFRM socket bound to XFRM groups (else a PF_KEY socket) there.",
     &[
         "netns",
         "comm",
-        "pid",
         "container",
         "pod",
         "namespace",
         "container_name",
+        "cgroup",
     ],
 );
 
@@ -358,7 +358,7 @@ impl Signal for Xfrm {
         }
     }
 
-    fn families(&self, _procs: &[(String, &ProcStats)], out: &mut Vec<MetricFamily>) {
+    fn families(&self, _procs: &[super::Row], out: &mut Vec<MetricFamily>) {
         let mut f = ERRORS.family();
         let mut keys: Vec<&u32> = self.series.keys().collect();
         keys.sort_unstable();
@@ -372,19 +372,19 @@ impl Signal for Xfrm {
             f.push(&["_other", reason], *v as f64);
         }
         f.done(out);
-        // The owners, labelled as the per-process families label processes.
+        // The owners, labelled as the per-process families label identities (no pid).
         let mut f = DAEMON.family();
         for (ns, n) in &self.series {
-            let Some((p, m)) = &n.owner else { continue };
+            let Some((_, m)) = &n.owner else { continue };
             f.push(
                 &[
                     &ns.to_string(),
                     &m.comm,
-                    &p.tgid.to_string(),
                     &m.container,
                     &m.pod,
                     &m.namespace,
                     &m.container_name,
+                    &m.cgroup,
                 ],
                 1.0,
             );

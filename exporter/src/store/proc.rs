@@ -12,8 +12,9 @@ pub struct ProcRef {
     pub start_ticks: u64,
 }
 
-/// Label values that describe a process.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+/// Label values that describe a process: its *identity*, what its series are keyed by (a
+/// process's pid and start time are not: see [`super::series`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct ProcMeta {
     /// Process name (lossy UTF-8 of the kernel's `comm` bytes).
     pub comm: String,
@@ -25,6 +26,9 @@ pub struct ProcMeta {
     pub namespace: String,
     /// The container's name in its pod, empty outside a pod (or when not known).
     pub container_name: String,
+    /// A host process's cgroup, as far as it names a service
+    /// ([`crate::attribution::container::service_cgroup`]); empty in a container.
+    pub cgroup: String,
 }
 
 /// The per-signal parts of a process's counters (the signal rooms define them; the store
@@ -55,9 +59,18 @@ pub struct ProcStats<P> {
     pub placeholder: bool,
     /// One part per signal.
     pub parts: P,
+    /// The identity it counts on ([`super::series`]).
+    pub series: super::SeriesId,
 }
 
-impl<P: Parts> ProcStats<P> {
+impl ProcStats<()> {
+    /// A row of labels only (no counters).
+    pub fn new_row(meta: ProcMeta) -> Self {
+        Self::new(meta, Instant::now())
+    }
+}
+
+impl<P: Default> ProcStats<P> {
     pub(super) fn new(meta: ProcMeta, now: Instant) -> Self {
         Self {
             meta,
@@ -66,11 +79,14 @@ impl<P: Parts> ProcStats<P> {
             born: SystemTime::now(),
             placeholder: false,
             parts: P::default(),
+            series: super::series::UNKNOWN,
         }
     }
+}
 
+impl<P: Parts> ProcStats<P> {
     /// Adds every counter of `o` to `self`.
-    pub(super) fn absorb(&mut self, o: &Self) {
+    pub fn absorb(&mut self, o: &Self) {
         self.parts.absorb(&o.parts);
         self.last_active = self.last_active.max(o.last_active);
     }

@@ -96,7 +96,16 @@ pub(super) fn probe_line(s: &StatusDocument) -> Vec<Span<'static>> {
     let up = s.probes.iter().filter(|p| p.attached).count();
     let wanted = s.probes.iter().filter(|p| !switched_off(p)).count();
     let mut spans = vec![Span::raw(format!("probes {up}/{wanted}:"))];
-    for p in &s.probes {
+    // Failed probes first, switched-off ones last: on a narrow terminal what is cut is what
+    // was meant to be off.
+    let rank = |p: &&ProbeRow| match (p.attached, switched_off(p)) {
+        (false, false) => 0,
+        (true, _) => 1,
+        (false, true) => 2,
+    };
+    let mut probes: Vec<_> = s.probes.iter().collect();
+    probes.sort_by_key(rank);
+    for p in probes {
         if p.attached {
             spans.push(Span::styled(
                 format!(" {}", p.probe),

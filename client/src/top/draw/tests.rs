@@ -144,7 +144,7 @@ fn thousand_processes_at_80x24() {
         s[0]
     );
     assert!(
-        s[1].contains("probes 1/2: drops autotune:off tcp_state FAILED (EPERM)"),
+        s[1].contains("probes 1/2: tcp_state FAILED (EPERM) drops autotune:off"),
         "{}",
         s[1]
     );

@@ -94,6 +94,13 @@ impl Drops {
                 .held
                 .get(&k)
                 .is_some_and(|h| now.duration_since(h.since) >= self.hold);
+            if self.adopted && k.site == drop_site::SOCKET && who.is_some_and(|p| !attr.alive(&p)) {
+                // The first read of adopted maps: a closed socket of a process that exited
+                // before the restart. Its counts are on its identity already (kept in
+                // `TOTALS` with the process's), or left with it while no bufscope ran.
+                self.held.remove(&k);
+                continue;
+            }
             if who.is_none() && k.site == drop_site::RETIRED {
                 // Folded counts of a process that exited while no bufscope ran: its series
                 // would have left with it (the entry goes at the next GC).
@@ -131,6 +138,7 @@ impl Drops {
         let who = who_or_unknown(store, "drops", who, packets);
         if let (Some(seen), Who::Proc(p)) = (self.map.last.get_mut(k), who) {
             seen.owner = Some(p);
+            seen.credit(p, packets);
         }
         let s = counters_of(store, attr, who);
         let reasons = &self.reasons;
@@ -177,6 +185,11 @@ impl Drops {
             .names
             .entry(k.reason)
             .or_insert_with(|| reasons.name(k.reason));
+        if let Some(seen) = self.map.last.get_mut(k) {
+            for (p, n) in &parts {
+                seen.credit(*p, *n);
+            }
+        }
         for (p, n) in parts {
             let s = store.proc_mut(Who::Proc(p), || attr.meta(&p));
             s.parts.drops.add(Proto::from_ip(k.proto), name, n);
@@ -189,18 +202,20 @@ impl Drops {
 const UDP_RCVBUF_REASON: &str = "SOCKET_RCVBUFF";
 
 impl Drops {
-    /// Gives each process newly known to hold a UDP socket its
-    /// `{proto="udp",reason="SOCKET_RCVBUFF"}` series at 0 (room permitting:
-    /// [`Store::placeholder`]), so that Prometheus sees its first drops as an increase.
+    /// Gives each process newly known to hold a UDP socket its identity's
+    /// `{proto="udp",reason="SOCKET_RCVBUFF"}` series at 0 ([`Store::zero_series`]), so that
+    /// Prometheus sees its first drops as an increase.
     pub(super) fn zero_udp_series(&self, cx: &mut PollCx<'_>) {
         if self.reasons.value(UDP_RCVBUF_REASON).is_none() {
             return;
         }
         for p in cx.attr.new_udp_holders() {
             let attr = &*cx.attr;
-            if let Some(s) = cx.store.placeholder(p, || attr.meta(&p)) {
-                s.parts.drops.add(Proto::Udp, UDP_RCVBUF_REASON, 0);
-            }
+            cx.store.zero_series(
+                p,
+                || attr.meta(&p),
+                |parts| parts.drops.add(Proto::Udp, UDP_RCVBUF_REASON, 0),
+            );
         }
     }
 }

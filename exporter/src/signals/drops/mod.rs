@@ -30,7 +30,7 @@ use prometheus::proto::MetricFamily;
 use std::time::{Duration, Instant};
 
 use aya::Ebpf;
-use bufscope_common::{DropKey, DropVal, drop_site, maps};
+use bufscope_common::{DropKey, DropVal, drop_site, maps, total_family};
 
 pub use netns::{MAX_NETNS_SERIES, NetnsDrops, NetnsSeries};
 use netns::{NETNS_DROPS, netns_family};
@@ -43,7 +43,7 @@ pub use shared::{QUIET, READER_WAIT, split};
 
 use super::counted::{Changed, CountedMap};
 use super::{
-    AdviceCx, Attached, BuildCx, CheckLine, GcCx, MapFill, Part, PollCx, ProcStats, Room, Services,
+    AdviceCx, Attached, BuildCx, CheckLine, GcCx, MapFill, Part, PollCx, Room, Row, Services,
     Signal, absorb_counts,
 };
 use crate::advice::{Inputs, SocketDrops};
@@ -53,6 +53,7 @@ use crate::exposition::Spec;
 use crate::kernel::{DropReasons, KernelBtf};
 use crate::labels::Proto;
 use crate::store::ProcRef;
+use crate::totals::Total;
 
 /// What the drops room resolved before loading.
 pub struct Setup {
@@ -90,6 +91,32 @@ impl Part for ProcDrops {
     fn after_exec(&self) -> Self {
         Self {
             packets: self.packets.keys().map(|k| (k.clone(), 0)).collect(),
+        }
+    }
+
+    /// Every count, by proto and the kernel's reason number (a reason numbered above 255,
+    /// none of the buffer-full ones, is not kept).
+    fn counters(&self, out: &mut Vec<Total>) {
+        for ((proto, reason), v) in &self.packets {
+            let Some(n) = crate::labels::drop_reason_number(reason) else {
+                continue;
+            };
+            if let (Ok(option), true) = (u8::try_from(n), *v > 0) {
+                out.push(Total {
+                    family: total_family::DROPS,
+                    proto: proto.to_ip(),
+                    option,
+                    value: *v,
+                });
+            }
+        }
+    }
+
+    fn restore_counter(&mut self, t: &Total) {
+        if t.family == total_family::DROPS
+            && let Some(name) = crate::labels::drop_reason_name(u16::from(t.option))
+        {
+            self.add(Proto::from_ip(t.proto), &name, t.value);
         }
     }
 }
@@ -194,6 +221,8 @@ impl Room for Drops {
         if !env.attached(PROBE.name) {
             return Ok(None);
         }
+        // Counters kept across restarts name reasons by number.
+        crate::labels::register_drop_reasons(env.reasons.iter().map(|(v, n)| (v, n.to_string())));
         let mut room = Self::new(
             PerCpuHash::take(ebpf, maps::DROPS)?,
             setup.flags.entries,
@@ -239,7 +268,7 @@ impl Signal for Drops {
 
     /// Per process, per network namespace for drops no hook of this kernel can put on a
     /// socket, and the reader hook's state.
-    fn families(&self, procs: &[(String, &ProcStats)], out: &mut Vec<MetricFamily>) {
+    fn families(&self, procs: &[Row], out: &mut Vec<MetricFamily>) {
         netns_family(&self.netns, out);
         if let Some(sh) = &self.shared {
             sh.hook().families(out);

@@ -144,6 +144,7 @@ impl Drops {
                         owner: None,
                         ifname: ifname(&v.ifname),
                         history,
+                        credited: Vec::new(),
                     })
                 }
             };
@@ -161,22 +162,23 @@ impl Drops {
         self.adopted = false;
     }
 
-    /// Before the closed sockets `doomed` leave the map: adds their counts to their live
-    /// owner's [`drop_site::RETIRED`] entry (one per process, proto and reason), written to
-    /// the map as the total it already is in the store (no delta, no double count); a restart
-    /// that adopts the map gives the process those counts again.
+    /// Before the closed sockets `doomed` leave the map: adds what each live process was
+    /// credited from them to its [`drop_site::RETIRED`] entry (one per process, proto and
+    /// reason), written to the map as the total it already is in the store (no delta, no
+    /// double count); a restart that adopts the map gives each process those counts again.
     pub(super) fn fold(&mut self, doomed: &[DropKey], attr: &Attributor, now: Instant) {
         let mut folds: BTreeMap<(ProcRef, u16, u8), (u64, u64)> = BTreeMap::new();
         for k in doomed.iter().filter(|k| k.site == drop_site::SOCKET) {
             let Some(s) = self.map.last.get(k) else {
                 continue;
             };
-            let Some(owner) = s.owner.filter(|p| attr.alive(p)) else {
-                continue;
-            };
-            let f = folds.entry((owner, k.reason, k.proto)).or_default();
-            f.0 += s.packets;
-            f.1 += s.skbs;
+            // Each live process keeps what it was credited (a shared socket's readers their
+            // shares): a restart gives each its own part back, no series takes another's.
+            for (p, n) in s.credited.iter().filter(|(p, n)| *n > 0 && attr.alive(p)) {
+                let f = folds.entry((*p, k.reason, k.proto)).or_default();
+                f.0 += n;
+                f.1 += n;
+            }
         }
         for ((owner, reason, proto), (packets, skbs)) in folds {
             let key = DropKey {
@@ -214,6 +216,7 @@ impl Drops {
                 owner: Some(owner),
                 ifname: String::new(),
                 history: VecDeque::from([(now, total.packets)]),
+                credited: Vec::new(),
             });
             seen.packets = total.packets;
             seen.skbs = total.skbs;

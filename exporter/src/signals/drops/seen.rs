@@ -25,6 +25,10 @@ pub struct Seen {
     pub ifname: String,
     /// (time, cumulative packets) samples of the last [`HISTORY`], for rates.
     pub history: VecDeque<(Instant, u64)>,
+    /// What each process was credited from this key (a shared socket's readers, a holder
+    /// after another): what a closed socket leaves each of them when it is folded
+    /// ([`super::Drops::fold`]).
+    pub credited: Vec<(ProcRef, u64)>,
 }
 
 /// How much per-key history is kept for rates.
@@ -35,6 +39,14 @@ pub const HISTORY: Duration = crate::advice::MAX_WINDOW;
 pub const HISTORY_STEP: Duration = Duration::from_secs(10);
 
 impl Seen {
+    /// Records that `p` was credited `n` of this key's packets.
+    pub fn credit(&mut self, p: ProcRef, n: u64) {
+        match self.credited.iter_mut().find(|(q, _)| *q == p) {
+            Some((_, v)) => *v += n,
+            None => self.credited.push((p, n)),
+        }
+    }
+
     /// Packets per second over the last `window` (0 when nothing moved in it).
     pub fn rate(&self, window: Duration, now: Instant) -> f64 {
         let Some(&(t_last, last)) = self.history.back() else {
@@ -95,6 +107,7 @@ mod tests {
             changed: now,
             rcvbuf: 0,
             rmem_alloc: 0,
+            credited: Vec::new(),
             owner: None,
             ifname: String::new(),
             history: samples

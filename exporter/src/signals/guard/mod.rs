@@ -35,8 +35,8 @@ pub use settings::{
 use settings::{Setup, raise_sysctls, require_enforce, resolve};
 
 use super::{
-    AdviceCx, Attached, BuildCx, Part, PollCx, ProcStats, Room, Services, Signal, ValidateCx,
-    decode, setsockopt,
+    AdviceCx, Attached, BuildCx, Part, PollCx, Room, Row, Services, Signal, ValidateCx, decode,
+    setsockopt,
 };
 use crate::advice::{GuardAct, Inputs};
 use crate::bpf::table::{PerCpuSlots, PerCpuTable, Slots};
@@ -141,6 +141,34 @@ impl Part for ProcGuard {
             .iter()
             .map(|((rule, action), v)| (format!("{}/{}", rule.as_str(), action.as_str()), *v))
             .collect();
+    }
+
+    /// Decisions come from events: kept across a restart (rule in the proto byte, action in
+    /// the option byte).
+    fn totals(&self, out: &mut Vec<crate::totals::Total>) {
+        for ((rule, action), v) in &self.decisions {
+            out.push(crate::totals::Total {
+                family: bufscope_common::total_family::GUARD_DECISIONS,
+                proto: *rule as u8,
+                option: *action as u8,
+                value: *v,
+            });
+        }
+    }
+
+    fn restore(&mut self, t: &crate::totals::Total) {
+        if t.family != bufscope_common::total_family::GUARD_DECISIONS {
+            return;
+        }
+        let rule = [Rule::TcpAutotune, Rule::UdpFloor]
+            .into_iter()
+            .find(|r| *r as u8 == t.proto);
+        let action = [Action::Skipped, Action::Raised, Action::Observed]
+            .into_iter()
+            .find(|a| *a as u8 == t.option);
+        if let (Some(rule), Some(action)) = (rule, action) {
+            *self.decisions.entry((rule, action)).or_default() += t.value;
+        }
     }
 }
 
@@ -371,7 +399,7 @@ impl Signal for Guard {
         PROBE.name
     }
 
-    fn families(&self, procs: &[(String, &ProcStats)], out: &mut Vec<MetricFamily>) {
+    fn families(&self, procs: &[Row], out: &mut Vec<MetricFamily>) {
         DECISIONS.per_process(procs, out, |s, emit| {
             for ((rule, action), v) in &s.parts.guard.decisions {
                 emit(&[rule.as_str(), action.as_str()], *v as f64);

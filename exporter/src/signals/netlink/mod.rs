@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 use foldhash::{HashMap, HashMapExt as _, HashSet, HashSetExt as _};
 use prometheus::proto::MetricFamily;
 
-use super::{AdviceCx, BuildCx, NoFlags, Part, PollCx, ProcStats, Room, Services, Signal};
+use super::{AdviceCx, BuildCx, NoFlags, Part, PollCx, Room, Services, Signal};
 use crate::advice::{Inputs, NetlinkView};
 use crate::attribution::Cause;
 use crate::bpf::{Hook, LoadPlan, ProbeSpec};
@@ -437,7 +437,7 @@ impl Signal for Netlink {
         );
     }
 
-    fn families(&self, procs: &[(String, &ProcStats)], out: &mut Vec<MetricFamily>) {
+    fn families(&self, procs: &[super::Row], out: &mut Vec<MetricFamily>) {
         OVERRUNS.per_process(procs, out, |s, emit| {
             for (p, n) in &s.parts.netlink.overruns {
                 emit(&[&table::family_name(*p)], *n as f64);

@@ -23,7 +23,7 @@ use prometheus::proto::MetricFamily;
 
 use bufscope_common::{SockoptEvent, event_kind, sockopt_flags, total_family};
 
-use super::{AdviceCx, GcCx, Part, PollCx, ProcStats, RingRoom, Signal, absorb_counts, decode};
+use super::{AdviceCx, GcCx, Part, PollCx, RingRoom, Row, Signal, absorb_counts, decode};
 use crate::advice::{CallRec, Inputs, LimitScope, NsLimits, SocketStory};
 use crate::bpf::{Hook, ProbeSpec};
 use crate::exposition::Spec;
@@ -387,7 +387,7 @@ impl Signal for Setsockopt {
         PROBE.name
     }
 
-    fn families(&self, procs: &[(String, &ProcStats)], out: &mut Vec<MetricFamily>) {
+    fn families(&self, procs: &[Row], out: &mut Vec<MetricFamily>) {
         families(procs, out);
     }
 
@@ -512,7 +512,7 @@ const SND_LOCKS: Spec = Spec::counter(
 );
 
 /// The setsockopt families.
-fn families(procs: &[(String, &ProcStats)], out: &mut Vec<MetricFamily>) {
+fn families(procs: &[Row], out: &mut Vec<MetricFamily>) {
     type Pick = fn(&SockoptCounts) -> u64;
     let counts: [(&Spec, Pick); 3] = [
         (&CALLS, |c| c.calls),

@@ -68,6 +68,14 @@ fn main() {
         std::process::exit(2);
     }
     let cmd = argv.remove(0);
+    // bufscope's series are keyed by program and place: a name of its own per test child
+    // (`wl<pid>`) keeps each one's series apart (children it forks share it). Commands
+    // that name themselves later override it.
+    if std::env::var_os("BUFSCOPE_WORKLOAD_KEEP_COMM").is_none()
+        && let Err(e) = sys::set_comm(format!("wl{}", std::process::id()).as_bytes())
+    {
+        eprintln!("bufscope-workload: {e:#}");
+    }
     let a = Args(argv);
     let r = match cmd.as_str() {
         "udp-recv" => udp::udp_recv(&a),
