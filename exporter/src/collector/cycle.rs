@@ -1,7 +1,8 @@
 //! The collector's two ways in, each holding its lock only for what needs it: a request's
-//! fresh view ([`fresh`]) and the background cycle ([`background`]: poll, GC, owner
-//! look-ups). Passes over `/proc` (GC's, the look-ups') run between two holds: a scrape
-//! waits for the lock only while the maps are read and the answers filed.
+//! fresh view ([`fresh`]) and the background cycle ([`background`]: poll, advice, GC, owner
+//! look-ups). Passes over `/proc` (GC's, the look-ups') and the evaluation of the advice
+//! rules run between two holds: a scrape waits for the lock only while the maps are read and
+//! the answers filed.
 
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -11,6 +12,7 @@ use std::time::{Duration, Instant};
 const IN_FLIGHT_WAIT: Duration = Duration::from_secs(2);
 
 use super::{Collector, Held, Holder, lock_as};
+use crate::advice::Report;
 use crate::attribution::{Found, Lookup};
 
 impl Collector {
@@ -66,15 +68,34 @@ pub fn fresh(c: &Mutex<Collector>, arrived: Instant) -> Held<'_> {
     held
 }
 
-/// One background cycle (the poll task's, every `--poll-interval`): a poll; GC when due,
+/// The `/api/v1/findings` document for a request that arrived at `arrived`: the rules
+/// evaluated after a poll that started after it. When the poll task is evaluating them
+/// without the lock, the request waits for that (without the lock) and evaluates after it.
+pub fn report(c: &Mutex<Collector>, arrived: Instant) -> Report {
+    let mut held = fresh(c, arrived);
+    let deadline = Instant::now() + IN_FLIGHT_WAIT;
+    while held.advice_running() && Instant::now() < deadline {
+        drop(held);
+        std::thread::sleep(Duration::from_millis(2));
+        held = lock_as(c, Holder::Request);
+    }
+    held.report()
+}
+
+/// One background cycle (the poll task's, every `--poll-interval`): a poll; the advice
+/// rules when due, evaluated between two holds; GC when due,
 /// its `/proc` pass between two holds; the owner look-ups when due, likewise, then a poll
 /// when counts waited for them.
 pub fn background(c: &Mutex<Collector>) {
-    let gc = {
+    let (advice, gc) = {
         let mut held = lock_as(c, Holder::Poll);
         held.poll();
-        held.gc_due().then(|| held.gc_plan())
+        (held.advice_plan(), held.gc_due().then(|| held.gc_plan()))
     };
+    if let Some(job) = advice {
+        let done = job.run();
+        lock_as(c, Holder::Poll).advice_apply(done);
+    }
     if let Some(plan) = gc {
         let scan = plan.scan();
         lock_as(c, Holder::Gc).gc_apply(scan);

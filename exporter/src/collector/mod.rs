@@ -42,7 +42,8 @@ use crate::kernel::BufferLimits;
 use crate::signals::{PollCx, Signal, Store};
 
 use advice::{AdviceCache, Observed};
-pub use cycle::{background, fresh};
+pub use advice::{Evaluated, Evaluation};
+pub use cycle::{background, fresh, report};
 use gc::Gc;
 pub use gc::{GcPlan, GcScan, Timing};
 pub use heartbeat::Heartbeat;
@@ -53,12 +54,10 @@ use poll::PollLoop;
 use render::{Exposed, RenderCache};
 use ring::RingDispatch;
 
-/// How often a poll evaluates the advice rules when nothing asked for them.
+/// How often the poll task evaluates the advice rules, at most, while what they read keeps
+/// changing (without the collector's lock: [`Collector::advice_plan`]). `/metrics` shows the
+/// last evaluation (the `bufscope_finding` gauges); `/api/v1/findings` re-evaluates.
 const FINDINGS_EVERY_POLL: Duration = Duration::from_secs(5);
-
-/// How long `/metrics` reuses an evaluation of the advice rules (the `bufscope_finding`
-/// gauges) even when something changed; `/api/v1/findings` always re-evaluates.
-const FINDINGS_MIN_AGE_SCRAPE: Duration = Duration::from_secs(1);
 
 /// Everything a collector is made of, gathered by `bufscope run` (or a test) and built in one
 /// call.
@@ -268,9 +267,6 @@ impl Collector {
         }
         self.health.rmem_max = self.limits.rmem_max;
         self.health.wmem_max = self.limits.wmem_max;
-        // Findings are evaluated while nobody reads them too, so a finding that cost and
-        // stopped after a fix is seen resolved (their past lives in the advice history).
-        self.findings(FINDINGS_EVERY_POLL);
         self.heartbeat.polled();
     }
 
@@ -299,6 +295,31 @@ impl Collector {
             procfs: self.attr.procfs(),
         };
         self.advice.findings(min_age, &o)
+    }
+
+    /// The evaluation of the advice rules to run without the lock, when one is due (the poll
+    /// task's, [`background`]): findings are evaluated while nobody reads them too, so a
+    /// finding that cost and stopped after a fix is seen resolved (their past lives in the
+    /// advice history), and no scrape waits for an evaluation.
+    pub fn advice_plan(&mut self) -> Option<Evaluation> {
+        let o = Observed {
+            rooms: &self.rooms,
+            store: &self.store,
+            limits: self.limits,
+            procfs: self.attr.procfs(),
+        };
+        self.advice.plan(FINDINGS_EVERY_POLL, &o)
+    }
+
+    /// Whether the poll task is evaluating the advice rules without the lock.
+    pub fn advice_running(&self) -> bool {
+        self.advice.running()
+    }
+
+    /// Files what an evaluation run without the lock found; the next scrape shows it.
+    pub fn advice_apply(&mut self, done: Evaluated) {
+        self.advice.apply(done);
+        self.render.changed();
     }
 
     /// The `/api/v1/findings` document.
@@ -342,7 +363,17 @@ impl Collector {
     pub fn render_shared(&mut self, format: Format) -> Bytes {
         self.health.map_entries = self.rooms.iter().filter_map(|s| s.map_fill()).collect();
         self.health.pod_labels_refused = self.attr.pod_labels_refused();
-        let findings = self.findings(FINDINGS_MIN_AGE_SCRAPE);
+        // The poll task's last evaluation: evaluating 10,000 sockets' findings here made every
+        // scrape after a poll hold the lock for a few hundred milliseconds.
+        let findings = {
+            let o = Observed {
+                rooms: &self.rooms,
+                store: &self.store,
+                limits: self.limits,
+                procfs: self.attr.procfs(),
+            };
+            self.advice.latest(&o)
+        };
         let runs = self.probe_runs();
         self.admit();
         let rows = self.store.rows();
@@ -413,6 +444,99 @@ mod tests {
     use crate::signals::setsockopt::Setsockopt;
     use crate::signals::testkit::{Bench, gone_inode, me, my_proc};
     use bufscope_common::{AutotuneVal, IPPROTO_TCP, SO_RCVBUF, SockoptEvent, event_kind};
+
+    /// A collector whose one room has a socket with its autotuning suppressed at a high RTT
+    /// (the `tcp_autotune_suppressed` finding).
+    fn with_a_finding() -> (Mutex<Collector>, FakeTable<u64, Vec<AutotuneVal>>) {
+        let b = Bench::new();
+        let kernel = FakeTable::new(16);
+        b.owners.set(gone_inode(60), me());
+        kernel.set(
+            gone_inode(60),
+            vec![AutotuneVal {
+                grow_events: 50,
+                suppressed: 50,
+                last_ns: 1,
+                rtt_us: 190_000,
+                rcvbuf: 131_072,
+                copied: 131_072,
+                interval_us: 190_000,
+                userlocks: bufscope_common::SOCK_RCVBUF_LOCK as u32,
+                ..AutotuneVal::default()
+            }],
+        );
+        let rooms: Vec<Box<dyn Signal>> = vec![Box::new(Autotune::new(kernel.boxed(), 16))];
+        let c = Config {
+            rooms,
+            ..Config::new(b.store, b.attr)
+        }
+        .build();
+        (Mutex::new(c), kernel)
+    }
+
+    /// The poll task evaluates the findings without the lock; a scrape meanwhile renders the
+    /// last evaluation instead of evaluating (or waiting); `/api/v1/findings` waits for the
+    /// running evaluation and evaluates after it.
+    #[test]
+    fn findings_are_evaluated_off_the_lock_and_scrapes_never_evaluate() {
+        let (c, _kernel) = with_a_finding();
+        background(&c);
+        let first = {
+            let mut held = lock(&c);
+            let g: &mut Collector = &mut held;
+            assert!(!g.advice_running());
+            let f = g.advice.latest(&Observed {
+                rooms: &g.rooms,
+                store: &g.store,
+                limits: g.limits,
+                procfs: g.attr.procfs(),
+            });
+            assert!(
+                f.iter().any(|f| f.process.pid == my_proc().tgid),
+                "the background cycle evaluated: {f:?}"
+            );
+            f
+        };
+        // Due again (something changed, older than FINDINGS_EVERY_POLL): taken off the lock.
+        let job = {
+            let mut held = lock_as(&c, Holder::Poll);
+            let g: &mut Collector = &mut held;
+            g.advice.dirty();
+            g.advice.plan(
+                Duration::ZERO,
+                &Observed {
+                    rooms: &g.rooms,
+                    store: &g.store,
+                    limits: g.limits,
+                    procfs: g.attr.procfs(),
+                },
+            )
+        }
+        .unwrap();
+        let body = lock(&c).render_shared(Format::Text);
+        let text = String::from_utf8_lossy(&body);
+        assert!(
+            text.contains("bufscope_finding{") && text.contains("tcp_autotune_suppressed"),
+            "the last evaluation rendered while one runs: {text}"
+        );
+        std::thread::scope(|s| {
+            let api = s.spawn(|| report(&c, std::time::Instant::now()));
+            std::thread::sleep(Duration::from_millis(100));
+            assert!(!api.is_finished(), "waits for the running evaluation");
+            lock_as(&c, Holder::Poll).advice_apply(job.run());
+            let r = api.join().unwrap();
+            let f = r
+                .findings
+                .iter()
+                .find(|f| f.process.pid == my_proc().tgid)
+                .unwrap();
+            let was = first
+                .iter()
+                .find(|f| f.process.pid == my_proc().tgid)
+                .unwrap();
+            assert_eq!(f.since, was.since, "evaluated with the history put back");
+        });
+    }
 
     /// A collector built in one call from fakes: a poll drains the ring buffer first, reads
     /// the maps, and every scrape of one generation shares one body.

@@ -187,6 +187,20 @@ async fn with_fresh<T: Send + 'static>(
     peer: Peer,
     f: impl FnOnce(&mut Collector) -> T + Send + 'static,
 ) -> Result<T, Response> {
+    with_collector(app, peer, move |collector, arrived| {
+        let mut c = crate::collector::fresh(collector, arrived);
+        f(&mut c)
+    })
+    .await
+}
+
+/// Runs `f` on a blocking thread with the shared collector and the request's arrival, within
+/// the client's share of the request slots.
+async fn with_collector<T: Send + 'static>(
+    app: &App,
+    peer: Peer,
+    f: impl FnOnce(&std::sync::Mutex<Collector>, Instant) -> T + Send + 'static,
+) -> Result<T, Response> {
     let permit = match app.slots.acquire(peer.0) {
         clients::Acquired::Now(slot) => slot,
         clients::Acquired::Wait(rx) => rx.await.map_err(|_| busy())?,
@@ -198,15 +212,14 @@ async fn with_fresh<T: Send + 'static>(
         // Held by the blocking thread, not the request: a client that hangs up does not free
         // its place while the thread still waits for the collector.
         let _permit = permit;
-        let mut c = crate::collector::fresh(&collector, arrived);
-        f(&mut c)
+        f(&collector, arrived)
     })
     .await
     .map_err(|_| unavailable())
 }
 
 async fn findings_handler(State(app): State<App>, peer: Peer) -> Response {
-    match with_fresh(&app, peer, |c| c.report()).await {
+    match with_collector(&app, peer, crate::collector::report).await {
         Ok(r) => axum::Json(r).into_response(),
         Err(r) => r,
     }
