@@ -77,6 +77,8 @@ pub struct SocketDrops {
     pub owner: Option<ProcRef>,
     /// Socket inode (0 for device drops / sockets without inode).
     pub inode: u64,
+    /// The socket's (or device's) network namespace inode (0 when unknown).
+    pub netns: u32,
     /// Transport.
     pub proto: Proto,
     /// Kernel drop reason name (shared: thousands of sockets drop for the same few reasons).

@@ -87,6 +87,30 @@ pub(super) struct TcpRates {
     pub sndbuf_limited: f64,
     pub rcv_wscale: u8,
     pub wscale_ok: bool,
+    /// Of the memory the send queue charges against the send buffer, the share that is
+    /// payload (see [`payload_fraction`]); `None` when no read saw a filled queue.
+    pub payload_fraction: Option<f64>,
+}
+
+/// The mean fill of a send queue whose writer the kernel wakes when a third of the buffer is
+/// free (`sk_stream_write_space` → `sk_stream_is_writeable`: free ≥ queued / 2) and which ACKs
+/// drain steadily: between 2/3 and all of the buffer, 5/6 on average.
+pub(super) const SNDBUF_REFILL_MEAN: f64 = 5.0 / 6.0;
+
+/// The share of the send buffer the kernel lets payload use, from one sock_diag read.
+///
+/// `tcp_sendmsg` stops queueing when `sk_wmem_queued` (every queued skb at its `truesize`:
+/// payload plus the skb's own memory) reaches `sk_sndbuf`, so the payload a locked buffer
+/// keeps in flight is the buffer times payload ÷ `wmem_queued`. The payload is what the queue
+/// holds by sequence numbers (in flight plus not sent, from `tcp_info`). Read only when the
+/// queue held at least half the buffer: a nearly empty queue's few skbs say little.
+pub(super) fn payload_fraction(d: &crate::kernel::sock_diag::TcpDiag) -> Option<f64> {
+    let queued = u64::from(d.wmem_queued);
+    if queued == 0 || d.sndbuf == 0 || 2 * queued < u64::from(d.sndbuf) {
+        return None;
+    }
+    let payload = d.queued_payload()?;
+    (payload > 0).then(|| (payload as f64 / queued as f64).min(1.0))
 }
 
 fn tcp_rates(s: &SocketStory, dir: Direction) -> Option<TcpRates> {
@@ -100,6 +124,7 @@ fn tcp_rates(s: &SocketStory, dir: Direction) -> Option<TcpRates> {
         rtt_us,
         rcv_wscale: d.rcv_wscale,
         wscale_ok: d.wscale_ok,
+        payload_fraction: s.tcp.iter().rev().find_map(|t| payload_fraction(&t.diag)),
         ..TcpRates::default()
     };
     if let [a, b] = s.tcp.as_slice() {
@@ -392,10 +417,22 @@ fn judge_tcp(c: &Candidate<'_>, inputs: &Inputs) -> Judged {
         };
     };
     let rtt = r.rtt_us.max(1) as f64 / 1e6;
-    // Send: the whole locked buffer may be in flight per RTT. Receive: about half of it is
-    // advertised as window; a shrunk scale caps the window at 65535 << scale.
+    // Send: the payload share of the locked buffer may be in flight per RTT (the rest is the
+    // queued skbs' overhead; the whole buffer when no read measured the share). Receive: about
+    // half of it is advertised as window; a shrunk scale caps the window at 65535 << scale.
+    let fraction = match c.dir {
+        Direction::Send => r.payload_fraction,
+        Direction::Receive => None,
+    };
+    // With the share measured, the writer's refill is counted too: the kernel wakes a writer
+    // waiting for space (blocking send, poll/epoll) only once a third of the buffer is free
+    // (`sk_stream_min_wspace`), so the queue swings between 2/3 and all of it as ACKs drain
+    // it: 5/6 of it on average.
     let mut cap = match c.dir {
-        Direction::Send => bytes as f64 * 8.0 / rtt,
+        Direction::Send => match fraction {
+            Some(f) => bytes as f64 * f * SNDBUF_REFILL_MEAN * 8.0 / rtt,
+            None => bytes as f64 * 8.0 / rtt,
+        },
         Direction::Receive => bytes as f64 / 2.0 * 8.0 / rtt,
     };
     let mut evidence = vec![
@@ -418,6 +455,9 @@ fn judge_tcp(c: &Candidate<'_>, inputs: &Inputs) -> Judged {
     evidence.push(("observed_bps", r.observed_bps));
     if c.dir == Direction::Send {
         evidence.push(("sndbuf_limited_ratio", r.sndbuf_limited));
+        if let Some(f) = fraction {
+            evidence.push(("sndbuf_payload_ratio", f));
+        }
     }
     let at_ceiling = r.observed_bps >= 0.8 * cap;
     let limited = c.dir == Direction::Send && r.sndbuf_limited >= SNDBUF_LIMITED_COSTING;
@@ -427,8 +467,16 @@ fn judge_tcp(c: &Candidate<'_>, inputs: &Inputs) -> Judged {
         Direction::Receive => "receive",
     };
     let ceiling = format!(
-        "a locked {} {what} buffer{} allows ~{} at the measured RTT of {}",
+        "a locked {} {what} buffer{}{} allows ~{} at the measured RTT of {}",
         kib(bytes as f64),
+        match fraction {
+            Some(f) => format!(
+                " (the kernel's queue is {:.0}% payload, the rest skb overhead, and refills \
+                 from 2/3 full)",
+                f * 100.0
+            ),
+            None => String::new(),
+        },
         if shrunk {
             format!(
                 " and window scale {} (the kernel would pick {expected})",
@@ -489,14 +537,16 @@ fn bytes_key(dir: Direction) -> &'static str {
 
 /// Every per-socket candidate: each story's directions, and UDP sockets that dropped.
 pub(super) fn candidates<'a>(inputs: &'a Inputs) -> Vec<Candidate<'a>> {
-    let mut drops: BTreeMap<u64, (ProcRef, Dropped)> = BTreeMap::new();
+    let mut drops: BTreeMap<u64, (ProcRef, Dropped, u32)> = BTreeMap::new();
     for d in &inputs.drops {
         let full = matches!(&*d.reason, "SOCKET_RCVBUFF" | "PROTO_MEM");
         if d.proto != Proto::Udp || d.inode == 0 || !full {
             continue;
         }
         let Some(o) = d.owner else { continue };
-        let e = drops.entry(d.inode).or_insert((o, Dropped::default()));
+        let e = drops
+            .entry(d.inode)
+            .or_insert((o, Dropped::default(), d.netns));
         e.1.packets += d.packets;
         e.1.rate += d.rate;
         e.1.rcvbuf = e.1.rcvbuf.max(d.rcvbuf);
@@ -519,12 +569,13 @@ pub(super) fn candidates<'a>(inputs: &'a Inputs) -> Vec<Candidate<'a>> {
             });
         }
     }
-    for (inode, (owner, d)) in drops {
+    // Sockets that drop but were never sized: their namespace is the drops' own.
+    for (inode, (owner, d, netns)) in drops {
         out.push(Candidate {
             owner,
             inode,
             proto: Proto::Udp,
-            netns: 0,
+            netns,
             dir: Direction::Receive,
             story: None,
             drops: d,

@@ -61,6 +61,7 @@ fn dropping(pid: u32, inode: u64, packets: u64, rate: f64, rcvbuf: i32) -> Socke
     SocketDrops {
         owner: Some(p(pid)),
         inode,
+        netns: 0,
         proto: Proto::Udp,
         reason: "SOCKET_RCVBUFF".into(),
         packets,
@@ -317,6 +318,34 @@ fn past_drops_on_a_default_buffer_are_benign() {
     assert!(f[0].rule.contains("wireguard-go"));
 }
 
+/// A socket that drops but was never sized (charon's IKE socket in a namespace): its finding
+/// carries the namespace the drops were counted in, and the limit as that namespace reads it.
+#[test]
+fn a_never_sized_dropping_socket_keeps_its_namespace() {
+    let mut i = inputs();
+    let mut d = dropping(1, 6, 900, 15.0, 212_992);
+    d.netns = 4_026_532_111;
+    i.drops.push(d);
+    i.ns_limits.insert(
+        4_026_532_111,
+        NsLimits {
+            scope: LimitScope::ReadOnly,
+            rmem_max: Some(4_194_304),
+            wmem_max: Some(4_194_304),
+            user_ns: false,
+            unreadable: None,
+        },
+    );
+    let f = evaluate(&i);
+    let x = f
+        .iter()
+        .find(|f| f.socket.as_ref().is_some_and(|s| s.inode == 6))
+        .unwrap();
+    assert_eq!(x.socket.as_ref().unwrap().netns, 4_026_532_111);
+    let limit = x.story.as_ref().unwrap().limit.as_ref().unwrap();
+    assert_eq!((limit.scope, limit.bytes), ("read_only", Some(4_194_304)));
+}
+
 /// A request below the kernel's floor is granted more than asked.
 #[test]
 fn a_request_below_the_minimum_is_described_as_granted_more() {
@@ -413,6 +442,60 @@ fn a_send_lock_at_190ms_costs_about_8_mbit() {
     i2.stories.push(s2);
     let f2 = evaluate(&i2);
     assert_eq!(f2[0].verdict, Some(Verdict::Benign));
+}
+
+/// The kernel charges every queued skb's truesize against the send buffer: with a queue that
+/// is 61% payload (MSS-sized skbs), a locked 192,000-byte buffer keeps ~117 KB in flight, and
+/// the ceiling is that over the RTT. The share comes from the kernel's own counters
+/// (`wmem_queued` against the bytes in flight plus not sent), not from a constant.
+#[test]
+fn a_send_ceiling_counts_only_the_payload_the_kernel_queues() {
+    let mut i = inputs();
+    let mut c = rec(BufOption::Sndbuf, 96_000, 192_000, 0, false);
+    c.state = 1;
+    c.locks_after = bufscope_common::SOCK_SNDBUF_LOCK;
+    let mut s = story(1, 40, Proto::Tcp, &[c]);
+    let t0 = Instant::now();
+    let mut a = sample(t0, 1, 0);
+    a.diag.rtt_us = 100_000;
+    // A queue that held less than half the buffer is not read.
+    a.diag.wmem_queued = 40_000;
+    a.diag.bytes_sent = 20_000;
+    assert_eq!(super::sockets::payload_fraction(&a.diag), None);
+    // No time counted limited by the send buffer: the verdict rests on the rate alone.
+    let mut b = sample(t0 + Duration::from_secs(5), 4_900_001, 0);
+    b.diag.rtt_us = 100_000;
+    // 101,000 in flight (one of them retransmitted) plus 16,000 not sent, in a queue of 192,000.
+    b.diag.wmem_queued = 192_000;
+    b.diag.bytes_sent = 4_900_001 + 101_000 + 1_448;
+    b.diag.bytes_retrans = 1_448;
+    b.diag.notsent_bytes = 16_000;
+    s.sample(a);
+    s.sample(b);
+    i.stories.push(s);
+    let f = evaluate(&i);
+    let x = f.iter().find(|f| f.kind == kind::TCP_SNDBUF_LOCK).unwrap();
+    let ratio = 117_000.0 / 192_000.0;
+    assert!((x.evidence["sndbuf_payload_ratio"] - ratio).abs() < 1e-9);
+    let cap = x.evidence["throughput_ceiling_bps"];
+    // 117,000 payload bytes, refilled from 2/3: 97,500 in flight on average per 100 ms.
+    assert!((cap - 97_500.0 * 8.0 / 0.1).abs() < 1.0, "{cap}");
+    // 4.9 MB in 5 s = 7.84 Mbit/s: at the 7.8 Mbit/s ceiling; against buffer / RTT alone
+    // (15.36 Mbit/s) it would be 0.51x, and the "at the ceiling" rule could never fire.
+    assert!(x.evidence["observed_bps"] >= 0.8 * cap);
+    assert!(x.evidence["observed_bps"] < 0.8 * 192_000.0 * 8.0 / 0.1);
+    assert_eq!(x.verdict, Some(Verdict::Costing));
+    assert!(x.summary.contains("61% payload"), "{}", x.summary);
+    // Without a filled queue in either read the buffer itself is the (upper) bound.
+    let mut i2 = inputs();
+    let mut s2 = story(1, 41, Proto::Tcp, &[c]);
+    s2.sample(sample(t0, 0, 0));
+    s2.sample(sample(t0 + Duration::from_secs(5), 0, 0));
+    i2.stories.push(s2);
+    let f2 = evaluate(&i2);
+    let y = f2.iter().find(|f| f.kind == kind::TCP_SNDBUF_LOCK).unwrap();
+    assert!(!y.evidence.contains_key("sndbuf_payload_ratio"));
+    assert!((y.evidence["throughput_ceiling_bps"] - 192_000.0 * 8.0 / 0.19).abs() < 1.0);
 }
 
 /// A fix applied while bufscope runs: the socket's buffer is raised and it stops dropping:
@@ -826,6 +909,7 @@ fn udp(pid: u32, packets: u64, rate: f64) -> SocketDrops {
     SocketDrops {
         owner: Some(p(pid)),
         inode: 100 + pid as u64,
+        netns: 0,
         proto: Proto::Udp,
         reason: "SOCKET_RCVBUFF".into(),
         packets,

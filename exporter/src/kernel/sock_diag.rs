@@ -65,6 +65,15 @@ pub struct TcpDiag {
     pub rcvbuf: u32,
     /// `sk_sndbuf` (`ss -m` `tb`).
     pub sndbuf: u32,
+    /// `sk_wmem_queued` (`ss -m` `w`): the memory the send queue charges against `sk_sndbuf`,
+    /// each skb at its `truesize` (payload plus the skb's own overhead).
+    pub wmem_queued: u32,
+    /// Bytes written but not sent yet (`tcpi_notsent_bytes`).
+    pub notsent_bytes: u32,
+    /// Bytes sent, retransmissions included (`tcpi_bytes_sent`, 4.19+).
+    pub bytes_sent: u64,
+    /// Bytes retransmitted (`tcpi_bytes_retrans`, 4.19+).
+    pub bytes_retrans: u64,
     /// Packets the socket dropped (`ss -m` `d`, `SK_MEMINFO_DROPS`; the `drops` column of
     /// `/proc/net/udp` for a UDP socket).
     pub drops: u32,
@@ -99,6 +108,25 @@ pub fn parse_tcp_info(b: &[u8], d: &mut TcpDiag) {
     d.busy_us = u64_at(b, 168);
     d.rwnd_limited_us = u64_at(b, 176);
     d.sndbuf_limited_us = u64_at(b, 184);
+    d.notsent_bytes = u32_at(b, 144);
+    d.bytes_sent = u64_at(b, 200);
+    d.bytes_retrans = u64_at(b, 208);
+}
+
+impl TcpDiag {
+    /// The payload bytes the send queue holds: in flight (sent once, not acked yet) plus not
+    /// sent yet. `None` when the kernel does not report `tcpi_bytes_sent` (before 4.19).
+    pub fn queued_payload(&self) -> Option<u64> {
+        if self.bytes_sent == 0 {
+            return None;
+        }
+        // bytes_acked counts the SYN's sequence number too (1 byte): within noise here.
+        let in_flight = self
+            .bytes_sent
+            .saturating_sub(self.bytes_retrans)
+            .saturating_sub(self.bytes_acked);
+        Some(in_flight + u64::from(self.notsent_bytes))
+    }
 }
 
 /// The `inet_diag_req_v2` dump request for sockets of `family` and `protocol` in every state,
@@ -145,9 +173,11 @@ fn parse_reply(body: &[u8]) -> Option<(u64, TcpDiag)> {
         match atype {
             INET_DIAG_INFO => parse_tcp_info(payload, &mut d),
             INET_DIAG_SKMEMINFO => {
-                // SK_MEMINFO_RCVBUF = 1, SK_MEMINFO_SNDBUF = 3, SK_MEMINFO_DROPS = 8.
+                // SK_MEMINFO_RCVBUF = 1, SK_MEMINFO_SNDBUF = 3, SK_MEMINFO_WMEM_QUEUED = 5,
+                // SK_MEMINFO_DROPS = 8.
                 d.rcvbuf = u32_at(payload, 4);
                 d.sndbuf = u32_at(payload, 12);
+                d.wmem_queued = u32_at(payload, 20);
                 d.drops = u32_at(payload, 32);
             }
             _ => {}
@@ -471,6 +501,50 @@ mod tests {
             (1, true, 0xa, 0x7, 190_000)
         );
         assert_eq!(d.sndbuf_limited_us, 0);
+    }
+
+    #[test]
+    fn tcp_info_queue_fields_parse_at_their_offsets() {
+        let mut d = TcpDiag::default();
+        let mut b = vec![0u8; 232];
+        b[120..128].copy_from_slice(&1_000u64.to_ne_bytes());
+        b[144..148].copy_from_slice(&300u32.to_ne_bytes());
+        b[200..208].copy_from_slice(&5_000u64.to_ne_bytes());
+        b[208..216].copy_from_slice(&500u64.to_ne_bytes());
+        parse_tcp_info(&b, &mut d);
+        assert_eq!(
+            (d.notsent_bytes, d.bytes_sent, d.bytes_retrans),
+            (300, 5_000, 500)
+        );
+        assert_eq!(d.queued_payload(), Some(5_000 - 500 - 1_000 + 300));
+        // A kernel without tcpi_bytes_sent (before 4.19) says nothing.
+        let mut old = TcpDiag::default();
+        parse_tcp_info(&b[..192], &mut old);
+        assert_eq!(old.queued_payload(), None);
+    }
+
+    /// A real connection whose reader does not read: the queue's payload (tcp_info) against
+    /// its memory (`wmem_queued`) is at most 1, and below it by the skbs' overhead.
+    #[test]
+    fn a_full_send_queue_is_payload_plus_overhead() {
+        use std::io::Write as _;
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let mut c = std::net::TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let (_peer, _) = l.accept().unwrap();
+        c.set_nonblocking(true).unwrap();
+        let chunk = [7u8; 16384];
+        while c.write(&chunk).is_ok() {}
+        let ino = inode_of(c.as_raw_fd());
+        let want: HashSet<u64> = [ino].into_iter().collect();
+        let mut diag = Diag::new();
+        let own = diag.own.unwrap_or(0);
+        let m = diag
+            .read(own, Path::new("/proc/self/ns/net"), &want)
+            .unwrap();
+        let d = m.get(&ino).copied().unwrap();
+        let payload = d.queued_payload().unwrap();
+        assert!(d.wmem_queued > 0 && payload > 0, "{d:?}");
+        assert!(payload <= u64::from(d.wmem_queued), "{payload} > {d:?}");
     }
 
     #[test]

@@ -174,6 +174,9 @@ pub struct Drops {
     /// Drops an entry gained between its last read and its deletion (taken with the delete:
     /// [`crate::bpf::BatchReader::take`]), with the owner it had: counted at the next poll.
     late: Vec<(DropKey, u64, Option<ProcRef>)>,
+    /// How the namespaces of the dropping sockets see the buffer limits: a socket that drops
+    /// but was never sized has no story to bring its namespace's view in.
+    limits: crate::signals::setsockopt::NsLimitCache,
 }
 
 impl Room for Drops {
@@ -298,6 +301,7 @@ impl Signal for Drops {
             return false;
         }
         self.read(generation, cx.attr, cx.store);
+        self.note_namespaces(cx.attr.procfs());
         true
     }
 
@@ -390,6 +394,14 @@ impl Signal for Drops {
             self.netns
                 .expire(cx.retention, now, |ns| alive.contains(&ns));
         }
+        let namespaces: HashSet<u32> = self
+            .map
+            .last
+            .keys()
+            .filter(|k| k.site == drop_site::SOCKET)
+            .map(|k| k.netns)
+            .collect();
+        self.limits.retain(|ns| namespaces.contains(&ns));
         doomed.len()
     }
 
@@ -401,11 +413,13 @@ impl Signal for Drops {
     }
 
     fn advise(&self, cx: &AdviceCx<'_>, inputs: &mut Inputs) {
+        self.limits.advise(inputs);
         let mut names: HashMap<u16, Arc<str>> = HashMap::new();
         inputs.drops.extend(self.map.last.iter().map(|(k, s)| {
             SocketDrops {
                 owner: s.owner,
                 inode: k.inode,
+                netns: k.netns,
                 proto: Proto::from_ip(k.proto),
                 reason: names
                     .entry(k.reason)

@@ -63,6 +63,23 @@ impl Drops {
             adopted: false,
             netns: super::NetnsDrops::default(),
             late: Vec::new(),
+            limits: crate::signals::setsockopt::NsLimitCache::new(),
+        }
+    }
+
+    /// Reads how the namespace of each dropping UDP socket sees the buffer limits (once per
+    /// namespace, through the socket's owner), for the findings of sockets never sized.
+    pub(super) fn note_namespaces(&mut self, procfs: &crate::attribution::Procfs) {
+        let mut seen = foldhash::HashSet::default();
+        for (k, s) in &self.map.last {
+            if k.site != drop_site::SOCKET || i32::from(k.proto) != libc::IPPROTO_UDP {
+                continue;
+            }
+            if let Some(o) = s.owner
+                && seen.insert(k.netns)
+            {
+                self.limits.note(procfs, k.netns, o.tgid);
+            }
         }
     }
 

@@ -302,3 +302,32 @@ fn gc_candidates_are_idle_sockets() {
     d.referenced(&mut referenced);
     assert!(referenced.contains(&my_proc()));
 }
+
+/// A dropping socket that was never sized has no story: the room passes its namespace on with
+/// the drops, and how that namespace sees the limits, read through the socket's owner.
+#[test]
+fn dropping_sockets_bring_their_namespace_and_its_limits() {
+    let mut b = Bench::new();
+    let kernel = FakeTable::new(64);
+    let mut d = room(&kernel, Duration::from_secs(10));
+    let (_sock, ino) = udp_socket();
+    b.owners.set(ino, me());
+    let link = std::fs::read_link("/proc/self/ns/net").unwrap();
+    let own: u32 = link
+        .to_string_lossy()
+        .trim_start_matches("net:[")
+        .trim_end_matches(']')
+        .parse()
+        .unwrap();
+    let mut k = key(drop_site::SOCKET, ino, 6);
+    k.netns = own;
+    kernel.set(k, vec![drops(4)]);
+    b.bump(stat::DROPS_SEEN);
+    assert!(d.poll(&mut b.poll()));
+    let mut inputs = crate::advice::Inputs::default();
+    d.advise(&b.advice(), &mut inputs);
+    let mine = inputs.drops.iter().find(|s| s.inode == ino).unwrap();
+    assert_eq!(mine.netns, own);
+    let l = inputs.ns_limits.get(&own).expect("the namespace's view");
+    assert_eq!(l.scope, crate::advice::LimitScope::Host, "bufscope's own");
+}

@@ -64,6 +64,57 @@ fn ns_stale(
     (exited && by != pid) || now.duration_since(at) >= NS_RETRY
 }
 
+/// How the network namespaces of sockets that were never sized see the buffer limits: read
+/// once per namespace through a process holding such a socket (another room's sockets — e.g.
+/// one that drops — whose namespace no sized socket brought in), with [`ns_stale`]'s retries.
+#[derive(Debug, Default)]
+pub struct NsLimitCache {
+    limits: BTreeMap<u32, NsLimits>,
+    tried: BTreeMap<u32, (std::time::Instant, u32)>,
+    own: Option<u32>,
+}
+
+impl NsLimitCache {
+    /// Empty; bufscope's own namespace is the host's view.
+    pub fn new() -> Self {
+        Self {
+            own: story::own_netns(),
+            ..Self::default()
+        }
+    }
+
+    /// Reads namespace `netns`'s view through process `pid` unless it is known already.
+    pub fn note(&mut self, procfs: &crate::attribution::Procfs, netns: u32, pid: u32) {
+        let now = std::time::Instant::now();
+        if netns == 0
+            || !ns_stale(
+                self.limits.get(&netns),
+                self.tried.get(&netns).copied(),
+                pid,
+                now,
+            )
+        {
+            return;
+        }
+        let l = story::ns_limits(procfs, pid, self.own);
+        self.tried.insert(netns, (now, pid));
+        self.limits.insert(netns, l);
+    }
+
+    /// Forgets namespaces `keep` rejects.
+    pub fn retain(&mut self, keep: impl Fn(u32) -> bool) {
+        self.limits.retain(|ns, _| keep(*ns));
+        self.tried.retain(|ns, _| keep(*ns));
+    }
+
+    /// Adds the namespaces no other room has read to the advice's inputs.
+    pub fn advise(&self, inputs: &mut Inputs) {
+        for (ns, l) in &self.limits {
+            inputs.ns_limits.entry(*ns).or_insert(*l);
+        }
+    }
+}
+
 /// The probe.
 pub const PROBE: ProbeSpec = ProbeSpec {
     name: "setsockopt",
