@@ -132,6 +132,11 @@ struct UdpWatch {
     /// The `/proc` pass for sockets older than bufscope is done.
     boot_done: bool,
     last: Option<Instant>,
+    /// A new UDP socket's owner was no longer in `OWNERS` (evicted by a burst of other
+    /// sockets before it was read): when the `/proc` pass that finds it last ran.
+    missed: Option<Instant>,
+    /// Such a miss waits for the next `/proc` pass.
+    missed_pending: bool,
 }
 
 impl Attributor {
@@ -369,6 +374,20 @@ impl Attributor {
         if self.udp_sockets.is_some() {
             let found = self.new_udp_sockets_holders();
             out.extend(found);
+            // An owner `OWNERS` lost before it was read (a socket()/close() loop elsewhere
+            // can cycle the LRU in milliseconds) is found by a `/proc` pass instead, at most
+            // every UDP_RECHECK.
+            if self.udp.missed_pending
+                && self
+                    .udp
+                    .missed
+                    .is_none_or(|t| now.duration_since(t) >= UDP_RECHECK)
+            {
+                self.udp.missed_pending = false;
+                self.udp.missed = Some(now);
+                self.scans += 1;
+                out.extend(self.udp_holders_in_proc());
+            }
             return self.report(out);
         }
         let entries = self.read_owners();
@@ -475,6 +494,7 @@ impl Attributor {
         if fresh.is_empty() {
             return Vec::new();
         }
+        let wanted = fresh.len();
         let owners: Vec<(u64, Owner)> = if fresh.len() > UDP_OWNERS_BATCH {
             let fresh: HashSet<u64> = fresh.into_iter().collect();
             self.read_owners()
@@ -486,10 +506,13 @@ impl Attributor {
                 return Vec::new();
             };
             fresh
-                .into_iter()
-                .filter_map(|ino| Some((ino, owners.get(&ino)?)))
+                .iter()
+                .filter_map(|ino| Some((*ino, owners.get(ino)?)))
                 .collect()
         };
+        if owners.len() < wanted {
+            self.udp.missed_pending = true;
+        }
         let mut by_proc: HashMap<ProcRef, (Owner, u64)> = HashMap::new();
         for (ino, o) in owners {
             let r = ProcRef {
@@ -608,6 +631,37 @@ mod tests {
     /// A `socket()`/`close()` loop fills `OWNERS` with sockets that are not UDP: finding the
     /// new UDP holders reads `UDP_SOCKETS` and looks up only the new UDP socket's owner, never
     /// the whole `OWNERS`; a second look finds nothing new and looks up nothing.
+    /// A new UDP socket whose owner `OWNERS` lost before it was read (a socket()/close() loop
+    /// elsewhere cycles the LRU in milliseconds): its holder is found by a `/proc` pass, not
+    /// lost for good; a second miss within UDP_RECHECK waits.
+    #[test]
+    fn a_udp_socket_whose_owner_was_evicted_is_found_in_proc() {
+        let sock = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        let ino = {
+            use std::os::fd::AsRawFd as _;
+            let link = std::fs::read_link(format!("/proc/self/fd/{}", sock.as_raw_fd())).unwrap();
+            let l = link.to_str().unwrap().to_string();
+            l.trim_start_matches("socket:[")
+                .trim_end_matches(']')
+                .parse::<u64>()
+                .unwrap()
+        };
+        let owners = FakeTable::new(64);
+        let udp = FakeTable::new(64);
+        udp.set(ino, bufscope_common::IPPROTO_UDP);
+        let mut attr = Attributor::new(Procfs::new("/proc"), Some(owners.boxed()))
+            .with_udp_sockets(Some(udp.boxed()));
+        attr.udp.boot_done = true;
+        let me = std::process::id();
+        let found = attr.new_udp_holders();
+        assert!(found.iter().any(|p| p.tgid == me), "{found:?}");
+        assert_eq!(attr.scans, 1, "one /proc pass");
+        udp.set(ino + 1, bufscope_common::IPPROTO_UDP);
+        attr.udp.last = None;
+        attr.new_udp_holders();
+        assert_eq!(attr.scans, 1, "the next miss waits for UDP_RECHECK");
+    }
+
     #[test]
     fn new_udp_holders_cost_the_new_udp_sockets_not_the_churn() {
         let mut child = std::process::Command::new("sleep")
