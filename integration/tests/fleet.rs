@@ -547,6 +547,21 @@ fn pod_labels_come_only_from_the_kubelets_own_hierarchy() {
     drop((pod, owned, fake));
 }
 
+/// Removes a pin directory's links and maps when dropped, also when the test panics (a
+/// failed run left its pinned hooks attached).
+struct PinsCleanup(String);
+
+impl Drop for PinsCleanup {
+    fn drop(&mut self) {
+        if std::path::Path::new(&self.0).exists() {
+            let _ = Command::new(bufscope_bin())
+                .args(["cleanup", "--bpf.pin-path", &self.0, "--force"])
+                .output();
+            let _ = std::fs::remove_dir(&self.0);
+        }
+    }
+}
+
 /// Quiet long-lived processes keep their series across a restart with `--bpf.pin-path` after
 /// a churn of short-lived processes: their drops (the kernel's column) and their buffer calls
 /// (one each) go on from where they were. The pinned `TOTALS` (an LRU of 65,536 entries) is
@@ -559,6 +574,7 @@ fn pod_labels_come_only_from_the_kubelets_own_hierarchy() {
 #[ignore = "needs root: run via cargo xtask test"]
 fn quiet_processes_keep_their_totals_across_a_restart_after_a_churn() {
     let pins = format!("/sys/fs/bpf/bufscope-fleet-{}", std::process::id());
+    let _cleanup = PinsCleanup(pins.clone());
     let args = ["--bpf.pin-path", pins.as_str(), "--poll-interval", "200ms"];
     let e = Exporter::start(&args);
     let quiet: Vec<Workload> = (0..3)
