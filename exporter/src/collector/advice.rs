@@ -297,7 +297,7 @@ mod tests {
     use crate::bpf::fake::FakeTable;
     use crate::signals::autotune::Autotune;
     use crate::signals::testkit::{Bench, gone_inode, me, my_proc};
-    use bufscope_common::{AutotuneVal, SOCK_RCVBUF_LOCK};
+    use bufscope_common::AutotuneVal;
 
     /// A process whose locked socket had its autotuning suppressed at a high RTT: the
     /// `tcp_autotune_suppressed` finding, on that process only.
@@ -306,17 +306,7 @@ mod tests {
         b.owners.set(gone_inode(30), me());
         kernel.set(
             gone_inode(30),
-            vec![AutotuneVal {
-                grow_events: 50,
-                suppressed: 50,
-                last_ns: 1,
-                rtt_us: 190_000,
-                rcvbuf: 131_072,
-                copied: 131_072,
-                interval_us: 190_000,
-                userlocks: SOCK_RCVBUF_LOCK as u32,
-                ..AutotuneVal::default()
-            }],
+            vec![crate::signals::testkit::suppressed_at_190ms()],
         );
         room.poll(&mut b.poll());
         room

@@ -453,17 +453,7 @@ mod tests {
         b.owners.set(gone_inode(60), me());
         kernel.set(
             gone_inode(60),
-            vec![AutotuneVal {
-                grow_events: 50,
-                suppressed: 50,
-                last_ns: 1,
-                rtt_us: 190_000,
-                rcvbuf: 131_072,
-                copied: 131_072,
-                interval_us: 190_000,
-                userlocks: bufscope_common::SOCK_RCVBUF_LOCK as u32,
-                ..AutotuneVal::default()
-            }],
+            vec![crate::signals::testkit::suppressed_at_190ms()],
         );
         let rooms: Vec<Box<dyn Signal>> = vec![Box::new(Autotune::new(kernel.boxed(), 16))];
         let c = Config {

@@ -193,3 +193,19 @@ pub fn record<T: aya::Pod>(value: &T) -> Vec<u8> {
     // SAFETY: T is Pod (`#[repr(C)]`, integers only): its bytes are its value.
     unsafe { std::slice::from_raw_parts((value as *const T).cast::<u8>(), size_of::<T>()) }.to_vec()
 }
+
+/// An `AUTOTUNE` value of a socket with `SOCK_RCVBUF_LOCK` whose autotuning the kernel wanted
+/// to grow 50 times at 190 ms RTT (the `tcp_autotune_suppressed` finding).
+pub fn suppressed_at_190ms() -> bufscope_common::AutotuneVal {
+    bufscope_common::AutotuneVal {
+        grow_events: 50,
+        suppressed: 50,
+        last_ns: 1,
+        rtt_us: 190_000,
+        rcvbuf: 131_072,
+        copied: 131_072,
+        interval_us: 190_000,
+        userlocks: bufscope_common::SOCK_RCVBUF_LOCK as u32,
+        ..bufscope_common::AutotuneVal::default()
+    }
+}
