@@ -399,7 +399,8 @@ impl Room for Wireguard {
                     PROBE.name,
                     "off until the wireguard module loads (--wireguard.queue-drops auto: attached then; on: always)",
                 );
-                setup.arm_later = true;
+                // `--probe.disable wireguard` keeps it off for good.
+                setup.arm_later = !plan.disabled.contains(PROBE.name);
             }
             QueueDrops::Auto => {}
         }
@@ -722,6 +723,28 @@ ffffffff81c3a2a0 T __consume_stateless_skb
             1.0,
             "attached by the loader: always armed"
         );
+    }
+
+    /// `auto` without the module arms later unless `--probe.disable wireguard` says never;
+    /// `off` never does.
+    #[test]
+    fn only_auto_without_the_module_arms_later() {
+        if module_present() {
+            eprintln!("SKIPPED: this machine has the wireguard module: auto attaches at start");
+            return;
+        }
+        let setup = |mode: QueueDrops, disabled: &[String]| {
+            let mut plan = LoadPlan::new(crate::bpf::Purpose::Run, disabled, tracing::Level::INFO);
+            let s = Wireguard::prepare(&Flags { queue_drops: mode }, &mut plan).unwrap();
+            (s.arm_later, plan.off(PROBE.name).is_some())
+        };
+        assert_eq!(setup(QueueDrops::Auto, &[]), (true, true));
+        assert_eq!(
+            setup(QueueDrops::Auto, &["wireguard".into()]),
+            (false, true)
+        );
+        assert_eq!(setup(QueueDrops::Off, &[]), (false, true));
+        assert_eq!(setup(QueueDrops::On, &[]), (false, false));
     }
 
     /// A fake switch recording whether the program is attached.
