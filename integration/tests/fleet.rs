@@ -50,6 +50,20 @@ fn scalar(p: &Prometheus, q: &str) -> f64 {
         .unwrap_or(0.0)
 }
 
+/// [`scalar`] evaluated at the last scrape of `target` (its newest `up` sample): Prometheus extrapolates an
+/// increase to the window's end by up to 1.1 scrape intervals (1.8% of a one-minute window at
+/// 1 s, 2.5% of a 22 s one at 0.5 s), which is its arithmetic, not bufscope's counting.
+fn at_last_scrape(p: &Prometheus, target: &str, q: &str) -> f64 {
+    let last = scalar(p, &format!(r#"timestamp(up{{instance="{target}"}})"#)).to_string();
+    let body = p
+        .api("/api/v1/query", &[("query", q), ("time", &last)])
+        .unwrap();
+    let v: Value = serde_json::from_str(&body).unwrap();
+    v["data"]["result"][0]["value"][1]
+        .as_str()
+        .map_or(0.0, |x| x.parse().unwrap())
+}
+
 /// Floods receiver `r` (its one socket) with `count` datagrams; returns its drops column.
 fn flood(r: &Workload, count: u64) -> u64 {
     let inode: u64 = r.get("inodes").parse().unwrap();
@@ -305,31 +319,21 @@ fn series_stay_within_the_budget_while_short_lived_processes_come_and_go() {
         "one drops series per reason, for all 300 processes: {churned}"
     );
 
-    // Evaluated at the last scrape: Prometheus extrapolates an increase to the window's end by
-    // up to 1.1 scrape intervals (1.8% of this one-minute window), which is its arithmetic,
-    // not bufscope's counting.
-    let last = scalar(&prom, "max(timestamp(up))").to_string();
-    let scalar = |p: &Prometheus, q: &str| -> f64 {
-        let body = p
-            .api("/api/v1/query", &[("query", q), ("time", &last)])
-            .unwrap();
-        let v: Value = serde_json::from_str(&body).unwrap();
-        v["data"]["result"][0]["value"][1]
-            .as_str()
-            .map_or(0.0, |x| x.parse().unwrap())
-    };
-    let short = scalar(
+    let short = at_last_scrape(
         &prom,
+        &e.addr,
         &format!(r#"sum(increase(bufscope_socket_drops_total{{comm="fleet-short"}}[{window}]))"#),
     );
     assert_close("300 short-lived senders", short, short_kernel);
-    let longs = scalar(
+    let longs = at_last_scrape(
         &prom,
+        &e.addr,
         &format!(r#"sum(increase(bufscope_socket_drops_total{{comm=~"fleet-l.*"}}[{window}]))"#),
     );
     assert_close("6 flooded long-lived receivers", longs, long_kernel);
-    let rate = scalar(
+    let rate = at_last_scrape(
         &prom,
+        &e.addr,
         &format!(r#"sum(rate(bufscope_socket_drops_total{{comm=~"fleet-.*"}}[{window}]))"#),
     );
     assert_close(
@@ -399,8 +403,9 @@ fn sum_increase_equals_the_kernel_through_folds_and_the_overflow_series() {
         (&folds, "--max-processes 4"),
         (&overflow, "--max-series 25"),
     ] {
-        let got = scalar(
+        let got = at_last_scrape(
             &prom,
+            &e.addr,
             &format!(
                 r#"sum(increase(bufscope_socket_drops_total{{instance="{}"}}[{window}]))"#,
                 e.addr
