@@ -204,7 +204,7 @@ fn the_process_metrics_are_the_kernels_figures_for_the_bufscope_process() {
     // One poll duration per running signal room, named as its probe (the owners probe is
     // attribution's, read by it, not a room that polls). Kernel WireGuard's room also runs
     // while its hook waits for the module (`--wireguard.queue-drops auto`: attached by the
-    // room when the module loads, its state in `bufscope_wireguard_hook_armed`).
+    // room when the module loads; its probe is then not listed as configured).
     let mut polled: Vec<String> = m
         .find("bufscope_signal_poll_duration_seconds", &[])
         .map(|s| s.labels["signal"].clone())
@@ -215,10 +215,10 @@ fn the_process_metrics_are_the_kernels_figures_for_the_bufscope_process() {
         .filter(|s| s.value == 1.0 && s.labels["probe"] != "owners")
         .map(|s| s.labels["probe"].clone())
         .collect();
-    if m.find("bufscope_wireguard_hook_armed", &[])
-        .next()
-        .is_some()
-        && !attached.iter().any(|p| p == "wireguard")
+    if polled.iter().any(|p| p == "wireguard")
+        && m.find("bufscope_probe_attached", &[("probe", "wireguard")])
+            .next()
+            .is_none()
     {
         attached.push("wireguard".into());
     }

@@ -595,6 +595,13 @@ impl Signal for Wireguard {
             );
         }
         f.done(out);
+        // A node without kernel WireGuard (auto's hook waiting for the module, never armed)
+        // shows none of the room's own series: nothing happened there.
+        let idle = self.resolved_for.is_none()
+            && self.late.as_ref().is_some_and(|l| !l.armed && l.arms == 0);
+        if idle {
+            return;
+        }
         let mut f = SITES.family();
         f.push(&[], self.resolved as f64);
         f.done(out);
@@ -602,9 +609,13 @@ impl Signal for Wireguard {
         f.push(&[], if self.armed() { 1.0 } else { 0.0 });
         f.done(out);
         if let Some(l) = &self.late {
+            // Switches that never happened are not shown at 0.
             let mut f = CHANGES.family();
-            f.push(&["arm"], l.arms as f64);
-            f.push(&["disarm"], l.disarms as f64);
+            for (action, n) in [("arm", l.arms), ("disarm", l.disarms)] {
+                if n > 0 {
+                    f.push(&[action], n as f64);
+                }
+            }
             f.done(out);
         }
     }
@@ -777,6 +788,15 @@ ffffffff81c3a2a0 T __consume_stateless_skb
         let table = || sites.clone().get(&0).unwrap_or_default();
         room.refresh_with(None, || unreachable!("no module: kallsyms is not read"));
         assert!(!on() && !room.armed());
+        // Nothing of it shown on a node that never had the module.
+        let mut bench = super::super::testkit::Bench::new();
+        let idle: Vec<String> = bench
+            .families(&room)
+            .iter()
+            .filter(|f| !f.get_metric().is_empty())
+            .map(|f| f.name().to_string())
+            .collect();
+        assert!(idle.is_empty(), "{idle:?}");
         // Loaded, but its addresses hidden: nothing to count, not attached.
         let hidden: String = KALLSYMS
             .lines()
@@ -802,7 +822,6 @@ ffffffff81c3a2a0 T __consume_stateless_skb
         room.refresh_with(None, || unreachable!());
         assert!(!on() && !room.armed());
         assert_eq!(table(), WgSites::default());
-        let mut bench = super::super::testkit::Bench::new();
         room.poll(&mut bench.poll());
         let out = bench.families(&room);
         let changes = out
