@@ -109,6 +109,8 @@ pub struct Attributor {
     /// owner until the look-up answers, so their counts wait instead of going to the
     /// recorded creator.
     unsettled: HashSet<u64>,
+    /// The pids in `/proc` as listed during this poll ([`Attributor::pids_this_poll`]).
+    pids_listed: Option<Vec<u32>>,
 }
 
 /// `OWNERS`: socket inode → the process that created or accepted it (the owners room's map).
@@ -162,6 +164,7 @@ impl Attributor {
             lookups: lookup::Lookups::default(),
             tun_answered: HashMap::new(),
             unsettled: HashSet::new(),
+            pids_listed: None,
         }
     }
 
@@ -187,6 +190,17 @@ impl Attributor {
     /// The `/proc` reader.
     pub fn procfs(&self) -> &Procfs {
         &self.procfs
+    }
+
+    /// A poll starts: the next [`Attributor::pids_this_poll`] lists `/proc` again.
+    pub fn new_poll(&mut self) {
+        self.pids_listed = None;
+    }
+
+    /// The pids in `/proc`, listed once per poll ([`Attributor::new_poll`]) for every room
+    /// that needs them (with 3,000 processes a listing costs about a millisecond).
+    pub fn pids_this_poll(&mut self) -> &[u32] {
+        self.pids_listed.get_or_insert_with(|| self.procfs.pids())
     }
 
     /// Registers a process recorded by a probe (process context: exact) and returns its id.

@@ -3,7 +3,7 @@
 //! are read through that process's `/proc/<pid>/net/`, which shows its namespace's — no
 //! `setns`, no privilege beyond reading `/proc`.
 //!
-//! Cost per poll: one `readdir` of `/proc` and a `readlink` of `ns/net` for each process not
+//! Cost per poll: one `readdir` of `/proc` (shared by the rooms that read these counters) and a `readlink` of `ns/net` for each process not
 //! seen before; every process is looked at again every [`RECHECK`] (one that moved with
 //! `setns`/`unshare`). A namespace no process lives in (one kept only by a bind mount under
 //! `/run/netns`, or by a socket whose process moved on) is not seen.
@@ -39,7 +39,17 @@ impl Namespaces {
     /// Brings the index up to date and returns each namespace with one of its processes (the
     /// lowest pid).
     pub fn refresh(&mut self, procfs: &Procfs, now: Instant) -> BTreeMap<u32, u32> {
-        let pids = procfs.pids();
+        self.refresh_from(procfs, &procfs.pids(), now)
+    }
+
+    /// [`Namespaces::refresh`] with `/proc` listed already (`pids`: once per poll, for every
+    /// room that reads per-namespace counters).
+    pub fn refresh_from(
+        &mut self,
+        procfs: &Procfs,
+        pids: &[u32],
+        now: Instant,
+    ) -> BTreeMap<u32, u32> {
         let full = self.full.is_none_or(|t| now.duration_since(t) >= RECHECK);
         if full {
             self.of.clear();
@@ -48,7 +58,7 @@ impl Namespaces {
             let live: foldhash::HashSet<u32> = pids.iter().copied().collect();
             self.of.retain(|pid, _| live.contains(pid));
         }
-        for pid in pids {
+        for &pid in pids {
             if self.of.contains_key(&pid) {
                 continue;
             }
