@@ -323,13 +323,23 @@ impl Attributor {
     }
 
     /// Owner of the TCP listener on (`netns`, `port`): from the last look-up (cached for
-    /// [`CACHE_TTL`]), else none for now and a look-up queued ([`Attributor::listener_pending`]).
+    /// [`CACHE_TTL`]); after that, while that owner lives, still it, and the background pass
+    /// re-reads the listener (a request waiting for a pass over every `/proc/*/fd` for the
+    /// same answer made every scrape's connection cost one every 10 s); else none for now
+    /// and a look-up queued ([`Attributor::listener_pending`]).
     pub fn listener(&mut self, netns: u32, port: u16) -> Option<ProcRef> {
         let now = Instant::now();
-        if let Some((p, t)) = self.listeners.get(&(netns, port))
-            && now.duration_since(*t) < CACHE_TTL
-        {
-            return *p;
+        if let Some((p, t)) = self.listeners.get(&(netns, port)).copied() {
+            if now.duration_since(t) < CACHE_TTL {
+                return p;
+            }
+            if let Some(p) = p
+                && self.procfs.start_ticks(p.tgid) == Some(p.start_ticks)
+            {
+                self.request_listener_as(netns, port, false);
+                self.serve_inline();
+                return Some(p);
+            }
         }
         self.request_listener(netns, port);
         self.serve_inline();
@@ -617,8 +627,11 @@ impl Attributor {
         let now = Instant::now();
         self.negative
             .retain(|_, t| now.duration_since(*t) < NEGATIVE_TTL * 12);
-        self.listeners
-            .retain(|_, (_, t)| now.duration_since(*t) < CACHE_TTL);
+        // An expired listener whose owner is kept stays the answer while it lives
+        // ([`Attributor::listener`]).
+        self.listeners.retain(|_, (p, t)| {
+            now.duration_since(*t) < CACHE_TTL || p.is_some_and(|p| keep(&p))
+        });
         self.tun_answered
             .retain(|_, t| now.duration_since(*t) <= CACHE_TTL);
     }
@@ -674,6 +687,35 @@ mod tests {
         attr.udp.last = None;
         attr.new_udp_holders();
         assert_eq!(attr.scans, 1, "the next miss waits for UDP_RECHECK");
+    }
+
+    /// A listener whose cached owner is older than CACHE_TTL but alive is answered at once
+    /// (nothing waits, so a request runs no pass for it) and re-read by the background;
+    /// one whose owner exited waits for a look-up.
+    #[test]
+    fn an_expired_listener_with_a_live_owner_is_answered_and_refreshed_in_the_background() {
+        let mut attr = Attributor::new(Procfs::new("/proc"), None);
+        let me = attr.proc_from_pid(std::process::id()).unwrap();
+        let old = Instant::now() - CACHE_TTL - Duration::from_secs(1);
+        attr.listeners.insert((7, 80), (Some(me), old));
+        assert_eq!(attr.listener(7, 80), Some(me));
+        assert!(attr.listener_pending(7, 80), "re-read by a pass");
+        assert!(!attr.lookups_urgent(), "which no request waits for");
+        // A request that needs one now makes it urgent.
+        attr.request_listener(7, 80);
+        assert!(attr.lookups_urgent());
+        // An owner that exited is no answer: the connection waits for the look-up.
+        let gone = ProcRef {
+            start_ticks: me.start_ticks + 1,
+            ..me
+        };
+        attr.listeners.insert((7, 81), (Some(gone), old));
+        assert_eq!(attr.listener(7, 81), None);
+        assert!(attr.listener_pending(7, 81));
+        // GC keeps an expired listener while its owner is kept, not once it is not.
+        attr.retain_procs(|p| *p == me);
+        assert!(attr.listeners.contains_key(&(7, 80)));
+        assert!(!attr.listeners.contains_key(&(7, 81)));
     }
 
     #[test]
