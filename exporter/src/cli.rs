@@ -164,6 +164,12 @@ pub struct RunArgs {
     /// TLS and basic-auth configuration (Prometheus exporter-toolkit format).
     #[arg(long = "web.config.file", value_name = "FILE")]
     pub web_config: Option<PathBuf>,
+    /// Follow each OpenMetrics counter sample with its `_created` sample (when the series was
+    /// last 0). For Prometheus 3.x with `--enable-feature=created-timestamp-zero-ingestion`,
+    /// which then counts a series' first samples as an increase; Prometheus 2.x stores each
+    /// as a series of its own (twice the counter series), hence off by default.
+    #[arg(long = "web.openmetrics-created")]
+    pub openmetrics_created: bool,
     /// Settings file (YAML); flags override it.
     #[arg(long = "config.file", value_name = "FILE")]
     pub config_file: Option<PathBuf>,

@@ -184,6 +184,7 @@ fn load(
             .as_ref()
             .filter(|p| p.outcome.kept_maps())
             .map(|p| p.meta.created_unix as f64),
+        created_samples: args.openmetrics_created,
         run_stats: match args.run_stats {
             true => Some(bpf::RunStats::start(&loaded)?),
             false => None,

@@ -141,7 +141,7 @@ fn iperf3_run(lab: &Lab, port: u16, extra: &[&str]) -> Run {
         "-R",
         "-J",
     ])
-    .args(["-t", "10", "-O", "3"])
+    .args(["-t", "6", "-O", "2"])
     .args(extra)
     .stdout(Stdio::piped())
     .stderr(Stdio::null());
@@ -758,7 +758,7 @@ impl Drop for Ovpn {
 fn ovpn_run(lab: &Lab, port: u16) -> Run {
     let tunnel = Ovpn::up(lab, port);
     let _server = measure::iperf3_server(lab.b(), "10.97.0.2", 5331).unwrap();
-    let r = measure::iperf3_client(lab.a(), "10.97.0.2", 5331, 10, 3, true, &[]).unwrap();
+    let r = measure::iperf3_client(lab.a(), "10.97.0.2", 5331, 6, 2, true, &[]).unwrap();
     let outer = ss(Some(lab.a()), port)
         .into_iter()
         .find(|c| c.peer.ends_with(&format!(":{port}")))

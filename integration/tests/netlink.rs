@@ -9,46 +9,20 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use bufscope_integration::{Exporter, Spawned, Workload, eventually};
+use bufscope_netlab::{Netns, PREFIX, unique_name};
 
 const OVERRUNS: &str = "bufscope_netlink_overruns_total";
 
-/// A network namespace made for one test, deleted when dropped.
-struct Netns(String);
-
-impl Netns {
-    fn new(tag: &str) -> Self {
-        let name = format!("bs-{tag}-{}", std::process::id());
-        let _ = Command::new("ip")
-            .args(["netns", "del", &name])
-            .stderr(Stdio::null())
-            .status();
-        run(&["ip", "netns", "add", &name]);
-        run(&["ip", "-n", &name, "link", "set", "lo", "up"]);
-        Self(name)
-    }
-
-    /// Runs `ip -n NS -batch` over `lines`.
-    fn batch(&self, lines: &str) {
-        let mut c = Spawned::new(
-            Command::new("ip")
-                .args(["-n", &self.0, "-force", "-batch", "-"])
-                .stdin(Stdio::piped())
-                .stdout(Stdio::null()),
-        );
-        c.take_stdin().write_all(lines.as_bytes()).unwrap();
-        c.wait_success();
-    }
-}
-
-impl Drop for Netns {
-    fn drop(&mut self) {
-        let _ = Command::new("ip").args(["netns", "del", &self.0]).status();
-    }
-}
-
-fn run(args: &[&str]) {
-    let st = Command::new(args[0]).args(&args[1..]).status().unwrap();
-    assert!(st.success(), "{args:?} failed");
+/// Runs `ip -n NS -batch` over `lines`.
+fn batch(ns: &Netns, lines: &str) {
+    let mut c = Spawned::new(
+        Command::new("ip")
+            .args(["-n", ns.name(), "-force", "-batch", "-"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null()),
+    );
+    c.take_stdin().write_all(lines.as_bytes()).unwrap();
+    c.wait_success();
 }
 
 /// The kernel's `Drops` for socket `inode`, from the table of `pid`'s namespace.
@@ -79,8 +53,8 @@ fn route_churn(n: usize) -> String {
 #[ignore = "needs root: run via cargo xtask test"]
 fn route_listener_overruns_equal_the_drops_column() {
     let exporter = Exporter::start(&[]);
-    let ns = Netns::new("nl");
-    let wrap = ["ip", "netns", "exec", ns.0.as_str()];
+    let ns = Netns::create(unique_name(PREFIX, "nl")).unwrap();
+    let wrap = ["ip", "netns", "exec", ns.name()];
     let small = Workload::start_wrapped(
         &wrap,
         &["netlink-listen", "--rcvbuf", "4096", "--groups", "0x41"],
@@ -102,7 +76,7 @@ fn route_listener_overruns_equal_the_drops_column() {
     let before = kernel_drops(spid, inode).unwrap();
     // Let bufscope read the namespace's table once before the churn.
     std::thread::sleep(Duration::from_millis(2500));
-    ns.batch(&route_churn(20_000));
+    batch(&ns, &route_churn(20_000));
     let kernel = kernel_drops(spid, inode).unwrap() - before;
     assert!(
         kernel > 30_000,
@@ -168,11 +142,11 @@ fn route_listener_overruns_equal_the_drops_column() {
 #[ignore = "needs root: run via cargo xtask test"]
 fn xfrm_monitor_overruns_equal_the_drops_column() {
     let exporter = Exporter::start(&[]);
-    let ns = Netns::new("nlx");
+    let ns = Netns::create(unique_name(PREFIX, "nx")).unwrap();
     // Killed and reaped when dropped, also if an assertion fails while it is stopped.
     let monitor = Spawned::new(
         Command::new("ip")
-            .args(["-n", &ns.0, "xfrm", "monitor"])
+            .args(["-n", ns.name(), "xfrm", "monitor"])
             .stdout(Stdio::null()),
     );
     let pid = monitor.pid();
@@ -211,7 +185,7 @@ fn xfrm_monitor_overruns_equal_the_drops_column() {
             ));
         }
     }
-    ns.batch(&lines);
+    batch(&ns, &lines);
     let kernel = kernel_drops(pid, inode).unwrap() - before;
     monitor.signal(libc::SIGCONT);
     assert!(

@@ -138,7 +138,8 @@ fn counts_go_on_across_sigterm_and_kill9_restarts() {
     in_mount_namespace(Bpffs::Mounted, || {
         let dir = PinDir::new("restart");
         let flag = dir.flag();
-        let flags = [flag.as_str()];
+        // `_created` samples: the adopted series' created time is checked below.
+        let flags = [flag.as_str(), "--web.openmetrics-created"];
         let receiver = Workload::start(&["udp-recv", "--rcvbuf", "4096"]);
         let (pid, inode) = (
             receiver.pid(),

@@ -465,7 +465,7 @@ fn assert_a_new_process_is_still_seen(e: &Exporter) {
     drop(probe);
 }
 
-/// Retention (10 s) and map GC (entries idle ≥ GC_IDLE, 3 s; every 2.5 s) remove the round: waits (up
+/// Retention (4 s) and map GC (entries idle ≥ GC_IDLE, 3 s; every 2.5 s) remove the round: waits (up
 /// to 150 s) until no `DROPS` entry of its namespace and no series of its comm is left;
 /// returns how long that took, in seconds.
 fn wait_for_retention_and_map_gc_to_remove_the_round(e: &Exporter, netns: u32, comm: &str) -> f64 {
@@ -508,7 +508,7 @@ fn churn_of_5000_processes_stays_bounded_and_memory_returns_to_baseline() {
             "--max-processes",
             "100",
             "--retention",
-            "10s",
+            "4s",
             "--drops.attribution-hold",
             "2s",
         ],

@@ -96,7 +96,7 @@ fn burst(r: &Workload, count: &str) -> f64 {
 #[test]
 #[ignore = "needs root: run via cargo xtask test"]
 fn a_single_scrape_right_after_a_burst_equals_the_kernel_in_both_formats() {
-    let e = Exporter::start(&[]);
+    let e = Exporter::start(&["--web.openmetrics-created"]);
     // Default receive buffer, no setsockopt: a plain receiver such as socat.
     let r = Workload::start(&["udp-recv"]);
     let pid = r.pid().to_string();
@@ -286,7 +286,13 @@ fn two_prometheus_servers_both_see_a_new_processs_whole_burst() {
     // Room for the new process and its program whatever else runs on this test machine: a
     // zero series is made only in free room (placeholders never fold a process) and the
     // budget is decided at an identity's first scrape, in arrival order.
-    let e = Exporter::start(&["--max-series", "100000", "--max-processes", "100000"]);
+    let e = Exporter::start(&[
+        "--max-series",
+        "100000",
+        "--max-processes",
+        "100000",
+        "--web.openmetrics-created",
+    ]);
     let config = format!(
         "global:\n  scrape_interval: 1s\n  scrape_timeout: 1s\n  evaluation_interval: 1s\n\
          scrape_configs:\n  - job_name: bufscope\n    static_configs:\n      - targets: ['{}']\n",

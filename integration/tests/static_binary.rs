@@ -3,8 +3,9 @@
 //! kernel with nothing else: in a root that holds only the binary (a chroot in a mount namespace
 //! of its own, with `/proc` and `/sys` mounted: no libc, no loader, no /etc), `bufscope check`
 //! passes and chooses, probe by probe, the same hooks as the build under test (`BUFSCOPE_BIN`)
-//! on the same kernel. Runs on the host, and in the 5.10, 6.1 and 6.12 guests of `cargo xtask
-//! matrix`.
+//! on the same kernel. Runs on the host (against the debug build the host's tests run), and in
+//! the 5.10, 6.1 and 6.12 guests of `cargo xtask matrix` (whose steps all run this static
+//! binary: there the same binary in the guest's full root).
 #![allow(clippy::unwrap_used)]
 
 use std::collections::BTreeMap;

@@ -15,66 +15,26 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use bufscope_integration::{Exporter, Spawned, Workload};
+use bufscope_netlab::{Netns, PREFIX, VethPair, unique_name};
 
 const ERRORS: &str = "bufscope_xfrm_errors_total";
 
-struct Netns(String);
-
-impl Netns {
-    fn new(tag: &str) -> Self {
-        let name = format!("bs-{tag}-{}", std::process::id());
-        let _ = Command::new("ip")
-            .args(["netns", "del", &name])
-            .stderr(Stdio::null())
-            .status();
-        run(&["ip", "netns", "add", &name]);
-        run(&["ip", "-n", &name, "link", "set", "lo", "up"]);
-        Self(name)
-    }
-
-    fn inode(&self) -> u64 {
-        use std::os::unix::fs::MetadataExt as _;
-        std::fs::metadata(format!("/run/netns/{}", self.0))
-            .unwrap()
-            .ino()
-    }
-
-    fn ip(&self, args: &[&str]) {
-        let mut a = vec!["ip", "-n", self.0.as_str()];
-        a.extend_from_slice(args);
-        run(&a);
-    }
-
-    fn xfrm_stat(&self) -> BTreeMap<String, u64> {
-        let out = Command::new("ip")
-            .args(["netns", "exec", &self.0, "cat", "/proc/net/xfrm_stat"])
-            .output()
-            .unwrap();
-        String::from_utf8_lossy(&out.stdout)
-            .lines()
-            .filter_map(|l| {
-                let mut f = l.split_whitespace();
-                Some((f.next()?.to_string(), f.next()?.parse().ok()?))
-            })
-            .collect()
-    }
-}
-
-impl Drop for Netns {
-    fn drop(&mut self) {
-        let _ = Command::new("ip").args(["netns", "del", &self.0]).status();
-    }
-}
-
-fn run(args: &[&str]) {
-    let st = Command::new(args[0]).args(&args[1..]).status().unwrap();
-    assert!(st.success(), "{args:?} failed");
+/// The namespace's `/proc/net/xfrm_stat`, by name.
+fn xfrm_stat(ns: &Netns) -> BTreeMap<String, u64> {
+    ns.exec("cat", ["/proc/net/xfrm_stat"])
+        .unwrap()
+        .lines()
+        .filter_map(|l| {
+            let mut f = l.split_whitespace();
+            Some((f.next()?.to_string(), f.next()?.parse().ok()?))
+        })
+        .collect()
 }
 
 /// Sends UDP datagrams from `ns` to `dest` for a second.
 fn blast(ns: &Netns, dest: &str) {
     let mut w = Workload::start_wrapped(
-        &["ip", "netns", "exec", ns.0.as_str()],
+        &["ip", "netns", "exec", ns.name()],
         &[
             "udp-blast",
             "--dest",
@@ -86,42 +46,36 @@ fn blast(ns: &Netns, dest: &str) {
         ],
     );
     let sent = w.wait_line("SENT", Duration::from_secs(20));
-    eprintln!("{}: {sent}", ns.0);
+    eprintln!("{}: {sent}", ns.name());
 }
 
 #[test]
 #[ignore = "needs root: run via cargo xtask test"]
 fn xfrm_errors_equal_the_namespace_counters_and_name_the_daemon() {
     let exporter = Exporter::start(&[]);
-    let a = Netns::new("xa");
-    let b = Netns::new("xb");
+    let a = Netns::create(unique_name(PREFIX, "xa")).unwrap();
+    let b = Netns::create(unique_name(PREFIX, "xb")).unwrap();
     let (va, vb) = (
         format!("bsxa{}", std::process::id() % 100_000),
         format!("bsxb{}", std::process::id() % 100_000),
     );
-    run(&[
-        "ip", "link", "add", &va, "type", "veth", "peer", "name", &vb,
-    ]);
-    run(&["ip", "link", "set", &va, "netns", &a.0]);
-    run(&["ip", "link", "set", &vb, "netns", &b.0]);
-    a.ip(&["addr", "add", "10.77.0.1/24", "dev", &va]);
-    a.ip(&["addr", "add", "10.78.0.1/24", "dev", &va]);
-    a.ip(&["addr", "add", "10.76.0.1/24", "dev", &va]);
-    b.ip(&["addr", "add", "10.77.0.2/24", "dev", &vb]);
-    b.ip(&["addr", "add", "10.78.0.2/24", "dev", &vb]);
-    b.ip(&["addr", "add", "10.76.0.2/24", "dev", &vb]);
-    a.ip(&["link", "set", &va, "up"]);
-    b.ip(&["link", "set", &vb, "up"]);
+    let _veth = VethPair::create(&a, &va, &b, &vb).unwrap();
+    a.ip(["addr", "add", "10.77.0.1/24", "dev", &va]).unwrap();
+    a.ip(["addr", "add", "10.78.0.1/24", "dev", &va]).unwrap();
+    a.ip(["addr", "add", "10.76.0.1/24", "dev", &va]).unwrap();
+    b.ip(["addr", "add", "10.77.0.2/24", "dev", &vb]).unwrap();
+    b.ip(["addr", "add", "10.78.0.2/24", "dev", &vb]).unwrap();
+    b.ip(["addr", "add", "10.76.0.2/24", "dev", &vb]).unwrap();
     // bufscope reads a namespace through a process living in it: B's is a plain sleeper.
     let _b_resident =
-        Spawned::new(Command::new("ip").args(["netns", "exec", &b.0, "sleep", "120"]));
+        Spawned::new(Command::new("ip").args(["netns", "exec", b.name(), "sleep", "120"]));
     // A's daemon stand-in: an XFRM event listener (it receives the kernel's acquires).
     let monitor = Spawned::new(
         Command::new("ip")
-            .args(["-n", &a.0, "xfrm", "monitor"])
+            .args(["-n", a.name(), "xfrm", "monitor"])
             .stdout(Stdio::null()),
     );
-    a.ip(&[
+    a.ip([
         "xfrm",
         "policy",
         "add",
@@ -133,9 +87,10 @@ fn xfrm_errors_equal_the_namespace_counters_and_name_the_daemon() {
         "out",
         "action",
         "block",
-    ]);
+    ])
+    .unwrap();
     // ESP in tunnel mode to B, but no SA: the daemon would have to negotiate one.
-    a.ip(&[
+    a.ip([
         "xfrm",
         "policy",
         "add",
@@ -154,8 +109,9 @@ fn xfrm_errors_equal_the_namespace_counters_and_name_the_daemon() {
         "esp",
         "mode",
         "tunnel",
-    ]);
-    b.ip(&[
+    ])
+    .unwrap();
+    b.ip([
         "xfrm",
         "policy",
         "add",
@@ -167,14 +123,15 @@ fn xfrm_errors_equal_the_namespace_counters_and_name_the_daemon() {
         "in",
         "action",
         "block",
-    ]);
-    let (a0, b0) = (a.xfrm_stat(), b.xfrm_stat());
+    ])
+    .unwrap();
+    let (a0, b0) = (xfrm_stat(&a), xfrm_stat(&b));
     // Let bufscope read both namespaces once.
     std::thread::sleep(Duration::from_millis(2500));
     blast(&a, "10.77.0.2:9");
     blast(&a, "10.78.0.2:9");
     blast(&a, "10.76.0.2:9");
-    let (a1, b1) = (a.xfrm_stat(), b.xfrm_stat());
+    let (a1, b1) = (xfrm_stat(&a), xfrm_stat(&b));
     let delta = |x: &BTreeMap<String, u64>, y: &BTreeMap<String, u64>, k: &str| y[k] - x[k];
     let out_block = delta(&a0, &a1, "XfrmOutPolBlock");
     let in_block = delta(&b0, &b1, "XfrmInPolBlock");
@@ -182,7 +139,10 @@ fn xfrm_errors_equal_the_namespace_counters_and_name_the_daemon() {
     assert!(in_block > 100, "B should block A's packets: {in_block}");
     let no_states = delta(&a0, &a1, "XfrmOutNoStates");
     assert!(no_states > 0, "A's ESP policy without an SA: {no_states}");
-    let (ans, bns) = (a.inode().to_string(), b.inode().to_string());
+    let (ans, bns) = (
+        a.inode().unwrap().to_string(),
+        b.inode().unwrap().to_string(),
+    );
     let read = || {
         let m = exporter.scrape();
         (
@@ -247,7 +207,7 @@ fn xfrm_errors_equal_the_namespace_counters_and_name_the_daemon() {
     );
     assert_eq!(
         f["evidence"]["netns"].as_f64(),
-        Some(a.inode() as f64),
+        Some(a.inode().unwrap() as f64),
         "{f}"
     );
     let summary = f["summary"].as_str().unwrap();
@@ -259,7 +219,7 @@ fn xfrm_errors_equal_the_namespace_counters_and_name_the_daemon() {
     assert!(f["fix"].as_str().unwrap().contains("acquire"), "{f}");
     assert!(
         !findings.iter().any(|f| f["kind"] == "xfrm_errors"
-            && f["evidence"]["netns"].as_f64() == Some(b.inode() as f64)),
+            && f["evidence"]["netns"].as_f64() == Some(b.inode().unwrap() as f64)),
         "B has only a configured block and no daemon"
     );
     eprintln!(
@@ -293,30 +253,24 @@ fn inbound_esp_without_an_sa_counts_as_no_states_and_advises_the_daemon() {
         return;
     }
     let exporter = Exporter::start(&[]);
-    let a = Netns::new("ea");
-    let b = Netns::new("eb");
+    let a = Netns::create(unique_name(PREFIX, "ea")).unwrap();
+    let b = Netns::create(unique_name(PREFIX, "eb")).unwrap();
     let (va, vb) = (
         format!("bsea{}", std::process::id() % 100_000),
         format!("bseb{}", std::process::id() % 100_000),
     );
-    run(&[
-        "ip", "link", "add", &va, "type", "veth", "peer", "name", &vb,
-    ]);
-    run(&["ip", "link", "set", &va, "netns", &a.0]);
-    run(&["ip", "link", "set", &vb, "netns", &b.0]);
-    a.ip(&["addr", "add", "10.75.0.1/24", "dev", &va]);
-    b.ip(&["addr", "add", "10.75.0.2/24", "dev", &vb]);
-    a.ip(&["link", "set", &va, "up"]);
-    b.ip(&["link", "set", &vb, "up"]);
+    let _veth = VethPair::create(&a, &va, &b, &vb).unwrap();
+    a.ip(["addr", "add", "10.75.0.1/24", "dev", &va]).unwrap();
+    b.ip(["addr", "add", "10.75.0.2/24", "dev", &vb]).unwrap();
     // B's daemon stand-in, and A's resident (bufscope reads a namespace through a process).
     let daemon = Spawned::new(
         Command::new("ip")
-            .args(["-n", &b.0, "xfrm", "monitor"])
+            .args(["-n", b.name(), "xfrm", "monitor"])
             .stdout(Stdio::null()),
     );
     let _a_resident =
-        Spawned::new(Command::new("ip").args(["netns", "exec", &a.0, "sleep", "300"]));
-    a.ip(&[
+        Spawned::new(Command::new("ip").args(["netns", "exec", a.name(), "sleep", "300"]));
+    a.ip([
         "xfrm",
         "state",
         "add",
@@ -337,8 +291,9 @@ fn inbound_esp_without_an_sa_counts_as_no_states_and_advises_the_daemon() {
         "hmac(sha256)",
         "0x00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff",
         "128",
-    ]);
-    a.ip(&[
+    ])
+    .unwrap();
+    a.ip([
         "xfrm",
         "policy",
         "add",
@@ -357,17 +312,18 @@ fn inbound_esp_without_an_sa_counts_as_no_states_and_advises_the_daemon() {
         "esp",
         "mode",
         "transport",
-    ]);
-    let (a0, b0) = (a.xfrm_stat(), b.xfrm_stat());
+    ])
+    .unwrap();
+    let (a0, b0) = (xfrm_stat(&a), xfrm_stat(&b));
     std::thread::sleep(Duration::from_millis(2500));
     blast(&a, "10.75.0.2:9");
-    let (a1, b1) = (a.xfrm_stat(), b.xfrm_stat());
+    let (a1, b1) = (xfrm_stat(&a), xfrm_stat(&b));
     let no_states = b1["XfrmInNoStates"] - b0["XfrmInNoStates"];
     assert!(
         no_states > 0,
         "B should count A's ESP to an SPI it has no SA for: {no_states}"
     );
-    let bns = b.inode().to_string();
+    let bns = b.inode().unwrap().to_string();
     let labels = [("netns", bns.as_str()), ("reason", "XfrmInNoStates")];
     let got = bufscope_integration::eventually(
         Duration::from_secs(15),
@@ -379,7 +335,7 @@ fn inbound_esp_without_an_sa_counts_as_no_states_and_advises_the_daemon() {
     );
     eprintln!("XfrmInNoStates in B (inbound ESP, no SA): kernel delta {no_states}, bufscope {got}");
     let m = exporter.scrape();
-    let ans = a.inode().to_string();
+    let ans = a.inode().unwrap().to_string();
     for (ns, before, after) in [(&ans, &a0, &a1), (&bns, &b0, &b1)] {
         for (k, v) in after {
             let want = (v - before.get(k).copied().unwrap_or(0)) as f64;

@@ -169,6 +169,16 @@ impl Netns {
         PathBuf::from(NETNS_DIR).join(&self.name)
     }
 
+    /// The namespace's inode number (the `netns` bufscope labels its series with, as
+    /// `/proc/<pid>/ns/net` of a process inside shows it).
+    pub fn inode(&self) -> Result<u64, Error> {
+        use std::os::unix::fs::MetadataExt as _;
+        let path = self.path();
+        std::fs::metadata(&path)
+            .map(|m| m.ino())
+            .map_err(|e| Error::io(format!("stat {}", path.display()), e))
+    }
+
     /// A command that runs `program` inside the namespace (`ip netns exec <name> program`).
     /// Add arguments, environment and stdio as with any [`Command`]. `ip netns exec` execs
     /// the program in place, so the child's pid is the program's pid. The program starts with

@@ -136,16 +136,17 @@ pub fn run(a: &Args) -> anyhow::Result<()> {
 }
 
 /// True when the selection runs a test of the release artifacts (`xtask/tests/dist.rs`,
-/// `integration/tests/static_binary.rs`, the matrix's static-binary step): the build stage then
-/// builds the static binaries of `cargo xtask dist` too (a release build for musl: the one build
-/// besides the debug one), so no test builds them under its timeout.
+/// `integration/tests/static_binary.rs`) or the kernel matrix (its guests run the static
+/// binary): the build stage then builds the static binaries of `cargo xtask dist` too (a
+/// release build for musl: the one build besides the debug one), so no test builds them under
+/// its timeout.
 fn needs_static(a: &Args) -> bool {
     let every_target = a.tests.is_empty() && a.bins.is_empty() && !a.lib && !a.doc;
     let package = |p: &str| a.packages.is_empty() || a.packages.iter().any(|q| q == p);
     let test = |t: &str| every_target || a.tests.iter().any(|q| q == t);
     (package("xtask") && test("dist"))
         || (package("bufscope-integration") && test("static_binary"))
-        || (!a.no_matrix && crate::matrix::selects_static_binary(&a.steps))
+        || !a.no_matrix
 }
 
 /// One test binary of the host stage as the summary shows it.

@@ -669,7 +669,7 @@ impl Attributor {
         }
     }
 
-    /// The look-up families.
+    /// The look-up families: a cause once it asked for a look-up, a result once it happened.
     pub fn lookup_families(&self, out: &mut Vec<MetricFamily>) {
         let l = &self.lookups;
         let mut f = LOOKUPS.family();
@@ -677,17 +677,24 @@ impl Attributor {
         let mut passes = PASSES.family();
         for c in Cause::ALL {
             let s = &l.causes[c as usize];
+            let waiting = l.pending_of(c)
+                + l.flight.inodes.values().filter(|w| w.cause == c).count()
+                + l.flight.listeners.values().filter(|x| **x == c).count()
+                + l.flight.tun.values().filter(|x| **x == c).count();
+            // A cause is shown once it asked for a look-up, a result once it happened: no
+            // series that never move (the node's series budget).
+            if s.found + s.not_found + s.dropped + s.passes == 0 && waiting == 0 {
+                continue;
+            }
             for (result, v) in [
                 ("found", s.found),
                 ("not_found", s.not_found),
                 ("dropped", s.dropped),
             ] {
-                f.push(&[c.name(), result], v as f64);
+                if v > 0 {
+                    f.push(&[c.name(), result], v as f64);
+                }
             }
-            let waiting = l.pending_of(c)
-                + l.flight.inodes.values().filter(|w| w.cause == c).count()
-                + l.flight.listeners.values().filter(|x| **x == c).count()
-                + l.flight.tun.values().filter(|x| **x == c).count();
             pending.push(&[c.name()], waiting as f64);
             passes.push(&[c.name()], s.passes as f64);
         }

@@ -89,6 +89,9 @@ pub struct Config {
     pub pinned_since: Option<f64>,
     /// `--bpf.run-stats`: the kernel's run time and count of each probe's programs.
     pub run_stats: Option<RunStats>,
+    /// `--web.openmetrics-created`: OpenMetrics counter samples are followed by their
+    /// `_created` sample (off: none, and Prometheus 2.x stores no `_created` series).
+    pub created_samples: bool,
 }
 
 impl Config {
@@ -112,6 +115,7 @@ impl Config {
             pins: None,
             pinned_since: None,
             run_stats: None,
+            created_samples: false,
         }
     }
 
@@ -131,9 +135,11 @@ impl Config {
             pins,
             pinned_since,
             run_stats,
+            created_samples,
         } = self;
         let pinned = PinnedState::new(pins, &mut attr, &mut store);
         let mut render = RenderCache::default();
+        render.created_samples = created_samples;
         if let Some(since) = pinned_since {
             let families = rooms
                 .iter()
@@ -395,6 +401,7 @@ impl Collector {
             poll_durations: self.poll.durations(),
             probe_runs: &runs,
             collector: own,
+            procfs: Some(self.attr.procfs()),
         };
         let used = std::cell::Cell::new(None);
         let body = self.render.shared(format, |created| {

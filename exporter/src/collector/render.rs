@@ -7,6 +7,7 @@ use axum::body::Bytes;
 use prometheus::proto::MetricFamily;
 
 use crate::advice::Finding;
+use crate::attribution::procfs::Procfs;
 use crate::exposition::{self, Created, Format, Health, selfmetrics};
 use crate::signals::{self, Row, Signal, Store};
 
@@ -28,6 +29,9 @@ pub struct Exposed<'a> {
     pub probe_runs: &'a [(&'static str, u64, u64)],
     /// The collector's own families (lock holds, ring backlog, look-ups).
     pub collector: Vec<MetricFamily>,
+    /// `/proc` (`--path.procfs`): which processes still run (None: every tracked one is
+    /// taken as running).
+    pub procfs: Option<&'a Procfs>,
 }
 
 /// The last body rendered and the generation it shows.
@@ -40,6 +44,8 @@ pub struct RenderCache {
     rendered: Option<(u64, Format, Bytes)>,
     /// Created times of the counter series (OpenMetrics `_created`).
     pub created: Created,
+    /// OpenMetrics `_created` samples are rendered (`--web.openmetrics-created`).
+    pub created_samples: bool,
 }
 
 impl RenderCache {
@@ -50,14 +56,19 @@ impl RenderCache {
 
     /// The body in `format`: the last one when nothing changed since it was rendered in that
     /// format, else `render`'s (then kept).
-    pub fn shared(&mut self, format: Format, render: impl FnOnce(&mut Created) -> String) -> Bytes {
+    pub fn shared(
+        &mut self,
+        format: Format,
+        render: impl FnOnce(Option<&mut Created>) -> String,
+    ) -> Bytes {
         if let Some((generation, f, body)) = &self.rendered
             && *generation == self.generation
             && *f == format
         {
             return body.clone();
         }
-        let body = Bytes::from(render(&mut self.created));
+        let created = self.created_samples.then_some(&mut self.created);
+        let body = Bytes::from(render(created));
         self.rendered = Some((self.generation, format, body.clone()));
         body
     }
@@ -65,14 +76,18 @@ impl RenderCache {
 
 /// The exposition of `e` in `format`. Every sample is the counter's current value for every
 /// client: nothing depends on who scraped before. OpenMetrics adds each counter's `_created`
-/// time ([`Created`]).
-pub fn render(e: &Exposed<'_>, format: Format, created: &mut Created) -> String {
+/// time ([`Created`]) when `created` is given (`--web.openmetrics-created`).
+pub fn render(e: &Exposed<'_>, format: Format, created: Option<&mut Created>) -> String {
     render_counted(e, format, created).0
 }
 
 /// [`render`], and the number of per-process series of identities with their own (the
 /// budget's use).
-pub fn render_counted(e: &Exposed<'_>, format: Format, created: &mut Created) -> (String, usize) {
+pub fn render_counted(
+    e: &Exposed<'_>,
+    format: Format,
+    created: Option<&mut Created>,
+) -> (String, usize) {
     let fams = families(e);
     let used = own_series(&fams);
     let text = encode_as(e, format, created, &fams);
@@ -107,7 +122,7 @@ pub fn series_of(rooms: &[Box<dyn Signal>], row: &Row) -> usize {
 fn encode_as(
     e: &Exposed<'_>,
     format: Format,
-    created: &mut Created,
+    created: Option<&mut Created>,
     fams: &[MetricFamily],
 ) -> String {
     match format {
@@ -116,7 +131,9 @@ fn encode_as(
             String::new()
         }),
         Format::OpenMetrics { .. } => {
-            let times = exposition::created_times(created, e.store, e.rows, fams);
+            let times = created.map_or_else(Vec::new, |c| {
+                exposition::created_times(c, e.store, e.rows, fams)
+            });
             exposition::encode_openmetrics(fams, &times)
         }
     }
@@ -125,11 +142,16 @@ fn encode_as(
 /// Every family: the rooms', bufscope's own health, its own cost.
 fn families(e: &Exposed<'_>) -> Vec<MetricFamily> {
     let mut fams = signals::families(e.rooms, e.rows);
+    let alive = |p: &crate::store::ProcRef| {
+        e.procfs
+            .is_none_or(|fs| fs.start_ticks(p.tgid) == Some(p.start_ticks))
+    };
     selfmetrics::families(
         e.store,
         e.health,
         e.findings,
         signals::attributed(),
+        &alive,
         &mut fams,
     );
     exposition::process::families(
@@ -151,7 +173,7 @@ mod tests {
     fn scrapes_of_one_generation_share_one_body() {
         let mut c = RenderCache::default();
         let mut n = 0;
-        let mut render = |_: &mut Created| {
+        let mut render = |_: Option<&mut Created>| {
             n += 1;
             format!("body {n}")
         };
@@ -183,9 +205,10 @@ mod tests {
             poll_durations: &[("drops", Duration::from_millis(2))],
             probe_runs: &[],
             collector: Vec::new(),
+            procfs: None,
         };
         let mut created = Created::default();
-        let text = render(&e, Format::Text, &mut created);
+        let text = render(&e, Format::Text, Some(&mut created));
         assert!(
             text.contains(r#"bufscope_build_info{version="9.9",kernel="6.18"} 1"#),
             "{text}"
@@ -194,7 +217,10 @@ mod tests {
             text.contains("bufscope_signal_poll_duration_seconds"),
             "{text}"
         );
-        let om = render(&e, Format::OpenMetrics { v1: true }, &mut created);
+        let om = render(&e, Format::OpenMetrics { v1: true }, Some(&mut created));
         assert!(om.ends_with("# EOF\n"), "{om}");
+        assert!(om.contains("_created"), "{om}");
+        let plain = render(&e, Format::OpenMetrics { v1: true }, None);
+        assert!(!plain.contains("_created"), "{plain}");
     }
 }

@@ -306,7 +306,14 @@ mod tests {
                 emit(&["udp", reason], *v as f64);
             }
         });
-        selfmetrics::families(store, health, findings, ["drops"].into_iter(), &mut out);
+        selfmetrics::families(
+            store,
+            health,
+            findings,
+            ["drops"].into_iter(),
+            &|_| true,
+            &mut out,
+        );
         out
     }
 
@@ -408,6 +415,8 @@ mod tests {
     #[test]
     fn openmetrics_has_created_samples_escaping_and_eof() {
         let mut store = store_with("a\"b\\c\nd", 5);
+        // One event without an owner: its series (and HELP) is shown once it counts.
+        store.attribution_unknown.insert("drops", 1);
         let fams = families(&mut store, &health(), &[]);
         let rows = store.rows();
         let mut created = Created::default();

@@ -169,25 +169,31 @@ fn single(spec: &Spec, value: f64, out: &mut Vec<MetricFamily>) {
 
 /// bufscope's own families: the findings (of processes tracked now), probe health, losses,
 /// map fill, cardinality, sysctls, pins and build. `attributed`: the probes whose events are
-/// attributed (each gets an unknown-attribution series, 0 included).
+/// attributed. A probe's unknown-attribution series, a cause's lost-events series and a
+/// reason's refused-pod-label series are shown once they count, not at 0 (the node's series
+/// budget): the first two alerts are on sustained rates, which a series born non-zero does
+/// not hide, and the third also fires on a series born non-zero (`x > 0 unless x offset 15m`).
 pub fn families<P: Parts>(
     store: &Store<P>,
     health: &Health,
     findings: &[Finding],
     attributed: impl Iterator<Item = &'static str>,
+    alive: &dyn Fn(&ProcRef) -> bool,
     out: &mut Vec<MetricFamily>,
 ) {
     findings_family(store, findings, out);
-    process_info(store, findings, out);
+    process_info(store, findings, alive, out);
     probes_family(health, out);
     let mut f = ATTRIBUTION_UNKNOWN.family();
     for probe in attributed {
         let v = store.attribution_unknown.get(probe).copied().unwrap_or(0);
-        f.push(&[probe], v as f64);
+        if v > 0 {
+            f.push(&[probe], v as f64);
+        }
     }
     f.done(out);
     let mut f = EVENTS_LOST.family();
-    for (cause, v) in &health.bpf_lost {
+    for (cause, v) in health.bpf_lost.iter().filter(|(_, v)| *v > 0) {
         f.push(&[cause], *v as f64);
     }
     f.done(out);
@@ -206,7 +212,7 @@ pub fn families<P: Parts>(
     single(&SERIES_IDENTITIES, store.own_identities() as f64, out);
     single(&SERIES_OVERFLOW, store.overflowed as f64, out);
     let mut f = POD_LABELS_REFUSED.family();
-    for (reason, n) in &health.pod_labels_refused {
+    for (reason, n) in health.pod_labels_refused.iter().filter(|(_, n)| *n > 0) {
         f.push(&[reason], *n as f64);
     }
     f.done(out);
@@ -298,7 +304,15 @@ pub const INFO_MIN_AGE_FINDING_SECS: f64 = 10.0;
 /// `bufscope_process_info{<identity>,pid} 1`: the processes that matter behind the shown
 /// identities — those with an active finding (running for [`INFO_MIN_AGE_FINDING_SECS`]), then
 /// those running for [`INFO_MIN_AGE_SECS`], oldest first — at most [`Store::info_budget`].
-fn process_info<P: Parts>(store: &Store<P>, findings: &[Finding], out: &mut Vec<MetricFamily>) {
+/// "Running" is asked of `alive` (its `/proc` entry, same start time): a short-lived process
+/// stays in the store until GC notices it exited, and its age would otherwise keep growing
+/// past the threshold (300 processes of a churn got info series of their own that way).
+fn process_info<P: Parts>(
+    store: &Store<P>,
+    findings: &[Finding],
+    alive: &dyn Fn(&ProcRef) -> bool,
+    out: &mut Vec<MetricFamily>,
+) {
     let with_finding: foldhash::HashSet<u32> = findings
         .iter()
         .filter(|f| active(f))
@@ -330,6 +344,9 @@ fn process_info<P: Parts>(store: &Store<P>, findings: &[Finding], out: &mut Vec<
         let Some(row) = shown_identity(store, &p).filter(|r| !r.overflow) else {
             continue;
         };
+        if !alive(&p) {
+            continue;
+        }
         let pid = p.tgid.to_string();
         let base = identity_labels(&row);
         f.push_values(base.iter().copied().chain([pid.as_str()]), 1.0);
@@ -411,6 +428,7 @@ mod tests {
             &Health::default(),
             &[],
             std::iter::empty(),
+            &|_| true,
             &mut out,
         );
         let text = encode(&out).unwrap();
@@ -501,6 +519,7 @@ mod tests {
                 },
             ],
             std::iter::empty(),
+            &|_| true,
             &mut out,
         );
         let text = encode(&out).unwrap();
@@ -540,6 +559,7 @@ mod tests {
             &Health::default(),
             &[],
             std::iter::empty(),
+            &|_| true,
             &mut out,
         );
         let text = encode(&out).unwrap();

@@ -4,7 +4,7 @@
 //!
 //! | path | handler |
 //! |---|---|
-//! | `--web.telemetry-path` (`/metrics`) | Prometheus text 0.0.4, or OpenMetrics 1.0.0 with `_created` samples when `Accept` prefers it |
+//! | `--web.telemetry-path` (`/metrics`) | Prometheus text 0.0.4, or OpenMetrics 1.0.0 when `Accept` prefers it (with `_created` samples under `--web.openmetrics-created`) |
 //! | `/healthz` | 200 while any probe is attached and the collector polls and drains; 503 with the reason otherwise (never behind auth) |
 //! | `/api/v1/findings` | findings as JSON (docs/findings.md) |
 //! | `/api/v1/status` | the status page's data |

@@ -198,9 +198,13 @@ impl ReaderHook {
         let mut f = ARMED.family();
         f.push(&[&hook], if self.armed() { 1.0 } else { 0.0 });
         f.done(out);
+        // Each action once it happened (the series budget: no series that never moves).
         let mut f = CHANGES.family();
-        f.push(&["arm"], self.arms as f64);
-        f.push(&["disarm"], self.disarms as f64);
+        for (action, n) in [("arm", self.arms), ("disarm", self.disarms)] {
+            if n > 0 {
+                f.push(&[action], n as f64);
+            }
+        }
         f.done(out);
         let mut f = WATCHED.family();
         f.push(&[], self.watching as f64);

@@ -511,18 +511,24 @@ const SND_LOCKS: Spec = Spec::counter(
     &["proto"],
 );
 
-/// The setsockopt families.
+/// The setsockopt families. A clamp or a failure is shown once it happened, not as a zero
+/// series next to every call (a receiver that sizes its buffer once would otherwise have two
+/// series that never move: the series budget); the shipped alerts catch a series born
+/// non-zero (`x > 0 unless x offset 15m`).
 fn families(procs: &[Row], out: &mut Vec<MetricFamily>) {
     type Pick = fn(&SockoptCounts) -> u64;
-    let counts: [(&Spec, Pick); 3] = [
-        (&CALLS, |c| c.calls),
-        (&CLAMPED, |c| c.clamped),
-        (&FAILED, |c| c.failed),
+    let counts: [(&Spec, Pick, bool); 3] = [
+        (&CALLS, |c| c.calls, true),
+        (&CLAMPED, |c| c.clamped, false),
+        (&FAILED, |c| c.failed, false),
     ];
-    for (spec, pick) in counts {
+    for (spec, pick, zero) in counts {
         spec.per_process(procs, out, |s, emit| {
             for ((proto, opt), c) in &s.parts.setsockopt.calls {
-                emit(&[proto.as_str(), opt.as_str()], pick(c) as f64);
+                let v = pick(c);
+                if zero || v > 0 {
+                    emit(&[proto.as_str(), opt.as_str()], v as f64);
+                }
             }
         });
     }
