@@ -485,7 +485,10 @@ impl Attributor {
     pub fn urgent_in_flight(&self) -> bool {
         let f = &self.lookups.flight;
         f.since.is_some()
-            && (f.listeners.keys().any(|k| !self.lookups.refresh.contains(k))
+            && (f
+                .listeners
+                .keys()
+                .any(|k| !self.lookups.refresh.contains(k))
                 || !f.tun.is_empty()
                 || f.inodes.values().any(|w| w.urgent))
     }

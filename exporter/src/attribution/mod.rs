@@ -629,9 +629,8 @@ impl Attributor {
             .retain(|_, t| now.duration_since(*t) < NEGATIVE_TTL * 12);
         // An expired listener whose owner is kept stays the answer while it lives
         // ([`Attributor::listener`]).
-        self.listeners.retain(|_, (p, t)| {
-            now.duration_since(*t) < CACHE_TTL || p.is_some_and(|p| keep(&p))
-        });
+        self.listeners
+            .retain(|_, (p, t)| now.duration_since(*t) < CACHE_TTL || p.is_some_and(|p| keep(&p)));
         self.tun_answered
             .retain(|_, t| now.duration_since(*t) <= CACHE_TTL);
     }

@@ -347,7 +347,11 @@ mod tests {
         assert!(p.start_ticks(std::process::id()).unwrap() > 0);
         let (ticks, comm) = p.start_ticks_and_comm(std::process::id()).unwrap();
         assert_eq!(Some(ticks), p.start_ticks(std::process::id()));
-        assert_eq!(Some(comm), p.comm(std::process::id()), "stat's comm is comm's");
+        assert_eq!(
+            Some(comm),
+            p.comm(std::process::id()),
+            "stat's comm is comm's"
+        );
         assert!(p.netns(std::process::id()).unwrap() > 0);
     }
 

@@ -271,11 +271,9 @@ fn findings_family<P: Parts>(store: &Store<P>, findings: &[Finding], out: &mut V
     let mut counts: std::collections::BTreeMap<(u64, &str, &str), (Row<()>, u64)> =
         std::collections::BTreeMap::new();
     for ((pid, kind, severity), n) in per_pid {
-        let row = rows.entry(pid).or_insert_with(|| {
-            by_pid
-                .get(&pid)
-                .and_then(|p| shown_identity(store, p))
-        });
+        let row = rows
+            .entry(pid)
+            .or_insert_with(|| by_pid.get(&pid).and_then(|p| shown_identity(store, p)));
         let Some(row) = row else {
             continue;
         };

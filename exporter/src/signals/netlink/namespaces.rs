@@ -61,7 +61,9 @@ impl Namespaces {
         self.of.retain(|pid, _| live.contains(pid));
         // The share of the known processes due again since the last refresh (all of them
         // once RECHECK passed), least recently read first.
-        let elapsed = self.last.map_or(RECHECK, |t| now.saturating_duration_since(t));
+        let elapsed = self
+            .last
+            .map_or(RECHECK, |t| now.saturating_duration_since(t));
         self.last = Some(now);
         let due = if elapsed >= RECHECK {
             self.of.len()
