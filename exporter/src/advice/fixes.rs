@@ -17,13 +17,11 @@ fn wanted(requested: Option<i64>) -> u64 {
 
 /// Sockets of the same process, protocol and direction (the ones a program-wide fix touches).
 fn sockets_like(b: &Builder<'_>, c: &Candidate<'_>) -> u64 {
-    let n = b
-        .inputs
-        .stories
-        .iter()
-        .filter(|s| s.owner == c.owner && s.proto == c.proto)
-        .count() as u64;
-    n.max(1)
+    b.sockets_like
+        .get(&(c.owner, c.proto))
+        .copied()
+        .unwrap_or(0)
+        .max(1)
 }
 
 fn names(dir: Direction) -> (&'static str, &'static str, &'static str) {

@@ -455,6 +455,9 @@ struct Builder<'a> {
     out: Vec<Finding>,
     /// Processes with locked TCP sockets.
     tcp_locked: foldhash::HashSet<ProcRef>,
+    /// How many of the stories' sockets each process has per protocol (counted once, not
+    /// once per finding: 10,000 sockets made that 10⁸ comparisons per evaluation).
+    sockets_like: foldhash::HashMap<(ProcRef, Proto), u64>,
 }
 
 impl Builder<'_> {
@@ -535,6 +538,13 @@ pub fn evaluate_with(inputs: &Inputs, history: &mut History, now: u64) -> Vec<Fi
             .filter(|(_, s)| s.locks > 0)
             .map(|(p, _)| *p)
             .collect(),
+        sockets_like: inputs
+            .stories
+            .iter()
+            .fold(foldhash::HashMap::default(), |mut m, s| {
+                *m.entry((s.owner, s.proto)).or_default() += 1;
+                m
+            }),
     };
     history.begin();
     sockets::socket_findings(&mut b, history, now);

@@ -20,14 +20,15 @@
 //!
 //! Nothing runs per packet: this costs a `stat` read per process with new counts per poll
 //! (with 1,000 processes holding 10,000 dropping sockets, a `readlink` per socket and poll was
-//! 30% of the exporter's CPU), a `comm` read per such process (an `exec` keeps pid and start time but changes `comm`: the
-//! labels follow, [`Attributor::apply_renames`]), and a `/proc` pass when a socket first
+//! 30% of the exporter's CPU), which also gives its `comm` (an `exec` keeps pid and start
+//! time but changes `comm`: the labels follow, [`Attributor::apply_renames`]; a separate
+//! `comm` read per process was another third of this), and a `/proc` pass when a socket first
 //! counts, when its holder let go of it, and every [`RESCAN_EVERY`] while it keeps counting
 //! (meanwhile its counts stay on the holder it has).
 
 use std::time::{Duration, Instant};
 
-use foldhash::{HashMap, HashMapExt as _, HashSet, HashSetExt as _};
+use foldhash::{HashMap, HashMapExt as _, HashSet};
 
 use super::{Attributor, Cause};
 use crate::store::{Parts, ProcRef, Store};
@@ -60,19 +61,24 @@ impl Attributor {
             return;
         }
         let now = Instant::now();
-        let mut procs: HashSet<ProcRef> = HashSet::new();
-        // Liveness once per process of this poll, not once per socket.
-        let mut alive: HashMap<ProcRef, bool> = HashMap::new();
+        // Liveness once per process of this poll, not once per socket; the same read of
+        // `/proc/<pid>/stat` gives its `comm` (checked once per live process below).
+        let mut alive: HashMap<ProcRef, Option<Vec<u8>>> = HashMap::new();
         for ino in inodes {
             let held = self.holding.get(ino).copied().map(|h| {
-                let live = *alive.entry(h.proc).or_insert_with(|| {
-                    self.procfs.start_ticks(h.proc.tgid) == Some(h.proc.start_ticks)
-                });
+                let live = alive
+                    .entry(h.proc)
+                    .or_insert_with(|| {
+                        self.procfs
+                            .start_ticks_and_comm(h.proc.tgid)
+                            .filter(|(ticks, _)| *ticks == h.proc.start_ticks)
+                            .map(|(_, comm)| comm)
+                    })
+                    .is_some();
                 (h, live)
             });
             match held {
                 Some((h, true)) => {
-                    procs.insert(h.proc);
                     // Keeps counting on its holder while the re-listing runs.
                     if now.duration_since(h.scanned) >= RESCAN_EVERY {
                         self.request_relisting(*ino);
@@ -91,8 +97,10 @@ impl Attributor {
             }
         }
         self.serve_inline();
-        for p in procs {
-            self.check_comm(p);
+        for (p, comm) in alive {
+            if let Some(raw) = comm {
+                self.set_comm(p, &raw);
+            }
         }
     }
 
@@ -178,10 +186,14 @@ impl Attributor {
     /// Re-reads `comm` of a live holder: after an `exec` the same process (pid and start
     /// time) has a new name, and its counts from now on carry it.
     pub(super) fn check_comm(&mut self, p: ProcRef) {
-        let Some(raw) = self.procfs.comm(p.tgid) else {
-            return;
-        };
-        let comm = String::from_utf8_lossy(&raw);
+        if let Some(raw) = self.procfs.comm(p.tgid) {
+            self.set_comm(p, &raw);
+        }
+    }
+
+    /// Files `raw` as `p`'s `comm` (read just now): a new one is a rename.
+    fn set_comm(&mut self, p: ProcRef, raw: &[u8]) {
+        let comm = String::from_utf8_lossy(raw);
         if let Some(m) = self.meta.get_mut(&p)
             && m.comm != comm
         {

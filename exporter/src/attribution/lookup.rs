@@ -129,6 +129,9 @@ pub(super) struct Lookups {
     inodes: HashMap<u64, Want>,
     listeners: HashMap<(u32, u16), Cause>,
     tun: HashMap<(u32, String), Cause>,
+    /// Listeners of `listeners` (queued or in flight) that nothing waits for: a cached owner
+    /// that is still alive is re-read by the background pass ([`Attributor::listener`]).
+    refresh: HashSet<(u32, u16)>,
     flight: InFlight,
     causes: [CauseState; Cause::ALL.len()],
     last_end: Option<Instant>,
@@ -420,9 +423,19 @@ impl Attributor {
 
     /// Queues a look-up of the listener on (`netns`, `port`).
     pub(super) fn request_listener(&mut self, netns: u32, port: u16) {
+        self.request_listener_as(netns, port, true);
+    }
+
+    /// Queues a look-up of the listener on (`netns`, `port`); `urgent`: counts wait for it
+    /// (a request then runs the pass before it answers), else the background pass re-reads
+    /// it when its turn comes.
+    pub(super) fn request_listener_as(&mut self, netns: u32, port: u16, urgent: bool) {
         let l = &mut self.lookups;
         let key = (netns, port);
         if l.listeners.contains_key(&key) || l.flight.listeners.contains_key(&key) {
+            if urgent {
+                l.refresh.remove(&key);
+            }
             return;
         }
         let s = &mut l.causes[Cause::Listener as usize];
@@ -433,6 +446,9 @@ impl Attributor {
         }
         s.queued += 1;
         l.listeners.insert(key, Cause::Listener);
+        if !urgent {
+            l.refresh.insert(key);
+        }
     }
 
     /// Queues a look-up of the holder of TUN/TAP device `ifname` in `netns`.
@@ -469,14 +485,21 @@ impl Attributor {
     pub fn urgent_in_flight(&self) -> bool {
         let f = &self.lookups.flight;
         f.since.is_some()
-            && (!f.listeners.is_empty() || !f.tun.is_empty() || f.inodes.values().any(|w| w.urgent))
+            && (f
+                .listeners
+                .keys()
+                .any(|k| !self.lookups.refresh.contains(k))
+                || !f.tun.is_empty()
+                || f.inodes.values().any(|w| w.urgent))
     }
 
     /// Whether counts wait for a queued look-up (a scrape then runs the pass, when due,
     /// before it answers; a re-listing nothing waits for is left to the background).
     pub fn lookups_urgent(&self) -> bool {
         let l = &self.lookups;
-        !l.listeners.is_empty() || !l.tun.is_empty() || l.inodes.values().any(|w| w.urgent)
+        l.listeners.keys().any(|k| !l.refresh.contains(k))
+            || !l.tun.is_empty()
+            || l.inodes.values().any(|w| w.urgent)
     }
 
     /// The next pass when one is due (see the module documentation); `force` skips the rate
@@ -560,6 +583,7 @@ impl Attributor {
             }
         }
         for (key, ino) in &found.listeners {
+            self.lookups.refresh.remove(key);
             let owner = ino.and_then(|i| {
                 self.lookup_inode(i).or_else(|| {
                     let holders = found.holders.get(&i).map(Vec::as_slice).unwrap_or(&[]);

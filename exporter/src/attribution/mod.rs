@@ -109,6 +109,8 @@ pub struct Attributor {
     /// owner until the look-up answers, so their counts wait instead of going to the
     /// recorded creator.
     unsettled: HashSet<u64>,
+    /// The pids in `/proc` as listed during this poll ([`Attributor::pids_this_poll`]).
+    pids_listed: Option<Vec<u32>>,
 }
 
 /// `OWNERS`: socket inode → the process that created or accepted it (the owners room's map).
@@ -162,6 +164,7 @@ impl Attributor {
             lookups: lookup::Lookups::default(),
             tun_answered: HashMap::new(),
             unsettled: HashSet::new(),
+            pids_listed: None,
         }
     }
 
@@ -187,6 +190,17 @@ impl Attributor {
     /// The `/proc` reader.
     pub fn procfs(&self) -> &Procfs {
         &self.procfs
+    }
+
+    /// A poll starts: the next [`Attributor::pids_this_poll`] lists `/proc` again.
+    pub fn new_poll(&mut self) {
+        self.pids_listed = None;
+    }
+
+    /// The pids in `/proc`, listed once per poll ([`Attributor::new_poll`]) for every room
+    /// that needs them (with 3,000 processes a listing costs about a millisecond).
+    pub fn pids_this_poll(&mut self) -> &[u32] {
+        self.pids_listed.get_or_insert_with(|| self.procfs.pids())
     }
 
     /// Registers a process recorded by a probe (process context: exact) and returns its id.
@@ -309,13 +323,23 @@ impl Attributor {
     }
 
     /// Owner of the TCP listener on (`netns`, `port`): from the last look-up (cached for
-    /// [`CACHE_TTL`]), else none for now and a look-up queued ([`Attributor::listener_pending`]).
+    /// [`CACHE_TTL`]); after that, while that owner lives, still it, and the background pass
+    /// re-reads the listener (a request waiting for a pass over every `/proc/*/fd` for the
+    /// same answer made every scrape's connection cost one every 10 s); else none for now
+    /// and a look-up queued ([`Attributor::listener_pending`]).
     pub fn listener(&mut self, netns: u32, port: u16) -> Option<ProcRef> {
         let now = Instant::now();
-        if let Some((p, t)) = self.listeners.get(&(netns, port))
-            && now.duration_since(*t) < CACHE_TTL
-        {
-            return *p;
+        if let Some((p, t)) = self.listeners.get(&(netns, port)).copied() {
+            if now.duration_since(t) < CACHE_TTL {
+                return p;
+            }
+            if let Some(p) = p
+                && self.procfs.start_ticks(p.tgid) == Some(p.start_ticks)
+            {
+                self.request_listener_as(netns, port, false);
+                self.serve_inline();
+                return Some(p);
+            }
         }
         self.request_listener(netns, port);
         self.serve_inline();
@@ -603,8 +627,10 @@ impl Attributor {
         let now = Instant::now();
         self.negative
             .retain(|_, t| now.duration_since(*t) < NEGATIVE_TTL * 12);
+        // An expired listener whose owner is kept stays the answer while it lives
+        // ([`Attributor::listener`]).
         self.listeners
-            .retain(|_, (_, t)| now.duration_since(*t) < CACHE_TTL);
+            .retain(|_, (p, t)| now.duration_since(*t) < CACHE_TTL || p.is_some_and(|p| keep(&p)));
         self.tun_answered
             .retain(|_, t| now.duration_since(*t) <= CACHE_TTL);
     }
@@ -660,6 +686,35 @@ mod tests {
         attr.udp.last = None;
         attr.new_udp_holders();
         assert_eq!(attr.scans, 1, "the next miss waits for UDP_RECHECK");
+    }
+
+    /// A listener whose cached owner is older than CACHE_TTL but alive is answered at once
+    /// (nothing waits, so a request runs no pass for it) and re-read by the background;
+    /// one whose owner exited waits for a look-up.
+    #[test]
+    fn an_expired_listener_with_a_live_owner_is_answered_and_refreshed_in_the_background() {
+        let mut attr = Attributor::new(Procfs::new("/proc"), None);
+        let me = attr.proc_from_pid(std::process::id()).unwrap();
+        let old = Instant::now() - CACHE_TTL - Duration::from_secs(1);
+        attr.listeners.insert((7, 80), (Some(me), old));
+        assert_eq!(attr.listener(7, 80), Some(me));
+        assert!(attr.listener_pending(7, 80), "re-read by a pass");
+        assert!(!attr.lookups_urgent(), "which no request waits for");
+        // A request that needs one now makes it urgent.
+        attr.request_listener(7, 80);
+        assert!(attr.lookups_urgent());
+        // An owner that exited is no answer: the connection waits for the look-up.
+        let gone = ProcRef {
+            start_ticks: me.start_ticks + 1,
+            ..me
+        };
+        attr.listeners.insert((7, 81), (Some(gone), old));
+        assert_eq!(attr.listener(7, 81), None);
+        assert!(attr.listener_pending(7, 81));
+        // GC keeps an expired listener while its owner is kept, not once it is not.
+        attr.retain_procs(|p| *p == me);
+        assert!(attr.listeners.contains_key(&(7, 80)));
+        assert!(!attr.listeners.contains_key(&(7, 81)));
     }
 
     #[test]

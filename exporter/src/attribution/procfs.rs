@@ -82,6 +82,17 @@ impl Procfs {
         stat_start_ticks(&std::fs::read(self.pid_path(pid, "stat")).ok()?)
     }
 
+    /// The start time and raw `comm` of `pid` from one read of `/proc/<pid>/stat` (its
+    /// second field is what `/proc/<pid>/comm` shows, without the newline): a process's
+    /// liveness and its name for one file read instead of two.
+    pub fn start_ticks_and_comm(&self, pid: u32) -> Option<(u64, Vec<u8>)> {
+        let stat = std::fs::read(self.pid_path(pid, "stat")).ok()?;
+        let ticks = stat_start_ticks(&stat)?;
+        let open = stat.iter().position(|b| *b == b'(')?;
+        let close = stat.iter().rposition(|b| *b == b')')?;
+        Some((ticks, stat.get(open + 1..close)?.to_vec()))
+    }
+
     /// Converts a BPF start time (ns since boot) to `/proc` clock ticks.
     pub fn ns_to_ticks(ns: u64) -> u64 {
         ns / (1_000_000_000 / clk_tck())
@@ -334,6 +345,13 @@ mod tests {
     fn start_ticks_parse() {
         let p = Procfs::default();
         assert!(p.start_ticks(std::process::id()).unwrap() > 0);
+        let (ticks, comm) = p.start_ticks_and_comm(std::process::id()).unwrap();
+        assert_eq!(Some(ticks), p.start_ticks(std::process::id()));
+        assert_eq!(
+            Some(comm),
+            p.comm(std::process::id()),
+            "stat's comm is comm's"
+        );
         assert!(p.netns(std::process::id()).unwrap() > 0);
     }
 

@@ -201,11 +201,28 @@ impl AdviceCache {
 
     /// Files what an [`Evaluation`] found; returns the findings.
     pub fn apply(&mut self, done: Evaluated) -> Arc<Vec<Finding>> {
-        self.history = done.history;
-        self.evaluating = false;
         let findings = Arc::new(done.findings);
-        self.last = Some((Instant::now(), findings.clone()));
+        drop(self.replace(done.history, findings.clone()));
         findings
+    }
+
+    /// Files an evaluation as [`AdviceCache::apply`] and returns the one it replaces, for
+    /// the caller to free after it let go of the collector's lock (10,000 findings take
+    /// tens of milliseconds to free).
+    pub fn apply_replacing(&mut self, done: Evaluated) -> Option<Arc<Vec<Finding>>> {
+        self.replace(done.history, Arc::new(done.findings))
+    }
+
+    fn replace(
+        &mut self,
+        history: advice::History,
+        findings: Arc<Vec<Finding>>,
+    ) -> Option<Arc<Vec<Finding>>> {
+        self.history = history;
+        self.evaluating = false;
+        self.last
+            .replace((Instant::now(), findings))
+            .map(|(_, old)| old)
     }
 }
 

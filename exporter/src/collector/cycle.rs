@@ -94,7 +94,9 @@ pub fn background(c: &Mutex<Collector>) {
     };
     if let Some(job) = advice {
         let done = job.run();
-        lock_as(c, Holder::Poll).advice_apply(done);
+        // The guard drops at the end of the statement: the replaced findings after it.
+        let replaced = lock_as(c, Holder::Poll).advice_apply(done);
+        drop(replaced);
     }
     if let Some(plan) = gc {
         let scan = plan.scan();

@@ -254,6 +254,7 @@ impl Collector {
         #[cfg(debug_assertions)]
         fault::at_poll(self.heartbeat.since_start());
         self.poll.start();
+        self.attr.new_poll();
         self.render.changed();
         if let Some(any) = self.pinned.check_links(&mut self.health) {
             self.heartbeat.set_none_attached(!any);
@@ -323,9 +324,12 @@ impl Collector {
     }
 
     /// Files what an evaluation run without the lock found; the next scrape shows it.
-    pub fn advice_apply(&mut self, done: Evaluated) {
-        self.advice.apply(done);
+    /// Returns the evaluation it replaced: drop it after the lock is released (freeing
+    /// 10,000 findings under the lock made every scrape behind it wait).
+    #[must_use = "free the replaced findings after releasing the lock"]
+    pub fn advice_apply(&mut self, done: Evaluated) -> Option<Arc<Vec<Finding>>> {
         self.render.changed();
+        self.advice.apply_replacing(done)
     }
 
     /// The `/api/v1/findings` document.
@@ -520,7 +524,7 @@ mod tests {
             let api = s.spawn(|| report(&c, std::time::Instant::now()));
             std::thread::sleep(Duration::from_millis(100));
             assert!(!api.is_finished(), "waits for the running evaluation");
-            lock_as(&c, Holder::Poll).advice_apply(job.run());
+            drop(lock_as(&c, Holder::Poll).advice_apply(job.run()));
             let r = api.join().unwrap();
             let f = r
                 .findings

@@ -259,19 +259,28 @@ fn active(f: &Finding) -> bool {
 fn findings_family<P: Parts>(store: &Store<P>, findings: &[Finding], out: &mut Vec<MetricFamily>) {
     let by_pid: foldhash::HashMap<u32, ProcRef> =
         store.procs().map(|(p, _)| (p.tgid, *p)).collect();
+    // Counted per process first: its identity is looked up once, not once per finding
+    // (10,000 sockets' findings of 1,000 processes).
+    let mut per_pid: foldhash::HashMap<(u32, &str, &str), u64> = foldhash::HashMap::default();
+    for x in findings.iter().filter(|x| active(x)) {
+        *per_pid
+            .entry((x.process.pid, x.kind, x.severity.as_str()))
+            .or_default() += 1;
+    }
+    let mut rows: foldhash::HashMap<u32, Option<Row<()>>> = foldhash::HashMap::default();
     let mut counts: std::collections::BTreeMap<(u64, &str, &str), (Row<()>, u64)> =
         std::collections::BTreeMap::new();
-    for x in findings.iter().filter(|x| active(x)) {
-        let Some(row) = by_pid
-            .get(&x.process.pid)
-            .and_then(|p| shown_identity(store, p))
-        else {
+    for ((pid, kind, severity), n) in per_pid {
+        let row = rows
+            .entry(pid)
+            .or_insert_with(|| by_pid.get(&pid).and_then(|p| shown_identity(store, p)));
+        let Some(row) = row else {
             continue;
         };
         counts
-            .entry((row.id, x.kind, x.severity.as_str()))
-            .or_insert((row, 0))
-            .1 += 1;
+            .entry((row.id, kind, severity))
+            .or_insert_with(|| (row.clone(), 0))
+            .1 += n;
     }
     let mut f = Family::new(&FINDING, [PROCESS_LABELS, FINDING.labels].concat());
     for ((_, kind, severity), (row, n)) in &counts {

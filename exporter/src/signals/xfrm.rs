@@ -251,7 +251,8 @@ impl Signal for Xfrm {
 
     fn poll(&mut self, cx: &mut PollCx<'_>) -> bool {
         let now = Instant::now();
-        let reps = self.ns.refresh(cx.attr.procfs(), now);
+        let pids = cx.attr.pids_this_poll().to_vec();
+        let reps = self.ns.refresh_from(cx.attr.procfs(), &pids, now);
         let baseline = !self.polled;
         self.polled = true;
         for n in self.series.values_mut() {

@@ -326,7 +326,8 @@ impl Signal for Netlink {
 
     fn poll(&mut self, cx: &mut PollCx<'_>) -> bool {
         let now = Instant::now();
-        let reps = self.ns.refresh(cx.attr.procfs(), now);
+        let pids = cx.attr.pids_this_poll().to_vec();
+        let reps = self.ns.refresh_from(cx.attr.procfs(), &pids, now);
         let mut rows = Vec::new();
         let mut read = HashSet::new();
         for (netns, pid) in reps {

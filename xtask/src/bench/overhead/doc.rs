@@ -15,12 +15,17 @@ fn doc_markers(part: &str) -> (String, String) {
     )
 }
 
-/// Rewrites, in the "Overhead" section of docs/benchmarks.md, the machine line and each part
-/// this run measured (between its own markers, so a run of one section keeps the others).
+/// Rewrites, in the "Overhead" section of docs/benchmarks.md, each part this run measured
+/// (between its own markers, so a run of one section keeps the others) and, on a run of every
+/// section, the machine line. A run of some sections leaves the machine line to the run that
+/// measured the rest and names its machine in its own run line.
 pub(super) fn update(a: &Args, r: &Report) -> anyhow::Result<()> {
     let m = Machine::describe();
+    let every_section = super::SECTIONS
+        .iter()
+        .all(|s| a.sections.iter().any(|t| t == s));
     let mut args = String::new();
-    if a.sections.len() != super::SECTIONS.len() {
+    if !every_section {
         let _ = write!(args, " --sections {}", a.sections.join(","));
     }
     if a.runs != 5 {
@@ -29,8 +34,13 @@ pub(super) fn update(a: &Args, r: &Report) -> anyhow::Result<()> {
     if (a.seconds - 2.0).abs() > f64::EPSILON {
         let _ = write!(args, " --seconds {}", a.seconds);
     }
+    let on = if every_section {
+        String::new()
+    } else {
+        format!(" on {}", m.summary())
+    };
     let run_line = format!(
-        "Run: `cargo xtask bench overhead{args} --update-doc` (as root), {}, commit {}, \
+        "Run: `cargo xtask bench overhead{args} --update-doc` (as root){on}, {}, commit {}, \
          {:.0} s for the whole run; load average {} before, {} after.",
         m.date,
         m.commit,
@@ -45,7 +55,10 @@ pub(super) fn update(a: &Args, r: &Report) -> anyhow::Result<()> {
         m.summary(),
         a.runs,
     );
-    let mut parts = vec![("machine", machine)];
+    let mut parts = Vec::new();
+    if every_section {
+        parts.push(("machine", machine));
+    }
     for (name, text) in [
         ("probes", &r.probes),
         ("datapath", &r.datapath),
