@@ -376,6 +376,10 @@ pub struct WgSites {
     /// `wg_packet_rx_poll` (a packet queued dead: the device's decrypt ring was full, or it
     /// could not be decrypted, or was replayed).
     pub rx_poll: [u64; 2],
+    /// `consume_skb` itself: where `consume_skb` has no `location` (before 6.3), the
+    /// `fentry` variant finds the caller's return address in its trampoline's frame, and
+    /// knows the frame by the return address into `consume_skb` just below it.
+    pub consume: [u64; 2],
 }
 
 /// Why kernel WireGuard discarded a packet (the `reason` of a [`WgKey`]).
@@ -1069,7 +1073,7 @@ const _: () = assert!(core::mem::size_of::<GuardEvent>() == 72);
 const _: () = assert!(core::mem::size_of::<GuardConfig>() == 56);
 const _: () = assert!(core::mem::size_of::<EstablishedEvent>() == 80);
 const _: () = assert!(core::mem::size_of::<ReaderKey>() == 16);
-const _: () = assert!(core::mem::size_of::<WgSites>() == 48);
+const _: () = assert!(core::mem::size_of::<WgSites>() == 64);
 const _: () = assert!(core::mem::size_of::<WgKey>() == 8);
 const _: () = assert!(core::mem::size_of::<ReaderVal>() == 16);
 

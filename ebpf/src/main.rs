@@ -9,7 +9,7 @@
 //! | window-scale shrink, listener owners | [`tcp_state`] | `tp_btf/inet_sock_set_state` | `EVENTS` ([`EstablishedEvent`](bufscope_common::EstablishedEvent)), `LISTENERS` |
 //! | autotuning suppressed | [`autotune`] | `tp_btf/tcp_rcvbuf_grow`; older kernels: [`autotune::compat`] | `AUTOTUNE` (per socket inode) |
 //! | socket owners | [`owners`] | `cgroup/sock_create`; `syscalls/sys_exit_{socket,accept,accept4}`; also setsockopt and `connect()` | `OWNERS` |
-//! | kernel WireGuard's queue drops | [`wireguard`] | `tp_btf/consume_skb` with `location` (6.3+), counted only at the module's discard sites | `WG_SITES`, `WG_DROPS` (per namespace × port × reason) |
+//! | kernel WireGuard's queue drops | [`wireguard`] | `tp_btf/consume_skb` with `location` (6.3+) or `fentry/consume_skb` reading it from the trampoline frame (before), counted only at the module's discard sites | `WG_SITES`, `WG_DROPS` (per namespace × port × reason) |
 //! | the guard | [`guard`] | `cgroup/{bind,connect}{4,6}` (+ `sendmsg{4,6}`), enforce: `cgroup/getsockopt`, `cgroup/sock_release`; decisions in `cgroup/setsockopt` | `GUARD_SK` (socket storage, cloned to accepted children), `GUARD_COMMS`, `GUARD_STATS`, `GUARD_STATE`, `GUARD_LEASE` |
 //!
 //! Shared by several signals: [`config`] (the `CONFIG`/`COMPAT` globals userspace patches

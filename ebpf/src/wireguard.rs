@@ -13,16 +13,28 @@
 //! load, one inlined array lookup and three range compares; the rest (helper reads of the skb)
 //! runs only for the module's discards.
 //!
+//! Before 6.3 `consume_skb(skb)` has no `location`; there `fentry/consume_skb` reads it from
+//! the BPF trampoline's frame on x86-64: the trampoline (called from `consume_skb`'s first
+//! instruction, before `consume_skb` builds a frame) pushes `rbp` right below the return
+//! address into `consume_skb`, and below that, the return address into `consume_skb`'s caller
+//! is the one `location` would carry. The program's context (the saved arguments) lies
+//! `8 × (arguments + 1 when the trampoline keeps a return value)` below the saved `rbp`, so
+//! `location` is at `ctx + 24` (an fentry alone) or `ctx + 32` (an fexit on `consume_skb`
+//! too); which one is told by the word below it, that must be an address inside `consume_skb`
+//! (its range from `/proc/kallsyms`, in `WG_SITES`): a frame laid out otherwise counts
+//! nothing, never a wrong site.
+//!
 //! Kernel WireGuard keeps `struct packet_cb { u64 nonce; struct noise_keypair *keypair;
 //! atomic_t state; u32 mtu; u8 ds; }` in `skb->cb` (unchanged since the module was merged in
 //! 5.6): the keypair tells a full per-peer queue from an unknown session, the state a packet
 //! queued dead (`PACKET_STATE_DEAD` = 2) from a decrypted one.
 
 use aya_ebpf::{
+    EbpfContext as _,
     bindings::BPF_NOEXIST,
-    macros::{btf_tracepoint, map},
+    macros::{btf_tracepoint, fentry, map},
     maps::{Array, PerCpuHashMap},
-    programs::BtfTracePointContext,
+    programs::{BtfTracePointContext, FEntryContext},
 };
 use bufscope_common::{WgKey, WgSites, maps, wg_reason};
 
@@ -58,11 +70,41 @@ pub fn wg_consume_skb(ctx: BtfTracePointContext) -> i32 {
     let Some(sites) = WG_SITES.get(0) else {
         return 0;
     };
-    let on_arrival = within(&sites.receive, location) || within(&sites.socket_receive, location);
-    if !on_arrival && !within(&sites.rx_poll, location) {
+    count(sites, ctx.arg(0), location);
+    0
+}
+
+/// `fentry/consume_skb(struct sk_buff *skb)` (before 6.3): `location` from the trampoline's
+/// frame (module doc).
+#[fentry(function = "consume_skb")]
+pub fn wg_consume_skb_entry(ctx: FEntryContext) -> i32 {
+    let Some(sites) = WG_SITES.get(0) else {
+        return 0;
+    };
+    if sites.consume[0] == 0 {
         return 0;
     }
-    let skb: u64 = ctx.arg(0);
+    let base = ctx.as_ptr() as u64;
+    // An fentry alone: ctx = rbp - 8.
+    let location = if within(&sites.consume, kread(base, 16)) {
+        kread(base, 24)
+    } else if within(&sites.consume, kread(base, 24)) {
+        // With a return-value slot (an fexit on consume_skb too): ctx = rbp - 16.
+        kread(base, 32)
+    } else {
+        return 0;
+    };
+    count(sites, ctx.arg(0), location);
+    0
+}
+
+/// Counts `skb` when `location` is one of the module's discard sites.
+#[inline(always)]
+fn count(sites: &WgSites, skb: u64, location: u64) {
+    let on_arrival = within(&sites.receive, location) || within(&sites.socket_receive, location);
+    if !on_arrival && !within(&sites.rx_poll, location) {
+        return;
+    }
     let cb = skb + cfg!(skb_cb) as u64;
     let reason = if on_arrival {
         let data: u64 = kread(skb, cfg!(skb_data));
@@ -82,7 +124,7 @@ pub fn wg_consume_skb(ctx: BtfTracePointContext) -> i32 {
         wg_reason::DECRYPT_RING_FULL
     } else if kread::<u32>(skb, cfg!(skb_len)) == 0 {
         // A keepalive, consumed after it was processed: no loss.
-        return 0;
+        return;
     } else {
         wg_reason::REPLAYED_OR_INVALID
     };
@@ -108,5 +150,4 @@ pub fn wg_consume_skb(ctx: BtfTracePointContext) -> i32 {
             unsafe { *p += 1 };
         }
     }
-    0
 }

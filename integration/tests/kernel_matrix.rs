@@ -83,8 +83,8 @@ fn check_names_the_hook_each_probe_uses_and_the_metrics_agree() {
         } else if !ok {
             // The guard is configuration, not a signal: a kernel whose cgroup programs lack
             // the socket-option helpers it needs (5.10) runs without it, and check says why.
-            // Kernel WireGuard's drops need consume_skb's `location` (6.3+); before, check
-            // says no tracepoint can tell them apart.
+            // Kernel WireGuard's drops need consume_skb's `location` (6.3+) or, before,
+            // fentry/consume_skb; where neither works, check says no hook tells them apart.
             assert!(
                 text.contains("unknown func")
                     || text.contains("cannot use helper")

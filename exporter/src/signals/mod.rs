@@ -21,7 +21,7 @@
 //! | [`owners`] | `owners` | `OWNERS` hash (socket → process), read by the [`Attributor`](crate::attribution::Attributor) | — | — |
 //! | [`netlink`] | `netlink` (procfs: no hook fires per overrun) | `/proc/<pid>/net/netlink` per network namespace | [`netlink::ProcNetlink`] | `bufscope_netlink_overruns_total` |
 //! | [`xfrm`] | `xfrm` (procfs: the kernel's per-namespace counters) | `/proc/<pid>/net/xfrm_stat` per network namespace | — | `bufscope_xfrm_errors_total`, `bufscope_xfrm_daemon_info` |
-//! | [`wireguard`] | `wireguard` (`tp_btf/consume_skb` with `location`, 6.3+) | `WG_SITES` (discard sites from `/proc/kallsyms`), `WG_DROPS` per-CPU hash (namespace × port × reason) | — | `bufscope_wireguard_drops_total`, `bufscope_wireguard_discard_sites` |
+//! | [`wireguard`] | `wireguard` (`tp_btf/consume_skb` with `location`, 6.3+; before, `fentry/consume_skb`) | `WG_SITES` (discard sites from `/proc/kallsyms`), `WG_DROPS` per-CPU hash (namespace × port × reason) | — | `bufscope_wireguard_drops_total`, `bufscope_wireguard_discard_sites`, `bufscope_wireguard_hook_armed`, `bufscope_wireguard_hook_changes_total` |
 //! | [`guard`] | `guard` (+ decisions in `cgroup/setsockopt`) | ring buffer, [`GuardEvent`](bufscope_common::GuardEvent) | [`guard::ProcGuard`] | `bufscope_guard_decisions_total` |
 //!
 //! The collector drives the running rooms through the [`Signal`] trait and the loader reads

@@ -13,35 +13,57 @@
 //! device's UDP listen port).
 //!
 //! `consume_skb` runs for every packet the kernel consumes (every UDP datagram read, for
-//! one), so `--wireguard.queue-drops auto` (the default) attaches it only where the
-//! `wireguard` module is loaded at start. Before 6.3 `consume_skb` has no `location`: no
-//! tracepoint tells these frees from the ordinary ones, and `bufscope check` says so.
+//! one), so `--wireguard.queue-drops auto` (the default) runs it only while the `wireguard`
+//! module is loaded: attached at start where it is; elsewhere the program is loaded at start
+//! (the verifier's verdict is known then) and attached by the room at the first poll that sees
+//! the module (a `modprobe wireguard`, or the first `ip link add … type wireguard`, after
+//! bufscope started), detached again when the module is unloaded
+//! (`bufscope_wireguard_hook_armed`, `bufscope_wireguard_hook_changes_total`). Before 6.3
+//! `consume_skb` has no `location`: no tracepoint tells these frees from the ordinary ones,
+//! so the second variant, `fentry/consume_skb`, reads the caller's return address from the
+//! BPF trampoline's frame (x86-64; `ebpf/src/wireguard.rs` says how it recognises the
+//! frame); where fentry is refused nothing is counted, and `bufscope check` says so.
 
 use std::collections::BTreeMap;
+use std::os::fd::{AsFd as _, OwnedFd};
 use std::path::Path;
+use std::time::{Duration, Instant};
 
+use anyhow::Context as _;
+use aya::Ebpf;
+use aya::programs::{BtfTracePoint, FEntry, ProgramFd};
 use bufscope_common::{WgKey, WgSites, maps, wg_reason};
 use clap::ValueEnum;
 use prometheus::proto::MetricFamily;
 
 use super::{BuildCx, CheckLine, PollCx, Room, Services, Signal};
 use crate::bpf::table::{PerCpuHash, Slots};
-use crate::bpf::{BtfNeed, Hook, LoadPlan, PerCpuTable, ProbeSpec, Table};
+use crate::bpf::{Attached, BtfNeed, Hook, LoadPlan, PerCpuTable, ProbeSpec, Table, sys, usable};
 use crate::exposition::Spec;
 use crate::kernel::KernelBtf;
 
 /// `consume_skb` with its 2nd argument, `location` (6.3+).
 const LOCATION: &[BtfNeed] = &[BtfNeed::Args(2)];
 
-/// The probe: one variant (before 6.3 no tracepoint can tell these frees apart).
+/// The hook: `tp_btf/consume_skb` with `location` (6.3+).
+const HOOK: Hook = Hook::BtfTracepointWhere {
+    prog: "wg_consume_skb",
+    name: "consume_skb",
+    needs: LOCATION,
+};
+
+/// Before 6.3: `fentry/consume_skb`, `location` read from the BPF trampoline's frame
+/// (x86-64's layout; a frame it does not recognise counts nothing).
+const ENTRY: Hook = Hook::Fentry {
+    prog: "wg_consume_skb_entry",
+    func: "consume_skb",
+};
+
+/// The probe: the tracepoint where it carries `location`, else the fentry that finds it.
 pub const PROBE: ProbeSpec = ProbeSpec {
     name: "wireguard",
     what: "kernel WireGuard's queue drops (full per-peer, decrypt and handshake queues), per namespace, listen port and reason",
-    variants: &[&[Hook::BtfTracepointWhere {
-        prog: "wg_consume_skb",
-        name: "consume_skb",
-        needs: LOCATION,
-    }]],
+    variants: &[&[HOOK], &[ENTRY]],
     is_drop_probe: false,
     attributed: false,
 };
@@ -50,7 +72,8 @@ pub const PROBE: ProbeSpec = ProbeSpec {
 #[derive(Clone, Copy, Debug, ValueEnum, PartialEq, Eq, Default, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum QueueDrops {
-    /// Attach where the `wireguard` module is loaded (or built in) when bufscope starts.
+    /// Attach while the `wireguard` module is loaded (or built in): at start where it is,
+    /// else when it loads.
     #[default]
     Auto,
     /// Attach wherever the kernel allows (the hook runs for every consumed packet).
@@ -63,10 +86,10 @@ pub enum QueueDrops {
 #[derive(clap::Args, Clone, Debug)]
 #[group(skip)]
 pub struct Flags {
-    /// auto (attach `tp_btf/consume_skb` where the wireguard module is loaded at start) | on |
-    /// off. The hook runs for every packet the kernel consumes (measured on 6.18: a reading
-    /// UDP receiver at 95-97% of its rate without it); it counts only those kernel WireGuard
-    /// discards.
+    /// auto (attach `tp_btf/consume_skb` while the wireguard module is loaded: at start, or
+    /// when it loads later) | on | off. The hook runs for every packet the kernel consumes
+    /// (measured on 6.18: a reading UDP receiver at 95-97% of its rate without it); it counts
+    /// only those kernel WireGuard discards.
     #[arg(long = "wireguard.queue-drops", value_enum, default_value_t = QueueDrops::Auto)]
     pub queue_drops: QueueDrops,
 }
@@ -76,6 +99,22 @@ const DROPS: Spec = Spec::counter(
     "Packets kernel WireGuard discarded (consume_skb at its discard sites: no kernel counter), by the outer network namespace, the device's UDP listen port and reason.",
     &["netns", "port", "reason"],
 );
+
+const ARMED: Spec = Spec::gauge(
+    "bufscope_wireguard_hook_armed",
+    "Whether tp_btf/consume_skb is attached (1; with --wireguard.queue-drops auto it runs only while the wireguard module is loaded).",
+    &[],
+);
+
+const CHANGES: Spec = Spec::counter(
+    "bufscope_wireguard_hook_changes_total",
+    "Times --wireguard.queue-drops auto attached the hook (arm: the wireguard module appeared) or detached it (disarm: the module was unloaded).",
+    &["action"],
+);
+
+/// Shortest time between two resolutions of the same module load that failed (kallsyms is
+/// megabytes; a load seen in the middle of its setup may not list every symbol yet).
+const RETRY_EVERY: Duration = Duration::from_secs(30);
 
 const SITES: Spec = Spec::gauge(
     "bufscope_wireguard_discard_sites",
@@ -117,8 +156,13 @@ fn module_identity() -> Option<String> {
 /// The discard sites in `kallsyms` (its text): each function's `[start, next symbol)`.
 /// Errors name what is missing.
 pub fn resolve_sites(kallsyms: &str) -> Result<WgSites, String> {
-    let wanted = ["wg_packet_receive", "wg_receive", "wg_packet_rx_poll"];
-    let mut starts = [0u64; 3];
+    let wanted = [
+        "wg_packet_receive",
+        "wg_receive",
+        "wg_packet_rx_poll",
+        "consume_skb",
+    ];
+    let mut starts = [0u64; 4];
     let mut text: Vec<u64> = Vec::new();
     for l in kallsyms.lines() {
         let mut f = l.split_whitespace();
@@ -153,15 +197,173 @@ pub fn resolve_sites(kallsyms: &str) -> Result<WgSites, String> {
         receive: range(starts[0])?,
         socket_receive: range(starts[1])?,
         rx_poll: range(starts[2])?,
+        consume: range(starts[3])?,
     })
+}
+
+/// What `prepare` decided, for `after_attach` and `take`.
+#[derive(Debug, Default)]
+pub struct Setup {
+    /// `auto` without the module at start: the program is loaded after the others attached
+    /// and the room attaches it when the module appears.
+    arm_later: bool,
+    /// The hook whose program is loaded for that.
+    loaded: Option<Hook>,
+}
+
+/// Attaching the loaded program and detaching it (a fake in tests).
+pub trait Switch: Send {
+    /// Attaches it (it is detached).
+    fn attach(&mut self) -> std::io::Result<()>;
+    /// Detaches it (it is attached).
+    fn detach(&mut self);
+}
+
+/// The loaded program: a raw-tracepoint link on a duplicate of its fd while attached.
+struct Program {
+    prog: ProgramFd,
+    link: Option<OwnedFd>,
+}
+
+impl Switch for Program {
+    fn attach(&mut self) -> std::io::Result<()> {
+        self.link = Some(sys::raw_tracepoint_open(self.prog.as_fd(), None)?);
+        Ok(())
+    }
+
+    fn detach(&mut self) {
+        self.link = None;
+    }
+}
+
+/// Loads the best variant's program the kernel accepts without attaching it; never fails the
+/// start-up (returns the program loaded, and logs why none was).
+fn load_unattached(ebpf: &mut Ebpf, cx: &Attached<'_>) -> Option<Hook> {
+    let mut why = Vec::new();
+    for (i, hooks) in PROBE.variants.iter().enumerate() {
+        let hook = hooks[0];
+        if let Some(w) = passed_over(i) {
+            why.push(format!("{}: {w}", hook.describe()));
+            continue;
+        }
+        let loaded = usable(hooks, cx.kernel).and_then(|()| load_program(ebpf, cx, &hook));
+        match loaded {
+            Ok(()) => {
+                tracing::info!(
+                    probe = PROBE.name,
+                    hook = %hook.describe(),
+                    "no wireguard module loaded yet: the hook is loaded and attaches when the module appears"
+                );
+                return Some(hook);
+            }
+            Err(w) => why.push(format!("{}: {w}", hook.describe())),
+        }
+    }
+    tracing::info!(
+        probe = PROBE.name,
+        "kernel WireGuard's drops will not be counted if its module loads later: {}",
+        why.join("; ")
+    );
+    None
+}
+
+/// Loads `hook`'s program (unattached).
+fn load_program(ebpf: &mut Ebpf, cx: &Attached<'_>, hook: &Hook) -> Result<(), String> {
+    let prog = ebpf
+        .program_mut(hook.prog())
+        .with_context(|| format!("{} is missing from the BPF object", hook.prog()));
+    let r = match hook {
+        Hook::Fentry { func, .. } => prog.and_then(|p| {
+            let p: &mut FEntry = p.try_into()?;
+            Ok(p.load(func, cx.btf)?)
+        }),
+        _ => prog.and_then(|p| {
+            let p: &mut BtfTracePoint = p.try_into()?;
+            Ok(p.load("consume_skb", cx.btf)?)
+        }),
+    };
+    r.map_err(|e| format!("{e:#}"))
+}
+
+/// Why variant `i` is not used on this machine, when it is not (the fentry variant reads
+/// x86-64's trampoline frame).
+fn passed_over(i: usize) -> Option<&'static str> {
+    (PROBE.variants[i][0].prog() == ENTRY.prog() && !cfg!(target_arch = "x86_64"))
+        .then_some("reads x86-64's BPF trampoline frame: not on this architecture")
+}
+
+/// The late-attached hook of `auto` (None where the loader attached it at start).
+struct LateHook {
+    switch: Box<dyn Switch>,
+    armed: bool,
+    arms: u64,
+    disarms: u64,
+}
+
+impl LateHook {
+    /// Takes a duplicate of the fd of `hook`'s loaded program out of `ebpf`.
+    fn take(ebpf: &Ebpf, hook: &Hook) -> anyhow::Result<Self> {
+        let p = ebpf
+            .program(hook.prog())
+            .with_context(|| format!("{} is missing from the BPF object", hook.prog()))?;
+        let fd = match hook {
+            Hook::Fentry { .. } => <&FEntry>::try_from(p)?.fd()?,
+            _ => <&BtfTracePoint>::try_from(p)?.fd()?,
+        };
+        let prog = fd
+            .try_clone()
+            .context("duplicating the wireguard program fd")?;
+        Ok(Self::new(Box::new(Program { prog, link: None })))
+    }
+
+    fn new(switch: Box<dyn Switch>) -> Self {
+        Self {
+            switch,
+            armed: false,
+            arms: 0,
+            disarms: 0,
+        }
+    }
+
+    /// Attached exactly while `wanted`.
+    fn follow(&mut self, wanted: bool) {
+        if wanted && !self.armed {
+            match self.switch.attach() {
+                Ok(()) => {
+                    self.armed = true;
+                    self.arms += 1;
+                    tracing::info!(
+                        probe = PROBE.name,
+                        "wireguard module loaded: tp_btf/consume_skb attached"
+                    );
+                }
+                Err(e) => tracing::warn!(
+                    probe = PROBE.name,
+                    "wireguard module loaded, but attaching tp_btf/consume_skb failed (retried at the next poll): {e}"
+                ),
+            }
+        } else if !wanted && self.armed {
+            self.switch.detach();
+            self.armed = false;
+            self.disarms += 1;
+            tracing::info!(
+                probe = PROBE.name,
+                "wireguard module unloaded: tp_btf/consume_skb detached"
+            );
+        }
+    }
 }
 
 /// The kernel-WireGuard room.
 pub struct Wireguard {
     sites: Box<dyn Table<u32, WgSites>>,
     drops: PerCpuTable<WgKey, u64>,
+    /// With `auto` and no module at start: the hook this room attaches when it loads.
+    late: Option<LateHook>,
     /// The module identity the sites were resolved for.
     resolved_for: Option<String>,
+    /// When a resolution of that identity last failed (retried after [`RETRY_EVERY`]).
+    failed_at: Option<Instant>,
     /// How many sites are resolved (0 or 3).
     resolved: usize,
     /// The counts at the last read (the map is cumulative; bufscope's start is zero).
@@ -172,15 +374,21 @@ impl Room for Wireguard {
     const PROBE: ProbeSpec = PROBE;
     type Part = ();
     type Flags = Flags;
-    type Setup = ();
+    type Setup = Setup;
 
-    fn prepare(flags: &Flags, plan: &mut LoadPlan) -> anyhow::Result<()> {
+    fn prepare(flags: &Flags, plan: &mut LoadPlan) -> anyhow::Result<Setup> {
         // The sites are addresses of this boot's module load: nothing to keep across a restart.
         plan.unpinned(PROBE.name);
+        for i in 0..PROBE.variants.len() {
+            if let Some(why) = passed_over(i) {
+                plan.pass_over(PROBE.name, i, why);
+            }
+        }
         // `bufscope check` loads it wherever it could run, to say whether it would attach.
         if plan.purpose == crate::bpf::Purpose::Check {
-            return Ok(());
+            return Ok(Setup::default());
         }
+        let mut setup = Setup::default();
         match flags.queue_drops {
             QueueDrops::On => {}
             QueueDrops::Off => {
@@ -189,88 +397,153 @@ impl Room for Wireguard {
             QueueDrops::Auto if !module_present() => {
                 plan.leave_off(
                     PROBE.name,
-                    "off (no wireguard module loaded at start; --wireguard.queue-drops auto: on attaches anyway)",
+                    "off until the wireguard module loads (--wireguard.queue-drops auto: attached then; on: always)",
                 );
+                // `--probe.disable wireguard` keeps it off for good.
+                setup.arm_later = !plan.disabled.contains(PROBE.name);
             }
             QueueDrops::Auto => {}
+        }
+        Ok(setup)
+    }
+
+    fn after_attach(setup: &mut Setup, ebpf: &mut Ebpf, cx: &Attached<'_>) -> anyhow::Result<()> {
+        if setup.arm_later && !crate::bpf::hook::attached(cx.status, PROBE.name) {
+            setup.loaded = load_unattached(ebpf, cx);
         }
         Ok(())
     }
 
     fn check(kernel: &KernelBtf) -> Vec<CheckLine> {
-        let ok = kernel
+        let location = kernel
             .btf_tracepoint_args("consume_skb")
             .is_some_and(|n| n >= 2);
+        let entry = usable(&[ENTRY], kernel).is_ok() && passed_over(1).is_none();
+        let (ok, detail) = if location {
+            (
+                true,
+                "consume_skb carries location: kernel WireGuard's discards (full per-peer, \
+                 decrypt and handshake queues) are counted at the module's discard sites",
+            )
+        } else if entry {
+            (
+                true,
+                "consume_skb has no location on this kernel (added in 6.3): fentry/consume_skb \
+                 reads its caller's return address from the BPF trampoline's frame (x86-64) and \
+                 counts kernel WireGuard's discards at the module's discard sites where fentry \
+                 is allowed",
+            )
+        } else {
+            (
+                false,
+                "consume_skb has no location on this kernel (added in 6.3) and fentry cannot \
+                 stand in: kernel WireGuard's queue drops cannot be told from the packets it \
+                 consumes; none are counted",
+            )
+        };
         vec![CheckLine {
             ok,
             what: "kernel wireguard drops",
-            detail: if ok {
-                "consume_skb carries location: kernel WireGuard's discards (full per-peer, \
-                 decrypt and handshake queues) are counted at the module's discard sites"
-                    .into()
-            } else {
-                "consume_skb has no location on this kernel (added in 6.3): kernel WireGuard's \
-                 queue drops cannot be told from the packets it consumes; none are counted"
-                    .into()
-            },
+            detail: detail.into(),
         }]
     }
 
     fn take(
-        _setup: (),
-        ebpf: &mut aya::Ebpf,
+        setup: Setup,
+        ebpf: &mut Ebpf,
         env: &BuildCx<'_>,
         _services: &mut Services,
     ) -> anyhow::Result<Option<Box<dyn Signal>>> {
-        if !env.attached(PROBE.name) {
+        let late = if env.attached(PROBE.name) {
+            None
+        } else if let Some(hook) = &setup.loaded {
+            Some(LateHook::take(ebpf, hook)?)
+        } else {
             return Ok(None);
-        }
-        let mut room = Self {
-            sites: Slots::take(ebpf, maps::WG_SITES)?,
-            drops: PerCpuHash::take(ebpf, maps::WG_DROPS)?,
-            resolved_for: None,
-            resolved: 0,
-            counts: BTreeMap::new(),
         };
+        let mut room = Self::new(
+            Slots::take(ebpf, maps::WG_SITES)?,
+            PerCpuHash::take(ebpf, maps::WG_DROPS)?,
+            late,
+        );
         room.refresh_sites();
         Ok(Some(Box::new(room)))
     }
 }
 
 impl Wireguard {
-    /// Resolves the discard sites again when the module appeared, went or was reloaded.
-    fn refresh_sites(&mut self) {
-        // Once per module load: a failed resolution (hidden addresses) is not retried on
-        // every poll (kallsyms is megabytes), only when the module changes.
-        let id = module_identity();
-        if id == self.resolved_for {
-            return;
+    fn new(
+        sites: Box<dyn Table<u32, WgSites>>,
+        drops: PerCpuTable<WgKey, u64>,
+        late: Option<LateHook>,
+    ) -> Self {
+        Self {
+            sites,
+            drops,
+            late,
+            resolved_for: None,
+            failed_at: None,
+            resolved: 0,
+            counts: BTreeMap::new(),
         }
+    }
+
+    /// Resolves the discard sites again when the module appeared, went or was reloaded (and
+    /// a failed resolution of the same load at most every [`RETRY_EVERY`]); then, with
+    /// `auto`'s late hook, attaches it while the module is loaded. The sites are in
+    /// `WG_SITES` before the hook runs.
+    fn refresh_sites(&mut self) {
+        self.refresh_with(module_identity(), || {
+            crate::kernel::read_lossy("/proc/kallsyms")
+        });
+    }
+
+    /// [`Self::refresh_sites`] for module load `id` (None: not loaded), reading kallsyms
+    /// with `kallsyms` when it resolves. The late hook runs only while the sites are
+    /// resolved: without them it would count nothing.
+    fn refresh_with(&mut self, id: Option<String>, kallsyms: impl FnOnce() -> Option<String>) {
+        let retry = self.failed_at.is_some_and(|t| t.elapsed() >= RETRY_EVERY);
+        if id != self.resolved_for || retry {
+            self.resolve(id, kallsyms);
+        }
+        let wanted = self.resolved > 0;
+        if let Some(l) = &mut self.late {
+            l.follow(wanted);
+        }
+    }
+
+    /// Resolves the sites of module load `id` (None: not loaded) into `WG_SITES`.
+    fn resolve(&mut self, id: Option<String>, kallsyms: impl FnOnce() -> Option<String>) {
         let sites = match &id {
             None => Ok(WgSites::default()),
-            Some(_) => crate::kernel::read_lossy("/proc/kallsyms")
+            Some(_) => kallsyms()
                 .ok_or_else(|| "/proc/kallsyms unreadable".to_string())
                 .and_then(|t| resolve_sites(&t)),
         };
+        self.resolved_for = id;
         let sites = match sites {
             Ok(s) => s,
             Err(e) => {
-                tracing::warn!(
-                    "kernel WireGuard's discard sites not resolved ({e}): its drops are not counted"
-                );
+                if self.failed_at.is_none() {
+                    tracing::warn!(
+                        "kernel WireGuard's discard sites not resolved ({e}): its drops are not counted (retried every {}s)",
+                        RETRY_EVERY.as_secs()
+                    );
+                }
+                self.failed_at = Some(Instant::now());
                 // No stale ranges of an earlier load.
                 if let Err(e) = self.sites.insert(0, WgSites::default()) {
                     tracing::warn!("{e:#}");
                 }
-                self.resolved_for = id;
                 self.resolved = 0;
                 return;
             }
         };
+        self.failed_at = None;
         match self.sites.insert(0, sites) {
             Ok(()) => {
-                self.resolved = if id.is_some() { 3 } else { 0 };
-                if id.is_some() {
+                self.resolved = if self.resolved_for.is_some() { 3 } else { 0 };
+                if self.resolved_for.is_some() {
                     tracing::info!(
                         "kernel WireGuard's discard sites resolved (wg_packet_receive {:#x}, wg_packet_rx_poll {:#x})",
                         sites.receive[0],
@@ -283,7 +556,13 @@ impl Wireguard {
                 self.resolved = 0;
             }
         }
-        self.resolved_for = id;
+    }
+}
+
+impl Wireguard {
+    /// Whether the hook runs (always where the loader attached it).
+    fn armed(&self) -> bool {
+        self.late.as_ref().is_none_or(|l| l.armed)
     }
 }
 
@@ -316,9 +595,29 @@ impl Signal for Wireguard {
             );
         }
         f.done(out);
+        // A node without kernel WireGuard (auto's hook waiting for the module, never armed)
+        // shows none of the room's own series: nothing happened there.
+        let idle = self.resolved_for.is_none()
+            && self.late.as_ref().is_some_and(|l| !l.armed && l.arms == 0);
+        if idle {
+            return;
+        }
         let mut f = SITES.family();
         f.push(&[], self.resolved as f64);
         f.done(out);
+        let mut f = ARMED.family();
+        f.push(&[], if self.armed() { 1.0 } else { 0.0 });
+        f.done(out);
+        if let Some(l) = &self.late {
+            // Switches that never happened are not shown at 0.
+            let mut f = CHANGES.family();
+            for (action, n) in [("arm", l.arms), ("disarm", l.disarms)] {
+                if n > 0 {
+                    f.push(&[action], n as f64);
+                }
+            }
+            f.done(out);
+        }
     }
 }
 
@@ -337,6 +636,8 @@ ffffffffc0a07100 t wg_packet_handshake_receive_worker\t[wireguard]
 ffffffffc0a08540 t wg_receive\t[wireguard]
 ffffffffc0a08600 t wg_socket_send_skb_to_peer\t[wireguard]
 ffffffffc0a20000 d wg_netdev_ops\t[wireguard]
+ffffffff81c3a1d0 T consume_skb
+ffffffff81c3a2a0 T __consume_stateless_skb
 ";
 
     #[test]
@@ -345,6 +646,7 @@ ffffffffc0a20000 d wg_netdev_ops\t[wireguard]
         assert_eq!(s.receive, [0xffffffffc0a07700, 0xffffffffc0a07e80]);
         assert_eq!(s.rx_poll, [0xffffffffc0a06c80, 0xffffffffc0a07100]);
         assert_eq!(s.socket_receive, [0xffffffffc0a08540, 0xffffffffc0a08600]);
+        assert_eq!(s.consume, [0xffffffff81c3a1d0, 0xffffffff81c3a2a0]);
     }
 
     #[test]
@@ -365,13 +667,13 @@ ffffffffc0a20000 d wg_netdev_ops\t[wireguard]
     #[test]
     fn counts_render_per_namespace_port_and_reason() {
         let drops = FakeTable::<WgKey, Vec<u64>>::new(16);
-        let mut room = Wireguard {
-            sites: Box::new(FakeTable::<u32, WgSites>::new(1)),
-            drops: Box::new(drops.clone()),
-            resolved_for: Some("0xffffffffc0a00000".into()),
-            resolved: 3,
-            counts: BTreeMap::new(),
-        };
+        let mut room = Wireguard::new(
+            Box::new(FakeTable::<u32, WgSites>::new(1)),
+            Box::new(drops.clone()),
+            None,
+        );
+        room.resolved_for = Some("0xffffffffc0a00000".into());
+        room.resolved = 3;
         let key = WgKey {
             netns: 4026532177,
             port: 51820,
@@ -423,5 +725,114 @@ ffffffffc0a20000 d wg_netdev_ops\t[wireguard]
         // This machine's module state decides the sites (none without the module).
         let want = if module_present() { 3.0 } else { 0.0 };
         assert_eq!(sites.get_metric()[0].get_gauge().get_value(), want);
+        let armed = out
+            .iter()
+            .find(|f| f.name() == "bufscope_wireguard_hook_armed")
+            .unwrap();
+        assert_eq!(
+            armed.get_metric()[0].get_gauge().get_value(),
+            1.0,
+            "attached by the loader: always armed"
+        );
+    }
+
+    /// `auto` without the module arms later unless `--probe.disable wireguard` says never;
+    /// `off` never does.
+    #[test]
+    fn only_auto_without_the_module_arms_later() {
+        if module_present() {
+            eprintln!("SKIPPED: this machine has the wireguard module: auto attaches at start");
+            return;
+        }
+        let setup = |mode: QueueDrops, disabled: &[String]| {
+            let mut plan = LoadPlan::new(crate::bpf::Purpose::Run, disabled, tracing::Level::INFO);
+            let s = Wireguard::prepare(&Flags { queue_drops: mode }, &mut plan).unwrap();
+            (s.arm_later, plan.off(PROBE.name).is_some())
+        };
+        assert_eq!(setup(QueueDrops::Auto, &[]), (true, true));
+        assert_eq!(
+            setup(QueueDrops::Auto, &["wireguard".into()]),
+            (false, true)
+        );
+        assert_eq!(setup(QueueDrops::Off, &[]), (false, true));
+        assert_eq!(setup(QueueDrops::On, &[]), (false, false));
+    }
+
+    /// A fake switch recording whether the program is attached.
+    #[derive(Clone, Default)]
+    struct FakeSwitch(std::sync::Arc<std::sync::atomic::AtomicBool>);
+
+    impl Switch for FakeSwitch {
+        fn attach(&mut self) -> std::io::Result<()> {
+            self.0.store(true, std::sync::atomic::Ordering::SeqCst);
+            Ok(())
+        }
+        fn detach(&mut self) {
+            self.0.store(false, std::sync::atomic::Ordering::SeqCst);
+        }
+    }
+
+    /// `auto` without the module at start: the hook is attached once the module appears and
+    /// its sites are in `WG_SITES`, re-resolved when it is reloaded elsewhere, detached when
+    /// it goes; a load whose symbols are not (yet) readable leaves it detached.
+    #[test]
+    fn late_hook_follows_the_module() {
+        let sites = FakeTable::<u32, WgSites>::new(1);
+        let switch = FakeSwitch::default();
+        let on = || switch.0.load(std::sync::atomic::Ordering::SeqCst);
+        let mut room = Wireguard::new(
+            Box::new(sites.clone()),
+            Box::new(FakeTable::<WgKey, Vec<u64>>::new(16)),
+            Some(LateHook::new(Box::new(switch.clone()))),
+        );
+        let table = || sites.clone().get(&0).unwrap_or_default();
+        room.refresh_with(None, || unreachable!("no module: kallsyms is not read"));
+        assert!(!on() && !room.armed());
+        // Nothing of it shown on a node that never had the module.
+        let mut bench = super::super::testkit::Bench::new();
+        let idle: Vec<String> = bench
+            .families(&room)
+            .iter()
+            .filter(|f| !f.get_metric().is_empty())
+            .map(|f| f.name().to_string())
+            .collect();
+        assert!(idle.is_empty(), "{idle:?}");
+        // Loaded, but its addresses hidden: nothing to count, not attached.
+        let hidden: String = KALLSYMS
+            .lines()
+            .map(|l| format!("0000000000000000{}\n", &l[16..]))
+            .collect();
+        room.refresh_with(Some("0xffffffffc0a00000".into()), || Some(hidden));
+        assert!(!on());
+        assert_eq!(room.resolved, 0);
+        // Not read again for the same load before RETRY_EVERY.
+        room.refresh_with(Some("0xffffffffc0a00000".into()), || {
+            unreachable!("retried too early")
+        });
+        // A reload (new text address) whose symbols resolve: sites first, then attached.
+        room.refresh_with(Some("0xffffffffc0b00000".into()), || {
+            Some(KALLSYMS.to_string())
+        });
+        assert!(on() && room.armed());
+        assert_eq!(table().receive, [0xffffffffc0a07700, 0xffffffffc0a07e80]);
+        room.refresh_with(Some("0xffffffffc0b00000".into()), || {
+            unreachable!("same load: not read again")
+        });
+        // Unloaded: detached, the sites cleared.
+        room.refresh_with(None, || unreachable!());
+        assert!(!on() && !room.armed());
+        assert_eq!(table(), WgSites::default());
+        room.poll(&mut bench.poll());
+        let out = bench.families(&room);
+        let changes = out
+            .iter()
+            .find(|f| f.name() == "bufscope_wireguard_hook_changes_total")
+            .unwrap();
+        let got: Vec<f64> = changes
+            .get_metric()
+            .iter()
+            .map(|m| m.get_counter().get_value())
+            .collect();
+        assert_eq!(got, vec![1.0, 1.0], "one arm, one disarm");
     }
 }
