@@ -26,56 +26,13 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use bufscope_integration::{Exporter, Workload, bufscope_bin};
+use bufscope_netlab::{Netns, PREFIX, unique_name};
 
 const DROPS: &str = "bufscope_wireguard_drops_total";
 
-struct Netns(String);
-
-impl Netns {
-    fn new(tag: &str) -> Self {
-        let name = format!("bs-{tag}-{}", std::process::id());
-        let _ = Command::new("ip")
-            .args(["netns", "del", &name])
-            .stderr(Stdio::null())
-            .status();
-        run(&["ip", "netns", "add", &name]);
-        run(&["ip", "-n", &name, "link", "set", "lo", "up"]);
-        Self(name)
-    }
-
-    fn inode(&self) -> u64 {
-        use std::os::unix::fs::MetadataExt as _;
-        std::fs::metadata(format!("/run/netns/{}", self.0))
-            .unwrap()
-            .ino()
-    }
-
-    fn ip(&self, args: &[&str]) {
-        let mut a = vec!["ip", "-n", self.0.as_str()];
-        a.extend_from_slice(args);
-        run(&a);
-    }
-
-    fn exec(&self, args: &[&str]) -> String {
-        let out = Command::new("ip")
-            .args(["netns", "exec", &self.0])
-            .args(args)
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{args:?} in {}: {}",
-            self.0,
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8_lossy(&out.stdout).trim().to_string()
-    }
-}
-
-impl Drop for Netns {
-    fn drop(&mut self) {
-        let _ = Command::new("ip").args(["netns", "del", &self.0]).status();
-    }
+/// `args` (a program and its arguments) run in `ns`; its standard output, trimmed.
+fn exec(ns: &Netns, args: &[&str]) -> String {
+    ns.exec(args[0], &args[1..]).unwrap().trim().to_string()
 }
 
 fn run(args: &[&str]) {
@@ -154,7 +111,7 @@ impl Drop for Key {
 /// `ip netns exec` costs about a second); its `drop` column is `rx_dropped +
 /// rx_missed_errors`, and neither a veth nor a wg device counts missed packets.
 fn readings(b: &Netns, vb: &str) -> (u64, u64, u64, u64) {
-    let (ns, vb) = (b.0.clone(), vb.to_string());
+    let (ns, vb) = (b.name().to_string(), vb.to_string());
     std::thread::spawn(move || {
         enter(&ns);
         let dev = std::fs::read_to_string("/proc/thread-self/net/dev").unwrap();
@@ -260,30 +217,35 @@ fn kernel_wireguard_queue_drops_equal_what_the_module_lost() {
         "module loaded after bufscope started: {late}; {hook} attached {:.1} s after bufscope's start",
         t0.elapsed().as_secs_f64()
     );
-    let a = Netns::new("wa");
-    let b = Netns::new("wb");
+    let a = Netns::create(unique_name(PREFIX, "wa")).unwrap();
+    let b = Netns::create(unique_name(PREFIX, "wb")).unwrap();
     let pid = std::process::id() % 100_000;
     let (va, vb) = (format!("bswa{pid}"), format!("bswb{pid}"));
     run(&[
         "ip", "link", "add", &va, "type", "veth", "peer", "name", &vb,
     ]);
-    run(&["ip", "link", "set", &va, "netns", &a.0]);
-    run(&["ip", "link", "set", &vb, "netns", &b.0]);
+    run(&["ip", "link", "set", &va, "netns", a.name()]);
+    run(&["ip", "link", "set", &vb, "netns", b.name()]);
     // No IPv6 and no ARP on the veth: what B's veth receives is WireGuard's outer UDP only.
     for (ns, dev) in [(&a, &va), (&b, &vb)] {
-        ns.exec(&[
-            "sysctl",
-            "-qw",
-            &format!("net.ipv6.conf.{dev}.disable_ipv6=1"),
-        ]);
+        exec(
+            ns,
+            &[
+                "sysctl",
+                "-qw",
+                &format!("net.ipv6.conf.{dev}.disable_ipv6=1"),
+            ],
+        );
     }
-    a.ip(&["addr", "add", "192.168.77.1/24", "dev", &va]);
-    b.ip(&["addr", "add", "192.168.77.2/24", "dev", &vb]);
-    a.ip(&["link", "set", &va, "up"]);
-    b.ip(&["link", "set", &vb, "up"]);
-    let mac_a = a.exec(&["cat", &format!("/sys/class/net/{va}/address")]);
-    let mac_b = b.exec(&["cat", &format!("/sys/class/net/{vb}/address")]);
-    a.ip(&[
+    a.ip(["addr", "add", "192.168.77.1/24", "dev", &va])
+        .unwrap();
+    b.ip(["addr", "add", "192.168.77.2/24", "dev", &vb])
+        .unwrap();
+    a.ip(["link", "set", &va, "up"]).unwrap();
+    b.ip(["link", "set", &vb, "up"]).unwrap();
+    let mac_a = exec(&a, &["cat", &format!("/sys/class/net/{va}/address")]);
+    let mac_b = exec(&b, &["cat", &format!("/sys/class/net/{vb}/address")]);
+    a.ip([
         "neigh",
         "replace",
         "192.168.77.2",
@@ -293,8 +255,9 @@ fn kernel_wireguard_queue_drops_equal_what_the_module_lost() {
         &va,
         "nud",
         "permanent",
-    ]);
-    b.ip(&[
+    ])
+    .unwrap();
+    b.ip([
         "neigh",
         "replace",
         "192.168.77.1",
@@ -304,7 +267,8 @@ fn kernel_wireguard_queue_drops_equal_what_the_module_lost() {
         &vb,
         "nud",
         "permanent",
-    ]);
+    ])
+    .unwrap();
     let (ka, kb) = (Key::new("a"), Key::new("b"));
     let (pa, pb) = ("51820", (51821 + pid % 1000).to_string());
     for (ns, me, port, peer, peer_ip, peer_port, inner, peer_inner) in [
@@ -329,29 +293,32 @@ fn kernel_wireguard_queue_drops_equal_what_the_module_lost() {
             "10.77.0.1/32",
         ),
     ] {
-        ns.ip(&["link", "add", "wg0", "type", "wireguard"]);
-        ns.exec(&[
-            "wg",
-            "set",
-            "wg0",
-            "private-key",
-            &me.path.to_string_lossy(),
-            "listen-port",
-            port,
-            "peer",
-            &peer.public,
-            "endpoint",
-            &format!("{peer_ip}:{peer_port}"),
-            "allowed-ips",
-            peer_inner,
-        ]);
-        ns.ip(&["addr", "add", inner, "dev", "wg0"]);
-        ns.ip(&["link", "set", "wg0", "up"]);
+        ns.ip(["link", "add", "wg0", "type", "wireguard"]).unwrap();
+        exec(
+            ns,
+            &[
+                "wg",
+                "set",
+                "wg0",
+                "private-key",
+                &me.path.to_string_lossy(),
+                "listen-port",
+                port,
+                "peer",
+                &peer.public,
+                "endpoint",
+                &format!("{peer_ip}:{peer_port}"),
+                "allowed-ips",
+                peer_inner,
+            ],
+        );
+        ns.ip(["addr", "add", inner, "dev", "wg0"]).unwrap();
+        ns.ip(["link", "set", "wg0", "up"]).unwrap();
     }
     // The handshake, before the baseline.
     let t0 = Instant::now();
     while Command::new("ip")
-        .args(["netns", "exec", &a.0, "ping", "-c1", "-W2", "10.77.0.2"])
+        .args(["netns", "exec", a.name(), "ping", "-c1", "-W2", "10.77.0.2"])
         .stdout(Stdio::null())
         .status()
         .is_ok_and(|s| !s.success())
@@ -361,7 +328,7 @@ fn kernel_wireguard_queue_drops_equal_what_the_module_lost() {
             "no handshake through the tunnel"
         );
     }
-    let bns = b.inode().to_string();
+    let bns = b.inode().unwrap().to_string();
     let labels = [("netns", bns.as_str()), ("port", pb.as_str())];
     std::thread::sleep(Duration::from_secs(1));
 
@@ -371,7 +338,7 @@ fn kernel_wireguard_queue_drops_equal_what_the_module_lost() {
     let before = readings(&b, &vb);
     let counted0 = exporter.scrape().sum(DROPS, &labels);
     let mut junk = Workload::start_wrapped(
-        &["ip", "netns", "exec", a.0.as_str()],
+        &["ip", "netns", "exec", a.name()],
         &[
             "udp-blast",
             "--dest",
@@ -409,7 +376,7 @@ fn kernel_wireguard_queue_drops_equal_what_the_module_lost() {
     // All are lost inside WireGuard, every one at a discard site.
     let (ready_tx, ready_rx) = std::sync::mpsc::channel();
     let capture = {
-        let (ns, port) = (b.0.clone(), pb.parse::<u16>().unwrap());
+        let (ns, port) = (b.name().to_string(), pb.parse::<u16>().unwrap());
         std::thread::spawn(move || capture_data_message(&ns, port, &ready_tx))
     };
     ready_rx.recv_timeout(Duration::from_secs(30)).unwrap();
@@ -417,7 +384,7 @@ fn kernel_wireguard_queue_drops_equal_what_the_module_lost() {
         "ip",
         "netns",
         "exec",
-        &a.0,
+        a.name(),
         "ping",
         "-c1",
         "-W2",
@@ -433,7 +400,11 @@ fn kernel_wireguard_queue_drops_equal_what_the_module_lost() {
     let counted0 = m0.sum(DROPS, &labels);
     let senders: Vec<_> = (0..2)
         .map(|_| {
-            let (ns, dest, m) = (a.0.clone(), format!("192.168.77.2:{pb}"), message.clone());
+            let (ns, dest, m) = (
+                a.name().to_string(),
+                format!("192.168.77.2:{pb}"),
+                message.clone(),
+            );
             std::thread::spawn(move || send_again(&ns, &dest, &m, Duration::from_secs(3)))
         })
         .collect();
