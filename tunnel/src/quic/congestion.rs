@@ -181,6 +181,7 @@ impl ControllerFactory for TunnelConfig {
             cubic,
             floor: self.floor,
             delivered: self.follow_delivery.then(DeliveryFloor::default),
+            probe: Probe::default(),
         })
     }
 }
@@ -191,6 +192,30 @@ pub struct Tunnel {
     floor: u64,
     /// Datagram mode only.
     delivered: Option<DeliveryFloor>,
+    /// What the sender looked like at the end of each batch of acknowledgements, for the
+    /// debug log's path samples ([`Tunnel::probe`]).
+    probe: Probe,
+}
+
+/// Counts kept by [`Tunnel`] for the debug log: whether quinn had data waiting when
+/// acknowledgements came (not app-limited: the window set the pace) and how much was in flight.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Probe {
+    /// Batches of acknowledgements processed.
+    pub ack_batches: u64,
+    /// ... of which quinn was app-limited: it had sent all it had, below the window.
+    pub app_limited: u64,
+    /// Bytes in flight at the last batch.
+    pub in_flight: u64,
+    /// The most bytes in flight at the end of a batch.
+    pub max_in_flight: u64,
+}
+
+impl Tunnel {
+    /// The counts for the debug log.
+    pub fn probe(&self) -> Probe {
+        self.probe
+    }
 }
 
 impl Controller for Tunnel {
@@ -223,6 +248,11 @@ impl Controller for Tunnel {
         if let Some(d) = &mut self.delivered {
             d.on_end_acks(now);
         }
+        let p = &mut self.probe;
+        p.ack_batches += 1;
+        p.app_limited += u64::from(app_limited);
+        p.in_flight = in_flight;
+        p.max_in_flight = p.max_in_flight.max(in_flight);
         self.cubic
             .on_end_acks(now, in_flight, app_limited, largest_packet_num_acked);
     }
@@ -263,6 +293,7 @@ impl Controller for Tunnel {
             cubic: self.cubic.clone_box(),
             floor: self.floor,
             delivered: self.delivered.clone(),
+            probe: self.probe,
         })
     }
 
@@ -382,6 +413,7 @@ mod tests {
             cubic: Arc::new(CubicConfig::default()).build(t, 1452),
             floor: FLOOR,
             delivered: Some(DeliveryFloor::default()),
+            probe: Probe::default(),
         };
         assert_eq!(c.window(), FLOOR);
         // 25 MB/s delivered at 190 ms: two BDPs are 9.5 MB, above the fixed floor, and a loss

@@ -93,6 +93,8 @@ pub(super) async fn sample_path(cur: Current) {
     let mut last = cur.conn.stats();
     let mut last_waits = 0;
     let mut last_wait_us = 0;
+    let mut last_read = 0;
+    let mut last_probe = tunnel_probe(&cur.conn).unwrap_or_default();
     loop {
         tokio::select! {
             _ = tick.tick() => {}
@@ -101,23 +103,44 @@ pub(super) async fn sample_path(cur: Current) {
         let st = cur.conn.stats();
         let waits = cur.counters.send_waits.load(Ordering::Relaxed);
         let wait_us = cur.counters.send_wait_us.load(Ordering::Relaxed);
+        let read = cur.counters.stream_bytes_read.load(Ordering::Relaxed);
+        let probe = tunnel_probe(&cur.conn).unwrap_or_default();
         tracing::debug!(
-            "QUIC path: rtt {:?} cwnd {} sent {} lost {} congestion events +{} datagrams out {} in {} acks out {} waits +{} ({} ms)",
+            "QUIC path: rtt {:?} cwnd {} in flight {} (max {}) app-limited {}/{} ack batches, sent {} lost {} congestion events +{} udp out {} kB in {} kB, stream read {} kB, datagrams out {} in {} acks out {} MAX_STREAM_DATA out {} waits +{} ({} ms)",
             st.path.rtt,
             st.path.cwnd,
+            probe.in_flight,
+            probe.max_in_flight,
+            probe.app_limited - last_probe.app_limited,
+            probe.ack_batches - last_probe.ack_batches,
             st.path.sent_packets - last.path.sent_packets,
             st.path.lost_packets - last.path.lost_packets,
             st.path.congestion_events - last.path.congestion_events,
+            (st.udp_tx.bytes - last.udp_tx.bytes) / 1000,
+            (st.udp_rx.bytes - last.udp_rx.bytes) / 1000,
+            (read - last_read) / 1000,
             st.frame_tx.datagram - last.frame_tx.datagram,
             st.frame_rx.datagram - last.frame_rx.datagram,
             st.frame_tx.acks - last.frame_tx.acks,
+            st.frame_tx.max_stream_data - last.frame_tx.max_stream_data,
             waits - last_waits,
             (wait_us - last_wait_us) / 1000,
         );
         last = st;
         last_waits = waits;
         last_wait_us = wait_us;
+        last_read = read;
+        last_probe = probe;
     }
+}
+
+/// The `tunnel` controller's counts, if the connection runs it.
+fn tunnel_probe(conn: &Connection) -> Option<super::congestion::Probe> {
+    conn.congestion_state()
+        .into_any()
+        .downcast::<super::congestion::Tunnel>()
+        .ok()
+        .map(|t| t.probe())
 }
 
 pub(super) fn log_closed_reason(ctx: &Ctx, from: SocketAddr, e: &quinn::ConnectionError) {
