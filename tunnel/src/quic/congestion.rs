@@ -64,15 +64,25 @@ const FLOOR_ROUNDS: u32 = 10;
 /// full one-BDP bottleneck queue, which the inner flows keep full.
 const FLOOR_BDPS: u64 = 2;
 
-/// The delivery-rate floor of [`Tunnel`] in datagram mode: `FLOOR_BDPS` × the highest delivery rate of the last
+/// The delivery-rate floor of [`Tunnel`]: `FLOOR_BDPS` × the highest delivery rate of the last
 /// `FLOOR_ROUNDS` round trips × the minimum RTT. Kept apart from quinn's types so it can be
 /// tested with made-up acknowledgements (quinn's `RttEstimator` cannot be built outside quinn).
+///
+/// In datagram mode samples expire after `FLOOR_ROUNDS` minimum RTTs, busy or idle. In stream
+/// mode ([`DeliveryFloor::holding`]) the figure caps the floor, and it must survive idle
+/// periods: a sample of an interval in which quinn was app-limited (it had sent all it had) is
+/// kept only if it raises the maximum, and samples expire by number, not age, so the last busy
+/// round trips' rate holds while the path idles.
 #[derive(Debug, Clone, Default)]
 pub struct DeliveryFloor {
     /// Start of the current sampling interval and the bytes acknowledged in it.
     interval: Option<(Instant, u64)>,
-    /// (end of interval, bytes per second), newest last.
-    samples: VecDeque<(Instant, f64)>,
+    /// Whether quinn was app-limited at any acknowledgement of the current interval.
+    interval_app_limited: bool,
+    /// (end of interval, bytes per second, quinn not app-limited in it), newest last.
+    samples: VecDeque<(Instant, f64, bool)>,
+    /// Stream mode: hold the rate over idle periods (see above).
+    hold: bool,
     /// quinn's minimum RTT as of the last acknowledgement.
     min_rtt: Option<Duration>,
     /// The floor, recomputed once per batch of acknowledgements: quinn reads the window for
@@ -81,54 +91,94 @@ pub struct DeliveryFloor {
 }
 
 impl DeliveryFloor {
-    /// Counts `bytes` acknowledged at `now`, with quinn's minimum RTT then.
-    pub fn on_ack(&mut self, now: Instant, bytes: u64, min_rtt: Duration) {
+    /// A floor that holds the last busy round trips' rate over idle periods (stream mode).
+    pub fn holding() -> Self {
+        Self {
+            hold: true,
+            ..Self::default()
+        }
+    }
+
+    /// Counts `bytes` acknowledged at `now`, with quinn's minimum RTT then and whether quinn
+    /// was app-limited.
+    pub fn on_ack(&mut self, now: Instant, bytes: u64, min_rtt: Duration, app_limited: bool) {
         if !min_rtt.is_zero() {
             self.min_rtt = Some(min_rtt);
         }
         match &mut self.interval {
-            Some((_, acked)) => *acked += bytes,
+            Some((_, acked)) => {
+                *acked += bytes;
+                self.interval_app_limited |= app_limited;
+            }
             // Bytes acknowledged by the first ACK were delivered before the interval began.
-            None => self.interval = Some((now, 0)),
+            None => {
+                self.interval = Some((now, 0));
+                self.interval_app_limited = app_limited;
+            }
         }
     }
 
     /// Ends the interval once it is one minimum RTT long (one rate sample per round trip, so
     /// that bursts of acknowledgements average out) and forgets samples older than
-    /// `FLOOR_ROUNDS` round trips.
+    /// `FLOOR_ROUNDS` round trips (holding: beyond the last `FLOOR_ROUNDS` samples).
     pub fn on_end_acks(&mut self, now: Instant) {
         let (Some(min_rtt), Some((start, acked))) = (self.min_rtt, self.interval) else {
             return;
         };
         let elapsed = now.saturating_duration_since(start);
         if elapsed >= min_rtt {
-            self.samples
-                .push_back((now, acked as f64 / elapsed.as_secs_f64()));
+            let rate = acked as f64 / elapsed.as_secs_f64();
+            let idle = self.interval_app_limited;
             // The next interval starts with this acknowledgement's time and no bytes: the bytes
             // counted so far were delivered in the interval that just ended.
             self.interval = Some((now, 0));
-            let keep = min_rtt * FLOOR_ROUNDS;
-            while let Some(&(t, _)) = self.samples.front() {
-                if now.saturating_duration_since(t) > keep {
+            self.interval_app_limited = false;
+            if !self.hold {
+                self.samples.push_back((now, rate, !idle));
+                let keep = min_rtt * FLOOR_ROUNDS;
+                while let Some(&(t, ..)) = self.samples.front() {
+                    if now.saturating_duration_since(t) > keep {
+                        self.samples.pop_front();
+                    } else {
+                        break;
+                    }
+                }
+            } else if !idle || (self.has_busy() && rate > self.max_rate()) {
+                // An app-limited interval says only that the path carried at least this much.
+                self.samples.push_back((now, rate, !idle));
+                while self.samples.len() > FLOOR_ROUNDS as usize {
                     self.samples.pop_front();
-                } else {
-                    break;
                 }
             }
         }
         // Once per batch of acknowledgements, not per packet sent.
-        let max_rate = self.samples.iter().map(|&(_, r)| r).fold(0.0, f64::max);
-        self.floor = (FLOOR_BDPS as f64 * max_rate * min_rtt.as_secs_f64()) as u64;
+        self.floor = if self.hold && !self.has_busy() {
+            0
+        } else {
+            (FLOOR_BDPS as f64 * self.max_rate() * min_rtt.as_secs_f64()) as u64
+        };
     }
 
-    /// The floor in bytes (0 before the first full round trip).
+    fn max_rate(&self) -> f64 {
+        self.samples.iter().map(|&(_, r, _)| r).fold(0.0, f64::max)
+    }
+
+    fn has_busy(&self) -> bool {
+        self.samples.iter().any(|&(.., busy)| busy)
+    }
+
+    /// The floor in bytes (0 before the first full round trip; holding: before the first
+    /// busy one).
     pub fn floor(&self) -> u64 {
         self.floor
     }
 
     /// Forgets every sample (the path is gone: persistent congestion).
     pub fn reset(&mut self) {
-        *self = Self::default();
+        *self = Self {
+            hold: self.hold,
+            ..Self::default()
+        };
     }
 }
 
@@ -136,10 +186,19 @@ impl DeliveryFloor {
 #[derive(Debug, Clone)]
 pub struct TunnelConfig {
     floor: u64,
-    follow_delivery: bool,
+    follow: Follow,
     /// CUBIC starts in congestion avoidance, as just after backing off from the floor,
     /// instead of in slow start above it.
     avoid_from_start: bool,
+}
+
+/// What the delivery-rate floor does to the fixed one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Follow {
+    /// Raises it (datagram mode).
+    Raise,
+    /// Caps it, once a busy round trip was measured (stream mode).
+    Cap,
 }
 
 impl TunnelConfig {
@@ -148,18 +207,20 @@ impl TunnelConfig {
     pub fn datagram(floor: u64) -> Self {
         Self {
             floor,
-            follow_delivery: true,
+            follow: Follow::Raise,
             avoid_from_start: false,
         }
     }
 
-    /// Stream mode: the window starts at and never falls below `floor` bytes; above that it is
-    /// CUBIC's, the only controller there that sees the path's losses, in congestion avoidance
-    /// from the start (no slow start above the floor).
+    /// Stream mode: the window starts at `floor` bytes and never falls below it, nor below
+    /// two BDPs of what the path delivered when that is less (the floor is capped there once
+    /// a round trip was window-limited, and the cap holds while the path idles); above that it
+    /// is CUBIC's, the only controller there that sees the path's losses, in congestion
+    /// avoidance from the start (no slow start above the floor).
     pub fn stream(floor: u64) -> Self {
         Self {
             floor,
-            follow_delivery: false,
+            follow: Follow::Cap,
             avoid_from_start: true,
         }
     }
@@ -180,7 +241,11 @@ impl ControllerFactory for TunnelConfig {
         Box::new(Tunnel {
             cubic,
             floor: self.floor,
-            delivered: self.follow_delivery.then(DeliveryFloor::default),
+            follow: self.follow,
+            delivered: match self.follow {
+                Follow::Raise => DeliveryFloor::default(),
+                Follow::Cap => DeliveryFloor::holding(),
+            },
             probe: Probe::default(),
         })
     }
@@ -190,8 +255,9 @@ impl ControllerFactory for TunnelConfig {
 pub struct Tunnel {
     cubic: Box<dyn Controller>,
     floor: u64,
-    /// Datagram mode only.
-    delivered: Option<DeliveryFloor>,
+    follow: Follow,
+    /// The delivery-rate floor.
+    delivered: DeliveryFloor,
     /// What the sender looked like at the end of each batch of acknowledgements, for the
     /// debug log's path samples ([`Tunnel::probe`]).
     probe: Probe,
@@ -231,10 +297,8 @@ impl Controller for Tunnel {
         app_limited: bool,
         rtt: &RttEstimator,
     ) {
-        if let Some(d) = &mut self.delivered {
-            // quinn's minimum RTT (ACK delay taken out): `on_end_acks` has none.
-            d.on_ack(now, bytes, rtt.min());
-        }
+        // quinn's minimum RTT (ACK delay taken out): `on_end_acks` has none.
+        self.delivered.on_ack(now, bytes, rtt.min(), app_limited);
         self.cubic.on_ack(now, sent, bytes, app_limited, rtt);
     }
 
@@ -245,9 +309,7 @@ impl Controller for Tunnel {
         app_limited: bool,
         largest_packet_num_acked: Option<u64>,
     ) {
-        if let Some(d) = &mut self.delivered {
-            d.on_end_acks(now);
-        }
+        self.delivered.on_end_acks(now);
         let p = &mut self.probe;
         p.ack_batches += 1;
         p.app_limited += u64::from(app_limited);
@@ -264,8 +326,8 @@ impl Controller for Tunnel {
         is_persistent_congestion: bool,
         lost_bytes: u64,
     ) {
-        if let (Some(d), true) = (&mut self.delivered, is_persistent_congestion) {
-            d.reset();
+        if is_persistent_congestion {
+            self.delivered.reset();
         }
         self.cubic
             .on_congestion_event(now, sent, is_persistent_congestion, lost_bytes);
@@ -276,10 +338,13 @@ impl Controller for Tunnel {
     }
 
     fn window(&self) -> u64 {
-        self.cubic
-            .window()
-            .max(self.floor)
-            .max(self.delivered.as_ref().map_or(0, DeliveryFloor::floor))
+        let delivered = self.delivered.floor();
+        let floor = match self.follow {
+            Follow::Raise => self.floor.max(delivered),
+            Follow::Cap if delivered > 0 => self.floor.min(delivered),
+            Follow::Cap => self.floor,
+        };
+        self.cubic.window().max(floor)
     }
 
     fn metrics(&self) -> ControllerMetrics {
@@ -292,6 +357,7 @@ impl Controller for Tunnel {
         Box::new(Tunnel {
             cubic: self.cubic.clone_box(),
             floor: self.floor,
+            follow: self.follow,
             delivered: self.delivered.clone(),
             probe: self.probe,
         })
@@ -327,16 +393,12 @@ mod tests {
         assert_eq!(c.window(), FLOOR, "persistent congestion");
         assert_eq!(c.metrics().congestion_window, FLOOR);
         let c = c.into_any().downcast::<Tunnel>().expect("a Tunnel");
-        assert!(
-            c.delivered.is_none(),
-            "stream mode follows no delivery rate"
-        );
+        assert_eq!(c.follow, Follow::Cap, "stream mode caps the floor");
+        assert!(c.delivered.hold);
         let d = Arc::new(TunnelConfig::datagram(FLOOR)).build(now, 1452);
         let d = d.into_any().downcast::<Tunnel>().expect("a Tunnel");
-        assert!(
-            d.delivered.is_some(),
-            "datagram mode follows the delivery rate"
-        );
+        assert_eq!(d.follow, Follow::Raise, "datagram mode raises the floor");
+        assert!(!d.delivered.hold);
     }
 
     #[test]
@@ -374,10 +436,22 @@ mod tests {
 
     /// Acknowledges `rate` bytes per second in 1 ms steps for `rounds` round trips of `rtt`.
     fn deliver(f: &mut DeliveryFloor, t: &mut Instant, rate: u64, rtt: Duration, rounds: u32) {
+        deliver_as(f, t, rate, rtt, rounds, false);
+    }
+
+    /// [`deliver`], with quinn app-limited or not.
+    fn deliver_as(
+        f: &mut DeliveryFloor,
+        t: &mut Instant,
+        rate: u64,
+        rtt: Duration,
+        rounds: u32,
+        app_limited: bool,
+    ) {
         let step = Duration::from_millis(1);
         for _ in 0..(rtt.as_millis() as u32 * rounds) {
             *t += step;
-            f.on_ack(*t, rate / 1000, rtt);
+            f.on_ack(*t, rate / 1000, rtt, app_limited);
             f.on_end_acks(*t);
         }
     }
@@ -412,13 +486,14 @@ mod tests {
         let mut c = Tunnel {
             cubic: Arc::new(CubicConfig::default()).build(t, 1452),
             floor: FLOOR,
-            delivered: Some(DeliveryFloor::default()),
+            follow: Follow::Raise,
+            delivered: DeliveryFloor::default(),
             probe: Probe::default(),
         };
         assert_eq!(c.window(), FLOOR);
         // 25 MB/s delivered at 190 ms: two BDPs are 9.5 MB, above the fixed floor, and a loss
         // does not take the window below them.
-        let d = c.delivered.as_mut().expect("datagram mode");
+        let d = &mut c.delivered;
         deliver(d, &mut t, 25 * MB, rtt, 12);
         assert!(within(c.window(), 9_500_000), "window {}", c.window());
         c.on_congestion_event(t, t, false, 1 << 20);
@@ -429,6 +504,64 @@ mod tests {
         );
         assert_eq!(c.metrics().congestion_window, c.window());
         // Persistent congestion: the path is gone, so is what it delivered; the fixed floor stays.
+        c.on_congestion_event(t, t, true, 1 << 20);
+        assert_eq!(c.window(), FLOOR);
+    }
+
+    #[test]
+    fn the_holding_floor_keeps_the_busy_rate_over_idle_periods() {
+        let rtt = Duration::from_millis(50);
+        let mut t = Instant::now();
+        let mut f = DeliveryFloor::holding();
+        // App-limited round trips (a ping through an idle tunnel) set nothing.
+        deliver_as(&mut f, &mut t, 100_000, rtt, 20, true);
+        assert_eq!(f.floor(), 0, "a floor from app-limited round trips only");
+        // 25 MB/s, window-limited: 2 × 25 MB/s × 50 ms = 2.5 MB.
+        deliver(&mut f, &mut t, 25 * MB, rtt, 12);
+        assert!(within(f.floor(), 2_500_000), "floor {}", f.floor());
+        // The path idles (app-limited) for 200 round trips: the busy rate holds ...
+        deliver_as(&mut f, &mut t, 10_000, rtt, 200, true);
+        assert!(within(f.floor(), 2_500_000), "floor {}", f.floor());
+        // ... app-limited round trips above it raise it ...
+        deliver_as(&mut f, &mut t, 30 * MB, rtt, 2, true);
+        assert!(within(f.floor(), 3_000_000), "floor {}", f.floor());
+        // ... and ten busy round trips at a lower rate take it down.
+        deliver(&mut f, &mut t, 5 * MB, rtt, 11);
+        assert!(within(f.floor(), 500_000), "floor {}", f.floor());
+        f.reset();
+        assert_eq!(f.floor(), 0);
+        assert!(f.hold, "a reset keeps the mode");
+    }
+
+    #[test]
+    fn stream_mode_caps_the_fixed_floor_at_two_delivered_bdps() {
+        let mut t = Instant::now();
+        let build = |t: Instant| Tunnel {
+            cubic: Arc::new(CubicConfig::default()).build(t, 1452),
+            floor: FLOOR,
+            follow: Follow::Cap,
+            delivered: DeliveryFloor::holding(),
+            probe: Probe::default(),
+        };
+        // Before a busy round trip: the fixed floor.
+        let mut c = build(t);
+        assert_eq!(c.window(), FLOOR);
+        // 50 ms at 25 MB/s: 2 BDPs are 2.5 MB, under the fixed floor, and the window follows
+        // them, a loss notwithstanding.
+        let d = &mut c.delivered;
+        deliver(d, &mut t, 25 * MB, Duration::from_millis(50), 12);
+        assert!(within(c.window(), 2_500_000), "window {}", c.window());
+        c.on_congestion_event(t, t, false, 1 << 20);
+        assert!(within(c.window(), 2_500_000), "window {}", c.window());
+        // 190 ms at 25 MB/s: 9.5 MB, above the fixed floor, which stays.
+        let mut c = build(t);
+        let d = &mut c.delivered;
+        deliver(d, &mut t, 25 * MB, Duration::from_millis(190), 12);
+        assert_eq!(c.window(), FLOOR);
+        // Persistent congestion forgets the rate: the fixed floor again.
+        let mut c = build(t);
+        let d = &mut c.delivered;
+        deliver(d, &mut t, 25 * MB, Duration::from_millis(50), 12);
         c.on_congestion_event(t, t, true, 1 << 20);
         assert_eq!(c.window(), FLOOR);
     }
