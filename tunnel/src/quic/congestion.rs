@@ -13,11 +13,12 @@
 //! [`Tunnel`] is CUBIC with a *window floor*: it starts at the floor (no slow start below it)
 //! and never falls below it, whatever it loses. Above the floor it is CUBIC: it grows while
 //! acknowledgements come, backs off to 0.7× on a loss, and quinn paces at 1.25 × window / RTT,
-//! so a GSO batch does not leave the host as one line-rate burst. The floor is the higher of:
+//! so a GSO batch does not leave the host as one line-rate burst. The floor is, in datagram
+//! mode, the higher of (in stream mode, the lower, see below):
 //!
 //! - the policy's UDP buffer for the path (7 MiB, or the BDP of `--target-bandwidth` ×
 //!   `--target-rtt`): the most the tunnel would hold in a socket buffer anyway;
-//! - in datagram mode, two bandwidth-delay products of what the path delivered: the highest delivery rate of the
+//! - two bandwidth-delay products of what the path delivered: the highest delivery rate of the
 //!   last ten round trips × the minimum RTT × 2. The inner flows keep the bottleneck queue
 //!   full, so the RTT is up to twice the minimum and the link needs two BDPs in flight; CUBIC's
 //!   back-off after a loss burst would otherwise leave quinn pacing below the link for a second
@@ -28,15 +29,21 @@
 //! all of it. Persistent congestion (every packet lost over several PTOs: the path is gone)
 //! forgets the delivery rate; the policy's floor stays.
 //!
-//! The delivery-rate part is datagram mode's only. In stream mode the inner flows see no losses
-//! (quinn retransmits them) and never back off, so CUBIC above the policy's floor is the only
-//! controller that does; holding two BDPs there only made more losses to retransmit (at 190 ms,
-//! 157–172 Mbit/s in five runs against 163–189 in four without it, on the single-stream
-//! framing; on the 32-stream framing, in two A/B runs at 190 ms, 164.9–180.4 Mbit/s with
-//! 1,166–1,749 packets lost per direction). The floor's loss bursts once closed stream-mode
-//! connections (more than 1,024 holes in one stream's buffer, quinn's limit); stream mode now
-//! spreads its data over 32 streams, so that it cannot (`super::streams`), and `tunnel` is its
-//! default too.
+//! In stream mode the delivery rate *caps* the policy's floor instead of raising it. The inner
+//! flows see no losses there (quinn retransmits them) and never back off, so CUBIC is the only
+//! controller that does. Two delivered BDPs as a lower bound are, at 190 ms / 200 Mbit/s, the
+//! link's BDP plus its whole bottleneck buffer, and only made more losses to retransmit (at
+//! 190 ms, 157–172 Mbit/s in five runs against 163–189 in four without it, on the
+//! single-stream framing; on the 32-stream framing 164.9–180.4 Mbit/s with 1,166–1,749 packets
+//! lost per direction, and after the start in congestion avoidance 181.8 / 169.3 with 2,261 and
+//! 3,747 lost against 186.8 / 178.3 with none). As an upper bound they matter where the path is
+//! short: at 50 ms / 200 Mbit/s the policy's 7 MiB is 5.8 BDPs, and stream mode lost 31–45% of
+//! its packets at that floor; capped at 2.5 MB, 1.7–4.0% (one inner CUBIC flow, 178.7–181.3
+//! Mbit/s → 185.9–187.3 in one A/B run; docs/tunnel.md, "The floor at 50 ms"). The cap holds
+//! while the path idles ([`DeliveryFloor::holding`]). The floor's loss bursts once closed
+//! stream-mode connections (more than 1,024 holes in one stream's buffer, quinn's limit);
+//! stream mode now spreads its data over 32 streams, so that it cannot (`super::streams`), and
+//! `tunnel` is its default too.
 //!
 //! In stream mode CUBIC also starts in congestion avoidance: as if it had just backed off from
 //! a loss at the floor, so above the floor it grows on CUBIC's curve, reaching the floor again
@@ -70,16 +77,23 @@ const FLOOR_BDPS: u64 = 2;
 ///
 /// In datagram mode samples expire after `FLOOR_ROUNDS` minimum RTTs, busy or idle. In stream
 /// mode ([`DeliveryFloor::holding`]) the figure caps the floor, and it must survive idle
-/// periods: a sample of an interval in which quinn was app-limited (it had sent all it had) is
-/// kept only if it raises the maximum, and samples expire by number, not age, so the last busy
-/// round trips' rate holds while the path idles.
+/// periods: a sample of an interval in which the sender was never busy (bytes in flight never
+/// reached half the window) is kept only if it raises the maximum, and samples expire by
+/// number, not age, so the last busy round trips' rate holds while the path idles. Busy is
+/// judged from the bytes in flight, which the controller sees at every batch of
+/// acknowledgements. A first version judged it from quinn's app-limited flag as seen by
+/// `on_ack`: an end that sent little but acknowledgements then had intervals with no
+/// acknowledged packet to flag, whose samples took the cap down to a few packets, and at
+/// 50 ms quinn was app-limited for most of the first seconds of a transfer, while it sent
+/// 30–39 MB/s into the 25 MB/s link, so the cap came only after 6 s.
 #[derive(Debug, Clone, Default)]
 pub struct DeliveryFloor {
     /// Start of the current sampling interval and the bytes acknowledged in it.
     interval: Option<(Instant, u64)>,
-    /// Whether quinn was app-limited at any acknowledgement of the current interval.
-    interval_app_limited: bool,
-    /// (end of interval, bytes per second, quinn not app-limited in it), newest last.
+    /// Whether the sender was busy at the end of any batch of acknowledgements of the current
+    /// interval.
+    interval_busy: bool,
+    /// (end of interval, bytes per second, the sender busy in it), newest last.
     samples: VecDeque<(Instant, f64, bool)>,
     /// Stream mode: hold the rate over idle periods (see above).
     hold: bool,
@@ -99,40 +113,35 @@ impl DeliveryFloor {
         }
     }
 
-    /// Counts `bytes` acknowledged at `now`, with quinn's minimum RTT then and whether quinn
-    /// was app-limited.
-    pub fn on_ack(&mut self, now: Instant, bytes: u64, min_rtt: Duration, app_limited: bool) {
+    /// Counts `bytes` acknowledged at `now`, with quinn's minimum RTT then.
+    pub fn on_ack(&mut self, now: Instant, bytes: u64, min_rtt: Duration) {
         if !min_rtt.is_zero() {
             self.min_rtt = Some(min_rtt);
         }
         match &mut self.interval {
-            Some((_, acked)) => {
-                *acked += bytes;
-                self.interval_app_limited |= app_limited;
-            }
+            Some((_, acked)) => *acked += bytes,
             // Bytes acknowledged by the first ACK were delivered before the interval began.
-            None => {
-                self.interval = Some((now, 0));
-                self.interval_app_limited = app_limited;
-            }
+            None => self.interval = Some((now, 0)),
         }
     }
 
     /// Ends the interval once it is one minimum RTT long (one rate sample per round trip, so
     /// that bursts of acknowledgements average out) and forgets samples older than
-    /// `FLOOR_ROUNDS` round trips (holding: beyond the last `FLOOR_ROUNDS` samples).
-    pub fn on_end_acks(&mut self, now: Instant) {
+    /// `FLOOR_ROUNDS` round trips (holding: beyond the last `FLOOR_ROUNDS` samples). `busy`:
+    /// the sender has at least half its window in flight.
+    pub fn on_end_acks(&mut self, now: Instant, busy: bool) {
+        self.interval_busy |= busy;
         let (Some(min_rtt), Some((start, acked))) = (self.min_rtt, self.interval) else {
             return;
         };
         let elapsed = now.saturating_duration_since(start);
         if elapsed >= min_rtt {
             let rate = acked as f64 / elapsed.as_secs_f64();
-            let idle = self.interval_app_limited;
+            let idle = !self.interval_busy;
             // The next interval starts with this acknowledgement's time and no bytes: the bytes
             // counted so far were delivered in the interval that just ended.
             self.interval = Some((now, 0));
-            self.interval_app_limited = false;
+            self.interval_busy = false;
             if !self.hold {
                 self.samples.push_back((now, rate, !idle));
                 let keep = min_rtt * FLOOR_ROUNDS;
@@ -144,7 +153,7 @@ impl DeliveryFloor {
                     }
                 }
             } else if !idle || (self.has_busy() && rate > self.max_rate()) {
-                // An app-limited interval says only that the path carried at least this much.
+                // An idle interval says only that the path carried at least this much.
                 self.samples.push_back((now, rate, !idle));
                 while self.samples.len() > FLOOR_ROUNDS as usize {
                     self.samples.pop_front();
@@ -298,7 +307,7 @@ impl Controller for Tunnel {
         rtt: &RttEstimator,
     ) {
         // quinn's minimum RTT (ACK delay taken out): `on_end_acks` has none.
-        self.delivered.on_ack(now, bytes, rtt.min(), app_limited);
+        self.delivered.on_ack(now, bytes, rtt.min());
         self.cubic.on_ack(now, sent, bytes, app_limited, rtt);
     }
 
@@ -309,7 +318,8 @@ impl Controller for Tunnel {
         app_limited: bool,
         largest_packet_num_acked: Option<u64>,
     ) {
-        self.delivered.on_end_acks(now);
+        let busy = in_flight.saturating_mul(2) >= self.window();
+        self.delivered.on_end_acks(now, busy);
         let p = &mut self.probe;
         p.ack_batches += 1;
         p.app_limited += u64::from(app_limited);
@@ -439,7 +449,7 @@ mod tests {
         deliver_as(f, t, rate, rtt, rounds, false);
     }
 
-    /// [`deliver`], with quinn app-limited or not.
+    /// [`deliver`], with the sender idle (less than half its window in flight) or busy.
     fn deliver_as(
         f: &mut DeliveryFloor,
         t: &mut Instant,
@@ -451,8 +461,8 @@ mod tests {
         let step = Duration::from_millis(1);
         for _ in 0..(rtt.as_millis() as u32 * rounds) {
             *t += step;
-            f.on_ack(*t, rate / 1000, rtt, app_limited);
-            f.on_end_acks(*t);
+            f.on_ack(*t, rate / 1000, rtt);
+            f.on_end_acks(*t, !app_limited);
         }
     }
 
