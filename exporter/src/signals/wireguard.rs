@@ -295,6 +295,8 @@ fn passed_over(i: usize) -> Option<&'static str> {
 /// The late-attached hook of `auto` (None where the loader attached it at start).
 struct LateHook {
     switch: Box<dyn Switch>,
+    /// Its hook as `bufscope_probe_attached`'s `hook` label says it.
+    hooks: String,
     armed: bool,
     arms: u64,
     disarms: u64,
@@ -313,12 +315,16 @@ impl LateHook {
         let prog = fd
             .try_clone()
             .context("duplicating the wireguard program fd")?;
-        Ok(Self::new(Box::new(Program { prog, link: None })))
+        Ok(Self::new(
+            Box::new(Program { prog, link: None }),
+            hook.describe(),
+        ))
     }
 
-    fn new(switch: Box<dyn Switch>) -> Self {
+    fn new(switch: Box<dyn Switch>, hooks: String) -> Self {
         Self {
             switch,
+            hooks,
             armed: false,
             arms: 0,
             disarms: 0,
@@ -571,6 +577,13 @@ impl Signal for Wireguard {
         PROBE.name
     }
 
+    fn attached_late(&self) -> Option<&str> {
+        self.late
+            .as_ref()
+            .filter(|l| l.armed)
+            .map(|l| l.hooks.as_str())
+    }
+
     fn poll(&mut self, _cx: &mut PollCx<'_>) -> bool {
         self.refresh_sites();
         let mut moved = false;
@@ -783,11 +796,15 @@ ffffffff81c3a2a0 T __consume_stateless_skb
         let mut room = Wireguard::new(
             Box::new(sites.clone()),
             Box::new(FakeTable::<WgKey, Vec<u64>>::new(16)),
-            Some(LateHook::new(Box::new(switch.clone()))),
+            Some(LateHook::new(
+                Box::new(switch.clone()),
+                "tp_btf/consume_skb".into(),
+            )),
         );
         let table = || sites.clone().get(&0).unwrap_or_default();
         room.refresh_with(None, || unreachable!("no module: kallsyms is not read"));
         assert!(!on() && !room.armed());
+        assert_eq!(room.attached_late(), None, "off by choice: not listed");
         // Nothing of it shown on a node that never had the module.
         let mut bench = super::super::testkit::Bench::new();
         let idle: Vec<String> = bench
@@ -814,6 +831,7 @@ ffffffff81c3a2a0 T __consume_stateless_skb
             Some(KALLSYMS.to_string())
         });
         assert!(on() && room.armed());
+        assert_eq!(room.attached_late(), Some("tp_btf/consume_skb"));
         assert_eq!(table().receive, [0xffffffffc0a07700, 0xffffffffc0a07e80]);
         room.refresh_with(Some("0xffffffffc0b00000".into()), || {
             unreachable!("same load: not read again")
@@ -821,6 +839,7 @@ ffffffff81c3a2a0 T __consume_stateless_skb
         // Unloaded: detached, the sites cleared.
         room.refresh_with(None, || unreachable!());
         assert!(!on() && !room.armed());
+        assert_eq!(room.attached_late(), None);
         assert_eq!(table(), WgSites::default());
         room.poll(&mut bench.poll());
         let out = bench.families(&room);
