@@ -37,10 +37,10 @@
 //! single-stream framing; on the 32-stream framing 164.9–180.4 Mbit/s with 1,166–1,749 packets
 //! lost per direction, and after the start in congestion avoidance 181.8 / 169.3 with 2,261 and
 //! 3,747 lost against 186.8 / 178.3 with none). As an upper bound they matter where the path is
-//! short: at 50 ms / 200 Mbit/s the policy's 7 MiB is 5.8 BDPs, and stream mode lost 31–45% of
-//! its packets at that floor; capped at 2.5 MB, 1.7–4.0% (one inner CUBIC flow, 178.7–181.3
-//! Mbit/s → 185.9–187.3 in one A/B run; docs/tunnel.md, "The floor at 50 ms"). The cap holds
-//! while the path idles ([`DeliveryFloor::holding`]). The floor's loss bursts once closed
+//! short: at 50 ms / 200 Mbit/s the policy's 7 MiB is 5.8 BDPs, and stream mode lost 32–45% of
+//! its packets at that floor; capped at about 2.5 MB, 1.7–5.2% in four A/B runs, with one inner
+//! CUBIC flow ≥ 90% of the link in 5 of 8 transfers against 3 of 8 (docs/tunnel.md, "The floor
+//! at 50 ms"). The cap holds while the path idles ([`DeliveryFloor::holding`]). The floor's loss bursts once closed
 //! stream-mode connections (more than 1,024 holes in one stream's buffer, quinn's limit);
 //! stream mode now spreads its data over 32 streams, so that it cannot (`super::streams`), and
 //! `tunnel` is its default too.
