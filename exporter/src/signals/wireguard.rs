@@ -30,7 +30,6 @@
 mod devices;
 
 use std::collections::BTreeMap;
-use std::os::fd::{AsFd as _, OwnedFd};
 use std::path::Path;
 use std::time::{Duration, Instant};
 
@@ -38,14 +37,15 @@ use devices::Devices;
 
 use anyhow::Context as _;
 use aya::Ebpf;
-use aya::programs::{BtfTracePoint, FEntry, ProgramFd};
+use aya::programs::{BtfTracePoint, FEntry};
 use bufscope_common::{WgKey, WgSites, maps, wg_reason};
 use clap::ValueEnum;
 use prometheus::proto::MetricFamily;
 
 use super::{BuildCx, CheckLine, PollCx, Room, Services, Signal};
+use crate::bpf::switch::{Linked, Switch};
 use crate::bpf::table::{PerCpuHash, Slots};
-use crate::bpf::{Attached, BtfNeed, Hook, LoadPlan, PerCpuTable, ProbeSpec, Table, sys, usable};
+use crate::bpf::{Attached, BtfNeed, Hook, LoadPlan, PerCpuTable, ProbeSpec, Table, usable};
 use crate::exposition::Spec;
 use crate::kernel::KernelBtf;
 
@@ -218,31 +218,6 @@ pub struct Setup {
     loaded: Option<Hook>,
 }
 
-/// Attaching the loaded program and detaching it (a fake in tests).
-pub trait Switch: Send {
-    /// Attaches it (it is detached).
-    fn attach(&mut self) -> std::io::Result<()>;
-    /// Detaches it (it is attached).
-    fn detach(&mut self);
-}
-
-/// The loaded program: a raw-tracepoint link on a duplicate of its fd while attached.
-struct Program {
-    prog: ProgramFd,
-    link: Option<OwnedFd>,
-}
-
-impl Switch for Program {
-    fn attach(&mut self) -> std::io::Result<()> {
-        self.link = Some(sys::raw_tracepoint_open(self.prog.as_fd(), None)?);
-        Ok(())
-    }
-
-    fn detach(&mut self) {
-        self.link = None;
-    }
-}
-
 /// Loads the best variant's program the kernel accepts without attaching it; never fails the
 /// start-up (returns the program loaded, and logs why none was).
 fn load_unattached(ebpf: &mut Ebpf, cx: &Attached<'_>) -> Option<Hook> {
@@ -322,10 +297,7 @@ impl LateHook {
         let prog = fd
             .try_clone()
             .context("duplicating the wireguard program fd")?;
-        Ok(Self::new(
-            Box::new(Program { prog, link: None }),
-            hook.describe(),
-        ))
+        Ok(Self::new(Box::new(Linked::new(prog)), hook.describe()))
     }
 
     fn new(switch: Box<dyn Switch>, hooks: String) -> Self {
