@@ -14,7 +14,8 @@
 //! (`ip link set wg0 netns …`) is listed in that other namespace: its drops keep an empty
 //! `device`. So do drops whose name cannot be read (no `CAP_SYS_ADMIN` over the namespace for
 //! `setns`, no `CAP_NET_ADMIN` for `WG_CMD_GET_DEVICE`, no `wireguard` generic netlink
-//! family): the log says why, once per cause.
+//! family): the log says why, once per cause. A failed read keeps the names an earlier one
+//! found (a namespace deleted since keeps its series' labels).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::os::unix::fs::MetadataExt as _;
@@ -190,7 +191,9 @@ impl Devices {
                 } else {
                     tracing::debug!(netns = ns, "WireGuard devices unreadable: {}", e.why);
                 }
-                BTreeMap::new()
+                // The names read before stay (a namespace gone since, a passing failure):
+                // its series keep their labels.
+                self.known.remove(&ns).map(|k| k.ports).unwrap_or_default()
             }
         };
         for p in ports.iter().filter(|p| !found.contains_key(p)) {
@@ -293,12 +296,16 @@ mod tests {
         d.update([(10, 40000)], &procfs, t0 + UNKNOWN_RETRY);
         assert_eq!(d.name(10, 40000), "wg2");
         assert_eq!(*fake.reads.lock().unwrap(), vec![10, 11, 10]);
+        // A failed read keeps what the last one found.
+        fake.devices.lock().unwrap().insert(10, Err("no_path"));
+        d.update([(10, 51820)], &procfs, t0 + UNKNOWN_RETRY + REFRESH);
+        assert_eq!(d.name(10, 51820), "wg0");
         // The slow timer: a renamed device is seen.
         fake.devices
             .lock()
             .unwrap()
             .insert(10, Ok(vec![(51820, "wg-renamed")]));
-        d.update([(10, 51820)], &procfs, t0 + UNKNOWN_RETRY + REFRESH);
+        d.update([(10, 51820)], &procfs, t0 + UNKNOWN_RETRY + REFRESH * 2);
         assert_eq!(d.name(10, 51820), "wg-renamed");
     }
 
