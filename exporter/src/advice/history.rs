@@ -22,6 +22,7 @@ use std::time::Duration;
 use bufscope_api::{Resolution, Snapshot, Verdict};
 use bufscope_policy::Direction;
 
+use super::sockets::{Fate, Settled, SocketFinding};
 use super::{Finding, Severity};
 use crate::labels::Proto;
 
@@ -90,17 +91,17 @@ struct Entry {
     costing: Option<Snapshot>,
     /// Set once resolved: when.
     resolved_at: Option<u64>,
-    /// The finding as last shown (boxed: the map holds an entry per socket direction, most
-    /// without a finding; inline, 10,000 sockets' entries made a 45 MB table).
-    shown: Option<Box<Finding>>,
+    /// The finding as last shown, as numbers (boxed: the map holds an entry per socket
+    /// direction, most without a finding).
+    shown: Option<Box<SocketFinding>>,
     /// The finding as last shown while its socket was there (once it is gone).
-    before_gone: Option<Box<Finding>>,
+    before_gone: Option<Box<SocketFinding>>,
 }
 
 impl Entry {
     /// The finding as last shown before it was marked gone (a gone finding turned resolved
     /// tells the story of the socket, not of its absence).
-    fn unshown_gone(&self) -> Option<Finding> {
+    fn unshown_gone(&self) -> Option<SocketFinding> {
         self.before_gone.as_deref().cloned()
     }
 }
@@ -147,9 +148,9 @@ impl History {
     }
 
     /// A socket direction with nothing to say.
-    pub fn observe_quiet(&mut self, o: &Observation, now: u64) {
-        self.track(o, now);
-        self.quiet.push(o.clone());
+    pub fn observe_quiet(&mut self, o: Observation, now: u64) {
+        self.track(&o, now);
+        self.quiet.push(o);
     }
 
     /// Records the size; returns the entry.
@@ -204,20 +205,19 @@ impl History {
         }
     }
 
-    /// Applies the lifecycle to this evaluation's per-socket findings and adds the resolved
-    /// ones still kept.
+    /// Applies the lifecycle to this evaluation's per-socket findings.
     pub fn settle(
         &mut self,
-        made: Vec<(Finding, Observation)>,
+        made: Vec<(SocketFinding, Observation)>,
         now: u64,
         _window: Duration,
-    ) -> Vec<Finding> {
+    ) -> Vec<SocketFinding> {
         let mut out = Vec::with_capacity(made.len());
         for (mut f, o) in made {
             let e = self.track(&o, now);
-            let rate = f.evidence.get("drops_per_second").copied().unwrap_or(0.0);
+            let rate = f.drops_per_second();
             match f.verdict {
-                Some(Verdict::Costing) => {
+                Verdict::Costing => {
                     e.costing = Some(Snapshot {
                         bytes: o.bytes,
                         drops_per_second: rate,
@@ -226,43 +226,39 @@ impl History {
                     });
                     e.resolved_at = None;
                 }
-                Some(Verdict::Benign) => {
+                Verdict::Benign => {
                     let since_change = e.resized.map(|(at, _)| now.saturating_sub(at));
                     if let (Some(before), Some(since)) = (&e.costing, since_change)
                         && o.bytes > before.bytes
                         && since >= RESOLVE_AFTER
                     {
                         let at = *e.resolved_at.get_or_insert(now);
-                        resolve(
-                            &mut f,
-                            Resolution {
-                                at,
-                                before: before.clone(),
-                                after: Snapshot {
-                                    bytes: o.bytes,
-                                    drops_per_second: rate,
-                                    inode: o.inode,
-                                    pid: o.pid,
-                                },
-                                change: "resized".into(),
+                        let r = Resolution {
+                            at,
+                            before: before.clone(),
+                            after: Snapshot {
+                                bytes: o.bytes,
+                                drops_per_second: rate,
+                                inode: o.inode,
+                                pid: o.pid,
                             },
-                        );
+                            change: "resized".into(),
+                        };
+                        resolve(&mut f);
+                        f.settled = Some(Settled::Resized(Box::new(r)));
                     } else if let (Some(_), Some(since)) = (&e.costing, since_change)
                         && since < RESOLVE_AFTER
                     {
-                        f.summary.push_str(&format!(
-                            " (the buffer changed {since}s ago: called resolved after \
-                             {RESOLVE_AFTER}s without drops)"
-                        ));
+                        f.settled = Some(Settled::Changing(since));
                     }
                 }
                 _ => {}
             }
-            if e.verdict != f.verdict || e.severity != f.severity {
+            if e.verdict != Some(f.verdict) || e.severity != f.severity {
                 if e.verdict.is_some() {
                     e.changed_at = now;
                 }
-                e.verdict = f.verdict;
+                e.verdict = Some(f.verdict);
                 e.severity = f.severity;
             }
             f.since = e.first_seen;
@@ -280,18 +276,19 @@ impl History {
     /// Those that cost are shown as `gone` with their last numbers until the program has a
     /// socket of the same protocol and direction that does not cost (then `resolved`,
     /// `restarted`) or one that costs too (then that socket's own finding says so and this
-    /// one goes), or until the retention passes. Resolved ones still kept are added to `out`.
-    pub fn finish(&mut self, out: &mut Vec<Finding>, now: u64) {
+    /// one goes), or until the retention passes. Returns the gone and resolved ones still
+    /// kept.
+    pub fn finish(&mut self, now: u64) -> Vec<SocketFinding> {
         let retention = self.retention.as_secs();
         let generation = self.generation;
         let quiet = std::mem::take(&mut self.quiet);
-        let costing_now: Vec<(Program, Proto, Option<Direction>)> = self
+        let costing_now: std::collections::HashSet<(Program, Proto, Option<Direction>)> = self
             .entries
             .values()
             .filter(|e| e.seen == generation && e.verdict == Some(Verdict::Costing))
             .map(|e| (e.program.clone(), e.proto, e.dir))
             .collect();
-        let mut gone_keep: Vec<Finding> = Vec::new();
+        let mut gone_keep: Vec<SocketFinding> = Vec::new();
         self.entries.retain(|_, e| {
             if e.seen == generation {
                 return true;
@@ -301,7 +298,7 @@ impl History {
                     return false;
                 }
                 if let Some(f) = &e.shown {
-                    gone_keep.push(Finding::clone(f));
+                    gone_keep.push(SocketFinding::clone(f));
                 }
                 return true;
             }
@@ -326,12 +323,12 @@ impl History {
             });
             let Some(q) = successor else {
                 // Not (yet) back: shown as gone, with its last numbers.
-                if f.verdict != Some(Verdict::Gone) {
+                if f.verdict != Verdict::Gone {
                     e.before_gone = Some(Box::new(f.clone()));
                     gone(&mut f, &before, e.last_seen);
                     e.changed_at = now;
                     f.changed_at = now;
-                    e.verdict = f.verdict;
+                    e.verdict = Some(f.verdict);
                     e.severity = f.severity;
                     e.shown = Some(Box::new(f.clone()));
                 }
@@ -341,23 +338,21 @@ impl History {
             if let Some(was) = e.unshown_gone() {
                 f = was;
             }
-            resolve(
-                &mut f,
-                Resolution {
-                    at: now,
-                    before,
-                    after: Snapshot {
-                        bytes: q.bytes,
-                        drops_per_second: q.window_rate,
-                        inode: q.inode,
-                        pid: q.pid,
-                    },
-                    change: "restarted".into(),
+            resolve(&mut f);
+            f.fate = Some(Fate::Restarted(Box::new(Resolution {
+                at: now,
+                before,
+                after: Snapshot {
+                    bytes: q.bytes,
+                    drops_per_second: q.window_rate,
+                    inode: q.inode,
+                    pid: q.pid,
                 },
-            );
+                change: "restarted".into(),
+            })));
             f.changed_at = now;
             e.changed_at = now;
-            e.verdict = f.verdict;
+            e.verdict = Some(f.verdict);
             e.severity = f.severity;
             e.resolved_at = Some(now);
             e.shown = Some(Box::new(f.clone()));
@@ -365,9 +360,9 @@ impl History {
             true
         });
         bound_per_program(&mut gone_keep);
-        out.extend(gone_keep);
         self.bound_remembered();
         self.bound();
+        gone_keep
     }
 
     /// Remembers at most [`MAX_SHOWN_PER_PROGRAM`] gone or resolved sockets per program and
@@ -412,6 +407,35 @@ impl History {
         out.sort();
         out.dedup();
         out
+    }
+
+    /// When time alone next changes what the history makes of the findings (Unix seconds; at
+    /// `now` or before: at the next evaluation): a program waiting for its costing socket's
+    /// successor (its live sockets are looked up at each evaluation), a changed buffer judged
+    /// after [`RESOLVE_AFTER`], the retention of a resolved or gone finding ending. None:
+    /// nothing changes with time alone.
+    pub fn next_change(&self, now: u64) -> Option<u64> {
+        let retention = self.retention.as_secs();
+        let mut next: Option<u64> = None;
+        let mut at = |t: u64| next = Some(next.map_or(t, |n| n.min(t)));
+        for e in self.entries.values() {
+            let shown_gone = e.seen != self.generation;
+            if shown_gone && e.resolved_at.is_none() && e.costing.is_some() && e.dir.is_some() {
+                // Waiting for a successor.
+                at(now);
+            }
+            if let Some(r) = e.resolved_at {
+                at(r.saturating_add(retention).saturating_add(1));
+            }
+            if e.costing.is_some()
+                && e.resolved_at.is_none()
+                && let Some((changed, _)) = e.resized
+                && now.saturating_sub(changed) <= RESOLVE_AFTER
+            {
+                at(changed.saturating_add(RESOLVE_AFTER));
+            }
+        }
+        next
     }
 
     /// Keeps the history within [`MAX_ENTRIES`]: the entries not seen for longest go first.
@@ -482,31 +506,21 @@ pub const MAX_ENTRIES: usize = 50_000;
 
 /// Keeps at most [`MAX_SHOWN_PER_PROGRAM`] gone or resolved findings per (program, kind),
 /// the most recently changed.
-fn bound_per_program(fs: &mut Vec<Finding>) {
+fn bound_per_program(fs: &mut Vec<SocketFinding>) {
+    let key = |f: &SocketFinding| {
+        let p = &f.scene.process;
+        (p.comm.clone(), p.container.clone(), p.pod.clone(), f.kind)
+    };
     fs.sort_by(|a, b| {
-        let ka = (
-            &a.process.comm,
-            &a.process.container,
-            &a.process.pod,
-            a.kind,
-        );
-        let kb = (
-            &b.process.comm,
-            &b.process.container,
-            &b.process.pod,
-            b.kind,
-        );
-        ka.cmp(&kb).then(b.changed_at.cmp(&a.changed_at))
+        let (pa, pb) = (&a.scene.process, &b.scene.process);
+        (&pa.comm, &pa.container, &pa.pod, a.kind)
+            .cmp(&(&pb.comm, &pb.container, &pb.pod, b.kind))
+            .then(b.changed_at.cmp(&a.changed_at))
     });
     let mut n = 0usize;
     let mut last: Option<(String, String, String, &'static str)> = None;
     fs.retain(|f| {
-        let k = (
-            f.process.comm.clone(),
-            f.process.container.clone(),
-            f.process.pod.clone(),
-            f.kind,
-        );
+        let k = key(f);
         if last.as_ref() == Some(&k) {
             n += 1;
         } else {
@@ -522,29 +536,46 @@ fn bound_per_program(fs: &mut Vec<Finding>) {
 /// drops alone — "never sized", no limit, no name — and that is what `gone` and `resolved`
 /// would then show. Once a socket's story is known, the finding keeps it (and its process's
 /// name), with this evaluation's verdict, severity and drop figures.
-fn keep_what_was_known(f: &mut Finding, prev: &Finding) {
-    let untold = |g: &Finding| g.story.as_ref().is_none_or(|s| s.calls_total == 0);
-    if untold(f) && !untold(prev) {
+fn keep_what_was_known(f: &mut SocketFinding, prev: &SocketFinding) {
+    if !f.told() && prev.told() {
         let mut g = prev.clone();
         g.verdict = f.verdict;
         g.severity = f.severity;
         g.since = f.since;
         g.changed_at = f.changed_at;
-        for k in ["drops_total", "drops_per_second"] {
-            if let Some(v) = f.evidence.get(k) {
-                g.evidence.insert(k, *v);
-            }
+        if let Some(rate) = f.rate {
+            // The drop figures this evaluation shows (a kind judged by its drops).
+            let total = match f.drops_shown {
+                Some((total, _)) => total,
+                None => f.cand.drops.packets as f64,
+            };
+            g.drops_shown = Some((total, rate));
+            g.rate = Some(rate);
         }
         *f = g;
     }
-    if f.process.comm.is_empty() && !prev.process.comm.is_empty() {
-        f.process = prev.process.clone();
+    if f.scene.process.comm.is_empty() && !prev.scene.process.comm.is_empty() {
+        f.scene.process = prev.scene.process.clone();
     }
 }
 
 /// Turns a costing finding whose socket went away into its `gone` form, with its last
-/// numbers.
-fn gone(f: &mut Finding, before: &Snapshot, last_seen: u64) {
+/// numbers (told by [`tell_gone`]).
+fn gone(f: &mut SocketFinding, before: &Snapshot, last_seen: u64) {
+    f.fate = Some(Fate::Gone(before.clone(), last_seen));
+    f.verdict = Verdict::Gone;
+    f.severity = Severity::Info;
+}
+
+/// Marks `f` resolved (how: [`Settled::Resized`] or [`Fate::Restarted`], told by
+/// [`tell_resolved`]).
+fn resolve(f: &mut SocketFinding) {
+    f.verdict = Verdict::Resolved;
+    f.severity = Severity::Info;
+}
+
+/// Tells a finding whose socket went away while it cost: its last numbers, then what it was.
+pub(super) fn tell_gone(f: &mut Finding, before: &Snapshot, last_seen: u64) {
     f.summary = format!(
         "gone: the socket closed or its process exited while it cost ({} at {:.1} drops/s \
          when last seen, at {last_seen}); no socket of the same program has replaced it yet. \
@@ -557,8 +588,8 @@ fn gone(f: &mut Finding, before: &Snapshot, last_seen: u64) {
     f.severity = Severity::Info;
 }
 
-/// Turns `f` into its resolved form.
-fn resolve(f: &mut Finding, r: Resolution) {
+/// Tells a resolved finding: before and after, then what it was.
+pub(super) fn tell_resolved(f: &mut Finding, r: Resolution) {
     let how = match r.change.as_str() {
         "restarted" => format!(
             "the program's new socket {} (pid {}) has {} and drops {:.1}/s",

@@ -33,7 +33,7 @@ use std::time::{Duration, SystemTime};
 
 use axum::body::Bytes;
 
-use crate::advice::{Finding, Inputs, Report};
+use crate::advice::{Findings, Inputs, Report};
 use crate::attribution::Attributor;
 use crate::bpf::ring::RingPositions;
 use crate::bpf::{Records, RunStats, Stats};
@@ -294,7 +294,7 @@ impl Collector {
 
     /// Findings for tracked processes, reused while nothing they read changed (see
     /// [`AdviceCache::findings`]).
-    pub fn findings(&mut self, min_age: Duration) -> Arc<Vec<Finding>> {
+    pub fn findings(&mut self, min_age: Duration) -> Arc<Findings> {
         let o = Observed {
             rooms: &self.rooms,
             store: &self.store,
@@ -327,7 +327,7 @@ impl Collector {
     /// Returns the evaluation it replaced: drop it after the lock is released (freeing
     /// 10,000 findings under the lock made every scrape behind it wait).
     #[must_use = "free the replaced findings after releasing the lock"]
-    pub fn advice_apply(&mut self, done: Evaluated) -> Option<Arc<Vec<Finding>>> {
+    pub fn advice_apply(&mut self, done: Evaluated) -> Option<Arc<Findings>> {
         self.render.changed();
         self.advice.apply_replacing(done)
     }
@@ -340,7 +340,8 @@ impl Collector {
                 .duration_since(SystemTime::UNIX_EPOCH)
                 .map(|d| d.as_secs())
                 .unwrap_or(0),
-            findings: self.findings(Duration::ZERO).as_ref().clone(),
+            // Told here, where they are served: an evaluation keeps them as numbers.
+            findings: self.findings(Duration::ZERO).render(),
         }
     }
 
@@ -493,7 +494,7 @@ mod tests {
                 procfs: g.attr.procfs(),
             });
             assert!(
-                f.iter().any(|f| f.process.pid == my_proc().tgid),
+                f.heads().any(|h| h.pid == my_proc().tgid),
                 "the background cycle evaluated: {f:?}"
             );
             f
@@ -531,6 +532,7 @@ mod tests {
                 .iter()
                 .find(|f| f.process.pid == my_proc().tgid)
                 .unwrap();
+            let first = first.render();
             let was = first
                 .iter()
                 .find(|f| f.process.pid == my_proc().tgid)
