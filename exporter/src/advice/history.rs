@@ -17,6 +17,7 @@
 //! [`MAX_SHOWN_PER_PROGRAM`] gone or resolved findings per program and kind.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 use bufscope_api::{Resolution, Snapshot, Verdict};
@@ -91,11 +92,11 @@ struct Entry {
     costing: Option<Snapshot>,
     /// Set once resolved: when.
     resolved_at: Option<u64>,
-    /// The finding as last shown, as numbers (boxed: the map holds an entry per socket
-    /// direction, most without a finding).
-    shown: Option<Box<SocketFinding>>,
+    /// The finding as last shown, as numbers: the one the evaluation's output holds
+    /// (shared, not a copy).
+    shown: Option<Arc<SocketFinding>>,
     /// The finding as last shown while its socket was there (once it is gone).
-    before_gone: Option<Box<SocketFinding>>,
+    before_gone: Option<Arc<SocketFinding>>,
 }
 
 impl Entry {
@@ -211,7 +212,7 @@ impl History {
         made: Vec<(SocketFinding, Observation)>,
         now: u64,
         _window: Duration,
-    ) -> Vec<SocketFinding> {
+    ) -> Vec<Arc<SocketFinding>> {
         let mut out = Vec::with_capacity(made.len());
         for (mut f, o) in made {
             let e = self.track(&o, now);
@@ -266,7 +267,8 @@ impl History {
             if let Some(prev) = &e.shown {
                 keep_what_was_known(&mut f, prev);
             }
-            e.shown = Some(Box::new(f.clone()));
+            let f = Arc::new(f);
+            e.shown = Some(f.clone());
             out.push(f);
         }
         out
@@ -278,7 +280,7 @@ impl History {
     /// `restarted`) or one that costs too (then that socket's own finding says so and this
     /// one goes), or until the retention passes. Returns the gone and resolved ones still
     /// kept.
-    pub fn finish(&mut self, now: u64) -> Vec<SocketFinding> {
+    pub fn finish(&mut self, now: u64) -> Vec<Arc<SocketFinding>> {
         let retention = self.retention.as_secs();
         let generation = self.generation;
         let quiet = std::mem::take(&mut self.quiet);
@@ -288,7 +290,7 @@ impl History {
             .filter(|e| e.seen == generation && e.verdict == Some(Verdict::Costing))
             .map(|e| (e.program.clone(), e.proto, e.dir))
             .collect();
-        let mut gone_keep: Vec<SocketFinding> = Vec::new();
+        let mut gone_keep: Vec<Arc<SocketFinding>> = Vec::new();
         self.entries.retain(|_, e| {
             if e.seen == generation {
                 return true;
@@ -298,7 +300,7 @@ impl History {
                     return false;
                 }
                 if let Some(f) = &e.shown {
-                    gone_keep.push(SocketFinding::clone(f));
+                    gone_keep.push(f.clone());
                 }
                 return true;
             }
@@ -312,7 +314,7 @@ impl History {
                 // The program's new socket costs too: its own finding says so.
                 return false;
             }
-            let Some(mut f) = e.shown.as_deref().cloned() else {
+            let Some(shown) = e.shown.clone() else {
                 return false;
             };
             let successor = quiet.iter().find(|q| {
@@ -323,21 +325,25 @@ impl History {
             });
             let Some(q) = successor else {
                 // Not (yet) back: shown as gone, with its last numbers.
-                if f.verdict != Verdict::Gone {
-                    e.before_gone = Some(Box::new(f.clone()));
-                    gone(&mut f, &before, e.last_seen);
-                    e.changed_at = now;
-                    f.changed_at = now;
-                    e.verdict = Some(f.verdict);
-                    e.severity = f.severity;
-                    e.shown = Some(Box::new(f.clone()));
+                if shown.verdict == Verdict::Gone {
+                    gone_keep.push(shown);
+                    return true;
                 }
+                let mut f = SocketFinding::clone(&shown);
+                e.before_gone = Some(shown);
+                gone(&mut f, &before, e.last_seen);
+                e.changed_at = now;
+                f.changed_at = now;
+                e.verdict = Some(f.verdict);
+                e.severity = f.severity;
+                let f = Arc::new(f);
+                e.shown = Some(f.clone());
                 gone_keep.push(f);
                 return true;
             };
-            if let Some(was) = e.unshown_gone() {
-                f = was;
-            }
+            let mut f = e
+                .unshown_gone()
+                .unwrap_or_else(|| SocketFinding::clone(&shown));
             resolve(&mut f);
             f.fate = Some(Fate::Restarted(Box::new(Resolution {
                 at: now,
@@ -355,7 +361,8 @@ impl History {
             e.verdict = Some(f.verdict);
             e.severity = f.severity;
             e.resolved_at = Some(now);
-            e.shown = Some(Box::new(f.clone()));
+            let f = Arc::new(f);
+            e.shown = Some(f.clone());
             gone_keep.push(f);
             true
         });
@@ -506,8 +513,8 @@ pub const MAX_ENTRIES: usize = 50_000;
 
 /// Keeps at most [`MAX_SHOWN_PER_PROGRAM`] gone or resolved findings per (program, kind),
 /// the most recently changed.
-fn bound_per_program(fs: &mut Vec<SocketFinding>) {
-    let key = |f: &SocketFinding| {
+fn bound_per_program(fs: &mut Vec<Arc<SocketFinding>>) {
+    let key = |f: &Arc<SocketFinding>| {
         let p = &f.scene.process;
         (p.comm.clone(), p.container.clone(), p.pod.clone(), f.kind)
     };

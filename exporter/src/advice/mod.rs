@@ -469,7 +469,7 @@ struct Builder<'a> {
     /// Per-process findings.
     out: Vec<Finding>,
     /// Per-socket findings (`sockets.rs`).
-    sockets: Vec<SocketFinding>,
+    sockets: Vec<sockets::Listed>,
     /// Each process as findings name it, shared by its per-socket findings.
     processes: foldhash::HashMap<ProcRef, std::sync::Arc<ProcessRef>>,
     /// Processes with locked TCP sockets.
@@ -609,7 +609,10 @@ pub fn evaluate_findings(inputs: &Inputs, history: &mut History, now: u64) -> Fi
         .into_iter()
         .map(Item::Socket)
         .chain(b.out.into_iter().map(|f| Item::Process(Box::new(f))))
-        .chain(kept.into_iter().map(Item::Socket))
+        .chain(
+            kept.into_iter()
+                .map(|f| Item::Socket(sockets::Listed::kept(f))),
+        )
         .collect();
     mark_guarded(&mut items, &inputs.guard);
     // Most severe first; within a severity, what costs most now (drop rate) first.
@@ -635,7 +638,7 @@ pub struct Findings {
 #[derive(Clone, Debug)]
 enum Item {
     /// Per socket and buffer direction, told on demand.
-    Socket(SocketFinding),
+    Socket(sockets::Listed),
     /// Per process (and the data planes'), told (boxed: an item per socket is small).
     Process(Box<Finding>),
 }
@@ -667,10 +670,10 @@ impl Item {
     fn head(&self) -> Head {
         match self {
             Self::Socket(s) => Head {
-                pid: s.pid(),
-                kind: s.kind(),
-                severity: s.severity(),
-                verdict: Some(s.verdict()),
+                pid: s.finding.pid(),
+                kind: s.finding.kind(),
+                severity: s.finding.severity(),
+                verdict: Some(s.finding.verdict()),
             },
             Self::Process(f) => Head {
                 pid: f.process.pid,
@@ -684,7 +687,7 @@ impl Item {
     /// `drops_per_second` as its evidence shows it (0 without).
     fn drops_per_second(&self) -> f64 {
         match self {
-            Self::Socket(s) => s.drops_per_second(),
+            Self::Socket(s) => s.finding.drops_per_second(),
             Self::Process(f) => f.evidence.get("drops_per_second").copied().unwrap_or(0.0),
         }
     }

@@ -684,11 +684,45 @@ pub struct SocketFinding {
     pub(super) fate: Option<Fate>,
     pub(super) since: u64,
     pub(super) changed_at: u64,
-    /// Served only: findings of this kind on its process, and whether it is the first of
-    /// them (which names how many more there are).
-    pub(super) group: Option<(u64, bool)>,
-    /// Served only: what the guard does about it (one text per process and rule).
-    pub(super) guard: Option<Arc<str>>,
+}
+
+/// A per-socket finding as an evaluation lists it: shared with the history, with what only
+/// the list says.
+#[derive(Clone, Debug)]
+pub(super) struct Listed {
+    pub finding: Arc<SocketFinding>,
+    /// Findings of this kind on its process, and whether it is the first of them (which
+    /// names how many more there are); none for gone and resolved ones.
+    pub group: Option<(u64, bool)>,
+    /// What the guard does about it (one text per process and rule).
+    pub guard: Option<Arc<str>>,
+}
+
+impl Listed {
+    /// A gone or resolved finding the history keeps.
+    pub fn kept(finding: Arc<SocketFinding>) -> Self {
+        Self {
+            finding,
+            group: None,
+            guard: None,
+        }
+    }
+
+    /// The finding as `/api/v1/findings` shows it.
+    pub fn render(&self) -> Finding {
+        let mut f = self.finding.render();
+        if let Some((n, first)) = self.group {
+            f.evidence.insert("sockets", n as f64);
+            if first && n > MAX_PER_KIND as u64 {
+                f.summary.push_str(&format!(
+                    " ({} more sockets of this process have this finding; the {MAX_PER_KIND} costliest are listed)",
+                    n - MAX_PER_KIND as u64
+                ));
+            }
+        }
+        f.guard = self.guard.as_deref().map(str::to_string);
+        f
+    }
 }
 
 impl SocketFinding {
@@ -764,16 +798,6 @@ impl SocketFinding {
         f.severity = self.severity;
         f.since = self.since;
         f.changed_at = self.changed_at;
-        if let Some((n, first)) = self.group {
-            f.evidence.insert("sockets", n as f64);
-            if first && n > MAX_PER_KIND as u64 {
-                f.summary.push_str(&format!(
-                    " ({} more sockets of this process have this finding; the {MAX_PER_KIND} costliest are listed)",
-                    n - MAX_PER_KIND as u64
-                ));
-            }
-        }
-        f.guard = self.guard.as_deref().map(str::to_string);
         f
     }
 }
@@ -834,8 +858,6 @@ pub(super) fn socket_findings(b: &mut Builder<'_>, history: &mut History, now: u
             fate: None,
             since: now,
             changed_at: now,
-            group: None,
-            guard: None,
         };
         made.push((f, obs));
     }
@@ -906,8 +928,9 @@ impl Figures {
 
 /// Keeps at most [`MAX_PER_KIND`] findings per (process, kind): the costliest; each one's
 /// cost is read once, not per comparison.
-fn push_grouped(b: &mut Builder<'_>, made: Vec<SocketFinding>) {
-    let mut keyed: Vec<(f64, SocketFinding)> = made.into_iter().map(|f| (f.cost(), f)).collect();
+fn push_grouped(b: &mut Builder<'_>, made: Vec<Arc<SocketFinding>>) {
+    let mut keyed: Vec<(f64, Arc<SocketFinding>)> =
+        made.into_iter().map(|f| (f.cost(), f)).collect();
     keyed.sort_by(|(cx, x), (cy, y)| {
         (x.pid(), x.kind, x.severity)
             .cmp(&(y.pid(), y.kind, y.severity))
@@ -921,11 +944,13 @@ fn push_grouped(b: &mut Builder<'_>, made: Vec<SocketFinding>) {
             group.push(f);
         }
         let n = group.len() as u64;
-        for (k, f) in group.iter_mut().enumerate() {
-            f.group = Some((n, k == 0));
-        }
         group.truncate(MAX_PER_KIND);
-        b.sockets.extend(group);
+        b.sockets
+            .extend(group.into_iter().enumerate().map(|(k, finding)| Listed {
+                finding,
+                group: Some((n, k == 0)),
+                guard: None,
+            }));
     }
 }
 
