@@ -334,15 +334,7 @@ impl Collector {
 
     /// The `/api/v1/findings` document.
     pub fn report(&mut self) -> Report {
-        Report {
-            version: crate::advice::SCHEMA_VERSION,
-            generated_at: SystemTime::now()
-                .duration_since(SystemTime::UNIX_EPOCH)
-                .map(|d| d.as_secs())
-                .unwrap_or(0),
-            // Told here, where they are served: an evaluation keeps them as numbers.
-            findings: self.findings(Duration::ZERO).render(),
-        }
+        tell(&self.findings(Duration::ZERO))
     }
 
     /// Expires exited processes and deletes map entries of closed sockets, all under one
@@ -423,6 +415,20 @@ impl Collector {
         if self.store.admit(|row| render::series_of(rooms, row)) {
             self.render.changed();
         }
+    }
+}
+
+/// The `/api/v1/findings` document of an evaluation: its findings told here, where they are
+/// served (an evaluation keeps them as numbers), without the collector's lock when the
+/// caller let go of it ([`report`]).
+fn tell(findings: &Findings) -> Report {
+    Report {
+        version: crate::advice::SCHEMA_VERSION,
+        generated_at: SystemTime::now()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or(0),
+        findings: findings.render(),
     }
 }
 
