@@ -39,7 +39,7 @@ pub const DEFAULT_RETENTION: Duration = Duration::from_secs(30 * 60);
 pub type Program = (String, String, String, String);
 
 /// A program's sockets of one protocol and direction.
-type Kind = (Program, Proto, Option<Direction>);
+type Kind = (Arc<Program>, Proto, Option<Direction>);
 
 /// One socket direction as the rules saw it in one evaluation.
 #[derive(Clone, Debug)]
@@ -48,8 +48,8 @@ pub struct Observation {
     pub pid: u32,
     /// Its socket.
     pub inode: u64,
-    /// Its program.
-    pub program: Program,
+    /// Its program (one allocation per process, shared by its sockets' observations).
+    pub program: Arc<Program>,
     /// Transport.
     pub proto: Proto,
     /// Which buffer.
@@ -75,7 +75,7 @@ fn dir_key(d: Direction) -> &'static str {
 
 #[derive(Clone, Debug)]
 struct Entry {
-    program: Program,
+    program: Arc<Program>,
     proto: Proto,
     dir: Option<Direction>,
     first_seen: u64,
@@ -206,72 +206,69 @@ impl History {
         }
     }
 
-    /// Applies the lifecycle to this evaluation's per-socket findings.
+    /// Applies the lifecycle to one of this evaluation's per-socket findings; returns it as
+    /// the history keeps it and the evaluation lists it (one finding, shared).
     pub fn settle(
         &mut self,
-        made: Vec<(SocketFinding, Observation)>,
+        mut f: SocketFinding,
+        o: &Observation,
         now: u64,
-        _window: Duration,
-    ) -> Vec<Arc<SocketFinding>> {
-        let mut out = Vec::with_capacity(made.len());
-        for (mut f, o) in made {
-            let e = self.track(&o, now);
-            let rate = f.drops_per_second();
-            match f.verdict {
-                Verdict::Costing => {
-                    e.costing = Some(Snapshot {
-                        bytes: o.bytes,
-                        drops_per_second: rate,
-                        inode: o.inode,
-                        pid: o.pid,
-                    });
-                    e.resolved_at = None;
-                }
-                Verdict::Benign => {
-                    let since_change = e.resized.map(|(at, _)| now.saturating_sub(at));
-                    if let (Some(before), Some(since)) = (&e.costing, since_change)
-                        && o.bytes > before.bytes
-                        && since >= RESOLVE_AFTER
-                    {
-                        let at = *e.resolved_at.get_or_insert(now);
-                        let r = Resolution {
-                            at,
-                            before: before.clone(),
-                            after: Snapshot {
-                                bytes: o.bytes,
-                                drops_per_second: rate,
-                                inode: o.inode,
-                                pid: o.pid,
-                            },
-                            change: "resized".into(),
-                        };
-                        resolve(&mut f);
-                        f.settled = Some(Settled::Resized(Box::new(r)));
-                    } else if let (Some(_), Some(since)) = (&e.costing, since_change)
-                        && since < RESOLVE_AFTER
-                    {
-                        f.settled = Some(Settled::Changing(since));
-                    }
-                }
-                _ => {}
+    ) -> Arc<SocketFinding> {
+        let e = self.track(o, now);
+        let rate = f.drops_per_second();
+        match f.verdict {
+            Verdict::Costing => {
+                e.costing = Some(Snapshot {
+                    bytes: o.bytes,
+                    drops_per_second: rate,
+                    inode: o.inode,
+                    pid: o.pid,
+                });
+                e.resolved_at = None;
             }
-            if e.verdict != Some(f.verdict) || e.severity != f.severity {
-                if e.verdict.is_some() {
-                    e.changed_at = now;
+            Verdict::Benign => {
+                let since_change = e.resized.map(|(at, _)| now.saturating_sub(at));
+                if let (Some(before), Some(since)) = (&e.costing, since_change)
+                    && o.bytes > before.bytes
+                    && since >= RESOLVE_AFTER
+                {
+                    let at = *e.resolved_at.get_or_insert(now);
+                    let r = Resolution {
+                        at,
+                        before: before.clone(),
+                        after: Snapshot {
+                            bytes: o.bytes,
+                            drops_per_second: rate,
+                            inode: o.inode,
+                            pid: o.pid,
+                        },
+                        change: "resized".into(),
+                    };
+                    resolve(&mut f);
+                    f.settled = Some(Settled::Resized(Box::new(r)));
+                } else if let (Some(_), Some(since)) = (&e.costing, since_change)
+                    && since < RESOLVE_AFTER
+                {
+                    f.settled = Some(Settled::Changing(since));
                 }
-                e.verdict = Some(f.verdict);
-                e.severity = f.severity;
             }
-            f.since = e.first_seen;
-            f.changed_at = e.changed_at;
-            if let Some(prev) = &e.shown {
-                keep_what_was_known(&mut f, prev);
-            }
-            let f = Arc::new(f);
-            e.shown = Some(f.clone());
-            out.push(f);
+            _ => {}
         }
-        out
+        if e.verdict != Some(f.verdict) || e.severity != f.severity {
+            if e.verdict.is_some() {
+                e.changed_at = now;
+            }
+            e.verdict = Some(f.verdict);
+            e.severity = f.severity;
+        }
+        f.since = e.first_seen;
+        f.changed_at = e.changed_at;
+        if let Some(prev) = &e.shown {
+            keep_what_was_known(&mut f, prev);
+        }
+        let f = Arc::new(f);
+        e.shown = Some(f.clone());
+        f
     }
 
     /// Ends an evaluation: entries not seen in it are gone (socket closed, process exited).
@@ -284,7 +281,7 @@ impl History {
         let retention = self.retention.as_secs();
         let generation = self.generation;
         let quiet = std::mem::take(&mut self.quiet);
-        let costing_now: std::collections::HashSet<(Program, Proto, Option<Direction>)> = self
+        let costing_now: std::collections::HashSet<Kind> = self
             .entries
             .values()
             .filter(|e| e.seen == generation && e.verdict == Some(Verdict::Costing))
@@ -409,7 +406,7 @@ impl History {
                     && e.costing.is_some()
                     && e.dir.is_some()
             })
-            .map(|e| (e.program.clone(), e.proto))
+            .map(|e| (Program::clone(&e.program), e.proto))
             .collect();
         out.sort();
         out.dedup();
@@ -467,7 +464,7 @@ impl History {
         let key = (f.process.pid, 0, f.kind);
         let generation = self.generation;
         let e = self.entries.entry(key).or_insert_with(|| Entry {
-            program: Default::default(),
+            program: Arc::default(),
             proto: Proto::Other,
             dir: None,
             first_seen: now,
@@ -562,7 +559,7 @@ fn keep_what_was_known(f: &mut SocketFinding, prev: &SocketFinding) {
         *f = g;
     }
     if f.scene.process.comm.is_empty() && !prev.scene.process.comm.is_empty() {
-        f.scene.process = prev.scene.process.clone();
+        Arc::make_mut(&mut f.scene).process = prev.scene.process.clone();
     }
 }
 

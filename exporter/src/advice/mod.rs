@@ -472,6 +472,10 @@ struct Builder<'a> {
     sockets: Vec<sockets::Listed>,
     /// Each process as findings name it, shared by its per-socket findings.
     processes: foldhash::HashMap<ProcRef, std::sync::Arc<ProcessRef>>,
+    /// Each process's program, shared by its sockets' observations.
+    programs: foldhash::HashMap<ProcRef, std::sync::Arc<history::Program>>,
+    /// What per-socket findings are told with, per (process, namespace, protocol).
+    scenes: foldhash::HashMap<(ProcRef, u32, Proto), std::sync::Arc<sockets::Scene>>,
     /// Processes with locked TCP sockets.
     tcp_locked: foldhash::HashSet<ProcRef>,
     /// How many of the stories' sockets each process has per protocol (counted once, not
@@ -537,10 +541,15 @@ impl Builder<'_> {
         });
     }
 
-    /// Who the program is across restarts.
-    fn program(&self, p: &ProcRef) -> history::Program {
+    /// Who the program is across restarts (made once per process and shared).
+    fn program(&mut self, p: &ProcRef) -> std::sync::Arc<history::Program> {
+        if let Some(r) = self.programs.get(p) {
+            return r.clone();
+        }
         let m = self.inputs.meta.get(p).cloned().unwrap_or_default();
-        (m.comm, m.container, m.pod, m.namespace)
+        let r = std::sync::Arc::new((m.comm, m.container, m.pod, m.namespace));
+        self.programs.insert(*p, r.clone());
+        r
     }
 }
 
@@ -579,6 +588,8 @@ pub fn evaluate_findings(inputs: &Inputs, history: &mut History, now: u64) -> Fi
         out: Vec::new(),
         sockets: Vec::new(),
         processes: foldhash::HashMap::default(),
+        programs: foldhash::HashMap::default(),
+        scenes: foldhash::HashMap::default(),
         tcp_locked: inputs
             .tcp
             .iter()

@@ -668,7 +668,7 @@ pub(super) enum Fate {
 #[derive(Clone, Debug)]
 pub struct SocketFinding {
     pub(super) cand: Candidate,
-    pub(super) scene: Scene,
+    pub(super) scene: Arc<Scene>,
     pub(super) kind: &'static str,
     pub(super) judged: Judgement,
     pub(super) verdict: Verdict,
@@ -808,7 +808,7 @@ pub(super) fn socket_findings(b: &mut Builder<'_>, history: &mut History, now: u
     let host = HostLimits::of(inputs);
     let cands = candidates(inputs);
     let known: std::collections::HashSet<u64> = cands.iter().map(|c| c.inode).collect();
-    let mut made: Vec<(SocketFinding, Observation)> = Vec::new();
+    let mut made: Vec<Arc<SocketFinding>> = Vec::new();
     for c in cands {
         let calls = c.calls();
         let kind = kind_of(&c, &calls);
@@ -838,11 +838,18 @@ pub(super) fn socket_findings(b: &mut Builder<'_>, history: &mut History, now: u
                 Figures::drops(rate),
             )
         };
-        let scene = Scene {
-            host,
-            ns: inputs.ns_limits.get(&c.netns).copied(),
-            process: b.process_shared(&c.owner),
-            sockets_like: b.sockets_like_of(&c),
+        let scene = match b.scenes.get(&(c.owner, c.netns, c.proto)) {
+            Some(s) => s.clone(),
+            None => {
+                let s = Arc::new(Scene {
+                    host,
+                    ns: inputs.ns_limits.get(&c.netns).copied(),
+                    process: b.process_shared(&c.owner),
+                    sockets_like: b.sockets_like_of(&c),
+                });
+                b.scenes.insert((c.owner, c.netns, c.proto), s.clone());
+                s
+            }
         };
         let f = SocketFinding {
             cand: c,
@@ -859,7 +866,9 @@ pub(super) fn socket_findings(b: &mut Builder<'_>, history: &mut History, now: u
             since: now,
             changed_at: now,
         };
-        made.push((f, obs));
+        // Settled one by one: the evaluation holds each finding once, shared with the
+        // history.
+        made.push(history.settle(f, &obs, now));
     }
     // Live sockets of programs whose costing socket is gone: a restart's new socket, which
     // the rules see nowhere else when the program never sizes it.
@@ -881,7 +890,6 @@ pub(super) fn socket_findings(b: &mut Builder<'_>, history: &mut History, now: u
             );
         }
     }
-    let made = history.settle(made, now, inputs.window);
     push_grouped(b, made);
 }
 
