@@ -230,6 +230,7 @@ fn health(kinfo: &KernelInfo, loaded: &Probes) -> Health {
                 hooks: s.hooks(),
                 attached: s.attached,
                 pinned: s.pinned,
+                late: false,
             })
             .collect(),
         pins: loaded.pins.as_ref().map(|p| p.report(signals::PROBES)),

@@ -12,7 +12,7 @@
 //! 2. [`Attributor::take_lookup`] hands every queued request to one [`Lookup`] when a pass is
 //!    due, and [`Lookup::run`] runs it **without the lock**: one walk over `/proc/*/fd` serves
 //!    every pending inode and TUN device, one `sock_diag` dump per network namespace every
-//!    pending listener ([`super::diag`]), then the start time (and, for processes not known
+//!    pending listener ([`crate::kernel::sock_diag`]), then the start time (and, for processes not known
 //!    yet, the labels) of each process found;
 //! 3. [`Attributor::apply_lookup`], under the lock again, files the answers (no syscall), and
 //!    the rooms count what they held at their next poll.
@@ -31,8 +31,9 @@ use std::time::{Duration, Instant};
 use foldhash::{HashMap, HashMapExt as _, HashSet};
 use prometheus::proto::MetricFamily;
 
-use super::{Attributor, Procfs, TunHolders, diag};
+use super::{Attributor, Procfs, TunHolders};
 use crate::exposition::Spec;
+use crate::kernel::sock_diag;
 
 /// Why an owner is looked up (the `cause` label).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -311,10 +312,10 @@ impl Lookup {
         for (ns, ports) in by_ns {
             let pid = self.pid_in_netns(ns);
             let dump = if Some(ns) == own {
-                diag::tcp_listeners().ok()
+                sock_diag::tcp_listeners().ok()
             } else if let (Some(pid), false) = (pid, self.setns_denied) {
                 let path = self.procfs.root().join(pid.to_string()).join("ns/net");
-                match diag::tcp_listeners_in(&path) {
+                match sock_diag::tcp_listeners_in(&path) {
                     Ok(d) => Some(d),
                     Err(e) => {
                         if e.raw_os_error() == Some(libc::EPERM) {

@@ -28,7 +28,6 @@
 //! whatever that fd holds at that instant: another tenant's FUSE file can block the caller).
 
 pub mod container;
-mod diag;
 mod holders;
 pub mod kubernetes;
 pub mod lookup;

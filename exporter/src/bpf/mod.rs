@@ -31,6 +31,7 @@ pub mod pins;
 pub mod plan;
 pub mod ring;
 mod stats;
+pub mod switch;
 pub mod sys;
 pub mod table;
 

@@ -48,23 +48,42 @@ pub fn fresh(c: &Mutex<Collector>, arrived: Instant) -> Held<'_> {
     held.poll();
     // A background pass may be answering what this request's counts wait for (one pass runs
     // at a time): wait for its answer without the lock, then count what it found.
-    let deadline = Instant::now() + IN_FLIGHT_WAIT;
     if held.attr.urgent_in_flight() {
-        while held.attr.urgent_in_flight() && Instant::now() < deadline {
-            drop(held);
-            std::thread::sleep(Duration::from_millis(2));
-            held = lock_as(c, Holder::Request);
-        }
+        held = wait_unlocked(c, held, |h| h.attr.urgent_in_flight());
         held.poll();
     }
     let Some(plan) = held.lookup_plan(true) else {
         return held;
     };
     drop(held);
+    look_up(c, plan, Holder::Request, true)
+}
+
+/// Releases the lock while `busy` says another holder's work (run between its own two
+/// holds) is not done, for at most [`IN_FLIGHT_WAIT`]; returns the lock held as a request.
+fn wait_unlocked<'a>(
+    c: &'a Mutex<Collector>,
+    mut held: Held<'a>,
+    busy: impl Fn(&Held<'a>) -> bool,
+) -> Held<'a> {
+    let deadline = Instant::now() + IN_FLIGHT_WAIT;
+    while busy(&held) && Instant::now() < deadline {
+        drop(held);
+        std::thread::sleep(Duration::from_millis(2));
+        held = lock_as(c, Holder::Request);
+    }
+    held
+}
+
+/// Runs the owner look-up pass `plan` without the lock, then files its answers holding the
+/// lock as `who`, and with `count` polls so that what waited for them is counted.
+fn look_up(c: &Mutex<Collector>, plan: Lookup, who: Holder, count: bool) -> Held<'_> {
     let found = plan.run();
-    let mut held = lock_as(c, Holder::Request);
+    let mut held = lock_as(c, who);
     held.lookup_apply(found);
-    held.poll();
+    if count {
+        held.poll();
+    }
     held
 }
 
@@ -74,13 +93,8 @@ pub fn fresh(c: &Mutex<Collector>, arrived: Instant) -> Held<'_> {
 /// The findings are told after the lock is released (10,000 sockets' findings take tens of
 /// milliseconds to tell).
 pub fn report(c: &Mutex<Collector>, arrived: Instant) -> Report {
-    let mut held = fresh(c, arrived);
-    let deadline = Instant::now() + IN_FLIGHT_WAIT;
-    while held.advice_running() && Instant::now() < deadline {
-        drop(held);
-        std::thread::sleep(Duration::from_millis(2));
-        held = lock_as(c, Holder::Request);
-    }
+    let held = fresh(c, arrived);
+    let mut held = wait_unlocked(c, held, |h| h.advice_running());
     let findings = held.findings(Duration::ZERO);
     drop(held);
     super::tell(&findings)
@@ -115,12 +129,7 @@ pub fn background(c: &Mutex<Collector>) {
         (held.lookup_plan(false), urgent)
     };
     if let Some(plan) = plan {
-        let found = plan.run();
-        let mut held = lock_as(c, Holder::Lookup);
-        held.lookup_apply(found);
-        if urgent {
-            held.poll();
-        }
+        look_up(c, plan, Holder::Lookup, urgent);
     }
 }
 

@@ -268,6 +268,10 @@ impl Collector {
         if self.poll.rooms(&mut self.rooms, &mut poll_cx!(self)) {
             self.advice.dirty();
         }
+        crate::exposition::sync_late_probes(
+            &mut self.health.probes,
+            self.rooms.iter().map(|r| (r.name(), r.attached_late())),
+        );
         self.pinned.flush(&self.store);
         if let Some(stats) = &self.stats {
             self.health.bpf_lost = stats.lost();

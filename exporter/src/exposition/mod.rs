@@ -18,7 +18,7 @@ use crate::store::{ProcStats, Row};
 
 pub use created::{Created, created_times, unix_seconds};
 pub use openmetrics::{Format, encode, encode_openmetrics};
-pub use selfmetrics::{Health, MapFill, ProbeHealth};
+pub use selfmetrics::{Health, MapFill, ProbeHealth, sync_late_probes};
 
 /// The labels every per-process family starts with: the identity of a program and where it
 /// runs (never a pid: [`crate::store::series`]), and the overflow marker.

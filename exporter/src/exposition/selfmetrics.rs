@@ -20,6 +20,33 @@ pub struct ProbeHealth {
     pub attached: bool,
     /// Its links are pinned.
     pub pinned: bool,
+    /// Attached after start by its room ([`crate::signals::Signal::attached_late`]): listed
+    /// only while attached.
+    pub late: bool,
+}
+
+/// Lists the probes `rooms` attached after start while they are attached, and drops those
+/// they detached again (see [`crate::signals::Signal::attached_late`]).
+pub fn sync_late_probes<'a>(
+    probes: &mut Vec<ProbeHealth>,
+    rooms: impl Iterator<Item = (&'static str, Option<&'a str>)>,
+) {
+    for (probe, hooks) in rooms {
+        let at = probes.iter().position(|p| p.probe == probe);
+        match (hooks, at) {
+            (Some(hooks), None) => probes.push(ProbeHealth {
+                probe: probe.to_string(),
+                hooks: hooks.to_string(),
+                attached: true,
+                pinned: false,
+                late: true,
+            }),
+            (None, Some(i)) if probes[i].late => {
+                probes.remove(i);
+            }
+            _ => {}
+        }
+    }
 }
 
 /// Fill level of a room's BPF map (`bufscope_bpf_map_entries{map}`).
@@ -388,6 +415,53 @@ mod tests {
     use crate::signals::Store;
     use crate::store::{ProcMeta, Who};
     use std::time::Duration;
+
+    /// A probe a room attached late is listed (1) while attached and gone once its room
+    /// keeps it off again; a probe the loader attached (or left detached) is never touched.
+    #[test]
+    fn late_probes_are_listed_while_attached() {
+        let at_start = ProbeHealth {
+            probe: "drops".into(),
+            hooks: "tp_btf/kfree_skb".into(),
+            ..ProbeHealth::default()
+        };
+        let mut probes = vec![at_start.clone()];
+        let render = |probes: &[ProbeHealth]| {
+            let mut out = Vec::new();
+            probes_family(
+                &Health {
+                    probes: probes.to_vec(),
+                    ..Health::default()
+                },
+                &mut out,
+            );
+            encode(&out).unwrap()
+        };
+        sync_late_probes(
+            &mut probes,
+            [("drops", None), ("wireguard", None)].into_iter(),
+        );
+        assert_eq!(probes, vec![at_start.clone()]);
+        sync_late_probes(
+            &mut probes,
+            [("drops", None), ("wireguard", Some("tp_btf/consume_skb"))].into_iter(),
+        );
+        assert!(
+            render(&probes).contains(
+                "bufscope_probe_attached{probe=\"wireguard\",hook=\"tp_btf/consume_skb\"} 1"
+            ),
+            "{}",
+            render(&probes)
+        );
+        // Listed once, however many polls see it attached.
+        sync_late_probes(
+            &mut probes,
+            [("wireguard", Some("tp_btf/consume_skb"))].into_iter(),
+        );
+        assert_eq!(probes.len(), 2);
+        sync_late_probes(&mut probes, [("wireguard", None)].into_iter());
+        assert_eq!(probes, vec![at_start]);
+    }
 
     fn proc(tgid: u32) -> Who {
         // Started a tick after boot: long-lived.

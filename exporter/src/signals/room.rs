@@ -323,6 +323,14 @@ pub trait Signal: Send {
     /// Its probe's name (flags, logs, the `probe` label).
     fn name(&self) -> &'static str;
 
+    /// The hooks of a probe this room attached after start by its own decision (kernel
+    /// WireGuard's hook once the module loads), while they are attached: listed in
+    /// `bufscope_probe_attached` then, and not while the room keeps them off (off is a
+    /// choice, as for a probe left off at start). None for probes the loader attached.
+    fn attached_late(&self) -> Option<&str> {
+        None
+    }
+
     /// Ring-buffer record kinds ([`bufscope_common::event_kind`]) this room decodes.
     fn event_kinds(&self) -> &'static [u32] {
         &[]

@@ -25,20 +25,20 @@
 //! frame); where fentry is refused nothing is counted, and `bufscope check` says so.
 
 use std::collections::BTreeMap;
-use std::os::fd::{AsFd as _, OwnedFd};
 use std::path::Path;
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
 use aya::Ebpf;
-use aya::programs::{BtfTracePoint, FEntry, ProgramFd};
+use aya::programs::{BtfTracePoint, FEntry};
 use bufscope_common::{WgKey, WgSites, maps, wg_reason};
 use clap::ValueEnum;
 use prometheus::proto::MetricFamily;
 
 use super::{BuildCx, CheckLine, PollCx, Room, Services, Signal};
+use crate::bpf::switch::{Linked, Switch};
 use crate::bpf::table::{PerCpuHash, Slots};
-use crate::bpf::{Attached, BtfNeed, Hook, LoadPlan, PerCpuTable, ProbeSpec, Table, sys, usable};
+use crate::bpf::{Attached, BtfNeed, Hook, LoadPlan, PerCpuTable, ProbeSpec, Table, usable};
 use crate::exposition::Spec;
 use crate::kernel::KernelBtf;
 
@@ -211,31 +211,6 @@ pub struct Setup {
     loaded: Option<Hook>,
 }
 
-/// Attaching the loaded program and detaching it (a fake in tests).
-pub trait Switch: Send {
-    /// Attaches it (it is detached).
-    fn attach(&mut self) -> std::io::Result<()>;
-    /// Detaches it (it is attached).
-    fn detach(&mut self);
-}
-
-/// The loaded program: a raw-tracepoint link on a duplicate of its fd while attached.
-struct Program {
-    prog: ProgramFd,
-    link: Option<OwnedFd>,
-}
-
-impl Switch for Program {
-    fn attach(&mut self) -> std::io::Result<()> {
-        self.link = Some(sys::raw_tracepoint_open(self.prog.as_fd(), None)?);
-        Ok(())
-    }
-
-    fn detach(&mut self) {
-        self.link = None;
-    }
-}
-
 /// Loads the best variant's program the kernel accepts without attaching it; never fails the
 /// start-up (returns the program loaded, and logs why none was).
 fn load_unattached(ebpf: &mut Ebpf, cx: &Attached<'_>) -> Option<Hook> {
@@ -295,6 +270,8 @@ fn passed_over(i: usize) -> Option<&'static str> {
 /// The late-attached hook of `auto` (None where the loader attached it at start).
 struct LateHook {
     switch: Box<dyn Switch>,
+    /// Its hook as `bufscope_probe_attached`'s `hook` label says it.
+    hooks: String,
     armed: bool,
     arms: u64,
     disarms: u64,
@@ -313,12 +290,13 @@ impl LateHook {
         let prog = fd
             .try_clone()
             .context("duplicating the wireguard program fd")?;
-        Ok(Self::new(Box::new(Program { prog, link: None })))
+        Ok(Self::new(Box::new(Linked::new(prog)), hook.describe()))
     }
 
-    fn new(switch: Box<dyn Switch>) -> Self {
+    fn new(switch: Box<dyn Switch>, hooks: String) -> Self {
         Self {
             switch,
+            hooks,
             armed: false,
             arms: 0,
             disarms: 0,
@@ -571,6 +549,13 @@ impl Signal for Wireguard {
         PROBE.name
     }
 
+    fn attached_late(&self) -> Option<&str> {
+        self.late
+            .as_ref()
+            .filter(|l| l.armed)
+            .map(|l| l.hooks.as_str())
+    }
+
     fn poll(&mut self, _cx: &mut PollCx<'_>) -> bool {
         self.refresh_sites();
         let mut moved = false;
@@ -783,11 +768,15 @@ ffffffff81c3a2a0 T __consume_stateless_skb
         let mut room = Wireguard::new(
             Box::new(sites.clone()),
             Box::new(FakeTable::<WgKey, Vec<u64>>::new(16)),
-            Some(LateHook::new(Box::new(switch.clone()))),
+            Some(LateHook::new(
+                Box::new(switch.clone()),
+                "tp_btf/consume_skb".into(),
+            )),
         );
         let table = || sites.clone().get(&0).unwrap_or_default();
         room.refresh_with(None, || unreachable!("no module: kallsyms is not read"));
         assert!(!on() && !room.armed());
+        assert_eq!(room.attached_late(), None, "off by choice: not listed");
         // Nothing of it shown on a node that never had the module.
         let mut bench = super::super::testkit::Bench::new();
         let idle: Vec<String> = bench
@@ -814,6 +803,7 @@ ffffffff81c3a2a0 T __consume_stateless_skb
             Some(KALLSYMS.to_string())
         });
         assert!(on() && room.armed());
+        assert_eq!(room.attached_late(), Some("tp_btf/consume_skb"));
         assert_eq!(table().receive, [0xffffffffc0a07700, 0xffffffffc0a07e80]);
         room.refresh_with(Some("0xffffffffc0b00000".into()), || {
             unreachable!("same load: not read again")
@@ -821,6 +811,7 @@ ffffffff81c3a2a0 T __consume_stateless_skb
         // Unloaded: detached, the sites cleared.
         room.refresh_with(None, || unreachable!());
         assert!(!on() && !room.armed());
+        assert_eq!(room.attached_late(), None);
         assert_eq!(table(), WgSites::default());
         room.poll(&mut bench.poll());
         let out = bench.families(&room);

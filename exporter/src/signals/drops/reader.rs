@@ -17,16 +17,15 @@
 //! `bufscope_reader_hook_changes_total{action="arm"|"disarm"}` and
 //! `bufscope_reader_hook_watched_sockets`.
 
-use std::os::fd::{AsFd as _, OwnedFd};
-
 use anyhow::Context as _;
-use aya::programs::{BtfTracePoint, ProgramFd};
+use aya::programs::BtfTracePoint;
 use aya::{Btf, Ebpf};
 use bufscope_common::{ReaderKey, ReaderVal, maps, reader};
 use prometheus::proto::MetricFamily;
 
+use crate::bpf::switch::{Linked, Switch};
 use crate::bpf::table::{Hash, PerCpuHash};
-use crate::bpf::{BtfNeed, Hook, PerCpuTable, Table, sys, usable};
+use crate::bpf::{BtfNeed, Hook, PerCpuTable, Table, usable};
 use crate::exposition::Spec;
 use crate::kernel::KernelBtf;
 
@@ -90,31 +89,6 @@ pub fn load(ebpf: &mut Ebpf, btf: &Btf, kernel: &KernelBtf) -> bool {
     }
 }
 
-/// Attaching the reader program and detaching it.
-pub trait Switch: Send {
-    /// Attaches it (it is detached).
-    fn attach(&mut self) -> std::io::Result<()>;
-    /// Detaches it (it is attached).
-    fn detach(&mut self);
-}
-
-/// The loaded program: a raw-tracepoint link on a duplicate of its fd while attached.
-struct Program {
-    prog: ProgramFd,
-    link: Option<OwnedFd>,
-}
-
-impl Switch for Program {
-    fn attach(&mut self) -> std::io::Result<()> {
-        self.link = Some(sys::raw_tracepoint_open(self.prog.as_fd(), None)?);
-        Ok(())
-    }
-
-    fn detach(&mut self) {
-        self.link = None;
-    }
-}
-
 /// The loaded reader program and its maps, owned by the drops room.
 pub struct ReaderHook {
     switch: Box<dyn Switch>,
@@ -140,7 +114,7 @@ impl ReaderHook {
             .try_clone()
             .context("duplicating the reader program fd")?;
         Ok(Self::new(
-            Box::new(Program { prog, link: None }),
+            Box::new(Linked::new(prog)),
             Hash::take(ebpf, maps::WATCHED)?,
             PerCpuHash::take(ebpf, maps::READERS)?,
         ))

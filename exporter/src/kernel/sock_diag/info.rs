@@ -1,40 +1,19 @@
-//! TCP sockets as `ss -tnim` sees them: `NETLINK_SOCK_DIAG` `SOCK_DIAG_BY_FAMILY` dumps with
-//! `INET_DIAG_INFO` (`struct tcp_info`: RTT, window scales, bytes moved, time limited by the
-//! send buffer) and `INET_DIAG_SKMEMINFO` (`rb`/`tb`: `sk_rcvbuf`/`sk_sndbuf`), matched to the
-//! sockets bufscope cares about by inode. Never by following `/proc/<pid>/fd` links.
-//!
-//! sock_diag answers for the network namespace the netlink socket was created in. A socket in
-//! another namespace is read through a netlink socket made there: a short-lived thread enters
-//! the namespace (`setns`, which needs `CAP_SYS_ADMIN` over it), creates the socket and
-//! leaves; the socket keeps its namespace and is reused ([`Diag`] caches one per namespace).
-//! Without the capability the dump of that namespace fails and its sockets have no `tcp_info`
-//! (the finding says so).
+//! `tcp_info` and memory counters of the sockets bufscope cares about (`ss -tnim`, `ss -uam`),
+//! matched by inode: [`Diag`] keeps one sock_diag socket per network namespace.
 
 use std::collections::HashMap;
-use std::fs::File;
-use std::io;
-use std::os::fd::{AsRawFd as _, FromRawFd as _, OwnedFd};
+use std::os::fd::OwnedFd;
 use std::path::Path;
 
 use foldhash::HashSet;
 
-/// `NETLINK_SOCK_DIAG`.
-const NETLINK_SOCK_DIAG: i32 = 4;
-/// `SOCK_DIAG_BY_FAMILY`.
-const SOCK_DIAG_BY_FAMILY: u16 = 20;
+use super::{DIAG_INODE, DIAG_MSG, RECV_BUF, diag_socket, dump, in_netns, netns_of, request};
+use super::{u32_at, u64_at};
+
 /// `INET_DIAG_INFO` (attribute type; the request's `idiag_ext` bit is `1 << (type - 1)`).
 const INET_DIAG_INFO: u16 = 2;
 /// `INET_DIAG_SKMEMINFO`.
 const INET_DIAG_SKMEMINFO: u16 = 7;
-/// `NLMSG_DONE`, `NLMSG_ERROR`.
-const NLMSG_DONE: u16 = 3;
-const NLMSG_ERROR: u16 = 2;
-/// `sizeof(struct nlmsghdr)`.
-const NLMSG_HDR: usize = 16;
-/// `sizeof(struct inet_diag_msg)`.
-const DIAG_MSG: usize = 72;
-/// Offset of `idiag_inode` in `struct inet_diag_msg`.
-const DIAG_INODE: usize = 68;
 
 /// What sock_diag reports for one TCP socket.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
@@ -79,19 +58,6 @@ pub struct TcpDiag {
     pub drops: u32,
 }
 
-/// Reads a little-endian (host order) `u32` at `off` of `b`, 0 when `b` is shorter.
-fn u32_at(b: &[u8], off: usize) -> u32 {
-    b.get(off..off + 4)
-        .and_then(|s| s.try_into().ok())
-        .map_or(0, u32::from_ne_bytes)
-}
-
-fn u64_at(b: &[u8], off: usize) -> u64 {
-    b.get(off..off + 8)
-        .and_then(|s| s.try_into().ok())
-        .map_or(0, u64::from_ne_bytes)
-}
-
 /// Fills `d` from a `struct tcp_info` as the kernel sent it (older kernels send a shorter
 /// one: the fields past its end stay 0).
 pub fn parse_tcp_info(b: &[u8], d: &mut TcpDiag) {
@@ -129,32 +95,6 @@ impl TcpDiag {
     }
 }
 
-/// The `inet_diag_req_v2` dump request for sockets of `family` and `protocol` in every state,
-/// asking for `tcp_info` (TCP) and the memory counters.
-fn request(family: u8, protocol: u8, seq: u32) -> Vec<u8> {
-    let len = NLMSG_HDR + 56;
-    let mut m = Vec::with_capacity(len);
-    m.extend_from_slice(&(len as u32).to_ne_bytes());
-    m.extend_from_slice(&SOCK_DIAG_BY_FAMILY.to_ne_bytes());
-    let flags = (libc::NLM_F_REQUEST | libc::NLM_F_DUMP) as u16;
-    m.extend_from_slice(&flags.to_ne_bytes());
-    m.extend_from_slice(&seq.to_ne_bytes());
-    m.extend_from_slice(&0u32.to_ne_bytes());
-    // struct inet_diag_req_v2: family, protocol, ext, pad, states, then the 48-byte id.
-    m.push(family);
-    m.push(protocol);
-    let info = if i32::from(protocol) == libc::IPPROTO_TCP {
-        1u8 << (INET_DIAG_INFO - 1)
-    } else {
-        0
-    };
-    m.push(info | (1u8 << (INET_DIAG_SKMEMINFO - 1)));
-    m.push(0);
-    m.extend_from_slice(&u32::MAX.to_ne_bytes());
-    m.resize(len, 0);
-    m
-}
-
 /// Parses one `SOCK_DIAG_BY_FAMILY` reply message (after its `nlmsghdr`).
 fn parse_reply(body: &[u8]) -> Option<(u64, TcpDiag)> {
     if body.len() < DIAG_MSG {
@@ -187,107 +127,30 @@ fn parse_reply(body: &[u8]) -> Option<(u64, TcpDiag)> {
     Some((inode, d))
 }
 
-/// A `NETLINK_SOCK_DIAG` socket of the calling thread's network namespace.
-fn diag_socket() -> io::Result<OwnedFd> {
-    // SAFETY: plain socket(2); the fd is owned by the OwnedFd on success.
-    let fd = unsafe {
-        libc::socket(
-            libc::AF_NETLINK,
-            libc::SOCK_DGRAM | libc::SOCK_CLOEXEC,
-            NETLINK_SOCK_DIAG,
-        )
-    };
-    if fd < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: fd is a fresh descriptor nobody else owns.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
-}
-
-/// A `NETLINK_SOCK_DIAG` socket made in the network namespace `ns` (a `/proc/<pid>/ns/net`),
-/// from a thread that enters it and exits: this process's threads stay where they are.
-fn diag_socket_in(ns: &Path) -> io::Result<OwnedFd> {
-    in_netns(ns, diag_socket)
-}
-
-/// Runs `f` on a short-lived thread switched into the network namespace `ns` (a
-/// `/proc/<pid>/ns/net`; `setns` needs `CAP_SYS_ADMIN` over it): sockets it makes and
-/// `/proc/sys/net` paths it opens are that namespace's. This process's threads stay where
-/// they are.
-pub fn in_netns<T: Send>(ns: &Path, f: impl FnOnce() -> io::Result<T> + Send) -> io::Result<T> {
-    let ns = File::open(ns)?;
-    std::thread::scope(|s| {
-        s.spawn(|| {
-            // SAFETY: setns on this short-lived thread only; it ends right after.
-            if unsafe { libc::setns(ns.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
-                return Err(io::Error::last_os_error());
-            }
-            f()
-        })
-        .join()
-        .unwrap_or_else(|_| Err(io::Error::other("network namespace thread panicked")))
-    })
-}
-
-/// Dumps the sockets of `protocol` (TCP or UDP) of `fd`'s namespace and keeps those in
-/// `want`.
-fn dump(
+/// Dumps the sockets of `protocol` (TCP or UDP) of `fd`'s namespace, in every state, and
+/// keeps those in `want`.
+fn dump_sockets(
     fd: &OwnedFd,
     protocol: u8,
     want: &HashSet<u64>,
     out: &mut HashMap<u64, TcpDiag>,
-) -> io::Result<()> {
-    let mut buf = vec![0u8; 32 * 1024];
+) -> std::io::Result<()> {
+    let info = if i32::from(protocol) == libc::IPPROTO_TCP {
+        1u8 << (INET_DIAG_INFO - 1)
+    } else {
+        0
+    };
+    let ext = info | (1u8 << (INET_DIAG_SKMEMINFO - 1));
+    let mut buf = vec![0u8; RECV_BUF];
     for (seq, family) in [(1u32, libc::AF_INET as u8), (2, libc::AF_INET6 as u8)] {
-        let req = request(family, protocol, seq);
-        // SAFETY: send(2) of a buffer we own; the kernel's netlink address is the default.
-        let n = unsafe { libc::send(fd.as_raw_fd(), req.as_ptr().cast(), req.len(), 0) };
-        if n < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        'recv: loop {
-            // SAFETY: recv(2) into a buffer we own, at most its length.
-            let n = unsafe { libc::recv(fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), 0) };
-            if n < 0 {
-                let e = io::Error::last_os_error();
-                if e.kind() == io::ErrorKind::Interrupted {
-                    continue;
-                }
-                return Err(e);
+        let req = request(family, protocol, u32::MAX, ext, seq);
+        dump(fd, &req, seq, &mut buf, |msg| {
+            if let Some((inode, d)) = parse_reply(msg)
+                && want.contains(&inode)
+            {
+                out.insert(inode, d);
             }
-            let n = n as usize;
-            if n == 0 {
-                break;
-            }
-            let mut off = 0;
-            while off + NLMSG_HDR <= n {
-                let len = u32_at(&buf[..n], off) as usize;
-                let kind = u16::from_ne_bytes([buf[off + 4], buf[off + 5]]);
-                if len < NLMSG_HDR || off + len > n {
-                    break 'recv;
-                }
-                match kind {
-                    NLMSG_DONE => break 'recv,
-                    NLMSG_ERROR => {
-                        let errno = i32::from_ne_bytes(
-                            buf[off + NLMSG_HDR..off + NLMSG_HDR + 4]
-                                .try_into()
-                                .unwrap_or([0; 4]),
-                        );
-                        return Err(io::Error::from_raw_os_error(-errno));
-                    }
-                    SOCK_DIAG_BY_FAMILY => {
-                        if let Some((inode, d)) = parse_reply(&buf[off + NLMSG_HDR..off + len])
-                            && want.contains(&inode)
-                        {
-                            out.insert(inode, d);
-                        }
-                    }
-                    _ => {}
-                }
-                off += (len + 3) & !3;
-            }
-        }
+        })?;
     }
     Ok(())
 }
@@ -347,13 +210,13 @@ impl Diag {
             if own {
                 diag_socket()
             } else {
-                diag_socket_in(ns_path)
+                in_netns(ns_path, diag_socket)
             }
             .map_err(|e| format!("cannot open sock_diag in network namespace {netns}: {e}"))
         });
         let fd = entry.as_ref().map_err(Clone::clone)?;
         let mut out = HashMap::new();
-        if let Err(e) = dump(fd, protocol, inodes, &mut out) {
+        if let Err(e) = dump_sockets(fd, protocol, inodes, &mut out) {
             // A broken socket is made anew next time.
             self.sockets.remove(&netns);
             return Err(format!("sock_diag dump of network namespace {netns}: {e}"));
@@ -367,19 +230,13 @@ impl Diag {
     }
 }
 
-/// The inode of the network namespace at `path` (`net:[N]`).
-pub fn netns_of(path: &Path) -> Option<u64> {
-    let link = std::fs::read_link(path).ok()?;
-    let s = link.to_str()?;
-    s.strip_prefix("net:[")?.strip_suffix(']')?.parse().ok()
-}
-
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
     use std::io::{Read as _, Write as _};
     use std::net::{TcpListener, TcpStream};
+    use std::os::fd::AsRawFd as _;
     use std::os::unix::fs::MetadataExt as _;
 
     fn inode_of(fd: i32) -> u64 {
@@ -545,11 +402,5 @@ mod tests {
         let payload = d.queued_payload().unwrap();
         assert!(d.wmem_queued > 0 && payload > 0, "{d:?}");
         assert!(payload <= u64::from(d.wmem_queued), "{payload} > {d:?}");
-    }
-
-    #[test]
-    fn netns_links_parse() {
-        assert!(netns_of(Path::new("/proc/self/ns/net")).is_some());
-        assert_eq!(netns_of(Path::new("/nonexistent")), None);
     }
 }
