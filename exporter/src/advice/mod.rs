@@ -506,6 +506,27 @@ impl Builder<'_> {
         r
     }
 
+    /// What the candidate's finding is told with, made once per (process, namespace,
+    /// protocol) and shared.
+    fn scene(
+        &mut self,
+        c: &sockets::Candidate,
+        host: sockets::HostLimits,
+    ) -> std::sync::Arc<sockets::Scene> {
+        let key = (c.owner, c.netns, c.proto);
+        if let Some(s) = self.scenes.get(&key) {
+            return s.clone();
+        }
+        let s = std::sync::Arc::new(sockets::Scene {
+            host,
+            ns: self.inputs.ns_limits.get(&c.netns).copied(),
+            process: self.process_shared(&c.owner),
+            sockets_like: self.sockets_like_of(c),
+        });
+        self.scenes.insert(key, s.clone());
+        s
+    }
+
     /// Sockets of the candidate's process and protocol (the ones a program-wide fix touches).
     fn sockets_like_of(&self, c: &sockets::Candidate) -> u64 {
         self.sockets_like

@@ -810,9 +810,7 @@ pub(super) fn socket_findings(b: &mut Builder<'_>, history: &mut History, now: u
     let known: std::collections::HashSet<u64> = cands.iter().map(|c| c.inode).collect();
     let mut made: Vec<Arc<SocketFinding>> = Vec::new();
     for c in cands {
-        let calls = c.calls();
-        let kind = kind_of(&c, &calls);
-        drop(calls);
+        let kind = kind_of(&c, &c.calls());
         let obs = Observation {
             pid: c.owner.tgid,
             inode: c.inode,
@@ -838,22 +836,9 @@ pub(super) fn socket_findings(b: &mut Builder<'_>, history: &mut History, now: u
                 Figures::drops(rate),
             )
         };
-        let scene = match b.scenes.get(&(c.owner, c.netns, c.proto)) {
-            Some(s) => s.clone(),
-            None => {
-                let s = Arc::new(Scene {
-                    host,
-                    ns: inputs.ns_limits.get(&c.netns).copied(),
-                    process: b.process_shared(&c.owner),
-                    sockets_like: b.sockets_like_of(&c),
-                });
-                b.scenes.insert((c.owner, c.netns, c.proto), s.clone());
-                s
-            }
-        };
         let f = SocketFinding {
+            scene: b.scene(&c, host),
             cand: c,
-            scene,
             kind,
             judged,
             verdict: j.verdict,
