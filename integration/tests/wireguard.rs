@@ -9,7 +9,8 @@
 //! again far faster than B decrypts, which fills its per-peer queue and decrypt ring
 //! (`peer_queue_full`, `decrypt_ring_full`; what fits is decrypted and freed as a replay).
 //! bufscope's `bufscope_wireguard_drops_total` of the receiver's namespace and port must equal
-//! the loss exactly, and the queue-full reasons must have counted.
+//! the loss exactly, the queue-full reasons must have counted, and every such series must
+//! name B's device (`device="wg0"`, read from B's namespace's generic netlink).
 //!
 //! bufscope starts before the module is loaded (it is unloaded first where it is a module):
 //! `--wireguard.queue-drops auto` must attach its hook when the module appears, without a
@@ -366,6 +367,10 @@ fn kernel_wireguard_queue_drops_equal_what_the_module_lost() {
     eprintln!(
         "junk to the WireGuard port ({junk_sent}): lost inside WireGuard {lost}, bufscope malformed {got}"
     );
+    // The device is named: B's `wg0`, read from its namespace's generic netlink.
+    let devices = devices_of(&exporter.scrape(), &labels);
+    assert_eq!(devices, ["wg0"], "device labels of B's drops");
+    eprintln!("device label of B's drops: {devices:?}");
 
     // 2. Real encrypted data packets, faster than B decrypts. A flood through the tunnel does
     // not outrun the receiver when both ends share one machine's CPUs (measured under TCG:
@@ -459,10 +464,34 @@ fn kernel_wireguard_queue_drops_equal_what_the_module_lost() {
         by_reason.join(", ")
     );
     assert_eq!(total, lost as f64, "bufscope's count vs the module's loss");
+    let devices = devices_of(&m, &labels);
+    assert!(
+        !devices.is_empty() && devices.iter().all(|d| d == "wg0"),
+        "device labels of B's drops: {devices:?}"
+    );
     assert!(
         reason("peer_queue_full") + reason("decrypt_ring_full") > 0.0,
         "the module's queues never filled: {by_reason:?}"
     );
+}
+
+/// The `device` labels of the drops series matching `labels`, one per series.
+fn devices_of(m: &bufscope_testkit::Metrics, labels: &[(&str, &str)]) -> Vec<String> {
+    m.samples
+        .iter()
+        .filter(|s| {
+            s.name == DROPS
+                && labels
+                    .iter()
+                    .all(|(k, v)| s.labels.get(*k).map(String::as_str) == Some(*v))
+        })
+        .map(|s| {
+            s.labels
+                .get("device")
+                .cloned()
+                .unwrap_or_else(|| "<none>".into())
+        })
+        .collect()
 }
 
 /// Waits in namespace `ns` (this thread only) for one WireGuard data message (type 4) to UDP

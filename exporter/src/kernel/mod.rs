@@ -7,6 +7,7 @@ pub mod caps;
 pub mod compat;
 pub mod reasons;
 pub mod sock_diag;
+pub mod wg_netlink;
 
 use std::path::{Path, PathBuf};
 

@@ -23,10 +23,17 @@
 //! so the second variant, `fentry/consume_skb`, reads the caller's return address from the
 //! BPF trampoline's frame (x86-64; `ebpf/src/wireguard.rs` says how it recognises the
 //! frame); where fentry is refused nothing is counted, and `bufscope check` says so.
+//!
+//! The `device` label (the interface's name) comes from the module's generic netlink,
+//! per namespace and listen port, cached ([`devices`]).
+
+mod devices;
 
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::{Duration, Instant};
+
+use devices::Devices;
 
 use anyhow::Context as _;
 use aya::Ebpf;
@@ -96,8 +103,8 @@ pub struct Flags {
 
 const DROPS: Spec = Spec::counter(
     "bufscope_wireguard_drops_total",
-    "Packets kernel WireGuard discarded (consume_skb at its discard sites: no kernel counter), by the outer network namespace, the device's UDP listen port and reason.",
-    &["netns", "port", "reason"],
+    "Packets kernel WireGuard discarded (consume_skb at its discard sites: no kernel counter), by the outer network namespace, the device's UDP listen port, its name (from the module's generic netlink; empty where it cannot be read) and reason.",
+    &["netns", "port", "device", "reason"],
 );
 
 const ARMED: Spec = Spec::gauge(
@@ -346,6 +353,8 @@ pub struct Wireguard {
     resolved: usize,
     /// The counts at the last read (the map is cumulative; bufscope's start is zero).
     counts: BTreeMap<WgKey, u64>,
+    /// The device names of (namespace, port).
+    devices: Devices,
 }
 
 impl Room for Wireguard {
@@ -443,6 +452,7 @@ impl Room for Wireguard {
             Slots::take(ebpf, maps::WG_SITES)?,
             PerCpuHash::take(ebpf, maps::WG_DROPS)?,
             late,
+            Devices::new(Box::new(devices::Netlink::new())),
         );
         room.refresh_sites();
         Ok(Some(Box::new(room)))
@@ -454,6 +464,7 @@ impl Wireguard {
         sites: Box<dyn Table<u32, WgSites>>,
         drops: PerCpuTable<WgKey, u64>,
         late: Option<LateHook>,
+        devices: Devices,
     ) -> Self {
         Self {
             sites,
@@ -463,6 +474,7 @@ impl Wireguard {
             failed_at: None,
             resolved: 0,
             counts: BTreeMap::new(),
+            devices,
         }
     }
 
@@ -556,13 +568,21 @@ impl Signal for Wireguard {
             .map(|l| l.hooks.as_str())
     }
 
-    fn poll(&mut self, _cx: &mut PollCx<'_>) -> bool {
+    fn poll(&mut self, cx: &mut PollCx<'_>) -> bool {
         self.refresh_sites();
         let mut moved = false;
         for (k, per_cpu) in self.drops.entries() {
             let v: u64 = per_cpu.iter().sum();
             let old = self.counts.insert(k, v);
             moved |= old != Some(v);
+        }
+        // Before the first scrape that shows a new (namespace, port): its name is in it.
+        if moved {
+            self.devices.update(
+                self.counts.keys().map(|k| (k.netns, k.port)),
+                cx.attr.procfs(),
+                Instant::now(),
+            );
         }
         moved
     }
@@ -574,6 +594,7 @@ impl Signal for Wireguard {
                 &[
                     &k.netns.to_string(),
                     &k.port.to_string(),
+                    self.devices.name(k.netns, k.port),
                     reason_name(k.reason),
                 ],
                 *v as f64,
@@ -647,8 +668,30 @@ ffffffff81c3a2a0 T __consume_stateless_skb
         assert!(e.contains("wg_receive"), "{e}");
     }
 
+    /// Namespace 4026532177 has `wg0` on port 51820.
+    struct OneDevice;
+
+    impl devices::Reader for OneDevice {
+        fn read(
+            &mut self,
+            netns: u32,
+            _: &crate::attribution::Procfs,
+        ) -> Result<Vec<crate::kernel::wg_netlink::Device>, devices::Unreadable> {
+            Ok(if netns == 4026532177 {
+                vec![crate::kernel::wg_netlink::Device {
+                    ifindex: 5,
+                    name: "wg0".into(),
+                    listen_port: 51820,
+                }]
+            } else {
+                Vec::new()
+            })
+        }
+    }
+
     /// The map is read as the program fills it: per-CPU slots summed, cumulative counts
-    /// rendered per (namespace, port, reason).
+    /// rendered per (namespace, port, device, reason); the device named from its namespace's
+    /// devices.
     #[test]
     fn counts_render_per_namespace_port_and_reason() {
         let drops = FakeTable::<WgKey, Vec<u64>>::new(16);
@@ -656,6 +699,7 @@ ffffffff81c3a2a0 T __consume_stateless_skb
             Box::new(FakeTable::<u32, WgSites>::new(1)),
             Box::new(drops.clone()),
             None,
+            Devices::new(Box::new(OneDevice)),
         );
         room.resolved_for = Some("0xffffffffc0a00000".into());
         room.resolved = 3;
@@ -699,8 +743,8 @@ ffffffff81c3a2a0 T __consume_stateless_skb
         assert_eq!(
             got,
             vec![
-                ("4026532177,51820,peer_queue_full".to_string(), 4949.0),
-                ("4026532177,51820,decrypt_ring_full".to_string(), 397.0),
+                ("4026532177,51820,wg0,peer_queue_full".to_string(), 4949.0),
+                ("4026532177,51820,wg0,decrypt_ring_full".to_string(), 397.0),
             ]
         );
         let sites = out
@@ -772,6 +816,7 @@ ffffffff81c3a2a0 T __consume_stateless_skb
                 Box::new(switch.clone()),
                 "tp_btf/consume_skb".into(),
             )),
+            Devices::new(Box::new(OneDevice)),
         );
         let table = || sites.clone().get(&0).unwrap_or_default();
         room.refresh_with(None, || unreachable!("no module: kallsyms is not read"));

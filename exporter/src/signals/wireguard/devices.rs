@@ -1,0 +1,326 @@
+//! The name of the kernel WireGuard device behind a (namespace, listen port) of
+//! `bufscope_wireguard_drops_total`: its `device` label.
+//!
+//! The devices of a namespace are read with [`crate::kernel::wg_netlink`] (rtnetlink for the
+//! `wireguard` links, the module's generic netlink for each one's listen port), entering the
+//! namespace from a short-lived thread where it is not bufscope's own. A namespace is found
+//! by a bind mount under `/run/netns` (`ip netns add`, CNI) or by a process living in it.
+//! Reads are cached per namespace: a namespace is read again when a drop names a port its
+//! last read did not list (at most every [`UNKNOWN_RETRY`]) and every [`REFRESH`] (a device
+//! renamed or replaced) — never per packet or per scrape.
+//!
+//! The drops' namespace is the outer device's: the namespace the WireGuard device was created
+//! in, where its UDP socket stays. A device moved to another namespace after its creation
+//! (`ip link set wg0 netns …`) is listed in that other namespace: its drops keep an empty
+//! `device`. So do drops whose name cannot be read (no `CAP_SYS_ADMIN` over the namespace for
+//! `setns`, no `CAP_NET_ADMIN` for `WG_CMD_GET_DEVICE`, no `wireguard` generic netlink
+//! family): the log says why, once per cause. A failed read keeps the names an earlier one
+//! found (a namespace deleted since keeps its series' labels).
+
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::os::unix::fs::MetadataExt as _;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use crate::attribution::Procfs;
+use crate::kernel::wg_netlink::{self, Device, WgNetlinkError};
+
+/// Shortest time between two reads of a namespace prompted by a port it did not list.
+pub const UNKNOWN_RETRY: Duration = Duration::from_secs(10);
+/// Every namespace with drops is read again this often.
+pub const REFRESH: Duration = Duration::from_secs(300);
+/// Where `ip netns` (and CNI plugins) bind-mount named namespaces.
+const NETNS_DIRS: &[&str] = &["/run/netns", "/var/run/netns"];
+
+/// Why a namespace's devices could not be read.
+#[derive(Debug)]
+pub struct Unreadable {
+    /// A short, stable name of the cause (each is logged once).
+    pub cause: &'static str,
+    /// What happened.
+    pub why: String,
+}
+
+impl From<WgNetlinkError> for Unreadable {
+    fn from(e: WgNetlinkError) -> Self {
+        Self {
+            cause: e.cause(),
+            why: e.to_string(),
+        }
+    }
+}
+
+/// Reads the WireGuard devices of a network namespace (netlink; a fake in tests).
+pub trait Reader: Send {
+    /// The devices of namespace `netns` (its inode number); `procfs` finds a process in it.
+    fn read(&mut self, netns: u32, procfs: &Procfs) -> Result<Vec<Device>, Unreadable>;
+}
+
+/// The real [`Reader`]: generic netlink in the namespace.
+pub struct Netlink {
+    /// This process's own namespace (read without `setns`).
+    own: Option<u32>,
+}
+
+impl Netlink {
+    /// A reader for this process.
+    pub fn new() -> Self {
+        Self { own: own_netns() }
+    }
+}
+
+impl Reader for Netlink {
+    fn read(&mut self, netns: u32, procfs: &Procfs) -> Result<Vec<Device>, Unreadable> {
+        let family = wg_netlink::family_id()?;
+        if Some(netns) == self.own {
+            return Ok(wg_netlink::devices(family)?);
+        }
+        let path = netns_path(netns, procfs).ok_or_else(|| Unreadable {
+            cause: "no_path",
+            why: format!(
+                "network namespace {netns} has no bind mount under /run/netns and no process \
+                 bufscope sees"
+            ),
+        })?;
+        Ok(wg_netlink::devices_in(Some(&path), family)?)
+    }
+}
+
+/// This process's network namespace.
+fn own_netns() -> Option<u32> {
+    crate::kernel::sock_diag::netns_of(std::path::Path::new("/proc/self/ns/net"))
+        .and_then(|n| u32::try_from(n).ok())
+}
+
+/// A path that opens namespace `netns`: a bind mount under `/run/netns`, else
+/// `/proc/<pid>/ns/net` of a process in it.
+fn netns_path(netns: u32, procfs: &Procfs) -> Option<PathBuf> {
+    for dir in NETNS_DIRS {
+        let Ok(entries) = std::fs::read_dir(dir) else {
+            continue;
+        };
+        for e in entries.flatten() {
+            let p = e.path();
+            // A bind mount of the namespace: its inode is the namespace's.
+            if std::fs::metadata(&p).is_ok_and(|m| m.ino() == u64::from(netns)) {
+                return Some(p);
+            }
+        }
+    }
+    procfs
+        .pids()
+        .into_iter()
+        .find(|p| procfs.netns(*p) == Some(netns))
+        .map(|pid| procfs.pid_path(pid, "ns/net"))
+}
+
+/// What the last read of a namespace found.
+#[derive(Debug)]
+struct Known {
+    /// Listen port → device name.
+    ports: BTreeMap<u16, String>,
+    /// When it was read.
+    read_at: Instant,
+}
+
+/// The device names of (namespace, port), read and cached per namespace.
+pub struct Devices {
+    reader: Box<dyn Reader>,
+    known: HashMap<u32, Known>,
+    /// The causes already logged.
+    said: HashSet<&'static str>,
+}
+
+impl Devices {
+    /// An empty cache reading with `reader`.
+    pub fn new(reader: Box<dyn Reader>) -> Self {
+        Self {
+            reader,
+            known: HashMap::new(),
+            said: HashSet::new(),
+        }
+    }
+
+    /// Reads the namespaces of `wanted` (namespace, port) that are due: never read, a port
+    /// their last read did not list (after [`UNKNOWN_RETRY`]), or read [`REFRESH`] ago.
+    /// Port 0 (a packet whose port the probe could not read) is never looked up.
+    pub fn update(
+        &mut self,
+        wanted: impl IntoIterator<Item = (u32, u16)>,
+        procfs: &Procfs,
+        now: Instant,
+    ) {
+        let mut by_ns: BTreeMap<u32, BTreeSet<u16>> = BTreeMap::new();
+        for (ns, port) in wanted {
+            if port != 0 {
+                by_ns.entry(ns).or_default().insert(port);
+            }
+        }
+        for (ns, ports) in by_ns {
+            let due = match self.known.get(&ns) {
+                None => true,
+                Some(k) => {
+                    let age = now.saturating_duration_since(k.read_at);
+                    age >= REFRESH
+                        || (age >= UNKNOWN_RETRY && ports.iter().any(|p| !k.ports.contains_key(p)))
+                }
+            };
+            if due {
+                self.read(ns, &ports, procfs, now);
+            }
+        }
+    }
+
+    /// Reads namespace `ns` (whose drops name `ports`).
+    fn read(&mut self, ns: u32, ports: &BTreeSet<u16>, procfs: &Procfs, now: Instant) {
+        let found = match self.reader.read(ns, procfs) {
+            Ok(devs) => devs
+                .into_iter()
+                .filter(|d| d.listen_port != 0)
+                .map(|d| (d.listen_port, d.name))
+                .collect(),
+            Err(e) => {
+                if self.said.insert(e.cause) {
+                    tracing::warn!(
+                        netns = ns,
+                        "kernel WireGuard's device names cannot be read ({}): \
+                         bufscope_wireguard_drops_total keeps device=\"\" where it fails \
+                         (said once)",
+                        e.why
+                    );
+                } else {
+                    tracing::debug!(netns = ns, "WireGuard devices unreadable: {}", e.why);
+                }
+                // The names read before stay (a namespace gone since, a passing failure):
+                // its series keep their labels.
+                self.known.remove(&ns).map(|k| k.ports).unwrap_or_default()
+            }
+        };
+        for p in ports.iter().filter(|p| !found.contains_key(p)) {
+            tracing::debug!(
+                netns = ns,
+                port = p,
+                "no WireGuard device of this namespace listens on the port (moved to another \
+                 namespace after its creation, or gone)"
+            );
+        }
+        self.known.insert(
+            ns,
+            Known {
+                ports: found,
+                read_at: now,
+            },
+        );
+    }
+
+    /// The device of namespace `ns` listening on `port` ("" when unknown).
+    pub fn name(&self, ns: u32, port: u16) -> &str {
+        self.known
+            .get(&ns)
+            .and_then(|k| k.ports.get(&port))
+            .map_or("", String::as_str)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use std::sync::{Arc, Mutex};
+
+    /// A namespace's devices (port, name), or the cause of a failed read.
+    type Answer = Result<Vec<(u16, &'static str)>, &'static str>;
+
+    /// A reader answering from a table, counting its reads.
+    #[derive(Clone, Default)]
+    struct Fake {
+        devices: Arc<Mutex<HashMap<u32, Answer>>>,
+        reads: Arc<Mutex<Vec<u32>>>,
+    }
+
+    impl Reader for Fake {
+        fn read(&mut self, netns: u32, _: &Procfs) -> Result<Vec<Device>, Unreadable> {
+            self.reads.lock().unwrap().push(netns);
+            match self.devices.lock().unwrap().get(&netns) {
+                Some(Ok(d)) => Ok(d
+                    .iter()
+                    .enumerate()
+                    .map(|(i, (port, name))| Device {
+                        ifindex: i as u32 + 2,
+                        name: (*name).to_string(),
+                        listen_port: *port,
+                    })
+                    .collect()),
+                Some(Err(cause)) => Err(Unreadable {
+                    cause,
+                    why: (*cause).to_string(),
+                }),
+                None => Ok(Vec::new()),
+            }
+        }
+    }
+
+    #[test]
+    fn names_are_read_once_per_namespace_and_again_only_when_due() {
+        let fake = Fake::default();
+        fake.devices
+            .lock()
+            .unwrap()
+            .insert(10, Ok(vec![(51820, "wg0"), (51821, "wg1")]));
+        fake.devices.lock().unwrap().insert(11, Err("setns"));
+        let mut d = Devices::new(Box::new(fake.clone()));
+        let procfs = Procfs::default();
+        let t0 = Instant::now();
+        d.update(
+            [(10, 51820), (10, 51821), (11, 51820), (12, 0)],
+            &procfs,
+            t0,
+        );
+        assert_eq!(d.name(10, 51820), "wg0");
+        assert_eq!(d.name(10, 51821), "wg1");
+        assert_eq!(d.name(11, 51820), "", "unreadable: empty");
+        assert_eq!(d.name(12, 0), "", "port 0 is never looked up");
+        assert_eq!(*fake.reads.lock().unwrap(), vec![10, 11]);
+        // Known ports: not read again before REFRESH, whatever the polls.
+        for s in [1, 60, 299] {
+            d.update([(10, 51820)], &procfs, t0 + Duration::from_secs(s));
+        }
+        assert_eq!(fake.reads.lock().unwrap().len(), 2);
+        // A port the last read did not list: read again, but not before UNKNOWN_RETRY.
+        fake.devices
+            .lock()
+            .unwrap()
+            .insert(10, Ok(vec![(51820, "wg0"), (51821, "wg1"), (40000, "wg2")]));
+        d.update([(10, 40000)], &procfs, t0 + Duration::from_secs(5));
+        assert_eq!(d.name(10, 40000), "");
+        d.update([(10, 40000)], &procfs, t0 + UNKNOWN_RETRY);
+        assert_eq!(d.name(10, 40000), "wg2");
+        assert_eq!(*fake.reads.lock().unwrap(), vec![10, 11, 10]);
+        // A failed read keeps what the last one found.
+        fake.devices.lock().unwrap().insert(10, Err("no_path"));
+        d.update([(10, 51820)], &procfs, t0 + UNKNOWN_RETRY + REFRESH);
+        assert_eq!(d.name(10, 51820), "wg0");
+        // The slow timer: a renamed device is seen.
+        fake.devices
+            .lock()
+            .unwrap()
+            .insert(10, Ok(vec![(51820, "wg-renamed")]));
+        d.update([(10, 51820)], &procfs, t0 + UNKNOWN_RETRY + REFRESH * 2);
+        assert_eq!(d.name(10, 51820), "wg-renamed");
+    }
+
+    #[test]
+    fn this_namespace_reads_without_error_or_says_why() {
+        // Without the module (this VM) the family is missing; with it, the list is read.
+        let r = Netlink::new().read(own_netns().unwrap(), &Procfs::default());
+        match r {
+            Ok(_) => {}
+            Err(e) => assert!(
+                ["no_family", "WG_CMD_GET_DEVICE"].contains(&e.cause),
+                "{}: {}",
+                e.cause,
+                e.why
+            ),
+        }
+    }
+}
