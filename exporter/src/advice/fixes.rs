@@ -6,22 +6,13 @@
 use bufscope_api::Fix;
 use bufscope_policy::{Direction, Program, Sizing};
 
-use super::sockets::Candidate;
+use super::sockets::{Candidate, Scene};
 use super::*;
 
 /// What a UDP buffer fix asks for: the policy's size, or the program's own larger request.
 fn wanted(requested: Option<i64>) -> u64 {
     let (policy_size, _) = policy::recommended_udp_buffer(None);
     requested.unwrap_or(0).max(policy_size as i64).max(0) as u64
-}
-
-/// Sockets of the same process, protocol and direction (the ones a program-wide fix touches).
-fn sockets_like(b: &Builder<'_>, c: &Candidate<'_>) -> u64 {
-    b.sockets_like
-        .get(&(c.owner, c.proto))
-        .copied()
-        .unwrap_or(0)
-        .max(1)
 }
 
 fn names(dir: Direction) -> (&'static str, &'static str, &'static str) {
@@ -33,25 +24,19 @@ fn names(dir: Direction) -> (&'static str, &'static str, &'static str) {
 
 /// The fixes for one per-socket finding, application first.
 pub(super) fn fixes(
-    b: &Builder<'_>,
-    c: &Candidate<'_>,
+    scene: &Scene,
+    c: &Candidate,
     kind: &'static str,
     calls: &[&CallRec],
-    ns: Option<NsLimits>,
     requested: Option<i64>,
 ) -> Vec<Fix<&'static str>> {
-    let comm = b
-        .inputs
-        .meta
-        .get(&c.owner)
-        .map(|m| m.comm.clone())
-        .unwrap_or_default();
-    let program = policy::program(&comm);
+    let program = policy::program(&scene.process.comm);
     if kind == kind::TCP_RCVBUF_LOCK || kind == kind::TCP_SNDBUF_LOCK {
-        return tcp_lock_fixes(b, c, program, calls);
+        return tcp_lock_fixes(scene, c, program, calls);
     }
+    let ns = scene.ns;
     let want = wanted(requested);
-    let n = sockets_like(b, c);
+    let n = scene.sockets_like;
     let memory = n.saturating_mul(2 * want);
     let (plain, force, sysctl) = names(c.dir);
     let bytes = c.bytes();
@@ -224,8 +209,8 @@ pub(super) fn fixes(
             Direction::Receive => "net.core.rmem_default",
             Direction::Send => "net.core.wmem_default",
         };
-        let every = b
-            .inputs
+        let every = scene
+            .host
             .udp_sockets
             // None in the host's namespace (the sockets are in others') says nothing useful.
             .filter(|&u| u > 0)
@@ -253,17 +238,17 @@ pub(super) fn fixes(
 }
 
 fn tcp_lock_fixes(
-    b: &Builder<'_>,
-    c: &Candidate<'_>,
+    scene: &Scene,
+    c: &Candidate,
     program: Option<&Program>,
     calls: &[&CallRec],
 ) -> Vec<Fix<&'static str>> {
     let (plain, _, _) = names(c.dir);
     let (ceiling_name, ceiling) = match c.dir {
-        Direction::Receive => ("net.ipv4.tcp_rmem[2]", b.inputs.tcp_rmem_max),
-        Direction::Send => ("net.ipv4.tcp_wmem[2]", b.inputs.tcp_wmem_max),
+        Direction::Receive => ("net.ipv4.tcp_rmem[2]", scene.host.tcp_rmem_max),
+        Direction::Send => ("net.ipv4.tcp_wmem[2]", scene.host.tcp_wmem_max),
     };
-    let n = sockets_like(b, c);
+    let n = scene.sockets_like;
     let memory = n.saturating_mul(ceiling.max(0) as u64);
     let before_connect = calls.iter().any(|x| x.state == 7 || x.state == 10);
     let scale = if c.dir == Direction::Receive && before_connect {

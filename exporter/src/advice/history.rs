@@ -17,11 +17,13 @@
 //! [`MAX_SHOWN_PER_PROGRAM`] gone or resolved findings per program and kind.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 use bufscope_api::{Resolution, Snapshot, Verdict};
 use bufscope_policy::Direction;
 
+use super::sockets::{Fate, Settled, SocketFinding};
 use super::{Finding, Severity};
 use crate::labels::Proto;
 
@@ -37,7 +39,7 @@ pub const DEFAULT_RETENTION: Duration = Duration::from_secs(30 * 60);
 pub type Program = (String, String, String, String);
 
 /// A program's sockets of one protocol and direction.
-type Kind = (Program, Proto, Option<Direction>);
+type Kind = (Arc<Program>, Proto, Option<Direction>);
 
 /// One socket direction as the rules saw it in one evaluation.
 #[derive(Clone, Debug)]
@@ -46,8 +48,8 @@ pub struct Observation {
     pub pid: u32,
     /// Its socket.
     pub inode: u64,
-    /// Its program.
-    pub program: Program,
+    /// Its program (one allocation per process, shared by its sockets' observations).
+    pub program: Arc<Program>,
     /// Transport.
     pub proto: Proto,
     /// Which buffer.
@@ -73,7 +75,7 @@ fn dir_key(d: Direction) -> &'static str {
 
 #[derive(Clone, Debug)]
 struct Entry {
-    program: Program,
+    program: Arc<Program>,
     proto: Proto,
     dir: Option<Direction>,
     first_seen: u64,
@@ -90,17 +92,17 @@ struct Entry {
     costing: Option<Snapshot>,
     /// Set once resolved: when.
     resolved_at: Option<u64>,
-    /// The finding as last shown (boxed: the map holds an entry per socket direction, most
-    /// without a finding; inline, 10,000 sockets' entries made a 45 MB table).
-    shown: Option<Box<Finding>>,
+    /// The finding as last shown, as numbers: the one the evaluation's output holds
+    /// (shared, not a copy).
+    shown: Option<Arc<SocketFinding>>,
     /// The finding as last shown while its socket was there (once it is gone).
-    before_gone: Option<Box<Finding>>,
+    before_gone: Option<Arc<SocketFinding>>,
 }
 
 impl Entry {
     /// The finding as last shown before it was marked gone (a gone finding turned resolved
     /// tells the story of the socket, not of its absence).
-    fn unshown_gone(&self) -> Option<Finding> {
+    fn unshown_gone(&self) -> Option<SocketFinding> {
         self.before_gone.as_deref().cloned()
     }
 }
@@ -147,9 +149,9 @@ impl History {
     }
 
     /// A socket direction with nothing to say.
-    pub fn observe_quiet(&mut self, o: &Observation, now: u64) {
-        self.track(o, now);
-        self.quiet.push(o.clone());
+    pub fn observe_quiet(&mut self, o: Observation, now: u64) {
+        self.track(&o, now);
+        self.quiet.push(o);
     }
 
     /// Records the size; returns the entry.
@@ -204,94 +206,88 @@ impl History {
         }
     }
 
-    /// Applies the lifecycle to this evaluation's per-socket findings and adds the resolved
-    /// ones still kept.
+    /// Applies the lifecycle to one of this evaluation's per-socket findings; returns it as
+    /// the history keeps it and the evaluation lists it (one finding, shared).
     pub fn settle(
         &mut self,
-        made: Vec<(Finding, Observation)>,
+        mut f: SocketFinding,
+        o: &Observation,
         now: u64,
-        _window: Duration,
-    ) -> Vec<Finding> {
-        let mut out = Vec::with_capacity(made.len());
-        for (mut f, o) in made {
-            let e = self.track(&o, now);
-            let rate = f.evidence.get("drops_per_second").copied().unwrap_or(0.0);
-            match f.verdict {
-                Some(Verdict::Costing) => {
-                    e.costing = Some(Snapshot {
-                        bytes: o.bytes,
-                        drops_per_second: rate,
-                        inode: o.inode,
-                        pid: o.pid,
-                    });
-                    e.resolved_at = None;
-                }
-                Some(Verdict::Benign) => {
-                    let since_change = e.resized.map(|(at, _)| now.saturating_sub(at));
-                    if let (Some(before), Some(since)) = (&e.costing, since_change)
-                        && o.bytes > before.bytes
-                        && since >= RESOLVE_AFTER
-                    {
-                        let at = *e.resolved_at.get_or_insert(now);
-                        resolve(
-                            &mut f,
-                            Resolution {
-                                at,
-                                before: before.clone(),
-                                after: Snapshot {
-                                    bytes: o.bytes,
-                                    drops_per_second: rate,
-                                    inode: o.inode,
-                                    pid: o.pid,
-                                },
-                                change: "resized".into(),
-                            },
-                        );
-                    } else if let (Some(_), Some(since)) = (&e.costing, since_change)
-                        && since < RESOLVE_AFTER
-                    {
-                        f.summary.push_str(&format!(
-                            " (the buffer changed {since}s ago: called resolved after \
-                             {RESOLVE_AFTER}s without drops)"
-                        ));
-                    }
-                }
-                _ => {}
+    ) -> Arc<SocketFinding> {
+        let e = self.track(o, now);
+        let rate = f.drops_per_second();
+        match f.verdict {
+            Verdict::Costing => {
+                e.costing = Some(Snapshot {
+                    bytes: o.bytes,
+                    drops_per_second: rate,
+                    inode: o.inode,
+                    pid: o.pid,
+                });
+                e.resolved_at = None;
             }
-            if e.verdict != f.verdict || e.severity != f.severity {
-                if e.verdict.is_some() {
-                    e.changed_at = now;
+            Verdict::Benign => {
+                let since_change = e.resized.map(|(at, _)| now.saturating_sub(at));
+                if let (Some(before), Some(since)) = (&e.costing, since_change)
+                    && o.bytes > before.bytes
+                    && since >= RESOLVE_AFTER
+                {
+                    let at = *e.resolved_at.get_or_insert(now);
+                    let r = Resolution {
+                        at,
+                        before: before.clone(),
+                        after: Snapshot {
+                            bytes: o.bytes,
+                            drops_per_second: rate,
+                            inode: o.inode,
+                            pid: o.pid,
+                        },
+                        change: "resized".into(),
+                    };
+                    resolve(&mut f);
+                    f.settled = Some(Settled::Resized(Box::new(r)));
+                } else if let (Some(_), Some(since)) = (&e.costing, since_change)
+                    && since < RESOLVE_AFTER
+                {
+                    f.settled = Some(Settled::Changing(since));
                 }
-                e.verdict = f.verdict;
-                e.severity = f.severity;
             }
-            f.since = e.first_seen;
-            f.changed_at = e.changed_at;
-            if let Some(prev) = &e.shown {
-                keep_what_was_known(&mut f, prev);
-            }
-            e.shown = Some(Box::new(f.clone()));
-            out.push(f);
+            _ => {}
         }
-        out
+        if e.verdict != Some(f.verdict) || e.severity != f.severity {
+            if e.verdict.is_some() {
+                e.changed_at = now;
+            }
+            e.verdict = Some(f.verdict);
+            e.severity = f.severity;
+        }
+        f.since = e.first_seen;
+        f.changed_at = e.changed_at;
+        if let Some(prev) = &e.shown {
+            keep_what_was_known(&mut f, prev);
+        }
+        let f = Arc::new(f);
+        e.shown = Some(f.clone());
+        f
     }
 
     /// Ends an evaluation: entries not seen in it are gone (socket closed, process exited).
     /// Those that cost are shown as `gone` with their last numbers until the program has a
     /// socket of the same protocol and direction that does not cost (then `resolved`,
     /// `restarted`) or one that costs too (then that socket's own finding says so and this
-    /// one goes), or until the retention passes. Resolved ones still kept are added to `out`.
-    pub fn finish(&mut self, out: &mut Vec<Finding>, now: u64) {
+    /// one goes), or until the retention passes. Returns the gone and resolved ones still
+    /// kept.
+    pub fn finish(&mut self, now: u64) -> Vec<Arc<SocketFinding>> {
         let retention = self.retention.as_secs();
         let generation = self.generation;
         let quiet = std::mem::take(&mut self.quiet);
-        let costing_now: Vec<(Program, Proto, Option<Direction>)> = self
+        let costing_now: std::collections::HashSet<Kind> = self
             .entries
             .values()
             .filter(|e| e.seen == generation && e.verdict == Some(Verdict::Costing))
             .map(|e| (e.program.clone(), e.proto, e.dir))
             .collect();
-        let mut gone_keep: Vec<Finding> = Vec::new();
+        let mut gone_keep: Vec<Arc<SocketFinding>> = Vec::new();
         self.entries.retain(|_, e| {
             if e.seen == generation {
                 return true;
@@ -301,7 +297,7 @@ impl History {
                     return false;
                 }
                 if let Some(f) = &e.shown {
-                    gone_keep.push(Finding::clone(f));
+                    gone_keep.push(f.clone());
                 }
                 return true;
             }
@@ -315,7 +311,7 @@ impl History {
                 // The program's new socket costs too: its own finding says so.
                 return false;
             }
-            let Some(mut f) = e.shown.as_deref().cloned() else {
+            let Some(shown) = e.shown.clone() else {
                 return false;
             };
             let successor = quiet.iter().find(|q| {
@@ -326,48 +322,51 @@ impl History {
             });
             let Some(q) = successor else {
                 // Not (yet) back: shown as gone, with its last numbers.
-                if f.verdict != Some(Verdict::Gone) {
-                    e.before_gone = Some(Box::new(f.clone()));
-                    gone(&mut f, &before, e.last_seen);
-                    e.changed_at = now;
-                    f.changed_at = now;
-                    e.verdict = f.verdict;
-                    e.severity = f.severity;
-                    e.shown = Some(Box::new(f.clone()));
+                if shown.verdict == Verdict::Gone {
+                    gone_keep.push(shown);
+                    return true;
                 }
+                let mut f = SocketFinding::clone(&shown);
+                e.before_gone = Some(shown);
+                gone(&mut f, &before, e.last_seen);
+                e.changed_at = now;
+                f.changed_at = now;
+                e.verdict = Some(f.verdict);
+                e.severity = f.severity;
+                let f = Arc::new(f);
+                e.shown = Some(f.clone());
                 gone_keep.push(f);
                 return true;
             };
-            if let Some(was) = e.unshown_gone() {
-                f = was;
-            }
-            resolve(
-                &mut f,
-                Resolution {
-                    at: now,
-                    before,
-                    after: Snapshot {
-                        bytes: q.bytes,
-                        drops_per_second: q.window_rate,
-                        inode: q.inode,
-                        pid: q.pid,
-                    },
-                    change: "restarted".into(),
+            let mut f = e
+                .unshown_gone()
+                .unwrap_or_else(|| SocketFinding::clone(&shown));
+            resolve(&mut f);
+            f.fate = Some(Fate::Restarted(Box::new(Resolution {
+                at: now,
+                before,
+                after: Snapshot {
+                    bytes: q.bytes,
+                    drops_per_second: q.window_rate,
+                    inode: q.inode,
+                    pid: q.pid,
                 },
-            );
+                change: "restarted".into(),
+            })));
             f.changed_at = now;
             e.changed_at = now;
-            e.verdict = f.verdict;
+            e.verdict = Some(f.verdict);
             e.severity = f.severity;
             e.resolved_at = Some(now);
-            e.shown = Some(Box::new(f.clone()));
+            let f = Arc::new(f);
+            e.shown = Some(f.clone());
             gone_keep.push(f);
             true
         });
         bound_per_program(&mut gone_keep);
-        out.extend(gone_keep);
         self.bound_remembered();
         self.bound();
+        gone_keep
     }
 
     /// Remembers at most [`MAX_SHOWN_PER_PROGRAM`] gone or resolved sockets per program and
@@ -407,11 +406,40 @@ impl History {
                     && e.costing.is_some()
                     && e.dir.is_some()
             })
-            .map(|e| (e.program.clone(), e.proto))
+            .map(|e| (Program::clone(&e.program), e.proto))
             .collect();
         out.sort();
         out.dedup();
         out
+    }
+
+    /// When time alone next changes what the history makes of the findings (Unix seconds; at
+    /// `now` or before: at the next evaluation): a program waiting for its costing socket's
+    /// successor (its live sockets are looked up at each evaluation), a changed buffer judged
+    /// after [`RESOLVE_AFTER`], the retention of a resolved or gone finding ending. None:
+    /// nothing changes with time alone.
+    pub fn next_change(&self, now: u64) -> Option<u64> {
+        let retention = self.retention.as_secs();
+        let mut next: Option<u64> = None;
+        let mut at = |t: u64| next = Some(next.map_or(t, |n| n.min(t)));
+        for e in self.entries.values() {
+            let shown_gone = e.seen != self.generation;
+            if shown_gone && e.resolved_at.is_none() && e.costing.is_some() && e.dir.is_some() {
+                // Waiting for a successor.
+                at(now);
+            }
+            if let Some(r) = e.resolved_at {
+                at(r.saturating_add(retention).saturating_add(1));
+            }
+            if e.costing.is_some()
+                && e.resolved_at.is_none()
+                && let Some((changed, _)) = e.resized
+                && now.saturating_sub(changed) <= RESOLVE_AFTER
+            {
+                at(changed.saturating_add(RESOLVE_AFTER));
+            }
+        }
+        next
     }
 
     /// Keeps the history within [`MAX_ENTRIES`]: the entries not seen for longest go first.
@@ -436,7 +464,7 @@ impl History {
         let key = (f.process.pid, 0, f.kind);
         let generation = self.generation;
         let e = self.entries.entry(key).or_insert_with(|| Entry {
-            program: Default::default(),
+            program: Arc::default(),
             proto: Proto::Other,
             dir: None,
             first_seen: now,
@@ -482,31 +510,21 @@ pub const MAX_ENTRIES: usize = 50_000;
 
 /// Keeps at most [`MAX_SHOWN_PER_PROGRAM`] gone or resolved findings per (program, kind),
 /// the most recently changed.
-fn bound_per_program(fs: &mut Vec<Finding>) {
+fn bound_per_program(fs: &mut Vec<Arc<SocketFinding>>) {
+    let key = |f: &Arc<SocketFinding>| {
+        let p = &f.scene.process;
+        (p.comm.clone(), p.container.clone(), p.pod.clone(), f.kind)
+    };
     fs.sort_by(|a, b| {
-        let ka = (
-            &a.process.comm,
-            &a.process.container,
-            &a.process.pod,
-            a.kind,
-        );
-        let kb = (
-            &b.process.comm,
-            &b.process.container,
-            &b.process.pod,
-            b.kind,
-        );
-        ka.cmp(&kb).then(b.changed_at.cmp(&a.changed_at))
+        let (pa, pb) = (&a.scene.process, &b.scene.process);
+        (&pa.comm, &pa.container, &pa.pod, a.kind)
+            .cmp(&(&pb.comm, &pb.container, &pb.pod, b.kind))
+            .then(b.changed_at.cmp(&a.changed_at))
     });
     let mut n = 0usize;
     let mut last: Option<(String, String, String, &'static str)> = None;
     fs.retain(|f| {
-        let k = (
-            f.process.comm.clone(),
-            f.process.container.clone(),
-            f.process.pod.clone(),
-            f.kind,
-        );
+        let k = key(f);
         if last.as_ref() == Some(&k) {
             n += 1;
         } else {
@@ -522,29 +540,46 @@ fn bound_per_program(fs: &mut Vec<Finding>) {
 /// drops alone — "never sized", no limit, no name — and that is what `gone` and `resolved`
 /// would then show. Once a socket's story is known, the finding keeps it (and its process's
 /// name), with this evaluation's verdict, severity and drop figures.
-fn keep_what_was_known(f: &mut Finding, prev: &Finding) {
-    let untold = |g: &Finding| g.story.as_ref().is_none_or(|s| s.calls_total == 0);
-    if untold(f) && !untold(prev) {
+fn keep_what_was_known(f: &mut SocketFinding, prev: &SocketFinding) {
+    if !f.told() && prev.told() {
         let mut g = prev.clone();
         g.verdict = f.verdict;
         g.severity = f.severity;
         g.since = f.since;
         g.changed_at = f.changed_at;
-        for k in ["drops_total", "drops_per_second"] {
-            if let Some(v) = f.evidence.get(k) {
-                g.evidence.insert(k, *v);
-            }
+        if let Some(rate) = f.rate {
+            // The drop figures this evaluation shows (a kind judged by its drops).
+            let total = match f.drops_shown {
+                Some((total, _)) => total,
+                None => f.cand.drops.packets as f64,
+            };
+            g.drops_shown = Some((total, rate));
+            g.rate = Some(rate);
         }
         *f = g;
     }
-    if f.process.comm.is_empty() && !prev.process.comm.is_empty() {
-        f.process = prev.process.clone();
+    if f.scene.process.comm.is_empty() && !prev.scene.process.comm.is_empty() {
+        Arc::make_mut(&mut f.scene).process = prev.scene.process.clone();
     }
 }
 
 /// Turns a costing finding whose socket went away into its `gone` form, with its last
-/// numbers.
-fn gone(f: &mut Finding, before: &Snapshot, last_seen: u64) {
+/// numbers (told by [`tell_gone`]).
+fn gone(f: &mut SocketFinding, before: &Snapshot, last_seen: u64) {
+    f.fate = Some(Fate::Gone(before.clone(), last_seen));
+    f.verdict = Verdict::Gone;
+    f.severity = Severity::Info;
+}
+
+/// Marks `f` resolved (how: [`Settled::Resized`] or [`Fate::Restarted`], told by
+/// [`tell_resolved`]).
+fn resolve(f: &mut SocketFinding) {
+    f.verdict = Verdict::Resolved;
+    f.severity = Severity::Info;
+}
+
+/// Tells a finding whose socket went away while it cost: its last numbers, then what it was.
+pub(super) fn tell_gone(f: &mut Finding, before: &Snapshot, last_seen: u64) {
     f.summary = format!(
         "gone: the socket closed or its process exited while it cost ({} at {:.1} drops/s \
          when last seen, at {last_seen}); no socket of the same program has replaced it yet. \
@@ -557,8 +592,8 @@ fn gone(f: &mut Finding, before: &Snapshot, last_seen: u64) {
     f.severity = Severity::Info;
 }
 
-/// Turns `f` into its resolved form.
-fn resolve(f: &mut Finding, r: Resolution) {
+/// Tells a resolved finding: before and after, then what it was.
+pub(super) fn tell_resolved(f: &mut Finding, r: Resolution) {
     let how = match r.change.as_str() {
         "restarted" => format!(
             "the program's new socket {} (pid {}) has {} and drops {:.1}/s",

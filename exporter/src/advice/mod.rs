@@ -370,8 +370,9 @@ pub struct Inputs {
     pub netlink: Vec<NetlinkView>,
     /// XFRM errors of namespaces with a known IKE daemon.
     pub xfrm: Vec<XfrmView>,
-    /// Every socket with buffer calls (the setsockopt room).
-    pub stories: Vec<SocketStory>,
+    /// Every socket with buffer calls (the setsockopt room's, shared: evaluations and the
+    /// findings they keep copy none).
+    pub stories: Vec<std::sync::Arc<SocketStory>>,
     /// How each network namespace of those sockets sees the limits.
     pub ns_limits: BTreeMap<u32, NsLimits>,
     /// `net.ipv4.tcp_wmem[2]` (send autotuning's ceiling) of the host.
@@ -382,6 +383,19 @@ pub struct Inputs {
     /// Live sockets of the programs whose costing socket is gone ([`History::waiting`]),
     /// including ones they never sized: a restart's new socket.
     pub live: Vec<LiveSocket>,
+}
+
+impl Inputs {
+    /// Whether time alone changes what the rules find in these inputs: a drop or error rate
+    /// over the window that is not 0 yet decays as the window slides.
+    pub fn decaying(&self) -> bool {
+        self.drops.iter().any(|d| d.rate > 0.0)
+            || self.netlink.iter().any(|n| n.rate > 0.0)
+            || self
+                .xfrm
+                .iter()
+                .any(|x| x.reasons.iter().any(|(_, _, rate)| *rate > 0.0))
+    }
 }
 
 /// A live socket of a program, as sock_diag shows it (`ss -m` `rb`, `tb`, `d`).
@@ -452,7 +466,16 @@ fn drop_severity(rate: f64) -> Severity {
 
 struct Builder<'a> {
     inputs: &'a Inputs,
+    /// Per-process findings.
     out: Vec<Finding>,
+    /// Per-socket findings (`sockets.rs`).
+    sockets: Vec<sockets::Listed>,
+    /// Each process as findings name it, shared by its per-socket findings.
+    processes: foldhash::HashMap<ProcRef, std::sync::Arc<ProcessRef>>,
+    /// Each process's program, shared by its sockets' observations.
+    programs: foldhash::HashMap<ProcRef, std::sync::Arc<history::Program>>,
+    /// What per-socket findings are told with, per (process, namespace, protocol).
+    scenes: foldhash::HashMap<(ProcRef, u32, Proto), std::sync::Arc<sockets::Scene>>,
     /// Processes with locked TCP sockets.
     tcp_locked: foldhash::HashSet<ProcRef>,
     /// How many of the stories' sockets each process has per protocol (counted once, not
@@ -471,6 +494,46 @@ impl Builder<'_> {
             namespace: m.namespace,
             container_name: m.container_name,
         }
+    }
+
+    /// [`Builder::process`], made once per process and shared.
+    fn process_shared(&mut self, p: &ProcRef) -> std::sync::Arc<ProcessRef> {
+        if let Some(r) = self.processes.get(p) {
+            return r.clone();
+        }
+        let r = std::sync::Arc::new(self.process(p));
+        self.processes.insert(*p, r.clone());
+        r
+    }
+
+    /// What the candidate's finding is told with, made once per (process, namespace,
+    /// protocol) and shared.
+    fn scene(
+        &mut self,
+        c: &sockets::Candidate,
+        host: sockets::HostLimits,
+    ) -> std::sync::Arc<sockets::Scene> {
+        let key = (c.owner, c.netns, c.proto);
+        if let Some(s) = self.scenes.get(&key) {
+            return s.clone();
+        }
+        let s = std::sync::Arc::new(sockets::Scene {
+            host,
+            ns: self.inputs.ns_limits.get(&c.netns).copied(),
+            process: self.process_shared(&c.owner),
+            sockets_like: self.sockets_like_of(c),
+        });
+        self.scenes.insert(key, s.clone());
+        s
+    }
+
+    /// Sockets of the candidate's process and protocol (the ones a program-wide fix touches).
+    fn sockets_like_of(&self, c: &sockets::Candidate) -> u64 {
+        self.sockets_like
+            .get(&(c.owner, c.proto))
+            .copied()
+            .unwrap_or(0)
+            .max(1)
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -499,10 +562,15 @@ impl Builder<'_> {
         });
     }
 
-    /// Who the program is across restarts.
-    fn program(&self, p: &ProcRef) -> history::Program {
+    /// Who the program is across restarts (made once per process and shared).
+    fn program(&mut self, p: &ProcRef) -> std::sync::Arc<history::Program> {
+        if let Some(r) = self.programs.get(p) {
+            return r.clone();
+        }
         let m = self.inputs.meta.get(p).cloned().unwrap_or_default();
-        (m.comm, m.container, m.pod, m.namespace)
+        let r = std::sync::Arc::new((m.comm, m.container, m.pod, m.namespace));
+        self.programs.insert(*p, r.clone());
+        r
     }
 }
 
@@ -527,11 +595,22 @@ pub fn unix_now() -> u64 {
         .map_or(0, |d| d.as_secs())
 }
 
-/// Evaluates every rule at `now` (Unix seconds), keeping the findings' past in `history`.
+/// Evaluates every rule at `now` (Unix seconds), keeping the findings' past in `history`;
+/// every finding told.
 pub fn evaluate_with(inputs: &Inputs, history: &mut History, now: u64) -> Vec<Finding> {
+    evaluate_findings(inputs, history, now).render()
+}
+
+/// Evaluates every rule at `now` (Unix seconds), keeping the findings' past in `history`:
+/// the per-socket findings as numbers ([`Findings`]), told when served.
+pub fn evaluate_findings(inputs: &Inputs, history: &mut History, now: u64) -> Findings {
     let mut b = Builder {
         inputs,
         out: Vec::new(),
+        sockets: Vec::new(),
+        processes: foldhash::HashMap::default(),
+        programs: foldhash::HashMap::default(),
+        scenes: foldhash::HashMap::default(),
         tcp_locked: inputs
             .tcp
             .iter()
@@ -548,27 +627,148 @@ pub fn evaluate_with(inputs: &Inputs, history: &mut History, now: u64) -> Vec<Fi
     };
     history.begin();
     sockets::socket_findings(&mut b, history, now);
-    let per_socket = b.out.len();
     tcp_drops(&mut b);
     tun_ring(&mut b);
     tcp_locks(&mut b);
     autotune(&mut b);
     dataplanes::netlink_overruns(&mut b);
     dataplanes::xfrm_errors(&mut b);
-    for f in &mut b.out[per_socket..] {
+    for f in &mut b.out {
         history.stamp(f, now);
     }
-    history.finish(&mut b.out, now);
-    mark_guarded(&mut b.out, &inputs.guard);
+    let kept = history.finish(now);
+    let mut items: Vec<Item> = std::mem::take(&mut b.sockets)
+        .into_iter()
+        .map(Item::Socket)
+        .chain(b.out.into_iter().map(|f| Item::Process(Box::new(f))))
+        .chain(
+            kept.into_iter()
+                .map(|f| Item::Socket(sockets::Listed::kept(f))),
+        )
+        .collect();
+    mark_guarded(&mut items, &inputs.guard);
     // Most severe first; within a severity, what costs most now (drop rate) first.
-    let cost = |f: &Finding| f.evidence.get("drops_per_second").copied().unwrap_or(0.0);
-    b.out.sort_by(|x, y| {
-        x.severity
-            .cmp(&y.severity)
-            .then(cost(y).total_cmp(&cost(x)))
-            .then((x.process.pid, x.kind).cmp(&(y.process.pid, y.kind)))
+    items.sort_by(|x, y| {
+        let (hx, hy) = (x.head(), y.head());
+        hx.severity
+            .cmp(&hy.severity)
+            .then(y.drops_per_second().total_cmp(&x.drops_per_second()))
+            .then((hx.pid, hx.kind).cmp(&(hy.pid, hy.kind)))
     });
-    b.out
+    Findings { items }
+}
+
+/// What one evaluation found, in the order served: per-socket findings as numbers and
+/// shared references (told by [`Findings::render`] where they are served: `/metrics` reads
+/// only [`Findings::heads`]), per-process ones told.
+#[derive(Clone, Debug, Default)]
+pub struct Findings {
+    items: Vec<Item>,
+}
+
+/// One finding of an evaluation.
+#[derive(Clone, Debug)]
+enum Item {
+    /// Per socket and buffer direction, told on demand.
+    Socket(sockets::Listed),
+    /// Per process (and the data planes'), told (boxed: an item per socket is small).
+    Process(Box<Finding>),
+}
+
+/// What `/metrics` reads of a finding.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Head {
+    /// Its process.
+    pub pid: u32,
+    /// Its kind.
+    pub kind: &'static str,
+    /// Its severity.
+    pub severity: Severity,
+    /// Its verdict (per-socket kinds).
+    pub verdict: Option<bufscope_api::Verdict>,
+}
+
+impl Head {
+    /// A finding that counts now (not `resolved`, not `gone`).
+    pub fn active(&self) -> bool {
+        !matches!(
+            self.verdict,
+            Some(bufscope_api::Verdict::Resolved | bufscope_api::Verdict::Gone)
+        )
+    }
+}
+
+impl Item {
+    fn head(&self) -> Head {
+        match self {
+            Self::Socket(s) => Head {
+                pid: s.finding.pid(),
+                kind: s.finding.kind(),
+                severity: s.finding.severity(),
+                verdict: Some(s.finding.verdict()),
+            },
+            Self::Process(f) => Head {
+                pid: f.process.pid,
+                kind: f.kind,
+                severity: f.severity,
+                verdict: f.verdict,
+            },
+        }
+    }
+
+    /// `drops_per_second` as its evidence shows it (0 without).
+    fn drops_per_second(&self) -> f64 {
+        match self {
+            Self::Socket(s) => s.finding.drops_per_second(),
+            Self::Process(f) => f.evidence.get("drops_per_second").copied().unwrap_or(0.0),
+        }
+    }
+
+    fn render(&self) -> Finding {
+        match self {
+            Self::Socket(s) => s.render(),
+            Self::Process(f) => Finding::clone(f),
+        }
+    }
+}
+
+impl Findings {
+    /// Findings in all.
+    pub fn len(&self) -> usize {
+        self.items.len()
+    }
+
+    /// None.
+    pub fn is_empty(&self) -> bool {
+        self.items.is_empty()
+    }
+
+    /// Each finding's process, kind, severity and verdict, in order.
+    pub fn heads(&self) -> impl Iterator<Item = Head> + '_ {
+        self.items.iter().map(Item::head)
+    }
+
+    /// Keeps the findings whose head `keep` accepts.
+    pub fn retain(&mut self, mut keep: impl FnMut(&Head) -> bool) {
+        self.items.retain(|i| keep(&i.head()));
+    }
+
+    /// Every finding told, in order (what `/api/v1/findings` serves).
+    pub fn render(&self) -> Vec<Finding> {
+        self.items.iter().map(Item::render).collect()
+    }
+}
+
+impl From<Vec<Finding>> for Findings {
+    /// Findings already told (tests).
+    fn from(findings: Vec<Finding>) -> Self {
+        Self {
+            items: findings
+                .into_iter()
+                .map(|f| Item::Process(Box::new(f)))
+                .collect(),
+        }
+    }
 }
 
 /// The guard rule that addresses findings of `kind`, if one does.
@@ -583,68 +783,85 @@ fn guard_rule_for(kind: &str) -> Option<&'static str> {
     }
 }
 
-/// Says, on each finding the guard addresses for its process, what the guard did.
-fn mark_guarded(out: &mut [Finding], acts: &[GuardAct]) {
-    for f in out.iter_mut() {
-        let Some(rule) = guard_rule_for(f.kind) else {
-            continue;
-        };
-        let mine: Vec<&GuardAct> = acts
-            .iter()
-            .filter(|a| a.owner.tgid == f.process.pid && a.rule == rule)
-            .collect();
-        if mine.is_empty() {
-            continue;
-        }
-        let enforced: u64 = mine
-            .iter()
-            .filter(|a| a.enforced)
-            .map(|a| a.decisions)
-            .sum();
-        let observed: u64 = mine
-            .iter()
-            .filter(|a| !a.enforced)
-            .map(|a| a.decisions)
-            .sum();
-        let what = match rule {
-            "tcp-autotune" => "buffer requests skipped so autotuning stays on".to_string(),
-            _ => {
-                let floor = mine.iter().map(|a| a.floor).max().unwrap_or(0);
-                let capped = mine.iter().any(|a| a.floor_capped);
-                format!(
-                    "UDP buffers raised to {}{}",
-                    kib(floor as f64),
-                    if capped {
-                        " (capped at net.core.rmem_max: raise it for the full floor)"
-                    } else {
-                        ""
-                    }
-                )
-            }
-        };
-        let left_out: u64 = mine.iter().map(|a| a.left_out).sum();
-        let budget = if left_out > 0 {
-            let bytes: u64 = mine.iter().map(|a| a.left_out_bytes).sum();
-            let limit = mine.iter().map(|a| a.budget).max().unwrap_or(0);
-            format!(
-                "; {left_out} socket(s) left at the kernel's size, {} not granted: \
-                 --guard.udp-budget {} is spent (raise it, or narrow the scope)",
-                kib(bytes as f64),
-                kib(limit as f64)
-            )
-        } else {
-            String::new()
-        };
-        f.guard = Some(if enforced > 0 {
-            format!("the guard is fixing this ({rule}): {enforced} decisions, {what}{budget}")
-        } else if left_out > 0 {
-            format!("the guard would fix this ({rule}) but cannot{budget}")
-        } else {
-            format!(
-                "the guard (observe mode) would fix this ({rule}): {observed} decisions, {what}"
-            )
-        });
+/// Says, on each finding the guard addresses for its process, what the guard did (told once
+/// per process and rule, shared by its per-socket findings).
+fn mark_guarded(items: &mut [Item], acts: &[GuardAct]) {
+    if acts.is_empty() {
+        return;
     }
+    let mut told: foldhash::HashMap<(u32, &'static str), Option<std::sync::Arc<str>>> =
+        foldhash::HashMap::default();
+    for item in items.iter_mut() {
+        let head = item.head();
+        let Some(rule) = guard_rule_for(head.kind) else {
+            continue;
+        };
+        let text = told
+            .entry((head.pid, rule))
+            .or_insert_with(|| guard_text(head.pid, rule, acts).map(std::sync::Arc::from))
+            .clone();
+        match item {
+            Item::Socket(s) => s.guard = text,
+            Item::Process(f) => f.guard = text.as_deref().map(str::to_string),
+        }
+    }
+}
+
+/// What the guard did for process `pid` under `rule`, in words (None: nothing).
+fn guard_text(pid: u32, rule: &'static str, acts: &[GuardAct]) -> Option<String> {
+    let mine: Vec<&GuardAct> = acts
+        .iter()
+        .filter(|a| a.owner.tgid == pid && a.rule == rule)
+        .collect();
+    if mine.is_empty() {
+        return None;
+    }
+    let enforced: u64 = mine
+        .iter()
+        .filter(|a| a.enforced)
+        .map(|a| a.decisions)
+        .sum();
+    let observed: u64 = mine
+        .iter()
+        .filter(|a| !a.enforced)
+        .map(|a| a.decisions)
+        .sum();
+    let what = match rule {
+        "tcp-autotune" => "buffer requests skipped so autotuning stays on".to_string(),
+        _ => {
+            let floor = mine.iter().map(|a| a.floor).max().unwrap_or(0);
+            let capped = mine.iter().any(|a| a.floor_capped);
+            format!(
+                "UDP buffers raised to {}{}",
+                kib(floor as f64),
+                if capped {
+                    " (capped at net.core.rmem_max: raise it for the full floor)"
+                } else {
+                    ""
+                }
+            )
+        }
+    };
+    let left_out: u64 = mine.iter().map(|a| a.left_out).sum();
+    let budget = if left_out > 0 {
+        let bytes: u64 = mine.iter().map(|a| a.left_out_bytes).sum();
+        let limit = mine.iter().map(|a| a.budget).max().unwrap_or(0);
+        format!(
+            "; {left_out} socket(s) left at the kernel's size, {} not granted: \
+             --guard.udp-budget {} is spent (raise it, or narrow the scope)",
+            kib(bytes as f64),
+            kib(limit as f64)
+        )
+    } else {
+        String::new()
+    };
+    Some(if enforced > 0 {
+        format!("the guard is fixing this ({rule}): {enforced} decisions, {what}{budget}")
+    } else if left_out > 0 {
+        format!("the guard would fix this ({rule}) but cannot{budget}")
+    } else {
+        format!("the guard (observe mode) would fix this ({rule}): {observed} decisions, {what}")
+    })
 }
 
 mod dataplanes;
@@ -658,4 +875,4 @@ mod tests;
 pub use dataplanes::{NetlinkView, XfrmView, kinds as dataplane_kinds};
 pub use history::History;
 use rules::{autotune, tcp_drops, tcp_locks, tun_ring};
-pub use sockets::MAX_PER_KIND;
+pub use sockets::{MAX_PER_KIND, SocketFinding};

@@ -4,8 +4,9 @@
 //! what it costs. The verdict comes from what the socket does, never from the call alone.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
-use bufscope_api::{Call, Limit, Story, Verdict};
+use bufscope_api::{Call, Limit, Resolution, Story, Verdict};
 use bufscope_common::{SOCK_RCVBUF_LOCK, SOCK_SNDBUF_LOCK, sockopt_flags};
 use bufscope_policy::Direction;
 
@@ -34,20 +35,23 @@ pub(super) struct Dropped {
     pub rcvbuf: i32,
 }
 
-/// One socket's buffer in one direction, as the rules see it.
-pub(super) struct Candidate<'a> {
+/// One socket's buffer in one direction, as the rules see it. It owns what it reads (its
+/// story is shared with the setsockopt room): a finding kept as gone or resolved outlives the
+/// evaluation that made it and is told from it later.
+#[derive(Clone, Debug)]
+pub(super) struct Candidate {
     pub owner: ProcRef,
     pub inode: u64,
     pub proto: Proto,
     pub netns: u32,
     pub dir: Direction,
-    pub story: Option<&'a SocketStory>,
+    pub story: Option<Arc<SocketStory>>,
     pub drops: Dropped,
 }
 
-impl Candidate<'_> {
+impl Candidate {
     fn calls(&self) -> Vec<&CallRec> {
-        let Some(s) = self.story else {
+        let Some(s) = self.story.as_deref() else {
             return Vec::new();
         };
         s.calls()
@@ -60,7 +64,7 @@ impl Candidate<'_> {
 
     /// The buffer's size now.
     pub fn bytes(&self) -> i64 {
-        match (self.story, self.dir) {
+        match (self.story.as_deref(), self.dir) {
             (Some(s), Direction::Receive) if s.rcvbuf > 0 => s.rcvbuf as i64,
             (Some(s), Direction::Send) if s.sndbuf > 0 => s.sndbuf as i64,
             _ => self.drops.rcvbuf.max(0) as i64,
@@ -75,8 +79,47 @@ impl Candidate<'_> {
     }
 
     fn locked(&self) -> bool {
-        self.proto == Proto::Tcp && self.story.is_some_and(|s| s.locks & self.lock_bit() != 0)
+        self.proto == Proto::Tcp
+            && self
+                .story
+                .as_deref()
+                .is_some_and(|s| s.locks & self.lock_bit() != 0)
     }
+}
+
+/// The host's side of a per-socket finding: the limits and the window it was judged with.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct HostLimits {
+    pub rmem_max: Option<i64>,
+    pub wmem_max: Option<i64>,
+    pub tcp_rmem_max: i64,
+    pub tcp_wmem_max: i64,
+    pub udp_sockets: Option<u64>,
+    pub window: Duration,
+}
+
+impl HostLimits {
+    pub fn of(inputs: &Inputs) -> Self {
+        Self {
+            rmem_max: inputs.rmem_max,
+            wmem_max: inputs.wmem_max,
+            tcp_rmem_max: inputs.tcp_rmem_max,
+            tcp_wmem_max: inputs.tcp_wmem_max,
+            udp_sockets: inputs.udp_sockets,
+            window: inputs.window,
+        }
+    }
+}
+
+/// What a per-socket finding is told with besides its socket: the host's limits, its
+/// namespace's, its process (shared by the process's findings) and how many sockets like it
+/// the process has.
+#[derive(Clone, Debug)]
+pub(super) struct Scene {
+    pub host: HostLimits,
+    pub ns: Option<NsLimits>,
+    pub process: Arc<ProcessRef>,
+    pub sockets_like: u64,
 }
 
 /// The socket's sock_diag rates between its last two reads.
@@ -321,7 +364,7 @@ fn size_text(v: i64) -> String {
 }
 
 /// What kind of finding a candidate is, if any.
-fn kind_of(c: &Candidate<'_>, calls: &[&CallRec]) -> Option<&'static str> {
+fn kind_of(c: &Candidate, calls: &[&CallRec]) -> Option<&'static str> {
     let clamped = calls.iter().any(|c| c.clamped);
     let refused = calls.iter().any(|c| c.ret == -libc::EPERM);
     match c.dir {
@@ -402,11 +445,12 @@ fn judge_drops(rate: f64, total: u64, window: Duration, judging_since: Option<u6
     }
 }
 
-fn judge_tcp(c: &Candidate<'_>, inputs: &Inputs) -> Judged {
+fn judge_tcp(c: &Candidate, host: &HostLimits) -> Judged {
     let bytes = c.bytes();
-    let Some(r) = c.story.and_then(|s| tcp_rates(s, c.dir)) else {
+    let Some(r) = c.story.as_deref().and_then(|s| tcp_rates(s, c.dir)) else {
         let why = c
             .story
+            .as_deref()
             .and_then(|s| s.tcp_error.clone())
             .unwrap_or_else(|| "not read yet".to_string());
         return Judged {
@@ -439,10 +483,8 @@ fn judge_tcp(c: &Candidate<'_>, inputs: &Inputs) -> Judged {
         (bytes_key(c.dir), bytes as f64),
         ("rtt_us", r.rtt_us as f64),
     ];
-    let expected = crate::signals::tcp_state::expected_wscale(
-        inputs.tcp_rmem_max,
-        inputs.rmem_max.unwrap_or(0),
-    );
+    let expected =
+        crate::signals::tcp_state::expected_wscale(host.tcp_rmem_max, host.rmem_max.unwrap_or(0));
     let shrunk = c.dir == Direction::Receive && r.wscale_ok && r.rcv_wscale < expected;
     if c.dir == Direction::Receive && r.wscale_ok {
         evidence.push(("wscale", r.rcv_wscale as f64));
@@ -536,7 +578,7 @@ fn bytes_key(dir: Direction) -> &'static str {
 }
 
 /// Every per-socket candidate: each story's directions, and UDP sockets that dropped.
-pub(super) fn candidates<'a>(inputs: &'a Inputs) -> Vec<Candidate<'a>> {
+pub(super) fn candidates(inputs: &Inputs) -> Vec<Candidate> {
     let mut drops: BTreeMap<u64, (ProcRef, Dropped, u32)> = BTreeMap::new();
     for d in &inputs.drops {
         let full = matches!(&*d.reason, "SOCKET_RCVBUFF" | "PROTO_MEM");
@@ -564,7 +606,7 @@ pub(super) fn candidates<'a>(inputs: &'a Inputs) -> Vec<Candidate<'a>> {
                 proto: s.proto,
                 netns: s.netns,
                 dir,
-                story: Some(s),
+                story: Some(s.clone()),
                 drops: dropped,
             });
         }
@@ -584,14 +626,191 @@ pub(super) fn candidates<'a>(inputs: &'a Inputs) -> Vec<Candidate<'a>> {
     out
 }
 
+/// What a verdict was judged from, kept to tell it again ([`SocketFinding::render`]).
+#[derive(Clone, Copy, Debug)]
+pub(super) enum Judgement {
+    /// Drops/s (over the window, or since the buffer changed) and the seconds since it did.
+    Drops {
+        rate: f64,
+        since_change: Option<u64>,
+    },
+    /// A locked TCP buffer: judged from the story's sock_diag reads.
+    Tcp,
+}
+
+/// What the lifecycle made of a finding in the evaluation that showed it (`history.rs`).
+#[derive(Clone, Debug)]
+pub(super) enum Settled {
+    /// The buffer changed this long ago (seconds): judged resolved after [`RESOLVE_AFTER`]
+    /// without drops.
+    ///
+    /// [`RESOLVE_AFTER`]: super::history::RESOLVE_AFTER
+    Changing(u64),
+    /// A larger buffer stopped the drops.
+    Resized(Box<Resolution>),
+}
+
+/// What became of a finding's socket after it was last shown (`history.rs`).
+#[derive(Clone, Debug)]
+pub(super) enum Fate {
+    /// It closed while it cost; nothing of its program replaced it yet: its last numbers and
+    /// when it was last seen.
+    Gone(bufscope_api::Snapshot, u64),
+    /// Its program's new socket does not cost.
+    Restarted(Box<Resolution>),
+}
+
+/// One per-socket finding as the evaluation and the history keep it: numbers, enums and
+/// shared references, no text. Its words, story and fixes are told by
+/// [`SocketFinding::render`], only where a finding is served (`/api/v1/findings`): `/metrics`
+/// needs its process, kind and severity only, and 10,000 sockets' findings told in full took
+/// ≈40 MB per copy.
+#[derive(Clone, Debug)]
+pub struct SocketFinding {
+    pub(super) cand: Candidate,
+    pub(super) scene: Arc<Scene>,
+    pub(super) kind: &'static str,
+    pub(super) judged: Judgement,
+    pub(super) verdict: Verdict,
+    pub(super) severity: Severity,
+    /// `drops_per_second` as the evidence shows it (None: a kind without drops).
+    pub(super) rate: Option<f64>,
+    /// `observed_bps` as the evidence shows it (TCP locks; 0 otherwise).
+    pub(super) observed_bps: f64,
+    /// Drops total and per second shown instead of the judged ones: a closed socket's
+    /// finding that keeps the story it had tells this evaluation's drops.
+    pub(super) drops_shown: Option<(f64, f64)>,
+    pub(super) settled: Option<Settled>,
+    pub(super) fate: Option<Fate>,
+    pub(super) since: u64,
+    pub(super) changed_at: u64,
+}
+
+/// A per-socket finding as an evaluation lists it: shared with the history, with what only
+/// the list says.
+#[derive(Clone, Debug)]
+pub(super) struct Listed {
+    pub finding: Arc<SocketFinding>,
+    /// Findings of this kind on its process, and whether it is the first of them (which
+    /// names how many more there are); none for gone and resolved ones.
+    pub group: Option<(u64, bool)>,
+    /// What the guard does about it (one text per process and rule).
+    pub guard: Option<Arc<str>>,
+}
+
+impl Listed {
+    /// A gone or resolved finding the history keeps.
+    pub fn kept(finding: Arc<SocketFinding>) -> Self {
+        Self {
+            finding,
+            group: None,
+            guard: None,
+        }
+    }
+
+    /// The finding as `/api/v1/findings` shows it.
+    pub fn render(&self) -> Finding {
+        let mut f = self.finding.render();
+        if let Some((n, first)) = self.group {
+            f.evidence.insert("sockets", n as f64);
+            if first && n > MAX_PER_KIND as u64 {
+                f.summary.push_str(&format!(
+                    " ({} more sockets of this process have this finding; the {MAX_PER_KIND} costliest are listed)",
+                    n - MAX_PER_KIND as u64
+                ));
+            }
+        }
+        f.guard = self.guard.as_deref().map(str::to_string);
+        f
+    }
+}
+
+impl SocketFinding {
+    /// Its process.
+    pub fn pid(&self) -> u32 {
+        self.scene.process.pid
+    }
+
+    /// Its kind.
+    pub fn kind(&self) -> &'static str {
+        self.kind
+    }
+
+    /// Its severity.
+    pub fn severity(&self) -> Severity {
+        self.severity
+    }
+
+    /// Its verdict.
+    pub fn verdict(&self) -> Verdict {
+        self.verdict
+    }
+
+    /// Whether its story has calls (a socket whose story the setsockopt room forgot does not).
+    pub(super) fn told(&self) -> bool {
+        !self.cand.calls().is_empty()
+    }
+
+    /// `drops_per_second` as its evidence shows it (0 without).
+    pub(super) fn drops_per_second(&self) -> f64 {
+        self.rate.unwrap_or(0.0)
+    }
+
+    /// What it costs, for ranking within a (process, kind).
+    fn cost(&self) -> f64 {
+        self.rate.unwrap_or(0.0) + self.observed_bps / 1e9
+    }
+
+    fn judge(&self) -> Judged {
+        match self.judged {
+            Judgement::Drops { rate, since_change } => judge_drops(
+                rate,
+                self.cand.drops.packets,
+                self.scene.host.window,
+                since_change,
+            ),
+            Judgement::Tcp => judge_tcp(&self.cand, &self.scene.host),
+        }
+    }
+
+    /// The finding as `/api/v1/findings` shows it.
+    pub fn render(&self) -> Finding {
+        let calls = self.cand.calls();
+        let mut f = finding(&self.scene, &self.cand, self.kind, &calls, self.judge());
+        if let Some((total, rate)) = self.drops_shown {
+            f.evidence.insert("drops_total", total);
+            f.evidence.insert("drops_per_second", rate);
+        }
+        match &self.settled {
+            Some(Settled::Resized(r)) => history::tell_resolved(&mut f, Resolution::clone(r)),
+            Some(Settled::Changing(since)) => f.summary.push_str(&format!(
+                " (the buffer changed {since}s ago: called resolved after {}s without drops)",
+                history::RESOLVE_AFTER
+            )),
+            None => {}
+        }
+        match &self.fate {
+            Some(Fate::Gone(before, last_seen)) => history::tell_gone(&mut f, before, *last_seen),
+            Some(Fate::Restarted(r)) => history::tell_resolved(&mut f, Resolution::clone(r)),
+            None => {}
+        }
+        f.verdict = Some(self.verdict);
+        f.severity = self.severity;
+        f.since = self.since;
+        f.changed_at = self.changed_at;
+        f
+    }
+}
+
 /// The per-socket findings, with their lifecycle (first seen, resolved) from `history`.
 pub(super) fn socket_findings(b: &mut Builder<'_>, history: &mut History, now: u64) {
     let inputs = b.inputs;
+    let host = HostLimits::of(inputs);
     let cands = candidates(inputs);
-    let mut made: Vec<(Finding, Observation)> = Vec::new();
-    for c in &cands {
-        let calls = c.calls();
-        let kind = kind_of(c, &calls);
+    let known: std::collections::HashSet<u64> = cands.iter().map(|c| c.inode).collect();
+    let mut made: Vec<Arc<SocketFinding>> = Vec::new();
+    for c in cands {
+        let kind = kind_of(&c, &c.calls());
         let obs = Observation {
             pid: c.owner.tgid,
             inode: c.inode,
@@ -604,26 +823,44 @@ pub(super) fn socket_findings(b: &mut Builder<'_>, history: &mut History, now: u
             kind,
         };
         let Some(kind) = kind else {
-            history.observe_quiet(&obs, now);
+            history.observe_quiet(obs, now);
             continue;
         };
         let since_change = history.seconds_since_change(&obs, now);
-        let j = if kind == kind::TCP_RCVBUF_LOCK || kind == kind::TCP_SNDBUF_LOCK {
-            judge_tcp(c, inputs)
+        let (judged, j) = if kind == kind::TCP_RCVBUF_LOCK || kind == kind::TCP_SNDBUF_LOCK {
+            (Judgement::Tcp, Figures::of(&judge_tcp(&c, &host)))
         } else {
             let rate = history.rate(&obs, now);
-            judge_drops(rate, c.drops.packets, inputs.window, since_change)
+            (
+                Judgement::Drops { rate, since_change },
+                Figures::drops(rate),
+            )
         };
-        let f = finding(b, c, kind, &calls, j);
-        made.push((f, obs));
+        let f = SocketFinding {
+            scene: b.scene(&c, host),
+            cand: c,
+            kind,
+            judged,
+            verdict: j.verdict,
+            severity: j.severity,
+            rate: j.rate,
+            observed_bps: j.observed_bps,
+            drops_shown: None,
+            settled: None,
+            fate: None,
+            since: now,
+            changed_at: now,
+        };
+        // Settled one by one: the evaluation holds each finding once, shared with the
+        // history.
+        made.push(history.settle(f, &obs, now));
     }
     // Live sockets of programs whose costing socket is gone: a restart's new socket, which
     // the rules see nowhere else when the program never sizes it.
-    let known: std::collections::HashSet<u64> = cands.iter().map(|c| c.inode).collect();
     for l in inputs.live.iter().filter(|l| !known.contains(&l.inode)) {
         for (dir, bytes) in [(Direction::Receive, l.rcvbuf), (Direction::Send, l.sndbuf)] {
             history.observe_quiet(
-                &Observation {
+                Observation {
                     pid: l.owner.tgid,
                     inode: l.inode,
                     program: b.program(&l.owner),
@@ -638,61 +875,92 @@ pub(super) fn socket_findings(b: &mut Builder<'_>, history: &mut History, now: u
             );
         }
     }
-    let made = history.settle(made, now, inputs.window);
     push_grouped(b, made);
 }
 
-/// Keeps at most [`MAX_PER_KIND`] findings per (process, kind): the costliest. The findings
-/// are moved, not copied (10,000 sockets' findings with their stories are tens of MiB), and
-/// each one's cost is read once, not per comparison.
-fn push_grouped(b: &mut Builder<'_>, made: Vec<Finding>) {
-    let mut keyed: Vec<(f64, Finding)> = made.into_iter().map(|f| (cost(&f), f)).collect();
+/// A verdict's figures without its words (what the lifecycle and the ranking read).
+struct Figures {
+    verdict: Verdict,
+    severity: Severity,
+    rate: Option<f64>,
+    observed_bps: f64,
+}
+
+impl Figures {
+    /// [`judge_drops`]'s figures, without its words.
+    fn drops(rate: f64) -> Self {
+        let (verdict, severity) = if rate > 0.0 {
+            (Verdict::Costing, drop_severity(rate))
+        } else {
+            (Verdict::Benign, Severity::Info)
+        };
+        Self {
+            verdict,
+            severity,
+            rate: Some(rate),
+            observed_bps: 0.0,
+        }
+    }
+
+    /// The figures of a told verdict.
+    fn of(j: &Judged) -> Self {
+        let get = |k: &str| {
+            j.evidence
+                .iter()
+                .find(|(key, _)| *key == k)
+                .map(|(_, v)| *v)
+        };
+        Self {
+            verdict: j.verdict,
+            severity: j.severity,
+            rate: get("drops_per_second"),
+            observed_bps: get("observed_bps").unwrap_or(0.0),
+        }
+    }
+}
+
+/// Keeps at most [`MAX_PER_KIND`] findings per (process, kind): the costliest; each one's
+/// cost is read once, not per comparison.
+fn push_grouped(b: &mut Builder<'_>, made: Vec<Arc<SocketFinding>>) {
+    let mut keyed: Vec<(f64, Arc<SocketFinding>)> =
+        made.into_iter().map(|f| (f.cost(), f)).collect();
     keyed.sort_by(|(cx, x), (cy, y)| {
-        (x.process.pid, x.kind, x.severity)
-            .cmp(&(y.process.pid, y.kind, y.severity))
+        (x.pid(), x.kind, x.severity)
+            .cmp(&(y.pid(), y.kind, y.severity))
             .then(cy.total_cmp(cx))
     });
     let mut sorted = keyed.into_iter().map(|(_, f)| f).peekable();
     while let Some(first) = sorted.next() {
-        let (pid, kind) = (first.process.pid, first.kind);
+        let (pid, kind) = (first.pid(), first.kind);
         let mut group = vec![first];
-        while let Some(f) = sorted.next_if(|f| f.process.pid == pid && f.kind == kind) {
+        while let Some(f) = sorted.next_if(|f| f.pid() == pid && f.kind == kind) {
             group.push(f);
         }
-        let n = group.len();
-        for (k, f) in group.iter_mut().enumerate() {
-            f.evidence.insert("sockets", n as f64);
-            if k == 0 && n > MAX_PER_KIND {
-                f.summary.push_str(&format!(
-                    " ({} more sockets of this process have this finding; the {MAX_PER_KIND} costliest are listed)",
-                    n - MAX_PER_KIND
-                ));
-            }
-        }
+        let n = group.len() as u64;
         group.truncate(MAX_PER_KIND);
-        b.out.extend(group);
+        b.sockets
+            .extend(group.into_iter().enumerate().map(|(k, finding)| Listed {
+                finding,
+                group: Some((n, k == 0)),
+                guard: None,
+            }));
     }
 }
 
-fn cost(f: &Finding) -> f64 {
-    f.evidence.get("drops_per_second").copied().unwrap_or(0.0)
-        + f.evidence.get("observed_bps").copied().unwrap_or(0.0) / 1e9
-}
-
 fn finding(
-    b: &Builder<'_>,
-    c: &Candidate<'_>,
+    scene: &Scene,
+    c: &Candidate,
     kind: &'static str,
     calls: &[&CallRec],
     j: Judged,
 ) -> Finding {
-    let inputs = b.inputs;
+    let host = &scene.host;
     let api_calls = story_calls(calls, c.proto);
-    let omitted = c.story.map_or(0, |s| s.omitted());
-    let ns = inputs.ns_limits.get(&c.netns).copied();
+    let omitted = c.story.as_deref().map_or(0, |s| s.omitted());
+    let ns = scene.ns;
     let (sysctl, host_value) = match c.dir {
-        Direction::Receive => ("net.core.rmem_max", inputs.rmem_max),
-        Direction::Send => ("net.core.wmem_max", inputs.wmem_max),
+        Direction::Receive => ("net.core.rmem_max", host.rmem_max),
+        Direction::Send => ("net.core.wmem_max", host.wmem_max),
     };
     let limit = Limit {
         sysctl,
@@ -759,12 +1027,12 @@ fn finding(
     }
     if kind == kind::TCP_RCVBUF_LOCK {
         evidence.insert("sockets_locked", 1.0);
-        evidence.insert("tcp_rmem_max_bytes", inputs.tcp_rmem_max as f64);
+        evidence.insert("tcp_rmem_max_bytes", host.tcp_rmem_max as f64);
     }
     if kind == kind::TCP_SNDBUF_LOCK {
-        evidence.insert("tcp_wmem_max_bytes", inputs.tcp_wmem_max as f64);
+        evidence.insert("tcp_wmem_max_bytes", host.tcp_wmem_max as f64);
     }
-    let fixes = fixes::fixes(b, c, kind, calls, ns, requested);
+    let fixes = fixes::fixes(scene, c, kind, calls, requested);
     let fix = fixes::one_line(&fixes);
     let socket = Some(SocketRef {
         inode: c.inode,
@@ -778,7 +1046,7 @@ fn finding(
     let mut f = Finding {
         kind,
         severity: j.severity,
-        process: b.process(&c.owner),
+        process: ProcessRef::clone(&scene.process),
         socket,
         summary,
         fix,
@@ -789,7 +1057,7 @@ fn finding(
         story: Some(Story {
             direction: dir_word,
             calls: api_calls,
-            calls_total: c.story.map_or(0, |s| {
+            calls_total: c.story.as_deref().map_or(0, |s| {
                 s.calls()
                     .filter(|x| match x.option {
                         BufOption::BufLock => true,

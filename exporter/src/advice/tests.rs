@@ -77,7 +77,7 @@ fn dropping(pid: u32, inode: u64, packets: u64, rate: f64, rcvbuf: i32) -> Socke
 #[test]
 fn force_refused_then_clamped_fallback_is_one_costing_story() {
     let mut i = inputs();
-    i.stories.push(story(
+    i.stories.push(std::sync::Arc::new(story(
         1,
         77,
         Proto::Udp,
@@ -91,7 +91,7 @@ fn force_refused_then_clamped_fallback_is_one_costing_story() {
             ),
             rec(BufOption::Rcvbuf, 7 << 20, 425_984, 0, true),
         ],
-    ));
+    )));
     i.ns_limits.insert(
         4_026_532_000,
         NsLimits {
@@ -170,12 +170,12 @@ fn quic_go_on_6_18_is_costing_only_where_it_drops() {
     i.rmem_max = Some(4_194_304);
     i.meta.get_mut(&p(1)).unwrap().comm = "caddy".into();
     for inode in [10, 11] {
-        i.stories.push(story(
+        i.stories.push(std::sync::Arc::new(story(
             1,
             inode,
             Proto::Udp,
             &[rec(BufOption::Rcvbuf, 7 << 20, 8_388_608, 0, true)],
-        ));
+        )));
     }
     i.drops.push(dropping(1, 11, 3000, 50.0, 8_388_608));
     let f = evaluate(&i);
@@ -223,7 +223,7 @@ fn a_request_granted_in_full_is_not_fixed_by_the_ceiling_or_the_capability() {
         &[rec(BufOption::Rcvbuf, 2 << 20, 4 << 20, 0, false)],
     );
     st.rcvbuf = 4 << 20;
-    i.stories.push(st);
+    i.stories.push(std::sync::Arc::new(st));
     i.ns_limits.insert(
         4_026_532_000,
         NsLimits {
@@ -350,13 +350,13 @@ fn a_never_sized_dropping_socket_keeps_its_namespace() {
 #[test]
 fn a_request_below_the_minimum_is_described_as_granted_more() {
     let mut i = inputs();
-    i.stories.push(story(
+    i.stories.push(std::sync::Arc::new(story(
         1,
         9,
         Proto::Udp,
         &[rec(BufOption::Rcvbuf, 1000, 2304, 0, false)],
-    ));
-    i.stories[0].rcvbuf = 2304;
+    )));
+    std::sync::Arc::make_mut(&mut i.stories[0]).rcvbuf = 2304;
     i.drops.push(dropping(1, 9, 500, 20.0, 2304));
     let f = evaluate(&i);
     assert!(
@@ -401,7 +401,7 @@ fn a_send_lock_at_190ms_costs_about_8_mbit() {
     s.sample(sample(t0, 0, 0));
     // 5 s at 1.0 MB/s (8 Mbit/s), 4.5 s of it limited by the send buffer.
     s.sample(sample(t0 + Duration::from_secs(5), 5_000_000, 4_500_000));
-    i.stories.push(s);
+    i.stories.push(std::sync::Arc::new(s));
     i.tcp_wmem_max = 4_194_304;
     let f = evaluate(&i);
     let x = f.iter().find(|f| f.kind == kind::TCP_SNDBUF_LOCK).unwrap();
@@ -439,7 +439,7 @@ fn a_send_lock_at_190ms_costs_about_8_mbit() {
     let mut s2 = story(1, 41, Proto::Tcp, &[c]);
     s2.sample(sample(t0, 0, 0));
     s2.sample(sample(t0 + Duration::from_secs(5), 0, 0));
-    i2.stories.push(s2);
+    i2.stories.push(std::sync::Arc::new(s2));
     let f2 = evaluate(&i2);
     assert_eq!(f2[0].verdict, Some(Verdict::Benign));
 }
@@ -472,7 +472,7 @@ fn a_send_ceiling_counts_only_the_payload_the_kernel_queues() {
     b.diag.notsent_bytes = 16_000;
     s.sample(a);
     s.sample(b);
-    i.stories.push(s);
+    i.stories.push(std::sync::Arc::new(s));
     let f = evaluate(&i);
     let x = f.iter().find(|f| f.kind == kind::TCP_SNDBUF_LOCK).unwrap();
     let ratio = 117_000.0 / 192_000.0;
@@ -491,7 +491,7 @@ fn a_send_ceiling_counts_only_the_payload_the_kernel_queues() {
     let mut s2 = story(1, 41, Proto::Tcp, &[c]);
     s2.sample(sample(t0, 0, 0));
     s2.sample(sample(t0 + Duration::from_secs(5), 0, 0));
-    i2.stories.push(s2);
+    i2.stories.push(std::sync::Arc::new(s2));
     let f2 = evaluate(&i2);
     let y = f2.iter().find(|f| f.kind == kind::TCP_SNDBUF_LOCK).unwrap();
     assert!(!y.evidence.contains_key("sndbuf_payload_ratio"));
@@ -504,19 +504,25 @@ fn a_send_ceiling_counts_only_the_payload_the_kernel_queues() {
 fn a_larger_buffer_that_stops_the_drops_is_resolved() {
     let mut h = History::default();
     let mut i = inputs();
-    i.stories.push(story(
+    i.stories.push(std::sync::Arc::new(story(
         1,
         77,
         Proto::Udp,
         &[rec(BufOption::Rcvbuf, 7 << 20, 425_984, 0, true)],
-    ));
+    )));
     i.drops.push(dropping(1, 77, 6000, 100.0, 425_984));
     let t = 1_796_000_000;
     let f = evaluate_with(&i, &mut h, t);
     assert_eq!(f[0].verdict, Some(Verdict::Costing));
     assert_eq!(f[0].since, t);
     // rmem_max raised and the program set its buffer again: 14 MiB; no drop since.
-    i.stories[0].push(rec(BufOption::Rcvbuf, 7 << 20, 14_680_064, 0, false));
+    std::sync::Arc::make_mut(&mut i.stories[0]).push(rec(
+        BufOption::Rcvbuf,
+        7 << 20,
+        14_680_064,
+        0,
+        false,
+    ));
     i.drops[0].packets = 6100;
     let f = evaluate_with(&i, &mut h, t + 2);
     assert_ne!(
@@ -567,12 +573,12 @@ fn drops_that_just_stop_are_not_resolved() {
 fn a_restart_with_a_larger_buffer_is_resolved() {
     let mut h = History::new(Duration::from_secs(600));
     let mut i = inputs();
-    i.stories.push(story(
+    i.stories.push(std::sync::Arc::new(story(
         1,
         77,
         Proto::Udp,
         &[rec(BufOption::Rcvbuf, 7 << 20, 425_984, 0, true)],
-    ));
+    )));
     i.drops.push(dropping(1, 77, 6000, 100.0, 425_984));
     let t = 1_796_000_000;
     evaluate_with(&i, &mut h, t);
@@ -587,7 +593,7 @@ fn a_restart_with_a_larger_buffer_is_resolved() {
         &[rec(BufOption::Rcvbuf, 7 << 20, 14_680_064, 0, false)],
     );
     s.rcvbuf = 14_680_064;
-    i.stories = vec![s];
+    i.stories = vec![std::sync::Arc::new(s)];
     let f = evaluate_with(&i, &mut h, t + 30);
     let x = f
         .iter()
@@ -975,7 +981,7 @@ fn findings_rank_by_what_they_cost_now() {
 fn a_closed_sockets_finding_keeps_its_story_while_its_drops_linger() {
     let mut h = History::new(Duration::from_secs(600));
     let mut i = inputs();
-    i.stories.push(story(
+    i.stories.push(std::sync::Arc::new(story(
         1,
         77,
         Proto::Udp,
@@ -989,7 +995,7 @@ fn a_closed_sockets_finding_keeps_its_story_while_its_drops_linger() {
             ),
             rec(BufOption::Rcvbuf, 7 << 20, 425_984, 0, true),
         ],
-    ));
+    )));
     i.drops.push(dropping(1, 77, 5000, 120.0, 425_984));
     let t = 1_796_000_000;
     let first = evaluate_with(&i, &mut h, t);
@@ -1013,4 +1019,115 @@ fn a_closed_sockets_finding_keeps_its_story_while_its_drops_linger() {
         now.evidence["drops_per_second"], 80.0,
         "this evaluation's rate"
     );
+}
+
+/// An evaluation keeps per-socket findings as numbers: what `/metrics` reads of them (process,
+/// kind, severity, verdict) is what they say when told, in the same order, and telling them
+/// twice tells the same.
+#[test]
+fn findings_kept_as_numbers_tell_what_their_heads_say() {
+    let mut h = History::new(Duration::from_secs(600));
+    let mut i = inputs();
+    for pid in 1..=3 {
+        i.meta.insert(p(pid), ProcMeta::default());
+        for k in 0..20 {
+            let inode = u64::from(pid) * 100 + k;
+            i.stories.push(std::sync::Arc::new(story(
+                pid,
+                inode,
+                Proto::Udp,
+                &[rec(BufOption::Rcvbuf, 4096, 8192, 0, false)],
+            )));
+            i.drops
+                .push(dropping(pid, inode, 100 + k, k as f64 / 4.0, 8192));
+        }
+    }
+    let t = 1_796_000_000;
+    let found = evaluate_findings(&i, &mut h, t);
+    let told = found.render();
+    assert_eq!(found.len(), 3 * MAX_PER_KIND, "16 of 20 per process");
+    let heads: Vec<Head> = found.heads().collect();
+    let from_told: Vec<Head> = told
+        .iter()
+        .map(|f| Head {
+            pid: f.process.pid,
+            kind: f.kind,
+            severity: f.severity,
+            verdict: f.verdict,
+        })
+        .collect();
+    assert_eq!(heads, from_told);
+    assert_eq!(
+        serde_json::to_string(&told).unwrap(),
+        serde_json::to_string(&found.render()).unwrap()
+    );
+    let first = &told[0];
+    assert_eq!(first.evidence.get("sockets"), Some(&20.0));
+    assert!(
+        first.summary.contains("4 more sockets of this process"),
+        "{}",
+        first.summary
+    );
+    // The process is one allocation per process, shared by its sockets' findings.
+    assert_eq!(told.iter().filter(|f| f.process.pid == 1).count(), 16);
+}
+
+/// Time alone changes a history's verdicts only at its deadlines: a changed buffer judged
+/// after RESOLVE_AFTER, a program waiting for its costing socket's successor (every
+/// evaluation), a resolved finding's retention; none for findings that merely persist.
+#[test]
+fn the_history_says_when_time_alone_changes_it() {
+    let mut h = History::new(Duration::from_secs(600));
+    let mut i = inputs();
+    i.stories.push(std::sync::Arc::new(story(
+        1,
+        77,
+        Proto::Udp,
+        &[rec(BufOption::Rcvbuf, 7 << 20, 425_984, 0, true)],
+    )));
+    i.drops.push(dropping(1, 77, 6000, 100.0, 425_984));
+    let t = 1_796_000_000;
+    evaluate_with(&i, &mut h, t);
+    assert_eq!(h.next_change(t), None, "costing, nothing pending");
+    std::sync::Arc::make_mut(&mut i.stories[0]).push(rec(
+        BufOption::Rcvbuf,
+        7 << 20,
+        14_680_064,
+        0,
+        false,
+    ));
+    i.drops[0].rate = 0.0;
+    evaluate_with(&i, &mut h, t + 2);
+    assert_eq!(
+        h.next_change(t + 2),
+        Some(t + 2 + history::RESOLVE_AFTER),
+        "the change is judged after RESOLVE_AFTER"
+    );
+    let f = evaluate_with(&i, &mut h, t + 12);
+    assert_eq!(f[0].verdict, Some(Verdict::Resolved));
+    assert_eq!(
+        h.next_change(t + 12),
+        Some(t + 12 + 600 + 1),
+        "kept for the retention"
+    );
+    // A costing socket that goes: its program is looked for at each evaluation.
+    let mut h = History::new(Duration::from_secs(600));
+    let mut i = inputs();
+    i.drops.push(dropping(1, 78, 6000, 100.0, 212_992));
+    evaluate_with(&i, &mut h, t);
+    i.meta.clear();
+    i.drops.clear();
+    evaluate_with(&i, &mut h, t + 10);
+    assert_eq!(h.next_change(t + 10), Some(t + 10));
+}
+
+/// Drop rates over the window decay with time alone; counts that stopped moving longer ago
+/// than the window do not.
+#[test]
+fn inputs_with_rates_decay() {
+    let mut i = inputs();
+    i.drops.push(dropping(1, 77, 6000, 0.0, 212_992));
+    assert!(!i.decaying());
+    i.drops.push(dropping(1, 78, 6000, 0.5, 212_992));
+    assert!(i.decaying());
 }

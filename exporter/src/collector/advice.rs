@@ -7,23 +7,34 @@ use std::time::{Duration, Instant};
 
 use foldhash::HashSet;
 
-use crate::advice::{self, Finding, Inputs, LiveSocket};
+use crate::advice::{self, Findings, Inputs, LiveSocket};
 use crate::attribution::Procfs;
 use crate::kernel::BufferLimits;
 use crate::labels::Proto;
 use crate::signals::{AdviceCx, Signal, Store};
 use crate::store::{ProcMeta, ProcRef};
-use bufscope_api::Verdict;
 
-/// How long an evaluation of the advice rules is reused while nothing it reads changed.
+/// How long an evaluation of the advice rules is reused while nothing it reads changed but
+/// time, and time changes what it found: drop rates that decay over the window, a program
+/// waiting for its costing socket's successor.
 pub const FINDINGS_MAX_AGE: Duration = Duration::from_secs(5);
+
+/// How long an evaluation is reused while nothing it reads changed and time alone changes
+/// nothing it found before a deadline (a changed buffer judged, a resolved finding's
+/// retention): an idle node's 10,000 sockets are not re-evaluated every few seconds for the
+/// same findings. A safety net for what no room reports as a change (the host's UDP socket
+/// count some fixes quote).
+pub const FINDINGS_STEADY_MAX_AGE: Duration = Duration::from_secs(60);
 
 /// The last evaluation of the advice rules and whether it is out of date.
 pub struct AdviceCache {
     /// Window over which advice measures rates.
     window: Duration,
     /// The last evaluation: when, and its findings.
-    last: Option<(Instant, Arc<Vec<Finding>>)>,
+    last: Option<(Instant, Arc<Findings>)>,
+    /// When the last evaluation is out of date even if nothing it reads changes (see
+    /// [`FINDINGS_MAX_AGE`], [`FINDINGS_STEADY_MAX_AGE`]).
+    stale_at: Option<Instant>,
     /// Something the rules read changed since `last` was computed.
     dirty: bool,
     /// The findings' past: first seen, changes, resolved ones.
@@ -47,8 +58,12 @@ pub struct Evaluation {
 
 /// What an [`Evaluation`] found, for [`AdviceCache::apply`].
 pub struct Evaluated {
-    findings: Vec<Finding>,
+    findings: Findings,
     history: advice::History,
+    /// Its inputs had rates that time alone changes ([`Inputs::decaying`]).
+    decaying: bool,
+    /// When it ran (Unix seconds).
+    at: u64,
 }
 
 impl Evaluation {
@@ -56,18 +71,16 @@ impl Evaluation {
     pub fn run(mut self) -> Evaluated {
         // A set, not a scan of every tracked process per finding (1,000 × 1,000 per scrape).
         let tracked: HashSet<u32> = self.inputs.meta.keys().map(|p| p.tgid).collect();
-        let findings = advice::evaluate_with(&self.inputs, &mut self.history, advice::unix_now())
-            .into_iter()
-            // Gone and resolved findings outlive their process (they say what became of it);
-            // the history bounds them.
-            .filter(|f| {
-                tracked.contains(&f.process.pid)
-                    || matches!(f.verdict, Some(Verdict::Gone | Verdict::Resolved))
-            })
-            .collect();
+        let at = advice::unix_now();
+        let mut findings = advice::evaluate_findings(&self.inputs, &mut self.history, at);
+        // Gone and resolved findings outlive their process (they say what became of it); the
+        // history bounds them.
+        findings.retain(|h| tracked.contains(&h.pid) || !h.active());
         Evaluated {
             findings,
             history: self.history,
+            decaying: self.inputs.decaying(),
+            at,
         }
     }
 }
@@ -94,6 +107,7 @@ impl AdviceCache {
         Self {
             window,
             last: None,
+            stale_at: None,
             dirty: true,
             history: advice::History::new(retention),
             diag: crate::kernel::sock_diag::Diag::new(),
@@ -144,11 +158,12 @@ impl AdviceCache {
     ///
     /// Evaluating the rules walks every socket that ever dropped (10,000 of them cost more
     /// than the rest of a scrape), so the result is reused until something it depends on
-    /// changes ([`AdviceCache::dirty`]) or [`FINDINGS_MAX_AGE`] passes (drop rates decay with
-    /// time alone). `min_age`: reuse an evaluation younger than this even if something changed
+    /// changes ([`AdviceCache::dirty`]) or time alone changes it ([`FINDINGS_MAX_AGE`] while
+    /// drop rates decay, a deadline of the findings' history, [`FINDINGS_STEADY_MAX_AGE`]
+    /// at most). `min_age`: reuse an evaluation younger than this even if something changed
     /// (the rules measure rates over a minute; scrapes that come in bursts need not each
     /// re-evaluate them).
-    pub fn findings(&mut self, min_age: Duration, o: &Observed<'_>) -> Arc<Vec<Finding>> {
+    pub fn findings(&mut self, min_age: Duration, o: &Observed<'_>) -> Arc<Findings> {
         if let Some(f) = self.reusable(min_age) {
             return f;
         }
@@ -162,7 +177,7 @@ impl AdviceCache {
     /// The last evaluation, whatever its age, when there is one; else an evaluation now.
     /// For scrapes: the poll task keeps the findings fresh ([`AdviceCache::plan`] without
     /// the lock, every poll at most), so a scrape never evaluates the rules but the first.
-    pub fn latest(&mut self, o: &Observed<'_>) -> Arc<Vec<Finding>> {
+    pub fn latest(&mut self, o: &Observed<'_>) -> Arc<Findings> {
         match &self.last {
             Some((_, f)) => f.clone(),
             None => self.findings(Duration::ZERO, o),
@@ -170,12 +185,31 @@ impl AdviceCache {
     }
 
     /// The last evaluation when it may be reused: younger than `min_age`, nothing changed
-    /// and younger than [`FINDINGS_MAX_AGE`], or one is running without the lock.
-    fn reusable(&self, min_age: Duration) -> Option<Arc<Vec<Finding>>> {
+    /// and not out of date with time alone, or one is running without the lock.
+    fn reusable(&self, min_age: Duration) -> Option<Arc<Findings>> {
         let (at, f) = self.last.as_ref()?;
-        let age = at.elapsed();
-        (self.evaluating || age < min_age || (!self.dirty && age < FINDINGS_MAX_AGE))
+        let now = Instant::now();
+        let current = self.stale_at.is_some_and(|t| now < t);
+        (self.evaluating || now.duration_since(*at) < min_age || (!self.dirty && current))
             .then(|| f.clone())
+    }
+
+    /// When an evaluation made now is out of date with time alone: soon while its rates
+    /// decay or a program waits for a successor, at the history's next deadline, else after
+    /// [`FINDINGS_STEADY_MAX_AGE`].
+    fn stale_after(&self, decaying: bool, at: u64) -> Instant {
+        let now = Instant::now();
+        if decaying {
+            return now + FINDINGS_MAX_AGE;
+        }
+        let steady = now + FINDINGS_STEADY_MAX_AGE;
+        match self.history.next_change(at) {
+            // Not sooner than while rates decay.
+            Some(t) => {
+                steady.min(now + Duration::from_secs(t.saturating_sub(at)).max(FINDINGS_MAX_AGE))
+            }
+            None => steady,
+        }
     }
 
     /// An evaluation to run without the lock, when one is due (as for
@@ -200,26 +234,34 @@ impl AdviceCache {
     }
 
     /// Files what an [`Evaluation`] found; returns the findings.
-    pub fn apply(&mut self, done: Evaluated) -> Arc<Vec<Finding>> {
+    pub fn apply(&mut self, done: Evaluated) -> Arc<Findings> {
         let findings = Arc::new(done.findings);
-        drop(self.replace(done.history, findings.clone()));
+        drop(self.replace(done.history, findings.clone(), done.decaying, done.at));
         findings
     }
 
     /// Files an evaluation as [`AdviceCache::apply`] and returns the one it replaces, for
     /// the caller to free after it let go of the collector's lock (10,000 findings take
     /// tens of milliseconds to free).
-    pub fn apply_replacing(&mut self, done: Evaluated) -> Option<Arc<Vec<Finding>>> {
-        self.replace(done.history, Arc::new(done.findings))
+    pub fn apply_replacing(&mut self, done: Evaluated) -> Option<Arc<Findings>> {
+        self.replace(
+            done.history,
+            Arc::new(done.findings),
+            done.decaying,
+            done.at,
+        )
     }
 
     fn replace(
         &mut self,
         history: advice::History,
-        findings: Arc<Vec<Finding>>,
-    ) -> Option<Arc<Vec<Finding>>> {
+        findings: Arc<Findings>,
+        decaying: bool,
+        at: u64,
+    ) -> Option<Arc<Findings>> {
         self.history = history;
         self.evaluating = false;
+        self.stale_at = Some(self.stale_after(decaying, at));
         self.last
             .replace((Instant::now(), findings))
             .map(|(_, old)| old)
@@ -343,10 +385,7 @@ mod tests {
             procfs: b.attr.procfs(),
         };
         let first = cache.findings(Duration::ZERO, &o);
-        assert!(
-            first.iter().any(|f| f.process.pid == my_proc().tgid),
-            "{first:?}"
-        );
+        assert!(first.heads().any(|h| h.pid == my_proc().tgid), "{first:?}");
         let again = cache.findings(Duration::ZERO, &o);
         assert!(Arc::ptr_eq(&first, &again), "nothing changed: reused");
         cache.dirty();
@@ -400,8 +439,8 @@ mod tests {
         assert!(!Arc::ptr_eq(&first, &done));
         assert_eq!(done.len(), first.len());
         assert_eq!(
-            done.iter().map(|f| f.since).collect::<Vec<_>>(),
-            first.iter().map(|f| f.since).collect::<Vec<_>>(),
+            done.render().iter().map(|f| f.since).collect::<Vec<_>>(),
+            first.render().iter().map(|f| f.since).collect::<Vec<_>>(),
             "the history came back: first seen kept"
         );
         assert_eq!(cache.history.remembered(), done.len());
@@ -410,6 +449,42 @@ mod tests {
             cache.plan(Duration::ZERO, &o).is_some(),
             "changed while it ran: due again"
         );
+    }
+
+    /// With nothing decaying and nothing pending in the history, time alone does not make an
+    /// evaluation out of date (an idle node is not re-evaluated every few seconds), up to
+    /// FINDINGS_STEADY_MAX_AGE; decaying rates make it out of date after FINDINGS_MAX_AGE.
+    #[test]
+    fn an_evaluation_is_reused_while_only_time_passes_and_nothing_decays() {
+        let mut b = Bench::new();
+        let kernel = FakeTable::new(64);
+        let room = locked_socket(&mut b, &kernel);
+        let rooms: Vec<Box<dyn Signal>> = vec![Box::new(room)];
+        let mut cache = AdviceCache::new(Duration::from_secs(60), Duration::from_secs(1800));
+        let o = Observed {
+            rooms: &rooms,
+            store: &b.store,
+            limits: b.limits,
+            procfs: b.attr.procfs(),
+        };
+        let first = cache.findings(Duration::ZERO, &o);
+        assert!(!first.is_empty());
+        let (at, _) = cache.last.as_mut().unwrap();
+        *at = at.checked_sub(FINDINGS_MAX_AGE * 6).unwrap();
+        assert!(
+            Arc::ptr_eq(&first, &cache.findings(Duration::ZERO, &o)),
+            "older than FINDINGS_MAX_AGE, nothing decays: reused"
+        );
+        cache.stale_at = Some(Instant::now());
+        assert!(
+            !Arc::ptr_eq(&first, &cache.findings(Duration::ZERO, &o)),
+            "past FINDINGS_STEADY_MAX_AGE: evaluated again"
+        );
+        let now = Instant::now();
+        let decaying = cache.stale_after(true, advice::unix_now());
+        assert!(decaying > now && decaying <= Instant::now() + FINDINGS_MAX_AGE);
+        let steady = cache.stale_after(false, advice::unix_now());
+        assert!(steady > now + FINDINGS_MAX_AGE);
     }
 
     #[test]

@@ -90,9 +90,14 @@ fn look_up(c: &Mutex<Collector>, plan: Lookup, who: Holder, count: bool) -> Held
 /// The `/api/v1/findings` document for a request that arrived at `arrived`: the rules
 /// evaluated after a poll that started after it. When the poll task is evaluating them
 /// without the lock, the request waits for that (without the lock) and evaluates after it.
+/// The findings are told after the lock is released (10,000 sockets' findings take tens of
+/// milliseconds to tell).
 pub fn report(c: &Mutex<Collector>, arrived: Instant) -> Report {
     let held = fresh(c, arrived);
-    wait_unlocked(c, held, |h| h.advice_running()).report()
+    let mut held = wait_unlocked(c, held, |h| h.advice_running());
+    let findings = held.findings(Duration::ZERO);
+    drop(held);
+    super::tell(&findings)
 }
 
 /// One background cycle (the poll task's, every `--poll-interval`): a poll; the advice

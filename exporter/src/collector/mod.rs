@@ -33,7 +33,7 @@ use std::time::{Duration, SystemTime};
 
 use axum::body::Bytes;
 
-use crate::advice::{Finding, Inputs, Report};
+use crate::advice::{Findings, Inputs, Report};
 use crate::attribution::Attributor;
 use crate::bpf::ring::RingPositions;
 use crate::bpf::{Records, RunStats, Stats};
@@ -298,7 +298,7 @@ impl Collector {
 
     /// Findings for tracked processes, reused while nothing they read changed (see
     /// [`AdviceCache::findings`]).
-    pub fn findings(&mut self, min_age: Duration) -> Arc<Vec<Finding>> {
+    pub fn findings(&mut self, min_age: Duration) -> Arc<Findings> {
         let o = Observed {
             rooms: &self.rooms,
             store: &self.store,
@@ -331,21 +331,14 @@ impl Collector {
     /// Returns the evaluation it replaced: drop it after the lock is released (freeing
     /// 10,000 findings under the lock made every scrape behind it wait).
     #[must_use = "free the replaced findings after releasing the lock"]
-    pub fn advice_apply(&mut self, done: Evaluated) -> Option<Arc<Vec<Finding>>> {
+    pub fn advice_apply(&mut self, done: Evaluated) -> Option<Arc<Findings>> {
         self.render.changed();
         self.advice.apply_replacing(done)
     }
 
     /// The `/api/v1/findings` document.
     pub fn report(&mut self) -> Report {
-        Report {
-            version: crate::advice::SCHEMA_VERSION,
-            generated_at: SystemTime::now()
-                .duration_since(SystemTime::UNIX_EPOCH)
-                .map(|d| d.as_secs())
-                .unwrap_or(0),
-            findings: self.findings(Duration::ZERO).as_ref().clone(),
-        }
+        tell(&self.findings(Duration::ZERO))
     }
 
     /// Expires exited processes and deletes map entries of closed sockets, all under one
@@ -429,6 +422,20 @@ impl Collector {
     }
 }
 
+/// The `/api/v1/findings` document of an evaluation: its findings told here, where they are
+/// served (an evaluation keeps them as numbers), without the collector's lock when the
+/// caller let go of it ([`report`]).
+fn tell(findings: &Findings) -> Report {
+    Report {
+        version: crate::advice::SCHEMA_VERSION,
+        generated_at: SystemTime::now()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or(0),
+        findings: findings.render(),
+    }
+}
+
 /// Locks the collector shared by the daemon's tasks for an HTTP request ([`lock_as`]).
 pub fn lock(c: &Mutex<Collector>) -> Held<'_> {
     lock_as(c, Holder::Request)
@@ -497,7 +504,7 @@ mod tests {
                 procfs: g.attr.procfs(),
             });
             assert!(
-                f.iter().any(|f| f.process.pid == my_proc().tgid),
+                f.heads().any(|h| h.pid == my_proc().tgid),
                 "the background cycle evaluated: {f:?}"
             );
             f
@@ -535,6 +542,7 @@ mod tests {
                 .iter()
                 .find(|f| f.process.pid == my_proc().tgid)
                 .unwrap();
+            let first = first.render();
             let was = first
                 .iter()
                 .find(|f| f.process.pid == my_proc().tgid)

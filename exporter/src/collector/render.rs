@@ -6,7 +6,7 @@ use std::time::Duration;
 use axum::body::Bytes;
 use prometheus::proto::MetricFamily;
 
-use crate::advice::Finding;
+use crate::advice::Findings;
 use crate::attribution::procfs::Procfs;
 use crate::exposition::{self, Created, Format, Health, selfmetrics};
 use crate::signals::{self, Row, Signal, Store};
@@ -22,7 +22,7 @@ pub struct Exposed<'a> {
     /// Health facts.
     pub health: &'a Health,
     /// The advice's findings.
-    pub findings: &'a [Finding],
+    pub findings: &'a Findings,
     /// How long each room's last poll took.
     pub poll_durations: &'a [(&'static str, Duration)],
     /// (probe, run time ns, runs), with `--bpf.run-stats`.
@@ -201,7 +201,7 @@ mod tests {
             store: &b.store,
             rows: &[],
             health: &health,
-            findings: &[],
+            findings: &Findings::default(),
             poll_durations: &[("drops", Duration::from_millis(2))],
             probe_runs: &[],
             collector: Vec::new(),

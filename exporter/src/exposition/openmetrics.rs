@@ -297,7 +297,7 @@ mod tests {
     fn families(
         store: &mut Store,
         health: &Health,
-        findings: &[crate::advice::Finding],
+        findings: &crate::advice::Findings,
     ) -> Vec<MetricFamily> {
         let procs = shown(store);
         let mut out = Vec::new();
@@ -331,7 +331,12 @@ mod tests {
             ..ProcMeta::default()
         });
         s.parts.0.insert("SOCKET_RCVBUFF", 5);
-        let text = encode(&families(&mut store, &Health::default(), &[])).unwrap();
+        let text = encode(&families(
+            &mut store,
+            &Health::default(),
+            &Default::default(),
+        ))
+        .unwrap();
         assert!(
             text.contains(r#"bufscope_socket_drops_total{comm="a\"b\\c\nd",container="",cgroup="/",proto="udp",reason="SOCKET_RCVBUFF"} 5"#),
             "{text}"
@@ -417,7 +422,7 @@ mod tests {
         let mut store = store_with("a\"b\\c\nd", 5);
         // One event without an owner: its series (and HELP) is shown once it counts.
         store.attribution_unknown.insert("drops", 1);
-        let fams = families(&mut store, &health(), &[]);
+        let fams = families(&mut store, &health(), &Default::default());
         let rows = store.rows();
         let mut created = Created::default();
         let cts = created_times(&mut created, &store, &rows, &fams);
@@ -461,7 +466,7 @@ mod tests {
     fn created_times_are_stable_and_new_series_start_after_the_last_exposition() {
         let mut store = store_with("a", 5);
         let mut created = Created::default();
-        let fams = families(&mut store, &health(), &[]);
+        let fams = families(&mut store, &health(), &Default::default());
         let first = created_times(&mut created, &store, &store.rows(), &fams);
         let started = unix_seconds(store.started());
         // Self-metrics count since the exporter started.
@@ -477,7 +482,7 @@ mod tests {
         assert_eq!(first[i], started);
         std::thread::sleep(Duration::from_millis(20));
         // A second exposition: same created times.
-        let fams = families(&mut store, &health(), &[]);
+        let fams = families(&mut store, &health(), &Default::default());
         let again = created_times(&mut created, &store, &store.rows(), &fams);
         assert_eq!(first, again);
         let before_new = unix_seconds(SystemTime::now());
@@ -493,7 +498,7 @@ mod tests {
             .parts
             .0
             .insert("PROTO_MEM", 3);
-        let fams = families(&mut store, &health(), &[]);
+        let fams = families(&mut store, &health(), &Default::default());
         let third = created_times(&mut created, &store, &store.rows(), &fams);
         let text = encode_openmetrics(&fams, &third);
         let line = text
@@ -508,7 +513,7 @@ mod tests {
         );
         // A series that went away and came back is new again.
         let mut c2 = Created::default();
-        let fams = families(&mut store, &health(), &[]);
+        let fams = families(&mut store, &health(), &Default::default());
         created_times(&mut c2, &store, &store.rows(), &fams);
         assert_eq!(c2.len(), created.len());
         created_times(&mut c2, &Store::new(10, Duration::from_secs(1)), &[], &[]);

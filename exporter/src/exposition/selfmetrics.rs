@@ -4,7 +4,7 @@
 use prometheus::proto::MetricFamily;
 
 use super::{Family, PROCESS_LABELS, Spec, identity_labels};
-use crate::advice::Finding;
+use crate::advice::Findings;
 use crate::bpf::pins::PinsReport;
 use crate::store::series::OVERFLOW;
 use crate::store::{Admission, Parts, ProcRef, Row, Store};
@@ -203,7 +203,7 @@ fn single(spec: &Spec, value: f64, out: &mut Vec<MetricFamily>) {
 pub fn families<P: Parts>(
     store: &Store<P>,
     health: &Health,
-    findings: &[Finding],
+    findings: &Findings,
     attributed: impl Iterator<Item = &'static str>,
     alive: &dyn Fn(&ProcRef) -> bool,
     out: &mut Vec<MetricFamily>,
@@ -271,27 +271,19 @@ fn shown_identity<P: Parts>(store: &Store<P>, p: &ProcRef) -> Option<Row<()>> {
     })
 }
 
-/// A finding that counts now (not `resolved`, not `gone`).
-fn active(f: &Finding) -> bool {
-    !matches!(
-        f.verdict,
-        Some(bufscope_api::Verdict::Resolved | bufscope_api::Verdict::Gone)
-    )
-}
-
 /// `bufscope_finding`: per identity shown, kind and severity (no pid, no socket: bounded by
 /// the identities × kinds × severities), how many active findings its processes have.
 /// Findings may be up to a second old (see `Collector::findings`): only those of processes
 /// tracked now count; resolved and gone ones do not.
-fn findings_family<P: Parts>(store: &Store<P>, findings: &[Finding], out: &mut Vec<MetricFamily>) {
+fn findings_family<P: Parts>(store: &Store<P>, findings: &Findings, out: &mut Vec<MetricFamily>) {
     let by_pid: foldhash::HashMap<u32, ProcRef> =
         store.procs().map(|(p, _)| (p.tgid, *p)).collect();
     // Counted per process first: its identity is looked up once, not once per finding
     // (10,000 sockets' findings of 1,000 processes).
     let mut per_pid: foldhash::HashMap<(u32, &str, &str), u64> = foldhash::HashMap::default();
-    for x in findings.iter().filter(|x| active(x)) {
+    for x in findings.heads().filter(|x| x.active()) {
         *per_pid
-            .entry((x.process.pid, x.kind, x.severity.as_str()))
+            .entry((x.pid, x.kind, x.severity.as_str()))
             .or_default() += 1;
     }
     let mut rows: foldhash::HashMap<u32, Option<Row<()>>> = foldhash::HashMap::default();
@@ -334,14 +326,14 @@ pub const INFO_MIN_AGE_FINDING_SECS: f64 = 10.0;
 /// past the threshold (300 processes of a churn got info series of their own that way).
 fn process_info<P: Parts>(
     store: &Store<P>,
-    findings: &[Finding],
+    findings: &Findings,
     alive: &dyn Fn(&ProcRef) -> bool,
     out: &mut Vec<MetricFamily>,
 ) {
     let with_finding: foldhash::HashSet<u32> = findings
-        .iter()
-        .filter(|f| active(f))
-        .map(|f| f.process.pid)
+        .heads()
+        .filter(|f| f.active())
+        .map(|f| f.pid)
         .collect();
     let uptime = std::fs::read_to_string("/proc/uptime")
         .ok()
@@ -418,6 +410,7 @@ fn pins_families(health: &Health, out: &mut Vec<MetricFamily>) {
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
+    use crate::advice::Finding;
     use crate::exposition::encode;
     use crate::signals::Store;
     use crate::store::{ProcMeta, Who};
@@ -498,7 +491,7 @@ mod tests {
         families(
             &store,
             &Health::default(),
-            &[],
+            &Findings::default(),
             std::iter::empty(),
             &|_| true,
             &mut out,
@@ -582,14 +575,14 @@ mod tests {
         families(
             &store,
             &Health::default(),
-            &[
+            &Findings::from(vec![
                 finding(201),
                 finding(202),
                 Finding {
                     verdict: Some(bufscope_api::Verdict::Resolved),
                     ..finding(203)
                 },
-            ],
+            ]),
             std::iter::empty(),
             &|_| true,
             &mut out,
@@ -629,7 +622,7 @@ mod tests {
         families(
             &store,
             &Health::default(),
-            &[],
+            &Findings::default(),
             std::iter::empty(),
             &|_| true,
             &mut out,

@@ -248,7 +248,7 @@ impl Part for ProcSockopt {
 /// The setsockopt room.
 pub struct Setsockopt {
     /// Every socket's calls, by inode, for advice.
-    stories: HashMap<u64, SocketStory>,
+    stories: HashMap<u64, std::sync::Arc<SocketStory>>,
     /// How each network namespace of those sockets sees the limits (read once per namespace).
     ns_limits: BTreeMap<u32, NsLimits>,
     /// When each namespace's view was last read, and through which process.
@@ -351,9 +351,16 @@ impl Setsockopt {
         } else {
             ev.rcvbuf_after
         };
-        let story = self.stories.entry(ev.inode).or_insert_with(|| {
-            SocketStory::new(owner, ev.inode, Proto::from_ip(ev.proto), ev.netns)
-        });
+        // Shared with the last evaluation of the advice (and the findings it keeps): copied
+        // only when one still holds it.
+        let story = std::sync::Arc::make_mut(self.stories.entry(ev.inode).or_insert_with(|| {
+            std::sync::Arc::new(SocketStory::new(
+                owner,
+                ev.inode,
+                Proto::from_ip(ev.proto),
+                ev.netns,
+            ))
+        }));
         if story.total == 0 {
             story.rcvbuf = ev.rcvbuf_after;
             story.sndbuf = ev.sndbuf_after;

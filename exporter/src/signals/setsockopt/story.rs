@@ -95,7 +95,7 @@ pub fn own_netns() -> Option<u32> {
 pub fn refresh_tcp(
     diag: &mut Diag,
     last: &mut Option<Instant>,
-    stories: &mut HashMap<u64, SocketStory>,
+    stories: &mut HashMap<u64, std::sync::Arc<SocketStory>>,
     procfs: &Procfs,
     now: Instant,
 ) -> bool {
@@ -134,9 +134,9 @@ pub fn refresh_tcp(
             continue;
         }
         if let Some(d) = read.get(&s.inode) {
-            s.sample(TcpSample { at: now, diag: *d });
+            std::sync::Arc::make_mut(s).sample(TcpSample { at: now, diag: *d });
         } else if let Some(e) = errors.get(&s.netns) {
-            s.tcp_error = Some(e.clone());
+            std::sync::Arc::make_mut(s).tcp_error = Some(e.clone());
         }
     }
     true
