@@ -185,7 +185,10 @@ struct HostRun {
 fn host_suite(a: &Args) -> anyhow::Result<HostRun> {
     let started = Instant::now();
     let only_doc = a.doc && a.tests.is_empty() && a.bins.is_empty() && !a.lib;
-    let with_doc = a.doc || (a.tests.is_empty() && a.bins.is_empty() && !a.lib);
+    // Doc tests live in library targets: a selection of packages without one (the tunnel's
+    // binary crate) has none, and `cargo test --doc` refuses it.
+    let with_doc = (a.doc || (a.tests.is_empty() && a.bins.is_empty() && !a.lib))
+        && (a.packages.is_empty() || a.packages.iter().any(|p| has_lib(p)));
     let mut binaries = Vec::new();
     let mut slowest = Vec::new();
     let mut status = ExitStatus::default();
@@ -262,6 +265,34 @@ fn host_suite(a: &Args) -> anyhow::Result<HostRun> {
 
 /// The packages `a` selects (the workspace but the BPF crate when none), and the binary
 /// under test.
+/// Whether workspace package `name` has a library target (true when `cargo metadata` cannot
+/// tell: `cargo test --doc` then says what is wrong).
+fn has_lib(name: &str) -> bool {
+    let out = cargo()
+        .args(["metadata", "--no-deps", "--format-version", "1"])
+        .output();
+    let Ok(out) = out else {
+        return true;
+    };
+    let Ok(meta) = serde_json::from_slice::<serde_json::Value>(&out.stdout) else {
+        return true;
+    };
+    lib_in_metadata(&meta, name).unwrap_or(true)
+}
+
+/// Whether `cargo metadata`'s package `name` has a `lib` target (None: no such package).
+fn lib_in_metadata(meta: &serde_json::Value, name: &str) -> Option<bool> {
+    let pkg = meta["packages"]
+        .as_array()?
+        .iter()
+        .find(|p| p["name"] == name)?;
+    Some(pkg["targets"].as_array()?.iter().any(|t| {
+        t["kind"]
+            .as_array()
+            .is_some_and(|k| k.iter().any(|k| k == "lib"))
+    }))
+}
+
 fn selection(c: &mut Command, a: &Args) {
     c.env(
         "BUFSCOPE_BIN",
@@ -543,6 +574,20 @@ mod tests {
         ] {
             assert_eq!(needs_static(&args(line)), want, "{line:?}");
         }
+    }
+
+    /// The tunnel (a binary crate) has no library, so no doc tests; the exporter has one.
+    #[test]
+    fn doc_tests_only_for_packages_with_a_library() {
+        let meta = serde_json::json!({"packages": [
+            {"name": "bufscope-tunnel", "targets": [{"kind": ["bin"]}, {"kind": ["test"]}]},
+            {"name": "bufscope", "targets": [{"kind": ["lib"]}, {"kind": ["bin"]}]},
+        ]});
+        assert_eq!(lib_in_metadata(&meta, "bufscope-tunnel"), Some(false));
+        assert_eq!(lib_in_metadata(&meta, "bufscope"), Some(true));
+        assert_eq!(lib_in_metadata(&meta, "nope"), None);
+        assert!(!has_lib("bufscope-tunnel"), "this workspace's tunnel crate");
+        assert!(has_lib("bufscope"));
     }
 
     #[test]
