@@ -5,6 +5,7 @@
 pub mod btf;
 pub mod caps;
 pub mod compat;
+pub mod netlink;
 pub mod reasons;
 pub mod sock_diag;
 pub mod wg_netlink;

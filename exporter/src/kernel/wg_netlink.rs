@@ -5,25 +5,20 @@
 //! them, the others only more peers).
 //!
 //! Both answer for the network namespace the netlink socket was made in: another namespace
-//! is read from a short-lived thread that enters it ([`crate::kernel::sock_diag::in_netns`],
+//! is read from a short-lived thread that enters it ([`super::netlink::in_netns`],
 //! `setns`: `CAP_SYS_ADMIN` over it). `WG_CMD_GET_DEVICE` needs `CAP_NET_ADMIN` in that
 //! namespace, and its answer carries the device's private key: only the name and the port are
 //! kept, and the receive buffer is zeroed after each read.
 
 use std::io;
-use std::os::fd::{AsRawFd as _, FromRawFd as _, OwnedFd};
 use std::path::Path;
-use std::time::Duration;
+
+use super::netlink::{NLMSG_HDR, attrs, exchange, header, socket, u32_at};
 
 /// `NETLINK_GENERIC`.
 const NETLINK_GENERIC: i32 = 16;
 /// `NETLINK_ROUTE`.
 const NETLINK_ROUTE: i32 = 0;
-/// `NLMSG_ERROR`, `NLMSG_DONE`.
-const NLMSG_ERROR: u16 = 2;
-const NLMSG_DONE: u16 = 3;
-/// `sizeof(struct nlmsghdr)`.
-const NLMSG_HDR: usize = 16;
 /// `RTM_NEWLINK`, `RTM_GETLINK`.
 const RTM_NEWLINK: u16 = 16;
 const RTM_GETLINK: u16 = 18;
@@ -48,13 +43,6 @@ const WG_CMD_GET_DEVICE: u8 = 0;
 const WGDEVICE_A_IFINDEX: u16 = 1;
 const WGDEVICE_A_IFNAME: u16 = 2;
 const WGDEVICE_A_LISTEN_PORT: u16 = 6;
-/// `NLA_TYPE_MASK`: an attribute's type without the nested/byte-order flags.
-const NLA_TYPE_MASK: u16 = 0x3fff;
-/// Receive buffer: a dump's datagrams are at most 32 KiB (`netlink_recvmsg`); a device
-/// message with many peers fills one.
-const RECV_BUF: usize = 32 * 1024;
-/// How long a read waits for the kernel's answer before giving up.
-const TIMEOUT: Duration = Duration::from_secs(2);
 
 /// A kernel WireGuard device.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -179,7 +167,7 @@ pub fn devices_in(ns: Option<&Path>, family: u16) -> Result<Vec<Device>, WgNetli
         return devices(family);
     };
     let mut inner = None;
-    let entered = crate::kernel::sock_diag::in_netns(path, || {
+    let entered = super::netlink::in_netns(path, || {
         inner = Some(devices(family));
         Ok(())
     });
@@ -214,54 +202,6 @@ fn wireguard_links() -> io::Result<Vec<(u32, String)>> {
     Ok(links)
 }
 
-/// A netlink socket of `protocol` in the calling thread's namespace, its reads bounded by
-/// [`TIMEOUT`].
-fn socket(protocol: i32) -> io::Result<OwnedFd> {
-    // SAFETY: plain socket(2); the fd is owned by the OwnedFd on success.
-    let fd = unsafe {
-        libc::socket(
-            libc::AF_NETLINK,
-            libc::SOCK_RAW | libc::SOCK_CLOEXEC,
-            protocol,
-        )
-    };
-    if fd < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: fd is a fresh descriptor nobody else owns.
-    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-    let tv = libc::timeval {
-        tv_sec: TIMEOUT.as_secs() as libc::time_t,
-        tv_usec: 0,
-    };
-    // SAFETY: setsockopt(2) with a timeval of the size given.
-    let rc = unsafe {
-        libc::setsockopt(
-            fd.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_RCVTIMEO,
-            (&raw const tv).cast(),
-            std::mem::size_of::<libc::timeval>() as libc::socklen_t,
-        )
-    };
-    if rc != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(fd)
-}
-
-/// An `nlmsghdr` for a message whose payload is `payload` bytes (the length is fixed up by
-/// the caller when attributes follow).
-fn header(kind: u16, flags: i32, seq: u32, payload: usize) -> Vec<u8> {
-    let mut m = Vec::with_capacity(NLMSG_HDR + payload);
-    m.extend_from_slice(&((NLMSG_HDR + payload) as u32).to_ne_bytes());
-    m.extend_from_slice(&kind.to_ne_bytes());
-    m.extend_from_slice(&(flags as u16).to_ne_bytes());
-    m.extend_from_slice(&seq.to_ne_bytes());
-    m.extend_from_slice(&0u32.to_ne_bytes());
-    m
-}
-
 /// A generic netlink request: header, `genlmsghdr` (`cmd`, `version`) and `attrs`.
 fn genl_request(
     family: u16,
@@ -284,107 +224,10 @@ fn genl_request(
     m
 }
 
-/// Sends `req` (sequence `seq`) on `fd` and calls `each` with the type and body (after the
-/// `nlmsghdr`) of every message of its answer, until the dump is done or the request
-/// acknowledged. The receive buffer is zeroed after each read (a device's answer carries its
-/// private key).
-fn exchange(
-    fd: &OwnedFd,
-    req: &[u8],
-    seq: u32,
-    mut each: impl FnMut(u16, &[u8]),
-) -> io::Result<()> {
-    // SAFETY: send(2) of a buffer we own; an unbound netlink socket sends to the kernel.
-    let n = unsafe { libc::send(fd.as_raw_fd(), req.as_ptr().cast(), req.len(), 0) };
-    if n < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    let mut buf = vec![0u8; RECV_BUF];
-    let r = loop {
-        // SAFETY: recv(2) into a buffer we own, at most its length.
-        let n = unsafe { libc::recv(fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), 0) };
-        if n < 0 {
-            let e = io::Error::last_os_error();
-            if e.kind() == io::ErrorKind::Interrupted {
-                continue;
-            }
-            break Err(e);
-        }
-        let n = n as usize;
-        let done = if n == 0 {
-            Ok(true)
-        } else {
-            messages(&buf[..n], seq, &mut each)
-        };
-        buf[..n].fill(0);
-        match done {
-            Ok(false) => {}
-            r => break r.map(|_| ()),
-        }
-    };
-    // The compiler may not drop a write to memory that is read afterwards.
-    std::hint::black_box(&buf);
-    r
-}
-
-/// Walks the netlink messages of one datagram answering request `seq` (messages of another
-/// sequence are skipped); true once the dump is done (`NLMSG_DONE`) or the request
-/// acknowledged (`NLMSG_ERROR` with 0); a kernel error is returned with its errno.
-fn messages(mut b: &[u8], seq: u32, each: &mut impl FnMut(u16, &[u8])) -> io::Result<bool> {
-    while b.len() >= NLMSG_HDR {
-        let len = u32_at(b, 0) as usize;
-        let kind = u16::from_ne_bytes([b[4], b[5]]);
-        if len < NLMSG_HDR || len > b.len() {
-            return Err(io::Error::other("truncated netlink message"));
-        }
-        let msg = &b[NLMSG_HDR..len];
-        if u32_at(b, 8) == seq {
-            match kind {
-                NLMSG_DONE => return Ok(true),
-                NLMSG_ERROR => {
-                    let errno = u32_at(msg, 0) as i32;
-                    return if errno == 0 {
-                        Ok(true)
-                    } else {
-                        Err(io::Error::from_raw_os_error(-errno))
-                    };
-                }
-                _ => each(kind, msg),
-            }
-        }
-        b = b.get(len.next_multiple_of(4)..).unwrap_or(&[]);
-    }
-    Ok(false)
-}
-
-/// The attributes (`struct nlattr`) of `b`: (type without flags, value).
-fn attrs(mut b: &[u8]) -> impl Iterator<Item = (u16, &[u8])> {
-    std::iter::from_fn(move || {
-        if b.len() < 4 {
-            return None;
-        }
-        let len = usize::from(u16::from_ne_bytes([b[0], b[1]]));
-        let kind = u16::from_ne_bytes([b[2], b[3]]) & NLA_TYPE_MASK;
-        if len < 4 || len > b.len() {
-            return None;
-        }
-        let value = &b[4..len];
-        b = b.get(len.next_multiple_of(4)..).unwrap_or(&[]);
-        Some((kind, value))
-    })
-}
-
 /// A NUL-terminated string attribute's text (lossy: interface names are bytes).
 fn string(v: &[u8]) -> String {
     let end = v.iter().position(|c| *c == 0).unwrap_or(v.len());
     String::from_utf8_lossy(&v[..end]).into_owned()
-}
-
-/// Reads a host-order `u32` at `off` of `b`, 0 when `b` is shorter.
-fn u32_at(b: &[u8], off: usize) -> u32 {
-    b.get(off..off + 4)
-        .and_then(|s| s.try_into().ok())
-        .map_or(0, u32::from_ne_bytes)
 }
 
 /// An `RTM_NEWLINK` body: (ifindex, name, `IFLA_INFO_KIND` where it has one).
@@ -438,6 +281,7 @@ fn parse_device(body: &[u8]) -> Option<Device> {
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
+    use crate::kernel::netlink::messages;
 
     /// A capture (`wg_netlink_testdata/*.hex`: the kernel's answer datagrams, hex) as bytes.
     fn capture(hex: &str) -> Vec<u8> {
@@ -540,22 +384,6 @@ mod tests {
         assert_eq!(&r[16..20], &[CTRL_CMD_GETFAMILY, 2, 0, 0]);
         let a: Vec<_> = attrs(&r[20..]).collect();
         assert_eq!(a, vec![(CTRL_ATTR_FAMILY_NAME, &b"wireguard\0"[..])]);
-    }
-
-    #[test]
-    fn acks_end_and_errors_carry_the_errno() {
-        let mut ack = header(NLMSG_ERROR, 0, 3, 4);
-        ack.extend_from_slice(&0i32.to_ne_bytes());
-        assert!(messages(&ack, 3, &mut |_, _| ()).unwrap());
-        let mut e = header(NLMSG_ERROR, 0, 3, 4);
-        e.extend_from_slice(&(-libc::ENOENT).to_ne_bytes());
-        let err = messages(&e, 3, &mut |_, _| ()).unwrap_err();
-        assert_eq!(err.raw_os_error(), Some(libc::ENOENT));
-        // Another request's error is not this one's.
-        assert!(!messages(&e, 4, &mut |_, _| ()).unwrap());
-        let mut short = header(RTM_NEWLINK, 0, 3, 40);
-        short.extend_from_slice(&[0; 8]);
-        assert!(messages(&short, 3, &mut |_, _| ()).is_err());
     }
 
     /// This machine's own links, read with the same dump: every one has a name and an index,

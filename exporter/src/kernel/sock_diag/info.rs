@@ -7,7 +7,7 @@ use std::path::Path;
 
 use foldhash::HashSet;
 
-use super::{DIAG_INODE, DIAG_MSG, RECV_BUF, diag_socket, dump, in_netns, netns_of, request};
+use super::{DIAG_INODE, DIAG_MSG, diag_socket, dump, in_netns, netns_of, request};
 use super::{u32_at, u64_at};
 
 /// `INET_DIAG_INFO` (attribute type; the request's `idiag_ext` bit is `1 << (type - 1)`).
@@ -141,10 +141,9 @@ fn dump_sockets(
         0
     };
     let ext = info | (1u8 << (INET_DIAG_SKMEMINFO - 1));
-    let mut buf = vec![0u8; RECV_BUF];
     for (seq, family) in [(1u32, libc::AF_INET as u8), (2, libc::AF_INET6 as u8)] {
         let req = request(family, protocol, u32::MAX, ext, seq);
-        dump(fd, &req, seq, &mut buf, |msg| {
+        dump(fd, &req, seq, |msg| {
             if let Some((inode, d)) = parse_reply(msg)
                 && want.contains(&inode)
             {

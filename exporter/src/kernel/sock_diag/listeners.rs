@@ -7,7 +7,7 @@ use std::path::Path;
 
 use foldhash::{HashMap, HashMapExt as _};
 
-use super::{DIAG_INODE, DIAG_MSG, RECV_BUF, diag_socket, dump, in_netns, request, u32_at};
+use super::{DIAG_INODE, DIAG_MSG, diag_socket, dump, in_netns, request, u32_at};
 
 /// `TCP_LISTEN`.
 const TCP_LISTEN: u32 = 10;
@@ -20,10 +20,9 @@ pub type Listeners = HashMap<u16, u64>;
 pub fn tcp_listeners() -> io::Result<Listeners> {
     let fd = diag_socket()?;
     let mut out = Listeners::new();
-    let mut buf = vec![0u8; RECV_BUF];
     for (seq, family) in [(1u32, libc::AF_INET as u8), (2, libc::AF_INET6 as u8)] {
         let req = request(family, libc::IPPROTO_TCP as u8, 1 << TCP_LISTEN, 0, seq);
-        dump(&fd, &req, seq, &mut buf, |msg| {
+        dump(&fd, &req, seq, |msg| {
             if msg.len() < DIAG_MSG {
                 return;
             }

@@ -11,7 +11,8 @@ use foldhash::{HashMap, HashMapExt as _, HashSet};
 
 use crate::advice::{LimitScope, NsLimits, SocketStory, TcpSample};
 use crate::attribution::Procfs;
-use crate::kernel::sock_diag::{Diag, in_netns, netns_of};
+use crate::kernel::netlink::in_netns;
+use crate::kernel::sock_diag::{Diag, netns_of};
 use crate::labels::Proto;
 
 /// Most sockets whose story is kept (an arbitrary old one goes first beyond).
