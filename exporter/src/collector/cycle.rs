@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 const IN_FLIGHT_WAIT: Duration = Duration::from_secs(2);
 
 use super::{Collector, Held, Holder, lock_as};
-use crate::advice::Report;
+use crate::advice::{Report, Selection};
 use crate::attribution::{Found, Lookup};
 
 impl Collector {
@@ -87,17 +87,18 @@ fn look_up(c: &Mutex<Collector>, plan: Lookup, who: Holder, count: bool) -> Held
     held
 }
 
-/// The `/api/v1/findings` document for a request that arrived at `arrived`: the rules
+/// The `/api/v1/findings` document (the findings `sel` asks for) for a request that arrived
+/// at `arrived`: the rules
 /// evaluated after a poll that started after it. When the poll task is evaluating them
 /// without the lock, the request waits for that (without the lock) and evaluates after it.
 /// The findings are told after the lock is released (10,000 sockets' findings take tens of
 /// milliseconds to tell).
-pub fn report(c: &Mutex<Collector>, arrived: Instant) -> Report {
+pub fn report(c: &Mutex<Collector>, arrived: Instant, sel: &Selection) -> Report {
     let held = fresh(c, arrived);
     let mut held = wait_unlocked(c, held, |h| h.advice_running());
     let findings = held.findings(Duration::ZERO);
     drop(held);
-    super::tell(&findings)
+    super::tell(&findings, sel)
 }
 
 /// One background cycle (the poll task's, every `--poll-interval`): a poll; the advice
