@@ -181,6 +181,7 @@ pub fn run(a: &Args) -> anyhow::Result<()> {
 
     let started = Instant::now();
     let load_before = loadavg();
+    let source = doc::source();
     let work = std::env::temp_dir().join(format!("bsl-bench-{}", std::process::id()));
     std::fs::create_dir_all(&work).with_context(|| format!("creating {}", work.display()))?;
     let keys = Keys::generate(&work)?;
@@ -222,7 +223,15 @@ pub fn run(a: &Args) -> anyhow::Result<()> {
         elapsed.as_secs_f64()
     );
     if a.update_doc {
-        doc::update(a, &table, &summary, elapsed, &load_before, &load_after)?;
+        doc::update(
+            a,
+            &source,
+            &table,
+            &summary,
+            elapsed,
+            &load_before,
+            &load_after,
+        )?;
     }
     Ok(())
 }
