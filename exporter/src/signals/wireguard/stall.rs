@@ -274,6 +274,7 @@ impl Stall {
     }
 
     /// (namespace, device, peer key) of every stalled peer.
+    #[cfg(test)]
     pub fn stalled(&self) -> Vec<(u32, String, String)> {
         self.devices
             .iter()
