@@ -422,6 +422,45 @@ mod tests {
         assert_eq!(d.name(10, 51820), "wg-renamed");
     }
 
+    /// The periodic read: a namespace with a device at every period, one without only every
+    /// EMPTY_RECHECK; names learned for the drops' label; a namespace that went is forgotten.
+    #[test]
+    fn the_periodic_read_skips_namespaces_without_devices_between_rechecks() {
+        let fake = Fake::default();
+        fake.devices
+            .lock()
+            .unwrap()
+            .insert(10, Ok(vec![(51820, "wg0")]));
+        let mut d = Devices::new(Box::new(fake.clone()));
+        let targets: BTreeMap<u32, PathBuf> = [
+            (10, PathBuf::from("/run/netns/a")),
+            (11, PathBuf::from("/proc/1/ns/net")),
+        ]
+        .into_iter()
+        .collect();
+        let t0 = Instant::now();
+        let read = d.scan(&targets, t0);
+        assert_eq!(read.len(), 2);
+        assert_eq!(d.name(10, 51820), "wg0", "learned for the drops");
+        d.scan(&targets, t0 + Duration::from_secs(10));
+        assert_eq!(*fake.reads.lock().unwrap(), vec![10, 11, 10]);
+        d.scan(&targets, t0 + EMPTY_RECHECK);
+        assert_eq!(*fake.reads.lock().unwrap(), vec![10, 11, 10, 10, 11]);
+        // Namespace 11 went; 12 appeared: read at once.
+        let targets: BTreeMap<u32, PathBuf> = [
+            (10, PathBuf::from("/run/netns/a")),
+            (12, PathBuf::from("/proc/2/ns/net")),
+        ]
+        .into_iter()
+        .collect();
+        d.scan(&targets, t0 + EMPTY_RECHECK + Duration::from_secs(1));
+        assert_eq!(
+            *fake.reads.lock().unwrap(),
+            vec![10, 11, 10, 10, 11, 10, 12]
+        );
+        assert!(!d.scanned.contains_key(&11));
+    }
+
     #[test]
     fn this_namespace_reads_without_error_or_says_why() {
         // Without the module (this VM) the family is missing; with it, the list is read.
