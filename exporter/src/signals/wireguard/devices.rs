@@ -112,6 +112,9 @@ pub fn scan_targets(
     now: Instant,
 ) -> BTreeMap<u32, PathBuf> {
     let mut out = BTreeMap::new();
+    // A bind mount of a namespace is on nsfs, as this process's own namespace file is (a file
+    // left where a mount failed is not).
+    let nsfs = std::fs::metadata("/proc/self/ns/net").ok().map(|m| m.dev());
     for dir in NETNS_DIRS {
         let Ok(entries) = std::fs::read_dir(dir) else {
             continue;
@@ -119,6 +122,7 @@ pub fn scan_targets(
         for e in entries.flatten() {
             let p = e.path();
             if let Ok(m) = std::fs::metadata(&p)
+                && Some(m.dev()) == nsfs
                 && let Ok(ino) = u32::try_from(m.ino())
             {
                 out.entry(ino).or_insert(p);
@@ -459,6 +463,23 @@ mod tests {
             vec![10, 11, 10, 10, 11, 10, 12]
         );
         assert!(!d.scanned.contains_key(&11));
+    }
+
+    /// This machine: its own namespace is a target, and every target opens a namespace file
+    /// whose inode is the target's.
+    #[test]
+    fn scan_targets_are_namespaces_that_open() {
+        let procfs = Procfs::default();
+        let pids = procfs.pids();
+        let mut ns = crate::signals::netlink::namespaces::Namespaces::new();
+        let targets = scan_targets(&mut ns, &procfs, &pids, Instant::now());
+        let own = own_netns().unwrap();
+        assert!(targets.contains_key(&own), "{targets:?}");
+        for (ino, path) in &targets {
+            if let Ok(m) = std::fs::metadata(path) {
+                assert_eq!(m.ino(), u64::from(*ino), "{path:?}");
+            }
+        }
     }
 
     #[test]
