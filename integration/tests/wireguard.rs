@@ -626,8 +626,9 @@ fn kernel_wireguard_stall_is_reported_for_the_blocked_peer_only() {
     };
     // Healthy: every device of both namespaces read (B's through its bind mount: nothing
     // lives there), one peer each, none stalled.
-    let healthy = bufscope_integration::eventually(
-        Duration::from_secs(30),
+    let healthy = within(
+        &exporter,
+        Duration::from_secs(60),
         "bufscope to list the four WireGuard devices of A and B",
         || {
             let m = exporter.scrape();
@@ -660,7 +661,8 @@ fn kernel_wireguard_stall_is_reported_for_the_blocked_peer_only() {
     std::thread::sleep(Duration::from_secs(1));
     let (hs0, rx0) = wg_peer(&t.a, "wg0");
     let mut handshakes = vec![hs0];
-    let stalled_after = bufscope_integration::eventually(
+    let stalled_after = within(
+        &exporter,
         Duration::from_secs(150),
         "bufscope to report A's wg0 peer stalled",
         || {
@@ -722,7 +724,8 @@ fn kernel_wireguard_stall_is_reported_for_the_blocked_peer_only() {
     // Data passes again: the stall ends at the next read that sees rx grow.
     block_data(&t.b, &t.pb, &t.vb, false);
     let cleared = Instant::now();
-    bufscope_integration::eventually(
+    within(
+        &exporter,
         Duration::from_secs(60),
         "the stall to end once data passes",
         || {
@@ -734,6 +737,39 @@ fn kernel_wireguard_stall_is_reported_for_the_blocked_peer_only() {
         "stall ended {:.1} s after data passed again",
         cleared.elapsed().as_secs_f64()
     );
+}
+
+/// Polls `f` until it returns `Some`; after `timeout`, prints bufscope's WireGuard series
+/// and the end of its log, and panics with `what`.
+fn within<T>(
+    exporter: &Exporter,
+    timeout: Duration,
+    what: &str,
+    mut f: impl FnMut() -> Option<T>,
+) -> T {
+    let t0 = Instant::now();
+    loop {
+        if let Some(v) = f() {
+            return v;
+        }
+        if t0.elapsed() > timeout {
+            let series: Vec<String> = exporter
+                .scrape_text()
+                .lines()
+                .filter(|l| l.starts_with("bufscope_wireguard"))
+                .map(str::to_string)
+                .collect();
+            let log = exporter.log();
+            let tail: Vec<&str> = log.lines().rev().take(30).collect();
+            panic!(
+                "timed out after {timeout:?} waiting for {what}\nbufscope's WireGuard series:\n{}\n\
+                 its log (last lines, newest first):\n{}",
+                series.join("\n"),
+                tail.join("\n")
+            );
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    }
 }
 
 /// The `device` labels of the drops series matching `labels`, one per series.

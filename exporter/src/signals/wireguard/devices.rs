@@ -30,7 +30,8 @@ pub const UNKNOWN_RETRY: Duration = Duration::from_secs(10);
 /// Every namespace with drops is read again this often.
 pub const REFRESH: Duration = Duration::from_secs(300);
 /// The periodic read looks again at a namespace whose last read found no WireGuard device
-/// this often (every period at those that had one).
+/// this often (every period at those that had one, and at those first seen less than this
+/// long ago: a namespace is often made first and given its devices right after).
 pub const EMPTY_RECHECK: Duration = Duration::from_secs(60);
 /// Where `ip netns` (and CNI plugins) bind-mount named namespaces.
 const NETNS_DIRS: &[&str] = &["/run/netns", "/var/run/netns"];
@@ -181,8 +182,9 @@ struct Known {
 pub struct Devices {
     reader: Box<dyn Reader>,
     known: HashMap<u32, Known>,
-    /// The periodic read's namespaces: whether the last read found a device, and when.
-    scanned: HashMap<u32, (bool, Instant)>,
+    /// The periodic read's namespaces: whether the last read found a device, when, and when
+    /// the namespace was first seen.
+    scanned: HashMap<u32, (bool, Instant, Instant)>,
     /// The causes already logged.
     said: HashSet<&'static str>,
 }
@@ -283,16 +285,20 @@ impl Devices {
         self.scanned.retain(|ns, _| targets.contains_key(ns));
         let mut out = Vec::new();
         for (ns, path) in targets {
+            let first = self.scanned.get(ns).map_or(now, |s| s.2);
             let due = match self.scanned.get(ns) {
                 None => true,
-                Some((had, at)) => *had || now.saturating_duration_since(*at) >= EMPTY_RECHECK,
+                Some((had, at, first)) => {
+                    *had || now.saturating_duration_since(*at) >= EMPTY_RECHECK
+                        || now.saturating_duration_since(*first) < EMPTY_RECHECK
+                }
             };
             if !due {
                 continue;
             }
             match self.reader.read_at(*ns, path) {
                 Ok(devs) => {
-                    self.scanned.insert(*ns, (!devs.is_empty(), now));
+                    self.scanned.insert(*ns, (!devs.is_empty(), now, first));
                     if !devs.is_empty() {
                         self.known.insert(
                             *ns,
@@ -310,7 +316,7 @@ impl Devices {
                 }
                 Err(e) => {
                     // Not read: looked at again after EMPTY_RECHECK, its stall state kept.
-                    self.scanned.insert(*ns, (false, now));
+                    self.scanned.insert(*ns, (false, now, first));
                     if self.said.insert(e.cause) {
                         tracing::warn!(
                             netns = ns,
@@ -426,8 +432,9 @@ mod tests {
         assert_eq!(d.name(10, 51820), "wg-renamed");
     }
 
-    /// The periodic read: a namespace with a device at every period, one without only every
-    /// EMPTY_RECHECK; names learned for the drops' label; a namespace that went is forgotten.
+    /// The periodic read: a namespace with a device at every period, one without at every
+    /// period while young, then only every EMPTY_RECHECK; names learned for the drops' label; a
+    /// namespace that went is forgotten.
     #[test]
     fn the_periodic_read_skips_namespaces_without_devices_between_rechecks() {
         let fake = Fake::default();
@@ -446,10 +453,16 @@ mod tests {
         let read = d.scan(&targets, t0);
         assert_eq!(read.len(), 2);
         assert_eq!(d.name(10, 51820), "wg0", "learned for the drops");
+        // Young: both read at every period for EMPTY_RECHECK.
         d.scan(&targets, t0 + Duration::from_secs(10));
-        assert_eq!(*fake.reads.lock().unwrap(), vec![10, 11, 10]);
+        assert_eq!(*fake.reads.lock().unwrap(), vec![10, 11, 10, 11]);
         d.scan(&targets, t0 + EMPTY_RECHECK);
-        assert_eq!(*fake.reads.lock().unwrap(), vec![10, 11, 10, 10, 11]);
+        d.scan(&targets, t0 + EMPTY_RECHECK + Duration::from_secs(10));
+        // Then 11 only EMPTY_RECHECK after its last read (at 10 s): at 70 s.
+        assert_eq!(
+            *fake.reads.lock().unwrap(),
+            vec![10, 11, 10, 11, 10, 10, 11]
+        );
         // Namespace 11 went; 12 appeared: read at once.
         let targets: BTreeMap<u32, PathBuf> = [
             (10, PathBuf::from("/run/netns/a")),
@@ -457,10 +470,10 @@ mod tests {
         ]
         .into_iter()
         .collect();
-        d.scan(&targets, t0 + EMPTY_RECHECK + Duration::from_secs(1));
+        d.scan(&targets, t0 + EMPTY_RECHECK + Duration::from_secs(20));
         assert_eq!(
             *fake.reads.lock().unwrap(),
-            vec![10, 11, 10, 10, 11, 10, 12]
+            vec![10, 11, 10, 11, 10, 10, 11, 10, 12]
         );
         assert!(!d.scanned.contains_key(&11));
     }
