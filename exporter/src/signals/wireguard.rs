@@ -456,8 +456,10 @@ impl Room for Wireguard {
         if plan.purpose == crate::bpf::Purpose::Check {
             return Ok(Setup::default());
         }
+        // `--probe.disable wireguard` turns the whole room off, the stall signal too.
+        let stall = !flags.stall_period.is_zero() && !plan.disabled.contains(PROBE.name);
         let mut setup = Setup {
-            stall_period: (!flags.stall_period.is_zero()).then_some(flags.stall_period),
+            stall_period: stall.then_some(flags.stall_period),
             ..Setup::default()
         };
         match flags.queue_drops {
@@ -928,15 +930,24 @@ ffffffff81c3a2a0 T __consume_stateless_skb
                 &mut plan,
             )
             .unwrap();
-            (s.arm_later, plan.off(PROBE.name).is_some())
+            (
+                s.arm_later,
+                plan.off(PROBE.name).is_some(),
+                s.stall_period.is_some(),
+            )
         };
-        assert_eq!(setup(QueueDrops::Auto, &[]), (true, true));
+        assert_eq!(setup(QueueDrops::Auto, &[]), (true, true, true));
         assert_eq!(
             setup(QueueDrops::Auto, &["wireguard".into()]),
-            (false, true)
+            (false, true, false),
+            "disabled: no stall signal either"
         );
-        assert_eq!(setup(QueueDrops::Off, &[]), (false, true));
-        assert_eq!(setup(QueueDrops::On, &[]), (false, false));
+        assert_eq!(
+            setup(QueueDrops::Off, &[]),
+            (false, true, true),
+            "off: the stall signal needs no hook"
+        );
+        assert_eq!(setup(QueueDrops::On, &[]), (false, false, true));
     }
 
     /// A fake switch recording whether the program is attached.
