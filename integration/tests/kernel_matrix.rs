@@ -370,7 +370,7 @@ fn setsockopt_clamp_force_and_eperm_match_the_kernel() {
 /// `tcp_rcv_space_adjust` that sees the call raise `rcvq_space.space` (the kernel's grow
 /// branch). Either way an observer that shares no code with bufscope. One bpftrace for all
 /// ports: attaching takes 20–45 s under TCG.
-fn bpftrace_grows(run: impl FnOnce()) -> BTreeMap<u16, u64> {
+fn bpftrace_grows(run: impl FnOnce()) -> Result<BTreeMap<u16, u64>, String> {
     let (probes, clear) = if tracefs_event("tcp/tcp_rcvbuf_grow").is_some() {
         (
             "tracepoint:tcp:tcp_rcvbuf_grow { @n[args->sport] = count(); }",
@@ -387,10 +387,11 @@ fn bpftrace_grows(run: impl FnOnce()) -> BTreeMap<u16, u64> {
             "clear(@sk); clear(@s);",
         )
     };
-    bpftrace::counts(probes, clear, Duration::from_secs(180), run)
-        .into_iter()
-        .map(|(port, n)| (port.parse().expect("bpftrace keyed @n by port"), n))
-        .collect()
+    bpftrace::try_counts(probes, clear, Duration::from_secs(180), run).map(|c| {
+        c.into_iter()
+            .map(|(port, n)| (port.parse().expect("bpftrace keyed @n by port"), n))
+            .collect()
+    })
 }
 
 /// Sends `bytes` to `port` from another process and waits until it is done (no READY wait:
@@ -450,23 +451,32 @@ fn autotune_suppressed_matches_an_independent_count_on_this_kernel() {
         "the fallback exporter uses {}",
         hooks[1]
     );
-    let bytes = "67108864";
-    let mut locked =
-        Workload::start(&["tcp-bulk-recv", "--bytes", bytes, "--rcvbuf-after", "65536"]);
-    let mut control = Workload::start(&["tcp-bulk-recv", "--bytes", bytes]);
-    let ports: Vec<u16> = [&locked, &control]
-        .iter()
-        .map(|w| w.get("port").parse().unwrap())
-        .collect();
-    let pids = [locked.pid().to_string(), control.pid().to_string()];
-    let grows = bpftrace_grows(|| {
-        for (w, port) in [(&mut locked, ports[0]), (&mut control, ports[1])] {
-            bulk_send(port, bytes);
-            w.wait_line("RECEIVED", Duration::from_secs(300));
-        }
-        drop(locked);
-        drop(control);
-        std::thread::sleep(Duration::from_millis(500));
+    // bpftrace hung once after SIGINT in a 6.12 guest (no END output): the transfer runs
+    // again with new receivers, which the per-pid comparison below keeps apart.
+    let attempt = || {
+        let bytes = "67108864";
+        let mut locked =
+            Workload::start(&["tcp-bulk-recv", "--bytes", bytes, "--rcvbuf-after", "65536"]);
+        let mut control = Workload::start(&["tcp-bulk-recv", "--bytes", bytes]);
+        let ports: Vec<u16> = [&locked, &control]
+            .iter()
+            .map(|w| w.get("port").parse().unwrap())
+            .collect();
+        let pids = [locked.pid().to_string(), control.pid().to_string()];
+        let grows = bpftrace_grows(|| {
+            for (w, port) in [(&mut locked, ports[0]), (&mut control, ports[1])] {
+                bulk_send(port, bytes);
+                w.wait_line("RECEIVED", Duration::from_secs(300));
+            }
+            drop(locked);
+            drop(control);
+            std::thread::sleep(Duration::from_millis(500));
+        });
+        grows.map(|g| (g, ports, pids))
+    };
+    let (grows, ports, pids) = attempt().unwrap_or_else(|e| {
+        eprintln!("{e}: the transfer again");
+        attempt().unwrap_or_else(|e| panic!("{e}, twice"))
     });
     let _ = std::fs::remove_file(&fallback);
     // The observer saw the kernel want to grow at least one of the two buffers (how often it

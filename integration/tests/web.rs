@@ -186,6 +186,24 @@ fn findings_match_the_kernel_and_explain_prints_them() {
         !text.contains("tcp_wscale_shrunk"),
         "filtered to one pid:\n{text}"
     );
+
+    // The daemon's own selection: one process's findings of one kind, the costliest first.
+    let lp = locked.pid().to_string();
+    let (status, body) = e.get(&format!(
+        "/api/v1/findings?pid={lp}&kind=tcp_wscale_shrunk&limit=1"
+    ));
+    assert_eq!(status, 200, "{body}");
+    let doc: Value = serde_json::from_str(&body).unwrap();
+    let sel = doc["findings"].as_array().unwrap();
+    assert_eq!(sel.len(), 1, "{body}");
+    assert_eq!(
+        sel[0]["process"]["pid"].as_u64(),
+        Some(u64::from(locked.pid()))
+    );
+    assert_eq!(sel[0]["kind"], "tcp_wscale_shrunk");
+    let (status, body) = e.get("/api/v1/findings?severity=loud");
+    assert_eq!(status, 400, "{body}");
+    assert!(body.contains("use critical, warning or info"), "{body}");
 }
 
 /// Runs `cmd` to completion; panics with its output unless it succeeded.

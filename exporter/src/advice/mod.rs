@@ -757,6 +757,85 @@ impl Findings {
     pub fn render(&self) -> Vec<Finding> {
         self.items.iter().map(Item::render).collect()
     }
+
+    /// The findings `sel` asks for told, in order: the others are not told at all (telling a
+    /// socket's finding builds its text, story and fixes).
+    pub fn render_selected(&self, sel: &Selection) -> Vec<Finding> {
+        self.items
+            .iter()
+            .filter(|i| sel.wants(&i.head()))
+            .take(sel.limit.unwrap_or(usize::MAX))
+            .map(Item::render)
+            .collect()
+    }
+}
+
+/// Which findings a `/api/v1/findings` request asks for (its query parameters; none: all).
+/// A gateway with 1,000 dropping programs has up to 16 findings per program and kind: a
+/// dashboard link or a script asks for one process's, or the costliest few.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Selection {
+    /// Only this process's (`pid=`).
+    pub pid: Option<u32>,
+    /// Only this kind's (`kind=`).
+    pub kind: Option<String>,
+    /// Only findings at least this severe (`severity=critical|warning|info`).
+    pub severity: Option<Severity>,
+    /// At most this many, in the document's order: the costliest first (`limit=`).
+    pub limit: Option<usize>,
+}
+
+impl Selection {
+    /// Reads a request's query string (`pid=4475&severity=critical&limit=20`); an unknown
+    /// parameter or a bad value is an error that names it and what is allowed.
+    pub fn parse(query: &str) -> Result<Self, String> {
+        let mut sel = Self::default();
+        for pair in query.split('&').filter(|p| !p.is_empty()) {
+            let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+            let number = |what: &str| -> Result<u64, String> {
+                v.parse::<u64>()
+                    .map_err(|_| format!("{k}={v:?}: {what} must be a non-negative integer"))
+            };
+            match k {
+                "pid" => {
+                    sel.pid = Some(
+                        u32::try_from(number("pid")?)
+                            .map_err(|_| format!("pid={v}: not a process id"))?,
+                    )
+                }
+                "kind" => {
+                    if v.is_empty() {
+                        return Err("kind=: name a kind (docs/findings.md lists them)".into());
+                    }
+                    sel.kind = Some(v.to_string());
+                }
+                "severity" => {
+                    sel.severity = Some(
+                        Severity::ALL
+                            .into_iter()
+                            .find(|s| s.as_str() == v)
+                            .ok_or_else(|| {
+                                format!("severity={v:?}: use critical, warning or info")
+                            })?,
+                    )
+                }
+                "limit" => sel.limit = Some(number("limit")? as usize),
+                _ => {
+                    return Err(format!(
+                        "unknown query parameter {k:?}: /api/v1/findings takes pid, kind, severity and limit"
+                    ));
+                }
+            }
+        }
+        Ok(sel)
+    }
+
+    /// Whether the finding with `head` is one asked for (before the limit).
+    fn wants(&self, head: &Head) -> bool {
+        self.pid.is_none_or(|p| p == head.pid)
+            && self.kind.as_deref().is_none_or(|k| k == head.kind)
+            && self.severity.is_none_or(|s| head.severity <= s)
+    }
 }
 
 impl From<Vec<Finding>> for Findings {

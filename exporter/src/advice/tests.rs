@@ -1070,6 +1070,57 @@ fn findings_kept_as_numbers_tell_what_their_heads_say() {
     );
     // The process is one allocation per process, shared by its sockets' findings.
     assert_eq!(told.iter().filter(|f| f.process.pid == 1).count(), 16);
+    // A selection tells only what it asks for, in the same order.
+    let sel = |q: &str| Selection::parse(q).unwrap();
+    let two = found.render_selected(&sel("pid=2&limit=3"));
+    let want: Vec<&Finding> = told.iter().filter(|f| f.process.pid == 2).take(3).collect();
+    assert_eq!(two.iter().collect::<Vec<_>>(), want);
+    let critical = found.render_selected(&sel("severity=critical"));
+    let want: Vec<&Finding> = told
+        .iter()
+        .filter(|f| f.severity == Severity::Critical)
+        .collect();
+    assert_eq!(critical.iter().collect::<Vec<_>>(), want);
+    let warning = found.render_selected(&sel("severity=warning"));
+    assert!(
+        warning.iter().all(|f| f.severity <= Severity::Warning),
+        "warning and worse"
+    );
+    assert_eq!(
+        found.render_selected(&sel("severity=info")).len(),
+        told.len(),
+        "info and worse: all"
+    );
+    assert!(
+        found
+            .render_selected(&sel("kind=tcp_rcvbuf_lock"))
+            .is_empty()
+    );
+    assert_eq!(found.render_selected(&sel("")).len(), told.len());
+}
+
+#[test]
+fn a_findings_query_names_what_is_wrong() {
+    assert_eq!(
+        Selection::parse("pid=7&kind=udp_rcvbuf_drops&severity=warning&limit=5"),
+        Ok(Selection {
+            pid: Some(7),
+            kind: Some("udp_rcvbuf_drops".into()),
+            severity: Some(Severity::Warning),
+            limit: Some(5),
+        })
+    );
+    for (q, says) in [
+        ("pid=-1", "pid=\"-1\": pid must be a non-negative integer"),
+        ("pid=99999999999", "not a process id"),
+        ("severity=high", "use critical, warning or info"),
+        ("limit=x", "limit must be a non-negative integer"),
+        ("sort=rate", "unknown query parameter \"sort\""),
+        ("kind=", "name a kind"),
+    ] {
+        let e = Selection::parse(q).unwrap_err();
+        assert!(e.contains(says), "{q}: {e}");
+    }
 }
 
 /// Time alone changes a history's verdicts only at its deadlines: a changed buffer judged

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 const IN_FLIGHT_WAIT: Duration = Duration::from_secs(2);
 
 use super::{Collector, Held, Holder, lock_as};
-use crate::advice::Report;
+use crate::advice::{Report, Selection};
 use crate::attribution::{Found, Lookup};
 
 impl Collector {
@@ -87,17 +87,18 @@ fn look_up(c: &Mutex<Collector>, plan: Lookup, who: Holder, count: bool) -> Held
     held
 }
 
-/// The `/api/v1/findings` document for a request that arrived at `arrived`: the rules
+/// The `/api/v1/findings` document (the findings `sel` asks for) for a request that arrived
+/// at `arrived`: the rules
 /// evaluated after a poll that started after it. When the poll task is evaluating them
 /// without the lock, the request waits for that (without the lock) and evaluates after it.
 /// The findings are told after the lock is released (10,000 sockets' findings take tens of
 /// milliseconds to tell).
-pub fn report(c: &Mutex<Collector>, arrived: Instant) -> Report {
+pub fn report(c: &Mutex<Collector>, arrived: Instant, sel: &Selection) -> Report {
     let held = fresh(c, arrived);
     let mut held = wait_unlocked(c, held, |h| h.advice_running());
     let findings = held.findings(Duration::ZERO);
     drop(held);
-    super::tell(&findings)
+    super::tell(&findings, sel)
 }
 
 /// One background cycle (the poll task's, every `--poll-interval`): a poll; the advice
@@ -144,15 +145,13 @@ mod tests {
     use crate::signals::testkit::{Bench, me, my_proc, udp_socket};
     use bufscope_common::{EstablishedEvent, event_kind};
 
-    /// A connection whose owner `OWNERS` lost (evicted) is held, not looked up under the
-    /// lock; the next cycle's pass over `/proc` (between two holds) finds its owner and the
-    /// connection counts on it, once.
-    #[test]
-    fn an_evicted_owner_is_found_off_the_lock_and_counted_once() {
+    /// A collector with the tcp_state room fed by a fake ring, owner look-ups left to the
+    /// background pass, and a socket this test holds (kept open by the returned socket).
+    fn tcp_state_collector() -> (Mutex<Collector>, FakeRing, std::net::UdpSocket, u64) {
         let mut b = Bench::new();
         b.attr = b.attr.with_inline_lookups(false);
         let ring = FakeRing::default();
-        let (_sock, held_inode) = udp_socket();
+        let (sock, held_inode) = udp_socket();
         let rooms: Vec<Box<dyn Signal>> = vec![Box::new(TcpState::new())];
         let c = Mutex::new(
             Config {
@@ -162,6 +161,15 @@ mod tests {
             }
             .build(),
         );
+        (c, ring, sock, held_inode)
+    }
+
+    /// A connection whose owner `OWNERS` lost (evicted) is held, not looked up under the
+    /// lock; the next cycle's pass over `/proc` (between two holds) finds its owner and the
+    /// connection counts on it, once.
+    #[test]
+    fn an_evicted_owner_is_found_off_the_lock_and_counted_once() {
+        let (c, ring, _sock, held_inode) = tcp_state_collector();
         // The socket this test holds reaches ESTABLISHED; OWNERS has no entry for it.
         ring.push_pod(&EstablishedEvent {
             kind: event_kind::ESTABLISHED,
@@ -196,19 +204,7 @@ mod tests {
     /// its two holds.
     #[test]
     fn a_request_counts_what_waited_for_a_due_look_up() {
-        let mut b = Bench::new();
-        b.attr = b.attr.with_inline_lookups(false);
-        let ring = FakeRing::default();
-        let (_sock, held_inode) = udp_socket();
-        let rooms: Vec<Box<dyn Signal>> = vec![Box::new(TcpState::new())];
-        let c = Mutex::new(
-            Config {
-                rooms,
-                events: Some(Box::new(ring.clone())),
-                ..Config::new(b.store, b.attr)
-            }
-            .build(),
-        );
+        let (c, ring, _sock, held_inode) = tcp_state_collector();
         ring.push_pod(&EstablishedEvent {
             kind: event_kind::ESTABLISHED,
             inode: held_inode,

@@ -33,7 +33,7 @@ use std::time::{Duration, SystemTime};
 
 use axum::body::Bytes;
 
-use crate::advice::{Findings, Inputs, Report};
+use crate::advice::{Findings, Inputs, Report, Selection};
 use crate::attribution::Attributor;
 use crate::bpf::ring::RingPositions;
 use crate::bpf::{Records, RunStats, Stats};
@@ -338,7 +338,7 @@ impl Collector {
 
     /// The `/api/v1/findings` document.
     pub fn report(&mut self) -> Report {
-        tell(&self.findings(Duration::ZERO))
+        tell(&self.findings(Duration::ZERO), &Selection::default())
     }
 
     /// Expires exited processes and deletes map entries of closed sockets, all under one
@@ -422,17 +422,17 @@ impl Collector {
     }
 }
 
-/// The `/api/v1/findings` document of an evaluation: its findings told here, where they are
-/// served (an evaluation keeps them as numbers), without the collector's lock when the
-/// caller let go of it ([`report`]).
-fn tell(findings: &Findings) -> Report {
+/// The `/api/v1/findings` document of an evaluation: the findings `sel` asks for, told here
+/// where they are served (an evaluation keeps them as numbers), without the collector's lock
+/// when the caller let go of it ([`report`]).
+fn tell(findings: &Findings, sel: &Selection) -> Report {
     Report {
         version: crate::advice::SCHEMA_VERSION,
         generated_at: SystemTime::now()
             .duration_since(SystemTime::UNIX_EPOCH)
             .map(|d| d.as_secs())
             .unwrap_or(0),
-        findings: findings.render(),
+        findings: findings.render_selected(sel),
     }
 }
 
@@ -532,7 +532,7 @@ mod tests {
             "the last evaluation rendered while one runs: {text}"
         );
         std::thread::scope(|s| {
-            let api = s.spawn(|| report(&c, std::time::Instant::now()));
+            let api = s.spawn(|| report(&c, std::time::Instant::now(), &Selection::default()));
             std::thread::sleep(Duration::from_millis(100));
             assert!(!api.is_finished(), "waits for the running evaluation");
             drop(lock_as(&c, Holder::Poll).advice_apply(job.run()));

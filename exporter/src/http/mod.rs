@@ -22,7 +22,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use axum::Router;
-use axum::extract::{ConnectInfo, FromRequestParts, State};
+use axum::extract::{ConnectInfo, FromRequestParts, RawQuery, State};
 use axum::http::request::Parts;
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{Html, IntoResponse, Response};
@@ -218,8 +218,22 @@ async fn with_collector<T: Send + 'static>(
     .map_err(|_| unavailable())
 }
 
-async fn findings_handler(State(app): State<App>, peer: Peer) -> Response {
-    match with_collector(&app, peer, crate::collector::report).await {
+/// `/api/v1/findings[?pid=&kind=&severity=&limit=]`: a bad parameter is a 400 that names it
+/// before the collector is asked anything.
+async fn findings_handler(
+    State(app): State<App>,
+    peer: Peer,
+    RawQuery(query): RawQuery,
+) -> Response {
+    let sel = match crate::advice::Selection::parse(query.as_deref().unwrap_or("")) {
+        Ok(sel) => sel,
+        Err(e) => return (StatusCode::BAD_REQUEST, format!("{e}\n")).into_response(),
+    };
+    match with_collector(&app, peer, move |c, arrived| {
+        crate::collector::report(c, arrived, &sel)
+    })
+    .await
+    {
         Ok(r) => axum::Json(r).into_response(),
         Err(r) => r,
     }

@@ -18,7 +18,7 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use foldhash::{HashMap, HashMapExt as _, HashSet};
+use foldhash::{HashMap, HashSet};
 use prometheus::proto::MetricFamily;
 
 use super::netlink::namespaces::Namespaces;
@@ -132,6 +132,7 @@ pub fn apply(
 }
 
 /// The XFRM room.
+#[derive(Default)]
 pub struct Xfrm {
     ns: Namespaces,
     series: HashMap<u32, Netns>,
@@ -174,14 +175,9 @@ impl Room for Xfrm {
         env: &BuildCx<'_>,
         _services: &mut Services,
     ) -> anyhow::Result<Option<Box<dyn Signal>>> {
-        Ok(env.attached(PROBE.name).then(|| {
-            Box::new(Self {
-                ns: Namespaces::new(),
-                series: HashMap::new(),
-                other: BTreeMap::new(),
-                polled: false,
-            }) as Box<dyn Signal>
-        }))
+        Ok(env
+            .attached(PROBE.name)
+            .then(|| Box::new(Self::default()) as Box<dyn Signal>))
     }
 }
 

@@ -114,6 +114,7 @@ pub(super) fn boot(
     k: &kernels::Kernel,
     script: &Path,
     timeout: Duration,
+    priority: super::Priority,
 ) -> anyhow::Result<GuestRun> {
     let venv = cache_dir().join("venv/bin");
     let path = format!(
@@ -122,8 +123,8 @@ pub(super) fn boot(
         std::env::var("PATH").unwrap_or_default()
     );
     let vng = std::env::var_os(VNG_ENV).map_or_else(|| venv.join("vng"), Into::into);
-    let mut child = Command::new(vng)
-        .env("PATH", path)
+    let mut cmd = Command::new(vng);
+    cmd.env("PATH", path)
         .args(["--disable-kvm", "-m", "2G", "--cpus", "2", "--run"])
         .arg(&k.vmlinuz)
         .arg("--exec")
@@ -131,7 +132,21 @@ pub(super) fn boot(
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
-        .process_group(0)
+        .process_group(0);
+    if priority == super::Priority::Background {
+        // SAFETY: only an async-signal-safe syscall between fork and exec. QEMU and every
+        // thread it starts inherit the policy.
+        unsafe {
+            cmd.pre_exec(|| {
+                let param = libc::sched_param { sched_priority: 0 };
+                if libc::sched_setscheduler(0, libc::SCHED_IDLE, &param) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+    }
+    let mut child = cmd
         .spawn()
         .context("starting vng (cargo xtask setup installs virtme-ng)")?;
     let pgid = child.id() as i32;
@@ -253,7 +268,7 @@ pub fn run_in_guest(name: &str, command: &str, timeout: Duration) -> anyhow::Res
             sh_quote(&workspace_root().to_string_lossy()),
         ),
     )?;
-    let run = boot(&k, &script, timeout)?;
+    let run = boot(&k, &script, timeout, super::Priority::Normal)?;
     if !run.ended {
         bail!("{name}: the guest stopped before the end");
     }

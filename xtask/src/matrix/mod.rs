@@ -42,8 +42,9 @@ use steps::{selected_steps, test_binaries};
 /// (13 MiB) 7.7 s.
 const BUFSCOPE: &str = "target/x86_64-unknown-linux-musl/release/bufscope";
 
-/// Longest a guest may take (boot plus every step) before it is stopped and fails.
-const GUEST_TIMEOUT: Duration = Duration::from_secs(9 * 60);
+/// Longest a guest may take (boot plus every step) before it is stopped and fails: beside
+/// `cargo xtask test`'s host stage a guest gets only the CPU time the host tests leave.
+const GUEST_TIMEOUT: Duration = Duration::from_secs(14 * 60);
 
 /// Arguments of `cargo xtask matrix`.
 #[derive(clap::Args, Default)]
@@ -88,7 +89,7 @@ pub fn run(a: &Args) -> anyhow::Result<()> {
         }
         crate::build::build(false)?;
     }
-    let out = stage(&a.kernels, &a.steps)?;
+    let out = stage(&a.kernels, &a.steps, Priority::Normal)?;
     if out.failures.is_empty() {
         Ok(())
     } else {
@@ -170,10 +171,22 @@ fn run_dir() -> PathBuf {
     workspace_root().join("target/matrix-run")
 }
 
+/// How a guest's QEMU is scheduled on the host.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Priority {
+    /// Like any process (`cargo xtask matrix`).
+    Normal,
+    /// `SCHED_IDLE`: only on CPU time no other process wants, so that `cargo xtask test` can
+    /// run the guests beside its host stage without bending the host tests' timing (the
+    /// WAN emulator's delay, throughput floors): those mostly wait on the network and leave a
+    /// core idle, which the guests (CPU-bound under TCG) take instead of running after them.
+    Background,
+}
+
 /// Runs the matrix for `kernels` (all pinned kernels when empty) and the guest steps `steps`
-/// select (all when empty; see `--step`); the outcome lists every failure, each with the
-/// command that reruns it.
-pub fn stage(kernels: &[String], steps: &[String]) -> anyhow::Result<Outcome> {
+/// select (all when empty; see `--step`), the guests scheduled at `priority`; the outcome
+/// lists every failure, each with the command that reruns it.
+pub fn stage(kernels: &[String], steps: &[String], priority: Priority) -> anyhow::Result<Outcome> {
     let started = Instant::now();
     setup()?;
     let pins = selected_pins(kernels)?;
@@ -204,7 +217,7 @@ pub fn stage(kernels: &[String], steps: &[String]) -> anyhow::Result<Outcome> {
         let k = kernels::ensure(pin)?;
         let offline = offline_choice(&bufscope, &k)?;
         let t = Instant::now();
-        let run = match boot(&k, &script, GUEST_TIMEOUT) {
+        let run = match boot(&k, &script, GUEST_TIMEOUT, priority) {
             Ok(r) => r,
             Err(e) => {
                 out.failures

@@ -22,7 +22,7 @@ pub mod table;
 use std::collections::{BTreeMap, VecDeque};
 use std::time::{Duration, Instant};
 
-use foldhash::{HashMap, HashMapExt as _, HashSet, HashSetExt as _};
+use foldhash::{HashMap, HashSet, HashSetExt as _};
 use prometheus::proto::MetricFamily;
 
 use super::{AdviceCx, BuildCx, NoFlags, Part, PollCx, Room, Services, Signal};
@@ -255,6 +255,7 @@ fn record(h: &mut VecDeque<(Instant, u64)>, now: Instant, v: u64, moved: bool) {
 }
 
 /// The netlink room.
+#[derive(Default)]
 pub struct Netlink {
     ns: Namespaces,
     socks: HashMap<u64, Sock>,
@@ -280,14 +281,9 @@ impl Room for Netlink {
         env: &BuildCx<'_>,
         _services: &mut Services,
     ) -> anyhow::Result<Option<Box<dyn Signal>>> {
-        Ok(env.attached(PROBE.name).then(|| {
-            Box::new(Self {
-                ns: Namespaces::new(),
-                socks: HashMap::new(),
-                polled: false,
-                namespaces_read: 0,
-            }) as Box<dyn Signal>
-        }))
+        Ok(env
+            .attached(PROBE.name)
+            .then(|| Box::new(Self::default()) as Box<dyn Signal>))
     }
 }
 
@@ -453,6 +449,7 @@ impl Signal for Netlink {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use foldhash::HashMapExt as _;
 
     fn row(inode: u64, protocol: u16, drops: u64) -> Row {
         Row {
