@@ -286,7 +286,7 @@ impl Tunnel {
             .is_ok_and(|s| !s.success())
         {
             assert!(
-                t0.elapsed() < Duration::from_secs(60),
+                t0.elapsed() < bufscope_testkit::patience(Duration::from_secs(60)),
                 "no handshake through the tunnel to {ip}"
             );
         }
@@ -766,14 +766,15 @@ fn kernel_wireguard_stall_is_reported_for_the_blocked_peer_only() {
     );
 }
 
-/// Polls `f` until it returns `Some`; after `timeout`, prints bufscope's WireGuard series
-/// and the end of its log, and panics with `what`.
+/// Polls `f` until it returns `Some`; after `timeout` (times `BUFSCOPE_TEST_PATIENCE`),
+/// prints bufscope's WireGuard series and the end of its log, and panics with `what`.
 fn within<T>(
     exporter: &Exporter,
     timeout: Duration,
     what: &str,
     mut f: impl FnMut() -> Option<T>,
 ) -> T {
+    let timeout = bufscope_testkit::patience(timeout);
     let t0 = Instant::now();
     loop {
         if let Some(v) = f() {
