@@ -1236,9 +1236,11 @@ fn query_every_panel(prom: &Prometheus, served: &BTreeSet<String>, findings: boo
                 "NOTE: {} [{}]: unattributed events: {n} series, checked for validity",
                 t.panel, t.ref_id
             );
-        } else if t.expr.contains("bufscope_wireguard_drops_total") {
-            // Series only where kernel WireGuard discarded packets (this workload has no
-            // WireGuard; the matrix step "kernel WireGuard" proves the values).
+        } else if t.expr.contains("bufscope_wireguard_drops_total")
+            || t.expr.contains("bufscope_wireguard_stalled_peers")
+        {
+            // Series only where kernel WireGuard discarded packets or has devices (this
+            // workload has no WireGuard; the matrix steps "kernel WireGuard" prove the values).
             eprintln!(
                 "NOTE: {} [{}]: kernel WireGuard's drops need the wireguard module: {n} series, checked for validity",
                 t.panel, t.ref_id

@@ -71,13 +71,14 @@ impl Exporter {
             addr: String::new(),
             logs,
         };
-        match rx.recv_timeout(Duration::from_secs(60)) {
+        let within = crate::patience(Duration::from_secs(60));
+        match rx.recv_timeout(within) {
             Ok(a) => e.addr = a,
             Err(_) => {
                 let _ = e.child.kill();
                 let _ = e.child.wait();
                 bail!(
-                    "bufscope did not start serving within 60 s; log:\n{}",
+                    "bufscope did not start serving within {within:?}; log:\n{}",
                     e.log()
                 );
             }

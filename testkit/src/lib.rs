@@ -30,7 +30,8 @@ pub use http::{Headers, http_get, http_get_with};
 pub use kernel::{CheckedProbe, btf_dump, btf_tracepoint_args, check_probes};
 pub use metrics::{Metrics, Sample, comm_of};
 pub use process::{
-    LineChild, line_channel, ready_fields, signal, terminate, terminate_with, wait_exit, wait_until,
+    LineChild, PATIENCE_ENV, line_channel, patience, ready_fields, signal, terminate,
+    terminate_with, wait_exit, wait_until,
 };
 pub use procfs::{held_bpf_ids, proc_udp_drops, skmem_rb};
 pub use prometheus::{Prometheus, urlencode};

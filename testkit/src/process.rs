@@ -8,6 +8,25 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail};
 
+/// Environment variable: a factor every wait of the tests (a child's line, a condition
+/// polled, an exporter's start) is multiplied by. The kernel matrix sets it in its guests:
+/// under QEMU's TCG beside `cargo xtask test`'s host stage a guest gets only the CPU time
+/// the host tests leave, and can stand still for as long as a host test keeps both CPUs busy.
+pub const PATIENCE_ENV: &str = "BUFSCOPE_TEST_PATIENCE";
+
+/// `timeout` times the factor of [`PATIENCE_ENV`] (1 when unset or not a number ≥ 1).
+pub fn patience(timeout: Duration) -> Duration {
+    timeout.saturating_mul(patience_factor(std::env::var(PATIENCE_ENV).ok().as_deref()))
+}
+
+/// The factor a [`PATIENCE_ENV`] value stands for.
+fn patience_factor(value: Option<&str>) -> u32 {
+    value
+        .and_then(|v| v.trim().parse::<u32>().ok())
+        .filter(|f| *f >= 1)
+        .unwrap_or(1)
+}
+
 /// Polls `f` every `every` until it returns `Some`; an error once `timeout` has passed
 /// ("timed out after … waiting for `what`").
 pub fn wait_until<T>(
@@ -16,6 +35,7 @@ pub fn wait_until<T>(
     what: &str,
     mut f: impl FnMut() -> Option<T>,
 ) -> anyhow::Result<T> {
+    let timeout = patience(timeout);
     let start = Instant::now();
     loop {
         if let Some(v) = f() {
@@ -143,6 +163,7 @@ impl LineChild {
 
     /// Waits for a stdout line starting with `prefix` (earlier lines are dropped).
     pub fn wait_line(&mut self, prefix: &str, timeout: Duration) -> anyhow::Result<String> {
+        let timeout = patience(timeout);
         let deadline = Instant::now() + timeout;
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
@@ -161,7 +182,7 @@ impl LineChild {
     /// Its next stdout line; `None` once stdout has closed, or when none came within
     /// `timeout`.
     pub fn next_line(&mut self, timeout: Duration) -> Option<String> {
-        self.lines.recv_timeout(timeout).ok()
+        self.lines.recv_timeout(patience(timeout)).ok()
     }
 
     /// Waits for its `READY` line and returns the line's fields ([`ready_fields`]).
@@ -232,6 +253,19 @@ mod tests {
     use std::collections::BTreeMap;
 
     use super::*;
+
+    #[test]
+    fn patience_is_a_whole_factor_of_at_least_one() {
+        for (v, f) in [
+            (None, 1),
+            (Some("4"), 4),
+            (Some(" 2\n"), 2),
+            (Some("0"), 1),
+            (Some("x"), 1),
+        ] {
+            assert_eq!(patience_factor(v), f, "{v:?}");
+        }
+    }
 
     #[test]
     fn ready_fields_skip_the_first_word() {

@@ -1,8 +1,10 @@
 //! Kernel WireGuard's devices of a network namespace, read from the kernel the way `wg show`
 //! does: the `wireguard` links from rtnetlink (`RTM_GETLINK` dump, `IFLA_INFO_KIND` =
 //! "wireguard"), then each one's `WG_CMD_GET_DEVICE` dump from the module's generic netlink
-//! family (its interface name and UDP listen port; the first message of the dump carries
-//! them, the others only more peers).
+//! family (its interface name and UDP listen port: the first message of the dump carries
+//! them; and its peers, spread over the dump's messages: each peer's public key, last
+//! handshake time, rx/tx bytes and persistent keepalive interval — `wg show … dump`'s
+//! columns without the keys' secrets or the allowed IPs).
 //!
 //! Both answer for the network namespace the netlink socket was made in: another namespace
 //! is read from a short-lived thread that enters it ([`super::netlink::in_netns`],
@@ -43,6 +45,18 @@ const WG_CMD_GET_DEVICE: u8 = 0;
 const WGDEVICE_A_IFINDEX: u16 = 1;
 const WGDEVICE_A_IFNAME: u16 = 2;
 const WGDEVICE_A_LISTEN_PORT: u16 = 6;
+/// `WGDEVICE_A_PEERS` (nested: one nested attribute per peer).
+const WGDEVICE_A_PEERS: u16 = 8;
+/// `WGPEER_A_PUBLIC_KEY`, `WGPEER_A_PERSISTENT_KEEPALIVE_INTERVAL`,
+/// `WGPEER_A_LAST_HANDSHAKE_TIME` (`struct __kernel_timespec`), `WGPEER_A_RX_BYTES`,
+/// `WGPEER_A_TX_BYTES` (`include/uapi/linux/wireguard.h`).
+const WGPEER_A_PUBLIC_KEY: u16 = 1;
+const WGPEER_A_PERSISTENT_KEEPALIVE_INTERVAL: u16 = 5;
+const WGPEER_A_LAST_HANDSHAKE_TIME: u16 = 6;
+const WGPEER_A_RX_BYTES: u16 = 7;
+const WGPEER_A_TX_BYTES: u16 = 8;
+/// `WG_KEY_LEN`.
+pub const KEY_LEN: usize = 32;
 
 /// A kernel WireGuard device.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -53,6 +67,24 @@ pub struct Device {
     pub name: String,
     /// Its UDP listen port (0: not listening yet).
     pub listen_port: u16,
+    /// Its peers, in the module's order.
+    pub peers: Vec<Peer>,
+}
+
+/// A peer of a kernel WireGuard device, as `WG_CMD_GET_DEVICE` reports it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Peer {
+    /// Its public key (what `wg show` prints, base64).
+    pub public_key: [u8; KEY_LEN],
+    /// `WGPEER_A_LAST_HANDSHAKE_TIME` in nanoseconds of the wall clock (0: never).
+    pub last_handshake_ns: u64,
+    /// Bytes the module accounted as received from it (`update_rx_stats`: data, keepalives
+    /// and authenticated handshake messages, each without its UDP header).
+    pub rx_bytes: u64,
+    /// Bytes sent to it.
+    pub tx_bytes: u64,
+    /// Its persistent keepalive interval in seconds (0: off).
+    pub persistent_keepalive: u16,
 }
 
 /// Why the devices of a namespace could not be read.
@@ -142,17 +174,26 @@ pub fn devices(family: u16) -> Result<Vec<Device>, WgNetlinkError> {
             seq,
         );
         let mut dev: Option<Device> = None;
+        let mut peers = Vec::new();
         let r = exchange(&fd, &req, seq, |kind, body| {
-            if kind == family && dev.is_none() {
-                dev = parse_device(body);
+            if kind == family {
+                if dev.is_none() {
+                    dev = parse_device(body);
+                }
+                parse_peers(body, &mut peers);
             }
         });
         match r {
-            Ok(()) => out.push(dev.unwrap_or(Device {
-                ifindex,
-                name,
-                listen_port: 0,
-            })),
+            Ok(()) => {
+                let mut d = dev.unwrap_or(Device {
+                    ifindex,
+                    name,
+                    listen_port: 0,
+                    peers: Vec::new(),
+                });
+                d.peers = peers;
+                out.push(d);
+            }
             // Deleted between the two dumps.
             Err(e) if e.raw_os_error() == Some(libc::ENODEV) => {}
             Err(e) => return Err(err(e)),
@@ -274,7 +315,69 @@ fn parse_device(body: &[u8]) -> Option<Device> {
         ifindex: ifindex?,
         name: name?,
         listen_port: port?,
+        peers: Vec::new(),
     })
+}
+
+/// Adds the peers of one message of a `WG_CMD_GET_DEVICE` dump to `out`. A peer whose
+/// allowed IPs did not fit in one message comes again at the start of the next one with its
+/// public key and more allowed IPs only: it is not added twice.
+fn parse_peers(body: &[u8], out: &mut Vec<Peer>) {
+    let Some(attributes) = body.get(GENL_HDR..) else {
+        return;
+    };
+    for (t, list) in attrs(attributes) {
+        if t != WGDEVICE_A_PEERS {
+            continue;
+        }
+        for (_, peer) in attrs(list) {
+            let mut key = None;
+            let mut p = Peer {
+                public_key: [0; KEY_LEN],
+                last_handshake_ns: 0,
+                rx_bytes: 0,
+                tx_bytes: 0,
+                persistent_keepalive: 0,
+            };
+            let mut stats = false;
+            for (t, v) in attrs(peer) {
+                match t {
+                    WGPEER_A_PUBLIC_KEY => key = <[u8; KEY_LEN]>::try_from(v).ok(),
+                    WGPEER_A_LAST_HANDSHAKE_TIME if v.len() >= 16 => {
+                        let sec = u64_at(v, 0);
+                        let nsec = u64_at(v, 8);
+                        p.last_handshake_ns =
+                            sec.saturating_mul(1_000_000_000).saturating_add(nsec);
+                    }
+                    WGPEER_A_RX_BYTES if v.len() >= 8 => {
+                        p.rx_bytes = u64_at(v, 0);
+                        stats = true;
+                    }
+                    WGPEER_A_TX_BYTES if v.len() >= 8 => p.tx_bytes = u64_at(v, 0),
+                    WGPEER_A_PERSISTENT_KEEPALIVE_INTERVAL if v.len() >= 2 => {
+                        p.persistent_keepalive = u16::from_ne_bytes([v[0], v[1]]);
+                    }
+                    _ => {}
+                }
+            }
+            let Some(key) = key else {
+                continue;
+            };
+            p.public_key = key;
+            // The continuation of a peer split over two messages carries no counters.
+            if !stats && out.last().is_some_and(|l| l.public_key == key) {
+                continue;
+            }
+            out.push(p);
+        }
+    }
+}
+
+/// Reads a host-order `u64` at `off` of `b`, 0 when `b` is shorter.
+fn u64_at(b: &[u8], off: usize) -> u64 {
+    b.get(off..off + 8)
+        .and_then(|s| s.try_into().ok())
+        .map_or(0, u64::from_ne_bytes)
 }
 
 #[cfg(test)]
@@ -345,6 +448,7 @@ mod tests {
                 ifindex: 3,
                 name: "wg0".into(),
                 listen_port: 52111,
+                peers: Vec::new(),
             })
         );
         // Debian 12's 6.1: the same layout (its family is 0x21 there).
@@ -364,6 +468,40 @@ mod tests {
         later.extend_from_slice(&WGDEVICE_A_IFINDEX.to_ne_bytes());
         later.extend_from_slice(&3u32.to_ne_bytes());
         assert_eq!(parse_device(&later), None);
+    }
+
+    /// The peer of the captured 6.12 dump: its key, handshake time and counters, as
+    /// `wg show wg0 dump` printed them in the guest.
+    #[test]
+    fn captured_device_dump_lists_its_peer() {
+        let b = capture(include_str!("wg_netlink_testdata/device-6.12.hex"));
+        let (msgs, _) = walk(&b, 1);
+        let mut peers = Vec::new();
+        parse_peers(&msgs[0].1, &mut peers);
+        assert_eq!(peers.len(), 1, "{peers:?}");
+        let p = &peers[0];
+        assert_eq!(p.public_key[..4], [21, 98, 101, 207]);
+        assert_eq!(p.last_handshake_ns, 1_796_571_088_210_960_584);
+        // B answered A's handshake and one ping: rx = the initiation (148) + the echo
+        // request (84 bytes padded to 96, + 32 of header and tag); tx = the response (92) +
+        // the echo reply (128). `update_rx_stats` counts handshake messages too.
+        assert_eq!((p.rx_bytes, p.tx_bytes), (148 + 128, 92 + 128));
+        assert_eq!(p.persistent_keepalive, 0);
+        // The same message again (a dump's next message repeating the peer with more
+        // allowed IPs only): not a second peer.
+        let mut cont = msgs[0].1[..GENL_HDR].to_vec();
+        let mut peer = Vec::new();
+        peer.extend_from_slice(&((4 + KEY_LEN) as u16).to_ne_bytes());
+        peer.extend_from_slice(&WGPEER_A_PUBLIC_KEY.to_ne_bytes());
+        peer.extend_from_slice(&p.public_key);
+        let mut one = ((4 + peer.len()) as u16).to_ne_bytes().to_vec();
+        one.extend_from_slice(&0u16.to_ne_bytes());
+        one.extend_from_slice(&peer);
+        cont.extend_from_slice(&((4 + one.len()) as u16).to_ne_bytes());
+        cont.extend_from_slice(&(WGDEVICE_A_PEERS | 0x8000).to_ne_bytes());
+        cont.extend_from_slice(&one);
+        parse_peers(&cont, &mut peers);
+        assert_eq!(peers.len(), 1, "a continuation is not a peer");
     }
 
     #[test]

@@ -26,14 +26,23 @@
 //!
 //! The `device` label (the interface's name) comes from the module's generic netlink,
 //! per namespace and listen port, cached ([`devices`]).
+//!
+//! Stalled peers ([`stall`]): while the module is loaded, every `--wireguard.stall-period`
+//! the room reads every network namespace's WireGuard devices (one `RTM_GETLINK` dump per
+//! namespace — those without a device only every minute — and one `WG_CMD_GET_DEVICE` dump
+//! per device) and follows each peer's last handshake time and rx bytes: a peer that keeps
+//! handshaking while it sends only handshake and keepalive messages is stalled. That read
+//! needs no hook: it runs whatever `--wireguard.queue-drops` says.
 
 mod devices;
+mod stall;
 
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
 use devices::Devices;
+use stall::Stall;
 
 use anyhow::Context as _;
 use aya::Ebpf;
@@ -99,6 +108,13 @@ pub struct Flags {
     /// only those kernel WireGuard discards.
     #[arg(long = "wireguard.queue-drops", value_enum, default_value_t = QueueDrops::Auto)]
     pub queue_drops: QueueDrops,
+
+    /// How often kernel WireGuard's devices are read in every network namespace for the
+    /// stall signal (bufscope_wireguard_stalled_peers), while the wireguard module is
+    /// loaded: one rtnetlink dump per namespace (one with no WireGuard device: every minute)
+    /// and one generic netlink dump per device. 0s: never.
+    #[arg(long = "wireguard.stall-period", value_name = "DURATION", default_value = "10s", value_parser = crate::values::duration_within(Duration::ZERO, Duration::from_secs(3600)))]
+    pub stall_period: Duration,
 }
 
 const DROPS: Spec = Spec::counter(
@@ -216,6 +232,8 @@ pub struct Setup {
     arm_later: bool,
     /// The hook whose program is loaded for that.
     loaded: Option<Hook>,
+    /// `--wireguard.stall-period` (None: 0s, no stall signal).
+    stall_period: Option<Duration>,
 }
 
 /// Loads the best variant's program the kernel accepts without attaching it; never fails the
@@ -274,14 +292,29 @@ fn passed_over(i: usize) -> Option<&'static str> {
         .then_some("reads x86-64's BPF trampoline frame: not on this architecture")
 }
 
+/// First wait after a failed late attach; doubled after each failure up to [`ATTACH_RETRY_MAX`],
+/// and back to this when the module is loaded again (another load may attach).
+const ATTACH_RETRY_MIN: Duration = Duration::from_secs(1);
+/// Longest wait between two late-attach attempts of the same module load.
+const ATTACH_RETRY_MAX: Duration = Duration::from_secs(300);
+
 /// The late-attached hook of `auto` (None where the loader attached it at start).
 struct LateHook {
     switch: Box<dyn Switch>,
-    /// Its hook as `bufscope_probe_attached`'s `hook` label says it.
+    /// Its hook as `bufscope_probe_attached`'s `hook` label says it (`tp_btf/consume_skb`,
+    /// `fentry/consume_skb`).
     hooks: String,
+    /// Whether it stays attached when the module goes (the fentry variant: before ≈5.19 a
+    /// tracing program's trampoline attaches once per load of the program — a second
+    /// `BPF_RAW_TRACEPOINT_OPEN` after a detach fails with `ENOENT` in
+    /// `bpf_tracing_prog_attach` — so detaching it would lose it for good; attached, with
+    /// `WG_SITES` cleared, it returns at its first check).
+    sticky: bool,
     armed: bool,
     arms: u64,
     disarms: u64,
+    /// After a failed attach: when the next attempt may run, and the wait after that.
+    retry: Option<(Instant, Duration)>,
 }
 
 impl LateHook {
@@ -297,43 +330,81 @@ impl LateHook {
         let prog = fd
             .try_clone()
             .context("duplicating the wireguard program fd")?;
-        Ok(Self::new(Box::new(Linked::new(prog)), hook.describe()))
+        let sticky = matches!(hook, Hook::Fentry { .. });
+        Ok(Self::new(
+            Box::new(Linked::new(prog)),
+            hook.describe(),
+            sticky,
+        ))
     }
 
-    fn new(switch: Box<dyn Switch>, hooks: String) -> Self {
+    fn new(switch: Box<dyn Switch>, hooks: String, sticky: bool) -> Self {
         Self {
             switch,
             hooks,
+            sticky,
             armed: false,
             arms: 0,
             disarms: 0,
+            retry: None,
         }
     }
 
-    /// Attached exactly while `wanted`.
-    fn follow(&mut self, wanted: bool) {
+    /// A new module load: a failed attach may be tried again at once.
+    fn reset_backoff(&mut self) {
+        self.retry = None;
+    }
+
+    /// Attached while `wanted` (and, when [`LateHook::sticky`], from its first attach on);
+    /// a failed attach is tried again after a wait that doubles up to [`ATTACH_RETRY_MAX`].
+    fn follow(&mut self, wanted: bool, now: Instant) {
         if wanted && !self.armed {
+            if self.retry.is_some_and(|(at, _)| now < at) {
+                return;
+            }
             match self.switch.attach() {
                 Ok(()) => {
                     self.armed = true;
                     self.arms += 1;
+                    self.retry = None;
                     tracing::info!(
                         probe = PROBE.name,
-                        "wireguard module loaded: tp_btf/consume_skb attached"
+                        hook = %self.hooks,
+                        "wireguard module loaded: {} attached",
+                        self.hooks
                     );
                 }
-                Err(e) => tracing::warn!(
-                    probe = PROBE.name,
-                    "wireguard module loaded, but attaching tp_btf/consume_skb failed (retried at the next poll): {e}"
-                ),
+                Err(e) => {
+                    let wait = self.retry.map_or(ATTACH_RETRY_MIN, |(_, w)| w);
+                    self.retry = Some((now + wait, (wait * 2).min(ATTACH_RETRY_MAX)));
+                    tracing::warn!(
+                        probe = PROBE.name,
+                        hook = %self.hooks,
+                        "wireguard module loaded, but attaching {} failed (tried again in {}s): {e}",
+                        self.hooks,
+                        wait.as_secs()
+                    );
+                }
             }
-        } else if !wanted && self.armed {
+        } else if !wanted && self.armed && !self.sticky {
             self.switch.detach();
             self.armed = false;
             self.disarms += 1;
             tracing::info!(
                 probe = PROBE.name,
-                "wireguard module unloaded: tp_btf/consume_skb detached"
+                hook = %self.hooks,
+                "wireguard module unloaded: {} detached",
+                self.hooks
+            );
+        } else if !wanted && self.armed && self.retry.is_none() {
+            // Said once per unload (retry is None while armed; Some marks it said).
+            self.retry = Some((now, ATTACH_RETRY_MIN));
+            tracing::info!(
+                probe = PROBE.name,
+                hook = %self.hooks,
+                "wireguard module unloaded: {} stays attached and counts nothing until it is \
+                 loaded again (a tracing program may not attach a second time on older kernels)",
+                self.hooks
             );
         }
     }
@@ -355,6 +426,16 @@ pub struct Wireguard {
     counts: BTreeMap<WgKey, u64>,
     /// The device names of (namespace, port).
     devices: Devices,
+    /// Whether the drops hook runs (at start or late): false when only the stall signal does.
+    counting: bool,
+    /// `--wireguard.stall-period` (None: no stall signal).
+    stall_period: Option<Duration>,
+    /// When the devices are read next for the stall signal.
+    next_scan: Option<Instant>,
+    /// The namespaces processes live in (for the periodic read).
+    namespaces: crate::signals::netlink::namespaces::Namespaces,
+    /// The peers followed for the stall signal.
+    stall: Stall,
 }
 
 impl Room for Wireguard {
@@ -375,7 +456,12 @@ impl Room for Wireguard {
         if plan.purpose == crate::bpf::Purpose::Check {
             return Ok(Setup::default());
         }
-        let mut setup = Setup::default();
+        // `--probe.disable wireguard` turns the whole room off, the stall signal too.
+        let stall = !flags.stall_period.is_zero() && !plan.disabled.contains(PROBE.name);
+        let mut setup = Setup {
+            stall_period: stall.then_some(flags.stall_period),
+            ..Setup::default()
+        };
         match flags.queue_drops {
             QueueDrops::On => {}
             QueueDrops::Off => {
@@ -441,10 +527,13 @@ impl Room for Wireguard {
         env: &BuildCx<'_>,
         _services: &mut Services,
     ) -> anyhow::Result<Option<Box<dyn Signal>>> {
-        let late = if env.attached(PROBE.name) {
-            None
+        let (late, counting) = if env.attached(PROBE.name) {
+            (None, true)
         } else if let Some(hook) = &setup.loaded {
-            Some(LateHook::take(ebpf, hook)?)
+            (Some(LateHook::take(ebpf, hook)?), true)
+        } else if setup.stall_period.is_some() {
+            // No hook (off, refused): the stall signal still runs.
+            (None, false)
         } else {
             return Ok(None);
         };
@@ -454,7 +543,11 @@ impl Room for Wireguard {
             late,
             Devices::new(Box::new(devices::Netlink::new())),
         );
-        room.refresh_sites();
+        room.counting = counting;
+        room.stall_period = setup.stall_period;
+        if counting {
+            room.refresh_sites();
+        }
         Ok(Some(Box::new(room)))
     }
 }
@@ -475,6 +568,11 @@ impl Wireguard {
             resolved: 0,
             counts: BTreeMap::new(),
             devices,
+            counting: true,
+            stall_period: None,
+            next_scan: None,
+            namespaces: crate::signals::netlink::namespaces::Namespaces::new(),
+            stall: Stall::new(),
         }
     }
 
@@ -493,12 +591,16 @@ impl Wireguard {
     /// resolved: without them it would count nothing.
     fn refresh_with(&mut self, id: Option<String>, kallsyms: impl FnOnce() -> Option<String>) {
         let retry = self.failed_at.is_some_and(|t| t.elapsed() >= RETRY_EVERY);
-        if id != self.resolved_for || retry {
+        let changed = id != self.resolved_for;
+        if changed || retry {
             self.resolve(id, kallsyms);
         }
         let wanted = self.resolved > 0;
         if let Some(l) = &mut self.late {
-            l.follow(wanted);
+            if changed {
+                l.reset_backoff();
+            }
+            l.follow(wanted, Instant::now());
         }
     }
 
@@ -552,7 +654,34 @@ impl Wireguard {
 impl Wireguard {
     /// Whether the hook runs (always where the loader attached it).
     fn armed(&self) -> bool {
-        self.late.as_ref().is_none_or(|l| l.armed)
+        self.counting && self.late.as_ref().is_none_or(|l| l.armed)
+    }
+
+    /// The stall signal's periodic read, when due and the module is loaded (`present`):
+    /// every namespace's devices into [`Stall`]. True when a peer's stalled state changed.
+    fn scan(&mut self, cx: &mut PollCx<'_>, present: bool, now: Instant) -> bool {
+        let Some(period) = self.stall_period else {
+            return false;
+        };
+        if !present {
+            // No module, no devices.
+            self.stall.clear();
+            self.next_scan = None;
+            return false;
+        }
+        if self.next_scan.is_some_and(|t| now < t) {
+            return false;
+        }
+        self.next_scan = Some(now + period);
+        let pids = cx.attr.pids_this_poll().to_vec();
+        let targets = devices::scan_targets(&mut self.namespaces, cx.attr.procfs(), &pids, now);
+        let read = self.devices.scan(&targets, now);
+        self.stall.retain_namespaces(|ns| targets.contains_key(&ns));
+        let mut changed = false;
+        for (ns, devs) in read {
+            changed |= self.stall.update(ns, &devs, now);
+        }
+        changed
     }
 }
 
@@ -569,6 +698,11 @@ impl Signal for Wireguard {
     }
 
     fn poll(&mut self, cx: &mut PollCx<'_>) -> bool {
+        let now = Instant::now();
+        let stalls = self.scan(cx, module_present(), now);
+        if !self.counting {
+            return stalls;
+        }
         self.refresh_sites();
         let mut moved = false;
         for (k, per_cpu) in self.drops.entries() {
@@ -581,13 +715,17 @@ impl Signal for Wireguard {
             self.devices.update(
                 self.counts.keys().map(|k| (k.netns, k.port)),
                 cx.attr.procfs(),
-                Instant::now(),
+                now,
             );
         }
-        moved
+        moved || stalls
     }
 
     fn families(&self, _procs: &[super::Row], out: &mut Vec<MetricFamily>) {
+        self.stall.families(out);
+        if !self.counting {
+            return;
+        }
         let mut f = DROPS.family();
         for (k, v) in &self.counts {
             f.push(
@@ -672,6 +810,14 @@ ffffffff81c3a2a0 T __consume_stateless_skb
     struct OneDevice;
 
     impl devices::Reader for OneDevice {
+        fn read_at(
+            &mut self,
+            netns: u32,
+            _: &std::path::Path,
+        ) -> Result<Vec<crate::kernel::wg_netlink::Device>, devices::Unreadable> {
+            self.read(netns, &crate::attribution::Procfs::default())
+        }
+
         fn read(
             &mut self,
             netns: u32,
@@ -682,6 +828,7 @@ ffffffff81c3a2a0 T __consume_stateless_skb
                     ifindex: 5,
                     name: "wg0".into(),
                     listen_port: 51820,
+                    peers: Vec::new(),
                 }]
             } else {
                 Vec::new()
@@ -775,16 +922,32 @@ ffffffff81c3a2a0 T __consume_stateless_skb
         }
         let setup = |mode: QueueDrops, disabled: &[String]| {
             let mut plan = LoadPlan::new(crate::bpf::Purpose::Run, disabled, tracing::Level::INFO);
-            let s = Wireguard::prepare(&Flags { queue_drops: mode }, &mut plan).unwrap();
-            (s.arm_later, plan.off(PROBE.name).is_some())
+            let s = Wireguard::prepare(
+                &Flags {
+                    queue_drops: mode,
+                    stall_period: Duration::from_secs(10),
+                },
+                &mut plan,
+            )
+            .unwrap();
+            (
+                s.arm_later,
+                plan.off(PROBE.name).is_some(),
+                s.stall_period.is_some(),
+            )
         };
-        assert_eq!(setup(QueueDrops::Auto, &[]), (true, true));
+        assert_eq!(setup(QueueDrops::Auto, &[]), (true, true, true));
         assert_eq!(
             setup(QueueDrops::Auto, &["wireguard".into()]),
-            (false, true)
+            (false, true, false),
+            "disabled: no stall signal either"
         );
-        assert_eq!(setup(QueueDrops::Off, &[]), (false, true));
-        assert_eq!(setup(QueueDrops::On, &[]), (false, false));
+        assert_eq!(
+            setup(QueueDrops::Off, &[]),
+            (false, true, true),
+            "off: the stall signal needs no hook"
+        );
+        assert_eq!(setup(QueueDrops::On, &[]), (false, false, true));
     }
 
     /// A fake switch recording whether the program is attached.
@@ -801,6 +964,52 @@ ffffffff81c3a2a0 T __consume_stateless_skb
         }
     }
 
+    /// A switch whose attach fails with `ENOENT` (as 5.10 answers a second attach of an
+    /// fentry program) until told otherwise, counting the attempts.
+    #[derive(Clone, Default)]
+    struct Refusing {
+        ok: std::sync::Arc<std::sync::atomic::AtomicBool>,
+        tries: std::sync::Arc<std::sync::atomic::AtomicU32>,
+    }
+
+    impl Switch for Refusing {
+        fn attach(&mut self) -> std::io::Result<()> {
+            self.tries.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            if self.ok.load(std::sync::atomic::Ordering::SeqCst) {
+                Ok(())
+            } else {
+                Err(std::io::Error::from_raw_os_error(libc::ENOENT))
+            }
+        }
+        fn detach(&mut self) {}
+    }
+
+    /// A refused late attach is tried again after 1, 2, 4, … s (at most
+    /// ATTACH_RETRY_MAX apart), not at every poll; a new module load tries at once.
+    #[test]
+    fn a_refused_late_attach_backs_off_and_a_new_load_resets_it() {
+        use std::sync::atomic::Ordering::SeqCst;
+        let sw = Refusing::default();
+        let mut l = LateHook::new(Box::new(sw.clone()), "fentry/consume_skb".into(), true);
+        let t0 = Instant::now();
+        // A poll every second for 10 minutes.
+        for s in 0..600 {
+            l.follow(true, t0 + Duration::from_secs(s));
+        }
+        let tries = sw.tries.load(SeqCst);
+        // 0, 1, 3, 7, 15, 31, 63, 127, 255, then every 300 s: 555.
+        assert_eq!(tries, 10, "attempts in 10 minutes of polls");
+        assert!(!l.armed);
+        // The module is loaded again (new identity): tried at the next poll.
+        l.reset_backoff();
+        sw.ok.store(true, SeqCst);
+        l.follow(true, t0 + Duration::from_secs(600));
+        assert!(l.armed && l.arms == 1);
+        // The fentry variant stays attached when the module goes (it could not come back).
+        l.follow(false, t0 + Duration::from_secs(601));
+        assert!(l.armed && l.disarms == 0);
+    }
+
     /// `auto` without the module at start: the hook is attached once the module appears and
     /// its sites are in `WG_SITES`, re-resolved when it is reloaded elsewhere, detached when
     /// it goes; a load whose symbols are not (yet) readable leaves it detached.
@@ -815,6 +1024,7 @@ ffffffff81c3a2a0 T __consume_stateless_skb
             Some(LateHook::new(
                 Box::new(switch.clone()),
                 "tp_btf/consume_skb".into(),
+                false,
             )),
             Devices::new(Box::new(OneDevice)),
         );

@@ -13,7 +13,10 @@ pub(super) fn sh_quote(s: &str) -> String {
     format!("'{}'", s.replace('\'', "'\\''"))
 }
 
-/// The script the guest runs (the host's filesystem is the guest's, read-only).
+/// The script the guest runs (the host's filesystem is the guest's, read-only). Its tests
+/// wait 4 times as long as on the host (`BUFSCOPE_TEST_PATIENCE`): beside `cargo xtask
+/// test`'s host stage a guest runs only on CPU time the host tests leave, and stands still
+/// while one of them keeps both CPUs busy.
 ///
 /// `shared N FLAGS…` starts the N-th shared `bufscope run` (on 127.0.0.1:1947N: the guest's
 /// loopback is its own) unless it runs already, and waits until it serves; the steps that
@@ -24,7 +27,7 @@ pub(super) fn guest_script(bins: &[(String, PathBuf)], steps: &[&Step]) -> anyho
     let bufscope = root.join(BUFSCOPE);
     let mut s = format!(
         "#!/bin/sh\n\
-         export BUFSCOPE_BIN={} NO_COLOR=1 RUST_BACKTRACE=1 \
+         export BUFSCOPE_BIN={} NO_COLOR=1 RUST_BACKTRACE=1 {}=4 \
          PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin\n\
          cd {}\n\
          t0=$(date +%s)\n\
@@ -40,6 +43,7 @@ pub(super) fn guest_script(bins: &[(String, PathBuf)], steps: &[&Step]) -> anyho
          i=$((i+1)); [ $i -gt 1200 ] && break; kill -0 $(cat /tmp/matrix-exporter-$n.pid) || break; \
          sleep 0.1; done; }}\n",
         sh_quote(&bufscope.to_string_lossy()),
+        bufscope_testkit::PATIENCE_ENV,
         sh_quote(&root.to_string_lossy()),
     );
     let mut flag_sets: Vec<&[&str]> = Vec::new();

@@ -130,6 +130,15 @@ pub(super) const STEPS: &[Step] = &[
         shared: None,
     },
     Step {
+        name: "kernel WireGuard stall: data messages to one device pair dropped, handshakes passing: its peer stalled (vs wg show), the healthy pair and the far side not",
+        test: "wireguard",
+        env: &[],
+        args: &["kernel_wireguard_stall"],
+        when: None,
+        // Its own exporter (--wireguard.stall-period 2s).
+        shared: None,
+    },
+    Step {
         name: "static binary (cargo xtask dist) alone in an empty root: check passes, same hooks",
         test: STATIC_BINARY,
         env: &[],

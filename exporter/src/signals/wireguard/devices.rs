@@ -19,7 +19,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::os::unix::fs::MetadataExt as _;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use crate::attribution::Procfs;
@@ -29,6 +29,10 @@ use crate::kernel::wg_netlink::{self, Device, WgNetlinkError};
 pub const UNKNOWN_RETRY: Duration = Duration::from_secs(10);
 /// Every namespace with drops is read again this often.
 pub const REFRESH: Duration = Duration::from_secs(300);
+/// The periodic read looks again at a namespace whose last read found no WireGuard device
+/// this often (every period at those that had one, and at those first seen less than this
+/// long ago: a namespace is often made first and given its devices right after).
+pub const EMPTY_RECHECK: Duration = Duration::from_secs(60);
 /// Where `ip netns` (and CNI plugins) bind-mount named namespaces.
 const NETNS_DIRS: &[&str] = &["/run/netns", "/var/run/netns"];
 
@@ -54,6 +58,10 @@ impl From<WgNetlinkError> for Unreadable {
 pub trait Reader: Send {
     /// The devices of namespace `netns` (its inode number); `procfs` finds a process in it.
     fn read(&mut self, netns: u32, procfs: &Procfs) -> Result<Vec<Device>, Unreadable>;
+
+    /// The devices of namespace `netns`, opened at `path` (a bind mount or a process's
+    /// `ns/net`).
+    fn read_at(&mut self, netns: u32, path: &Path) -> Result<Vec<Device>, Unreadable>;
 }
 
 /// The real [`Reader`]: generic netlink in the namespace.
@@ -84,6 +92,53 @@ impl Reader for Netlink {
         })?;
         Ok(wg_netlink::devices_in(Some(&path), family)?)
     }
+
+    fn read_at(&mut self, netns: u32, path: &Path) -> Result<Vec<Device>, Unreadable> {
+        let family = wg_netlink::family_id()?;
+        if Some(netns) == self.own {
+            return Ok(wg_netlink::devices(family)?);
+        }
+        Ok(wg_netlink::devices_in(Some(path), family)?)
+    }
+}
+
+/// Every network namespace the periodic read looks at, each with a path that opens it: the
+/// bind mounts under `/run/netns` (a namespace nothing lives in, as `ip netns add` leaves
+/// it), then one process of each namespace processes live in (`namespaces`, shared with the
+/// per-namespace counters' way of finding them), and this process's own.
+pub fn scan_targets(
+    namespaces: &mut crate::signals::netlink::namespaces::Namespaces,
+    procfs: &Procfs,
+    pids: &[u32],
+    now: Instant,
+) -> BTreeMap<u32, PathBuf> {
+    let mut out = BTreeMap::new();
+    // A bind mount of a namespace is on nsfs, as this process's own namespace file is (a file
+    // left where a mount failed is not).
+    let nsfs = std::fs::metadata("/proc/self/ns/net").ok().map(|m| m.dev());
+    for dir in NETNS_DIRS {
+        let Ok(entries) = std::fs::read_dir(dir) else {
+            continue;
+        };
+        for e in entries.flatten() {
+            let p = e.path();
+            if let Ok(m) = std::fs::metadata(&p)
+                && Some(m.dev()) == nsfs
+                && let Ok(ino) = u32::try_from(m.ino())
+            {
+                out.entry(ino).or_insert(p);
+            }
+        }
+    }
+    for (ns, pid) in namespaces.refresh_from(procfs, pids, now) {
+        out.entry(ns)
+            .or_insert_with(|| procfs.pid_path(pid, "ns/net"));
+    }
+    if let Some(own) = own_netns() {
+        out.entry(own)
+            .or_insert_with(|| PathBuf::from("/proc/self/ns/net"));
+    }
+    out
 }
 
 /// This process's network namespace.
@@ -127,6 +182,9 @@ struct Known {
 pub struct Devices {
     reader: Box<dyn Reader>,
     known: HashMap<u32, Known>,
+    /// The periodic read's namespaces: whether the last read found a device, when, and when
+    /// the namespace was first seen.
+    scanned: HashMap<u32, (bool, Instant, Instant)>,
     /// The causes already logged.
     said: HashSet<&'static str>,
 }
@@ -137,6 +195,7 @@ impl Devices {
         Self {
             reader,
             known: HashMap::new(),
+            scanned: HashMap::new(),
             said: HashSet::new(),
         }
     }
@@ -213,6 +272,65 @@ impl Devices {
         );
     }
 
+    /// The periodic read: every namespace of `targets` due (one that had WireGuard devices at
+    /// its last read, or whose last read found none [`EMPTY_RECHECK`] ago or never was), one
+    /// `RTM_GETLINK` dump and one `WG_CMD_GET_DEVICE` dump per device each. Returns what each
+    /// namespace read lists (all its devices, peers included); the names are kept for the
+    /// drops' `device` label. Namespaces not in `targets` are forgotten.
+    pub fn scan(
+        &mut self,
+        targets: &BTreeMap<u32, PathBuf>,
+        now: Instant,
+    ) -> Vec<(u32, Vec<Device>)> {
+        self.scanned.retain(|ns, _| targets.contains_key(ns));
+        let mut out = Vec::new();
+        for (ns, path) in targets {
+            let first = self.scanned.get(ns).map_or(now, |s| s.2);
+            let due = match self.scanned.get(ns) {
+                None => true,
+                Some((had, at, first)) => {
+                    *had || now.saturating_duration_since(*at) >= EMPTY_RECHECK
+                        || now.saturating_duration_since(*first) < EMPTY_RECHECK
+                }
+            };
+            if !due {
+                continue;
+            }
+            match self.reader.read_at(*ns, path) {
+                Ok(devs) => {
+                    self.scanned.insert(*ns, (!devs.is_empty(), now, first));
+                    if !devs.is_empty() {
+                        self.known.insert(
+                            *ns,
+                            Known {
+                                ports: devs
+                                    .iter()
+                                    .filter(|d| d.listen_port != 0)
+                                    .map(|d| (d.listen_port, d.name.clone()))
+                                    .collect(),
+                                read_at: now,
+                            },
+                        );
+                    }
+                    out.push((*ns, devs));
+                }
+                Err(e) => {
+                    // Not read: looked at again after EMPTY_RECHECK, its stall state kept.
+                    self.scanned.insert(*ns, (false, now, first));
+                    if self.said.insert(e.cause) {
+                        tracing::warn!(
+                            netns = ns,
+                            "kernel WireGuard's devices cannot be read ({}): their stalls are \
+                             not followed there (said once)",
+                            e.why
+                        );
+                    }
+                }
+            }
+        }
+        out
+    }
+
     /// The device of namespace `ns` listening on `port` ("" when unknown).
     pub fn name(&self, ns: u32, port: u16) -> &str {
         self.known
@@ -239,6 +357,10 @@ mod tests {
     }
 
     impl Reader for Fake {
+        fn read_at(&mut self, netns: u32, _: &Path) -> Result<Vec<Device>, Unreadable> {
+            self.read(netns, &Procfs::default())
+        }
+
         fn read(&mut self, netns: u32, _: &Procfs) -> Result<Vec<Device>, Unreadable> {
             self.reads.lock().unwrap().push(netns);
             match self.devices.lock().unwrap().get(&netns) {
@@ -249,6 +371,7 @@ mod tests {
                         ifindex: i as u32 + 2,
                         name: (*name).to_string(),
                         listen_port: *port,
+                        peers: Vec::new(),
                     })
                     .collect()),
                 Some(Err(cause)) => Err(Unreadable {
@@ -307,6 +430,69 @@ mod tests {
             .insert(10, Ok(vec![(51820, "wg-renamed")]));
         d.update([(10, 51820)], &procfs, t0 + UNKNOWN_RETRY + REFRESH * 2);
         assert_eq!(d.name(10, 51820), "wg-renamed");
+    }
+
+    /// The periodic read: a namespace with a device at every period, one without at every
+    /// period while young, then only every EMPTY_RECHECK; names learned for the drops' label; a
+    /// namespace that went is forgotten.
+    #[test]
+    fn the_periodic_read_skips_namespaces_without_devices_between_rechecks() {
+        let fake = Fake::default();
+        fake.devices
+            .lock()
+            .unwrap()
+            .insert(10, Ok(vec![(51820, "wg0")]));
+        let mut d = Devices::new(Box::new(fake.clone()));
+        let targets: BTreeMap<u32, PathBuf> = [
+            (10, PathBuf::from("/run/netns/a")),
+            (11, PathBuf::from("/proc/1/ns/net")),
+        ]
+        .into_iter()
+        .collect();
+        let t0 = Instant::now();
+        let read = d.scan(&targets, t0);
+        assert_eq!(read.len(), 2);
+        assert_eq!(d.name(10, 51820), "wg0", "learned for the drops");
+        // Young: both read at every period for EMPTY_RECHECK.
+        d.scan(&targets, t0 + Duration::from_secs(10));
+        assert_eq!(*fake.reads.lock().unwrap(), vec![10, 11, 10, 11]);
+        d.scan(&targets, t0 + EMPTY_RECHECK);
+        d.scan(&targets, t0 + EMPTY_RECHECK + Duration::from_secs(10));
+        // Then 11 only EMPTY_RECHECK after its last read (at 10 s): at 70 s.
+        assert_eq!(
+            *fake.reads.lock().unwrap(),
+            vec![10, 11, 10, 11, 10, 10, 11]
+        );
+        // Namespace 11 went; 12 appeared: read at once.
+        let targets: BTreeMap<u32, PathBuf> = [
+            (10, PathBuf::from("/run/netns/a")),
+            (12, PathBuf::from("/proc/2/ns/net")),
+        ]
+        .into_iter()
+        .collect();
+        d.scan(&targets, t0 + EMPTY_RECHECK + Duration::from_secs(20));
+        assert_eq!(
+            *fake.reads.lock().unwrap(),
+            vec![10, 11, 10, 11, 10, 10, 11, 10, 12]
+        );
+        assert!(!d.scanned.contains_key(&11));
+    }
+
+    /// This machine: its own namespace is a target, and every target opens a namespace file
+    /// whose inode is the target's.
+    #[test]
+    fn scan_targets_are_namespaces_that_open() {
+        let procfs = Procfs::default();
+        let pids = procfs.pids();
+        let mut ns = crate::signals::netlink::namespaces::Namespaces::new();
+        let targets = scan_targets(&mut ns, &procfs, &pids, Instant::now());
+        let own = own_netns().unwrap();
+        assert!(targets.contains_key(&own), "{targets:?}");
+        for (ino, path) in &targets {
+            if let Ok(m) = std::fs::metadata(path) {
+                assert_eq!(m.ino(), u64::from(*ino), "{path:?}");
+            }
+        }
     }
 
     #[test]

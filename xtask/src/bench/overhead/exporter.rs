@@ -141,8 +141,34 @@ pub(super) fn section(a: &Args, bins: &Bins) -> anyhow::Result<String> {
     // Past the last poll that saw changes and the first GC passes over the now idle entries.
     std::thread::sleep(Duration::from_secs(60));
     let idle_cpu = cpu_share(e.pid(), Duration::from_secs(a.cpu_window))?;
-    let (idle_lat, _, _) = scrape_latencies(&e, a.scrapes)?;
+    let c0 = cpu_seconds(e.pid())?;
+    let (idle_lat, idle_bytes, idle_series) = scrape_latencies(&e, a.scrapes)?;
+    let idle_cpu_ms = (cpu_seconds(e.pid())? - c0) * 1000.0 / a.scrapes as f64;
     let (rss, hwm) = rss_mib(e.pid());
+    eprintln!("bench overhead: exporter: its peers scraped on the same node");
+    let mut peer_rows = vec![vec![
+        "bufscope (idle phase above)".to_string(),
+        "per process: socket drops, buffer calls, locks; findings".to_string(),
+        format!("{idle_series} ({:.0} KiB)", idle_bytes as f64 / 1024.0),
+        format!("{:.1}", percentile(&idle_lat, 50.0)),
+        format!("{:.1}", percentile(&idle_lat, 99.0)),
+        format!("{idle_cpu_ms:.2}"),
+    ]];
+    for peer in PEERS {
+        match peer_scrapes(peer, &dir, a.scrapes) {
+            Ok(r) => peer_rows.push(vec![
+                peer.name.to_string(),
+                peer.covers.to_string(),
+                format!("{} ({:.0} KiB)", r.series, r.bytes as f64 / 1024.0),
+                format!("{:.1}", percentile(&r.lat, 50.0)),
+                format!("{:.1}", percentile(&r.lat, 99.0)),
+                format!("{:.2}", r.cpu_ms),
+            ]),
+            Err(e) => {
+                eprintln!("bench overhead: exporter: {} left out: {e:#}", peer.name);
+            }
+        }
+    }
     let lost_causes: Vec<String> = load
         .find("bufscope_bpf_events_lost_total", &[])
         .filter(|s| s.value > 0.0)
@@ -204,7 +230,11 @@ pub(super) fn section(a: &Args, bins: &Bins) -> anyhow::Result<String> {
          - /metrics p99 < 50 ms under load: {} ms {}\n\
          - /metrics p99 < 15 ms idle: {} ms {}\n\
          - RSS < 64 MiB: {rss:.1} MiB at the end (peak {hwm:.1} MiB, while start-up parses the kernel BTF) {}\n\
-         - CPU < 1% of a core idle: {:.2}% {} (under load: {:.2}%)\n",
+         - CPU < 1% of a core idle: {:.2}% {} (under load: {:.2}%)\n\n\
+         Its peers on the same node, with the same 1,000 processes (Debian's packages, default \
+         flags; process-exporter configured to follow every process, one group per command \
+         name), scraped {} times each, one every 200 ms; CPU is the exporter's own (utime + \
+         stime) over its scrapes, per scrape (bufscope's includes its own 1 s poll meanwhile):\n\n{}\n",
         load_bytes as f64 / 1024.0,
         p(&load_lat, 99.0),
         if percentile(&load_lat, 99.0) < 50.0 {
@@ -222,8 +252,129 @@ pub(super) fn section(a: &Args, bins: &Bins) -> anyhow::Result<String> {
         idle_cpu * 100.0,
         if idle_cpu < 0.01 { "✓" } else { "✗" },
         load_cpu * 100.0,
+        a.scrapes,
+        table(
+            &[
+                "exporter",
+                "what it exposes",
+                "samples per scrape",
+                "p50 ms",
+                "p99 ms",
+                "CPU ms per scrape",
+            ],
+            &peer_rows,
+        ),
     );
     Ok(out)
+}
+
+/// An exporter a gateway operator runs beside bufscope (or instead of it), from Debian.
+struct Peer {
+    name: &'static str,
+    package: &'static str,
+    bin: &'static str,
+    covers: &'static str,
+    /// Its arguments; `{addr}` is its listen address, `{config}` a config file of [`Peer::config`].
+    args: &'static [&'static str],
+    config: Option<&'static str>,
+    port: u16,
+}
+
+const PEERS: &[Peer] = &[
+    Peer {
+        name: "prometheus-node-exporter 1.5",
+        package: "prometheus-node-exporter",
+        bin: "/usr/bin/prometheus-node-exporter",
+        covers: "per node (default collectors)",
+        args: &["--web.listen-address={addr}"],
+        config: None,
+        port: 19100,
+    },
+    Peer {
+        name: "prometheus-process-exporter 0.7",
+        package: "prometheus-process-exporter",
+        bin: "/usr/bin/prometheus-process-exporter",
+        covers: "per process group (CPU, memory, fds, threads)",
+        args: &["-web.listen-address", "{addr}", "-config.path", "{config}"],
+        config: Some("process_names:\n  - name: \"{{.Comm}}\"\n    cmdline:\n    - '.+'\n"),
+        port: 19256,
+    },
+];
+
+/// What scraping a peer measured.
+struct PeerRun {
+    lat: Vec<f64>,
+    bytes: usize,
+    series: usize,
+    cpu_ms: f64,
+}
+
+/// Installs `peer` when missing, starts it, scrapes it `n` times (one every 200 ms) and stops
+/// it.
+fn peer_scrapes(peer: &Peer, dir: &std::path::Path, n: usize) -> anyhow::Result<PeerRun> {
+    crate::packages::apt_install(
+        &crate::packages::missing_packages(&[(peer.package, peer.bin)]),
+        "run the bench as root, or apt-get install it",
+    )?;
+    let addr = format!("127.0.0.1:{}", peer.port);
+    let config = dir.join(format!("{}.yml", peer.package));
+    if let Some(c) = peer.config {
+        std::fs::write(&config, c)?;
+    }
+    let args: Vec<String> = peer
+        .args
+        .iter()
+        .map(|a| {
+            a.replace("{addr}", &addr)
+                .replace("{config}", &config.display().to_string())
+        })
+        .collect();
+    let child = Command::new(peer.bin)
+        .args(&args)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .with_context(|| format!("starting {}", peer.bin))?;
+    let child = Killed(child);
+    let pid = child.0.id();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !matches!(bufscope_testkit::http_get(&addr, "/metrics"), Ok((200, _))) {
+        if Instant::now() > deadline {
+            bail!("{} did not serve /metrics on {addr} within 20 s", peer.bin);
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let c0 = cpu_seconds(pid)?;
+    let mut lat = Vec::with_capacity(n);
+    let (mut bytes, mut series) = (0, 0);
+    for _ in 0..n {
+        std::thread::sleep(Duration::from_millis(200));
+        let t = Instant::now();
+        let (status, body) = bufscope_testkit::http_get(&addr, "/metrics")?;
+        if status != 200 {
+            bail!("{}: GET /metrics: HTTP {status}", peer.bin);
+        }
+        lat.push(t.elapsed().as_secs_f64() * 1000.0);
+        bytes = body.len();
+        series = body.lines().filter(|l| !l.starts_with('#')).count();
+    }
+    let cpu_ms = (cpu_seconds(pid)? - c0) * 1000.0 / n as f64;
+    Ok(PeerRun {
+        lat,
+        bytes,
+        series,
+        cpu_ms,
+    })
+}
+
+/// A child killed and reaped when dropped.
+struct Killed(std::process::Child);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
 }
 
 /// Removes a directory tree when dropped.
