@@ -23,6 +23,9 @@ use crate::wg::{self, Peer, SLOT, Stats};
 const BATCH: usize = 64;
 /// Encrypted datagrams handed to quinn per round.
 const TX_BATCH: usize = 256;
+/// Stream mode: bytes of frames per chunk, handed to quinn in one `write_chunk` (the seed's
+/// 256 KiB copy buffers instead of tokio's 8 KiB).
+const CHUNK: usize = 256 << 10;
 /// Stream mode: a chunk write that took this long waited for quinn (flow-control credit or
 /// room in its send buffer), and is counted as a wait.
 const STREAM_WAIT: std::time::Duration = std::time::Duration::from_millis(1);
@@ -329,7 +332,7 @@ fn tun_to_datagrams(ctx: &Ctx) -> Result<()> {
 
 fn tun_to_stream(ctx: &Ctx) -> Result<()> {
     let peer = &ctx.ends.peer;
-    let mut w = framing::Writer::new(ctx.mtu, ctx.chunk + framing::frame_room(ctx.mtu), ctx.chunk);
+    let mut w = framing::Writer::new(ctx.mtu, CHUNK + framing::frame_room(ctx.mtu), CHUNK);
     loop {
         let f = w.fill(&ctx.ends, &ctx.link.control)?;
         if f.len == 0 {

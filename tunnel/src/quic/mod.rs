@@ -165,8 +165,6 @@ struct Ctx {
     sock: Arc<socket::Counters>,
     max_gso: usize,
     max_gro: usize,
-    /// Stream mode: bytes of frames per chunk ([`streams::chunk_limit`]).
-    chunk: usize,
 }
 
 impl Ctx {
@@ -192,8 +190,6 @@ pub fn start(s: &Settings, tun: Arc<Tun>, peer: Arc<Peer>, shutdown: &Shutdown) 
     };
     let transport = Arc::new(transport::transport_config(s)?);
     log_windows(s, &transport)?;
-    let chunk =
-        streams::chunk_limit(transport::EffectiveConfig::read(&transport)?.stream_receive_window);
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .thread_name("quic")
@@ -221,7 +217,6 @@ pub fn start(s: &Settings, tun: Arc<Tun>, peer: Arc<Peer>, shutdown: &Shutdown) 
         sock: sock.counters,
         max_gso: sock.max_gso,
         max_gro: sock.max_gro,
-        chunk,
     };
     // Client: the first connection now, so that a wrong peer is a clear startup error.
     let first = match s.endpoint {

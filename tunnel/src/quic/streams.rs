@@ -57,21 +57,6 @@ pub fn stream_window(total: u64) -> u64 {
     (total / STREAMS as u64).clamp(1, MAX_STREAM_WINDOW)
 }
 
-/// Bytes of frames per chunk at most, handed to quinn in one `write_chunk` (the seed's
-/// 256 KiB copy buffers instead of tokio's 8 KiB).
-pub const MAX_CHUNK: usize = 256 << 10;
-
-/// Bytes of frames per chunk for a stream window of `window` bytes: [`MAX_CHUNK`], or half the
-/// window when that is less. The writer hands quinn one chunk at a time and quinn takes a
-/// chunk only as the stream's credit allows, so a chunk larger than the window waits for
-/// several round trips of credit while the other streams sit idle: with quinn's default
-/// windows (1.25 MB over the 32 streams, 39 KB each) and 256 KiB chunks one inner flow got
-/// 1.6 Mbit/s at 190 ms (docs/tunnel.md). With half a window per chunk, two chunks fit each
-/// stream's window, and the 32 streams carry up to the whole window in flight.
-pub fn chunk_limit(window: u64) -> usize {
-    usize::try_from(window / 2).map_or(MAX_CHUNK, |half| half.clamp(1, MAX_CHUNK))
-}
-
 /// Priority of chunk `k`: falls with `k`, so quinn sends older chunks first. It wraps after
 /// 2^30 chunks, where one chunk is sent out of turn.
 fn priority(k: u64) -> i32 {
@@ -198,20 +183,6 @@ mod tests {
         assert_eq!(stream_window(total), MAX_STREAM_WINDOW);
         assert_eq!(stream_window(1 << 40), MAX_STREAM_WINDOW);
         assert_eq!(stream_window(0), 1);
-    }
-
-    #[test]
-    fn chunks_fit_the_stream_window() {
-        // The policy's 16 MiB, twice over 32 streams: 1 MiB each, full-size chunks.
-        assert_eq!(
-            chunk_limit(stream_window(tunnel_window(16 << 20))),
-            MAX_CHUNK
-        );
-        // quinn's default 1.25 MB over 32 streams: 39,062 bytes each, chunks of half that.
-        let w = stream_window(1_250_000);
-        assert_eq!(w, 39_062);
-        assert_eq!(chunk_limit(w), 19_531);
-        assert_eq!(chunk_limit(0), 1);
     }
 
     #[test]
