@@ -429,80 +429,89 @@ fn kernel_wireguard_queue_drops_equal_what_the_module_lost() {
     ]);
     // A large message (-s 1300): decrypting it costs far more than sending it again.
     let message = capture.join().unwrap();
-    std::thread::sleep(Duration::from_secs(1));
-    let before = readings(b, vb);
-    let m0 = exporter.scrape();
-    let counted0 = m0.sum(DROPS, &labels);
-    let senders: Vec<_> = (0..2)
-        .map(|_| {
-            let (ns, dest, m) = (
-                a.name().to_string(),
-                format!("192.168.77.2:{pb}"),
-                message.clone(),
-            );
-            std::thread::spawn(move || send_again(&ns, &dest, &m, Duration::from_secs(3)))
-        })
+    // Every round must be exact; the queues must fill in one of them (the point of the flood).
+    // A round can leave them unfilled when the guest gets little CPU (beside `cargo xtask
+    // test`'s host stage its vCPUs run under SCHED_IDLE): then the flood runs again.
+    let mut rounds = Vec::new();
+    for round in 1..=3 {
+        std::thread::sleep(Duration::from_secs(1));
+        let before = readings(b, vb);
+        let m0 = exporter.scrape();
+        let counted0 = m0.sum(DROPS, &labels);
+        let senders: Vec<_> = (0..2)
+            .map(|_| {
+                let (ns, dest, m) = (
+                    a.name().to_string(),
+                    format!("192.168.77.2:{pb}"),
+                    message.clone(),
+                );
+                std::thread::spawn(move || send_again(&ns, &dest, &m, Duration::from_secs(3)))
+            })
+            .collect();
+        let sent: u64 = senders.into_iter().map(|t| t.join().unwrap()).sum();
+        let after = settled(b, vb);
+        let outer = after.0 - before.0;
+        let accounted = (after.1 - before.1) + (after.2 - before.2) + (after.3 - before.3);
+        let lost = lost_between(before, after);
+        eprintln!(
+            "data message sent again {sent} times; receiver veth rx {outer}, wg0 \
+             rx {} errors {} dropped {}: lost inside WireGuard {lost}",
+            after.1 - before.1,
+            after.2 - before.2,
+            after.3 - before.3
+        );
+        assert!(
+            lost > 0,
+            "nothing was lost inside WireGuard (outer {outer}, accounted {accounted})"
+        );
+        let got = bufscope_integration::eventually(
+            Duration::from_secs(20),
+            "bufscope's WireGuard drops to equal the module's loss",
+            || {
+                let v = exporter.scrape().sum(DROPS, &labels) - counted0;
+                (v >= lost as f64).then_some(v)
+            },
+        );
+        // One more poll: nothing more arrives.
+        std::thread::sleep(Duration::from_secs(2));
+        let m = exporter.scrape();
+        let total = m.sum(DROPS, &labels) - counted0;
+        let reason = |r: &str| {
+            let mut l = labels.to_vec();
+            l.push(("reason", r));
+            m.sum(DROPS, &l) - m0.sum(DROPS, &l)
+        };
+        let by_reason: Vec<String> = [
+            "peer_queue_full",
+            "decrypt_ring_full",
+            "handshake_queue_full",
+            "unknown_session",
+            "malformed",
+            "replayed_or_invalid",
+        ]
+        .iter()
+        .map(|r| format!("{r} {:.0}", reason(r)))
         .collect();
-    let sent: u64 = senders.into_iter().map(|t| t.join().unwrap()).sum();
-    let after = settled(b, vb);
-    let outer = after.0 - before.0;
-    let accounted = (after.1 - before.1) + (after.2 - before.2) + (after.3 - before.3);
-    let lost = lost_between(before, after);
-    eprintln!(
-        "data message sent again {sent} times; receiver veth rx {outer}, wg0 \
-         rx {} errors {} dropped {}: lost inside WireGuard {lost}",
-        after.1 - before.1,
-        after.2 - before.2,
-        after.3 - before.3
-    );
-    assert!(
-        lost > 0,
-        "nothing was lost inside WireGuard (outer {outer}, accounted {accounted})"
-    );
-    let got = bufscope_integration::eventually(
-        Duration::from_secs(20),
-        "bufscope's WireGuard drops to equal the module's loss",
-        || {
-            let v = exporter.scrape().sum(DROPS, &labels) - counted0;
-            (v >= lost as f64).then_some(v)
-        },
-    );
-    // One more poll: nothing more arrives.
-    std::thread::sleep(Duration::from_secs(2));
-    let m = exporter.scrape();
-    let total = m.sum(DROPS, &labels) - counted0;
-    let reason = |r: &str| {
-        let mut l = labels.to_vec();
-        l.push(("reason", r));
-        m.sum(DROPS, &l) - m0.sum(DROPS, &l)
-    };
-    let by_reason: Vec<String> = [
-        "peer_queue_full",
-        "decrypt_ring_full",
-        "handshake_queue_full",
-        "unknown_session",
-        "malformed",
-        "replayed_or_invalid",
-    ]
-    .iter()
-    .map(|r| format!("{r} {:.0}", reason(r)))
-    .collect();
-    eprintln!(
-        "kernel WireGuard lost {lost} (its wg0 rx_dropped moved {}); bufscope {total} ({got} at \
-         first): {}",
-        after.3 - before.3,
-        by_reason.join(", ")
-    );
-    assert_eq!(total, lost as f64, "bufscope's count vs the module's loss");
-    let devices = devices_of(&m, &labels);
-    assert!(
-        !devices.is_empty() && devices.iter().all(|d| d == "wg0"),
-        "device labels of B's drops: {devices:?}"
-    );
-    assert!(
-        reason("peer_queue_full") + reason("decrypt_ring_full") > 0.0,
-        "the module's queues never filled: {by_reason:?}"
-    );
+        eprintln!(
+            "kernel WireGuard lost {lost} (its wg0 rx_dropped moved {}); bufscope {total} ({got} at \
+             first): {}",
+            after.3 - before.3,
+            by_reason.join(", ")
+        );
+        assert_eq!(total, lost as f64, "bufscope's count vs the module's loss");
+        let devices = devices_of(&m, &labels);
+        assert!(
+            !devices.is_empty() && devices.iter().all(|d| d == "wg0"),
+            "device labels of B's drops: {devices:?}"
+        );
+        let filled = reason("peer_queue_full") + reason("decrypt_ring_full") > 0.0;
+        rounds.push(by_reason);
+        if filled {
+            return;
+        }
+        eprintln!("round {round}: the module's queues did not fill: the flood again");
+    }
+    panic!("the module's queues never filled in 3 rounds: {rounds:?}");
 }
 
 /// A peer's last handshake (unix seconds) and rx bytes as the kernel reports them to `wg show
