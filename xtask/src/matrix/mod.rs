@@ -194,18 +194,19 @@ pub fn stage(kernels: &[String], steps: &[String], priority: Priority) -> anyhow
     let bins = test_binaries(&selected)?;
     let dir = run_dir();
     std::fs::create_dir_all(&dir)?;
-    let script = dir.join("guest.sh");
-    std::fs::write(&script, guest_script(&bins, &selected)?)?;
     // The static binary of `cargo xtask dist`: the exporter every step runs (a no-op when
     // it is up to date).
     crate::dist::build_static(crate::dist::Arch::X86_64)?;
-    let bufscope = workspace_root().join(BUFSCOPE);
-    if !bufscope.exists() {
+    let built = workspace_root().join(BUFSCOPE);
+    if !built.exists() {
         bail!(
             "{} is not built: `cargo xtask build` (or drop --no-build)",
-            bufscope.display()
+            built.display()
         );
     }
+    let (bins, bufscope) = snapshot(&dir.join("bin"), &bins, &built)?;
+    let script = dir.join("guest.sh");
+    std::fs::write(&script, guest_script(&bins, &bufscope, &selected)?)?;
     let mut out = Outcome {
         steps: Vec::new(),
         failures: Vec::new(),
@@ -233,6 +234,46 @@ pub fn stage(kernels: &[String], steps: &[String], priority: Priority) -> anyhow
     }
     print_report(started, &report, &out, selected.len());
     Ok(out)
+}
+
+/// Copies what the guests run — the steps' test binaries, the workload helper beside them and
+/// the static `bufscope` — into `into` (`deps/` for the test binaries, so that the tests find
+/// `bufscope-workload` one level up as they do in `target/debug`), and returns the copies'
+/// paths. Beside `cargo xtask test`'s host stage the originals are rebuilt or rewritten while
+/// a guest runs them over 9p (the doc tests relink `target/debug` binaries, the release
+/// artifacts' test strips the static binary): a guest's `bufscope-workload` died of SIGSEGV
+/// and others vanished before their READY line, in the 6.12 guest, at the doc tests.
+fn snapshot(
+    into: &Path,
+    bins: &[(String, PathBuf)],
+    bufscope: &Path,
+) -> anyhow::Result<(Vec<(String, PathBuf)>, PathBuf)> {
+    let _ = std::fs::remove_dir_all(into);
+    let deps = into.join("deps");
+    std::fs::create_dir_all(&deps).with_context(|| format!("creating {}", deps.display()))?;
+    let copy = |from: &Path, to: PathBuf| -> anyhow::Result<PathBuf> {
+        std::fs::copy(from, &to)
+            .with_context(|| format!("copying {} to {}", from.display(), to.display()))?;
+        Ok(to)
+    };
+    let mut out = Vec::new();
+    let mut workload = None;
+    for (name, exe) in bins {
+        let file = exe
+            .file_name()
+            .context("a test binary without a file name")?;
+        out.push((name.clone(), copy(exe, deps.join(file))?));
+        // target/debug/deps/<test> → target/debug/bufscope-workload
+        workload = exe
+            .parent()
+            .and_then(Path::parent)
+            .map(|d| d.join("bufscope-workload"));
+    }
+    if let Some(w) = workload.filter(|w| w.exists()) {
+        copy(&w, into.join("bufscope-workload"))?;
+    }
+    let bufscope = copy(bufscope, into.join("bufscope"))?;
+    Ok((out, bufscope))
 }
 
 /// The hooks `bufscope check --btf` chooses on the host from the guest kernel's BTF (printed).

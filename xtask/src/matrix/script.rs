@@ -1,11 +1,10 @@
 //! The shell script a guest runs: the guest's own `bufscope check`, then each step, framed by
 //! `MATRIX …` lines the host reads back.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use anyhow::Context as _;
 
-use super::BUFSCOPE;
 use super::steps::Step;
 use crate::util::workspace_root;
 
@@ -22,9 +21,12 @@ pub(super) fn sh_quote(s: &str) -> String {
 /// loopback is its own) unless it runs already, and waits until it serves; the steps that
 /// name it get its address, pid, log and flags in `BUFSCOPE_TEST_EXPORTER*`. At the end each
 /// is stopped with SIGTERM and its log printed.
-pub(super) fn guest_script(bins: &[(String, PathBuf)], steps: &[&Step]) -> anyhow::Result<String> {
+pub(super) fn guest_script(
+    bins: &[(String, PathBuf)],
+    bufscope: &Path,
+    steps: &[&Step],
+) -> anyhow::Result<String> {
     let root = workspace_root();
-    let bufscope = root.join(BUFSCOPE);
     let mut s = format!(
         "#!/bin/sh\n\
          export BUFSCOPE_BIN={} NO_COLOR=1 RUST_BACKTRACE=1 {}=4 \
