@@ -165,10 +165,24 @@ fn chosen_hooks(text: &str) -> Vec<(String, String)> {
         .collect()
 }
 
-/// Where a run writes the script its guests execute: inside this checkout's `target/`, so that
-/// two checkouts running the matrix at once never run each other's script (and binaries).
+/// Where a run writes the script its guests execute and the copies of what they run: inside
+/// this checkout's `target/`, one directory per process, so that two runs at once never run
+/// each other's script (and binaries) — two checkouts, or `cargo xtask test`'s matrix beside
+/// its host stage's `xtask::matrix_log` test, whose stand-in guests rewrote the script a real
+/// 6.12 guest was reading (it ended after its first step).
 fn run_dir() -> PathBuf {
-    workspace_root().join("target/matrix-run")
+    workspace_root()
+        .join("target/matrix-run")
+        .join(std::process::id().to_string())
+}
+
+/// Removes a run's directory (its copies of the binaries are large) when dropped.
+struct RunDir(PathBuf);
+
+impl Drop for RunDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
 }
 
 /// How a guest's QEMU is scheduled on the host.
@@ -194,6 +208,7 @@ pub fn stage(kernels: &[String], steps: &[String], priority: Priority) -> anyhow
     let bins = test_binaries(&selected)?;
     let dir = run_dir();
     std::fs::create_dir_all(&dir)?;
+    let _cleanup = RunDir(dir.clone());
     // The static binary of `cargo xtask dist`: the exporter every step runs (a no-op when
     // it is up to date).
     crate::dist::build_static(crate::dist::Arch::X86_64)?;
