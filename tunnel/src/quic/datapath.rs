@@ -23,9 +23,6 @@ use crate::wg::{self, Peer, SLOT, Stats};
 const BATCH: usize = 64;
 /// Encrypted datagrams handed to quinn per round.
 const TX_BATCH: usize = 256;
-/// Stream mode: bytes of frames per chunk, handed to quinn in one `write_chunk` (the seed's
-/// 256 KiB copy buffers instead of tokio's 8 KiB).
-const CHUNK: usize = 256 << 10;
 /// Stream mode: a chunk write that took this long waited for quinn (flow-control credit or
 /// room in its send buffer), and is counted as a wait.
 const STREAM_WAIT: std::time::Duration = std::time::Duration::from_millis(1);
@@ -332,7 +329,10 @@ fn tun_to_datagrams(ctx: &Ctx) -> Result<()> {
 
 fn tun_to_stream(ctx: &Ctx) -> Result<()> {
     let peer = &ctx.ends.peer;
-    let mut w = framing::Writer::new(ctx.mtu, CHUNK + framing::frame_room(ctx.mtu), CHUNK);
+    // The buffer stays 256 KiB (a 64 KiB TSO burst from the TUN must fit it whole); what is
+    // framed goes to quinn in chunks of at most `ctx.chunk`, each on the next stream.
+    let max = streams::MAX_CHUNK;
+    let mut w = framing::Writer::new(ctx.mtu, max + framing::frame_room(ctx.mtu), max);
     loop {
         let f = w.fill(&ctx.ends, &ctx.link.control)?;
         if f.len == 0 {
@@ -352,35 +352,42 @@ fn tun_to_stream(ctx: &Ctx) -> Result<()> {
             Stats::add(&peer.stats.send_dropped, f.frames);
             continue;
         };
-        let chunk = streams::chunk(w.framed(&f));
-        let t0 = std::time::Instant::now();
-        let r = ctx.handle.block_on(async {
-            tokio::select! {
-                r = async { send.lock().await.write(chunk).await } => Some(r),
-                _ = ctx.stopped() => None,
-            }
-        });
-        // quinn takes a chunk at once while the stream's flow-control credit and its send
-        // buffer have room; a longer write waited for one of them.
-        let took = t0.elapsed();
-        if took >= STREAM_WAIT {
-            cur.counters.send_waits.fetch_add(1, Ordering::Relaxed);
-            cur.counters
-                .send_wait_us
-                .fetch_add(took.as_micros() as u64, Ordering::Relaxed);
-        }
-        match r {
-            None => return Ok(()),
-            Some(Ok(())) => Stats::add(&peer.stats.net_out, f.frames),
-            Some(Err(e)) => {
-                Stats::add(&peer.stats.send_dropped, f.frames);
-                if !ctx.ends.shutdown.is_triggered() {
-                    tracing::debug!(
-                        "QUIC stream to {} lost while sending: {e}",
-                        cur.conn.remote_address()
-                    );
+        let mut left = f.frames;
+        for (piece, frames) in streams::pieces(w.framed(&f), ctx.chunk) {
+            let chunk = streams::chunk(piece);
+            let t0 = std::time::Instant::now();
+            let r = ctx.handle.block_on(async {
+                tokio::select! {
+                    r = async { send.lock().await.write(chunk).await } => Some(r),
+                    _ = ctx.stopped() => None,
                 }
-                ctx.link.drop_conn(cur.id);
+            });
+            // quinn takes a chunk at once while the stream's flow-control credit and its send
+            // buffer have room; a longer write waited for one of them.
+            let took = t0.elapsed();
+            if took >= STREAM_WAIT {
+                cur.counters.send_waits.fetch_add(1, Ordering::Relaxed);
+                cur.counters
+                    .send_wait_us
+                    .fetch_add(took.as_micros() as u64, Ordering::Relaxed);
+            }
+            match r {
+                None => return Ok(()),
+                Some(Ok(())) => {
+                    Stats::add(&peer.stats.net_out, frames);
+                    left -= frames;
+                }
+                Some(Err(e)) => {
+                    Stats::add(&peer.stats.send_dropped, left);
+                    if !ctx.ends.shutdown.is_triggered() {
+                        tracing::debug!(
+                            "QUIC stream to {} lost while sending: {e}",
+                            cur.conn.remote_address()
+                        );
+                    }
+                    ctx.link.drop_conn(cur.id);
+                    break;
+                }
             }
         }
     }

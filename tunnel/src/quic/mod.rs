@@ -165,6 +165,9 @@ struct Ctx {
     sock: Arc<socket::Counters>,
     max_gso: usize,
     max_gro: usize,
+    /// Stream mode: bytes of frames per chunk at most ([`streams::chunk_limit`] of the stream
+    /// window this end grants; both ends of a tunnel run the same policy).
+    chunk: usize,
 }
 
 impl Ctx {
@@ -190,6 +193,8 @@ pub fn start(s: &Settings, tun: Arc<Tun>, peer: Arc<Peer>, shutdown: &Shutdown) 
     };
     let transport = Arc::new(transport::transport_config(s)?);
     log_windows(s, &transport)?;
+    let chunk =
+        streams::chunk_limit(transport::EffectiveConfig::read(&transport)?.stream_receive_window);
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .thread_name("quic")
@@ -217,6 +222,7 @@ pub fn start(s: &Settings, tun: Arc<Tun>, peer: Arc<Peer>, shutdown: &Shutdown) 
         sock: sock.counters,
         max_gso: sock.max_gso,
         max_gro: sock.max_gro,
+        chunk,
     };
     // Client: the first connection now, so that a wrong peer is a clear startup error.
     let first = match s.endpoint {

@@ -54,3 +54,14 @@ fn transports_expand_and_dedup() {
     );
     assert!(parse_transports(&["sctp".into()]).is_err());
 }
+
+#[test]
+fn quinn_windows_row_that_collapsed_is_not_a_pass() {
+    use report::quinn_windows_target as t;
+    // 2026-12-06 19:28 run: 1.6 → 180.2 / 181.4 Mbit/s, "115×", a defect of the quinn row.
+    assert!(!t(180.2 / 1.6, 181.4 / 1.6, 1.6, 1.6));
+    // After the chunk limit: 36.2 / 36.4 → 185.7 / 192.2.
+    assert!(t(185.7 / 36.2, 192.2 / 36.4, 36.2, 36.4));
+    // Policy windows not 3× better.
+    assert!(!t(2.9, 3.5, 50.0, 50.0));
+}
