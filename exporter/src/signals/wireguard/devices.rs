@@ -182,9 +182,6 @@ struct Known {
 pub struct Devices {
     reader: Box<dyn Reader>,
     known: HashMap<u32, Known>,
-    /// The periodic read's namespaces: whether the last read found a device, when, and when
-    /// the namespace was first seen.
-    scanned: HashMap<u32, (bool, Instant, Instant)>,
     /// The causes already logged.
     said: HashSet<&'static str>,
 }
@@ -195,9 +192,27 @@ impl Devices {
         Self {
             reader,
             known: HashMap::new(),
-            scanned: HashMap::new(),
             said: HashSet::new(),
         }
+    }
+
+    /// Learns the names of namespace `ns`'s devices from a periodic read ([`Scanner::scan`]);
+    /// a read that found none leaves what is known.
+    pub fn learn(&mut self, ns: u32, devs: &[Device], now: Instant) {
+        if devs.is_empty() {
+            return;
+        }
+        self.known.insert(
+            ns,
+            Known {
+                ports: devs
+                    .iter()
+                    .filter(|d| d.listen_port != 0)
+                    .map(|d| (d.listen_port, d.name.clone()))
+                    .collect(),
+                read_at: now,
+            },
+        );
     }
 
     /// Reads the namespaces of `wanted` (namespace, port) that are due: never read, a port
@@ -272,11 +287,41 @@ impl Devices {
         );
     }
 
+    /// The device of namespace `ns` listening on `port` ("" when unknown).
+    pub fn name(&self, ns: u32, port: u16) -> &str {
+        self.known
+            .get(&ns)
+            .and_then(|k| k.ports.get(&port))
+            .map_or("", String::as_str)
+    }
+}
+
+/// The stall signal's periodic read of every namespace's devices, with its own netlink reader:
+/// it runs on [`ScanThread`], away from the collector.
+pub struct Scanner {
+    reader: Box<dyn Reader>,
+    /// The periodic read's namespaces: whether the last read found a device, when, and when
+    /// the namespace was first seen.
+    scanned: HashMap<u32, (bool, Instant, Instant)>,
+    /// The causes already logged.
+    said: HashSet<&'static str>,
+}
+
+impl Scanner {
+    /// A scanner reading with `reader`.
+    pub fn new(reader: Box<dyn Reader>) -> Self {
+        Self {
+            reader,
+            scanned: HashMap::new(),
+            said: HashSet::new(),
+        }
+    }
+
     /// The periodic read: every namespace of `targets` due (one that had WireGuard devices at
     /// its last read, or whose last read found none [`EMPTY_RECHECK`] ago or never was), one
     /// `RTM_GETLINK` dump and one `WG_CMD_GET_DEVICE` dump per device each. Returns what each
-    /// namespace read lists (all its devices, peers included); the names are kept for the
-    /// drops' `device` label. Namespaces not in `targets` are forgotten.
+    /// namespace read lists (all its devices, peers included), for [`Devices::learn`] and the
+    /// stall rule. Namespaces not in `targets` are forgotten.
     pub fn scan(
         &mut self,
         targets: &BTreeMap<u32, PathBuf>,
@@ -299,19 +344,6 @@ impl Devices {
             match self.reader.read_at(*ns, path) {
                 Ok(devs) => {
                     self.scanned.insert(*ns, (!devs.is_empty(), now, first));
-                    if !devs.is_empty() {
-                        self.known.insert(
-                            *ns,
-                            Known {
-                                ports: devs
-                                    .iter()
-                                    .filter(|d| d.listen_port != 0)
-                                    .map(|d| (d.listen_port, d.name.clone()))
-                                    .collect(),
-                                read_at: now,
-                            },
-                        );
-                    }
                     out.push((*ns, devs));
                 }
                 Err(e) => {
@@ -330,13 +362,83 @@ impl Devices {
         }
         out
     }
+}
 
-    /// The device of namespace `ns` listening on `port` ("" when unknown).
-    pub fn name(&self, ns: u32, port: u16) -> &str {
-        self.known
-            .get(&ns)
-            .and_then(|k| k.ports.get(&port))
-            .map_or("", String::as_str)
+/// One periodic read's result: the namespaces it looked at (`targets`), what each namespace
+/// read found, and the time it was asked for.
+pub struct Scanned {
+    /// The namespaces of the read's targets (the others are gone).
+    pub targets: BTreeSet<u32>,
+    /// What each namespace read lists.
+    pub read: Vec<(u32, Vec<Device>)>,
+    /// When the read was asked for (its time for the stall rule).
+    pub at: Instant,
+    /// How long it took.
+    pub took: Duration,
+}
+
+/// The thread the periodic read runs on. The collector hands it the targets and picks the
+/// result up at a later poll: a read enters every namespace and dumps every device over
+/// netlink, which took a worst of 40–729 ms in a loaded emulated guest, and the collector's
+/// lock is held while rooms poll. At most one read is asked for at a time; the thread ends
+/// when this is dropped.
+pub struct ScanThread {
+    jobs: std::sync::mpsc::SyncSender<(BTreeMap<u32, PathBuf>, Instant)>,
+    results: std::sync::mpsc::Receiver<Scanned>,
+    busy: bool,
+}
+
+impl ScanThread {
+    /// Starts the thread with `scanner`.
+    pub fn spawn(mut scanner: Scanner) -> std::io::Result<Self> {
+        let (jobs, job_rx) = std::sync::mpsc::sync_channel::<(BTreeMap<u32, PathBuf>, Instant)>(1);
+        let (result_tx, results) = std::sync::mpsc::channel();
+        std::thread::Builder::new()
+            .name("wg-stall-read".into())
+            .spawn(move || {
+                for (targets, at) in job_rx {
+                    let t0 = Instant::now();
+                    let read = scanner.scan(&targets, at);
+                    let done = Scanned {
+                        targets: targets.into_keys().collect(),
+                        read,
+                        at,
+                        took: t0.elapsed(),
+                    };
+                    if result_tx.send(done).is_err() {
+                        return;
+                    }
+                }
+            })?;
+        Ok(Self {
+            jobs,
+            results,
+            busy: false,
+        })
+    }
+
+    /// Asks for a read of `targets` at `at`; false (nothing asked) while one is under way.
+    pub fn ask(&mut self, targets: BTreeMap<u32, PathBuf>, at: Instant) -> bool {
+        if self.busy {
+            return false;
+        }
+        self.busy = self.jobs.try_send((targets, at)).is_ok();
+        self.busy
+    }
+
+    /// The result of the read asked for, once it is done.
+    pub fn take(&mut self) -> Option<Scanned> {
+        let r = self.results.try_recv().ok()?;
+        self.busy = false;
+        Some(r)
+    }
+
+    /// Waits up to `timeout` for the read asked for (tests).
+    #[cfg(test)]
+    pub fn wait(&mut self, timeout: Duration) -> Option<Scanned> {
+        let r = self.results.recv_timeout(timeout).ok()?;
+        self.busy = false;
+        Some(r)
     }
 }
 
@@ -442,7 +544,8 @@ mod tests {
             .lock()
             .unwrap()
             .insert(10, Ok(vec![(51820, "wg0")]));
-        let mut d = Devices::new(Box::new(fake.clone()));
+        let mut d = Scanner::new(Box::new(fake.clone()));
+        let mut names = Devices::new(Box::new(fake.clone()));
         let targets: BTreeMap<u32, PathBuf> = [
             (10, PathBuf::from("/run/netns/a")),
             (11, PathBuf::from("/proc/1/ns/net")),
@@ -452,7 +555,10 @@ mod tests {
         let t0 = Instant::now();
         let read = d.scan(&targets, t0);
         assert_eq!(read.len(), 2);
-        assert_eq!(d.name(10, 51820), "wg0", "learned for the drops");
+        for (ns, devs) in &read {
+            names.learn(*ns, devs, t0);
+        }
+        assert_eq!(names.name(10, 51820), "wg0", "learned for the drops");
         // Young: both read at every period for EMPTY_RECHECK.
         d.scan(&targets, t0 + Duration::from_secs(10));
         assert_eq!(*fake.reads.lock().unwrap(), vec![10, 11, 10, 11]);
@@ -476,6 +582,28 @@ mod tests {
             vec![10, 11, 10, 11, 10, 10, 11, 10, 12]
         );
         assert!(!d.scanned.contains_key(&11));
+    }
+
+    /// The read runs on its own thread: asked once at a time, its result picked up later.
+    #[test]
+    fn the_periodic_read_runs_on_its_thread_one_at_a_time() {
+        let fake = Fake::default();
+        fake.devices
+            .lock()
+            .unwrap()
+            .insert(10, Ok(vec![(51820, "wg0")]));
+        let mut t = ScanThread::spawn(Scanner::new(Box::new(fake.clone()))).unwrap();
+        let targets: BTreeMap<u32, PathBuf> =
+            [(10, PathBuf::from("/run/netns/a"))].into_iter().collect();
+        let t0 = Instant::now();
+        assert!(t.ask(targets.clone(), t0));
+        assert!(!t.ask(targets.clone(), t0), "one read at a time");
+        let done = t.wait(Duration::from_secs(10)).unwrap();
+        assert_eq!(done.at, t0);
+        assert_eq!(done.targets, BTreeSet::from([10]));
+        assert_eq!(done.read[0].1[0].name, "wg0");
+        assert!(t.take().is_none());
+        assert!(t.ask(targets, t0 + Duration::from_secs(10)), "free again");
     }
 
     /// This machine: its own namespace is a target, and every target opens a namespace file
