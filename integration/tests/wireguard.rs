@@ -50,6 +50,20 @@ fn have_wireguard() -> bool {
     std::path::Path::new("/sys/module/wireguard").exists()
 }
 
+/// [`have_wireguard`], saying why the test is skipped when not: the matrix step `step` runs
+/// it on the Debian guest kernels.
+fn wireguard_or_skip(step: &str) -> bool {
+    let have = have_wireguard();
+    if !have {
+        eprintln!(
+            "SKIPPED: this kernel has no wireguard module (no /sys/module/wireguard after \
+             modprobe); `cargo xtask matrix --step '{step}'` runs this on the Debian guest \
+             kernels"
+        );
+    }
+    have
+}
+
 /// Unloads the `wireguard` module; whether it is gone (false: built in, or in use).
 fn unload_wireguard() -> bool {
     let _ = Command::new("modprobe")
@@ -296,12 +310,7 @@ impl Tunnel {
 #[test]
 #[ignore = "needs root: run via cargo xtask test"]
 fn kernel_wireguard_queue_drops_equal_what_the_module_lost() {
-    if !have_wireguard() {
-        eprintln!(
-            "SKIPPED: this kernel has no wireguard module (no /sys/module/wireguard after \
-             modprobe); `cargo xtask matrix --step 'kernel WireGuard'` runs this on the Debian \
-             guest kernels"
-        );
+    if !wireguard_or_skip("kernel WireGuard") {
         return;
     }
     let out = Command::new(bufscope_bin())
@@ -599,12 +608,7 @@ fn block_data(ns: &Netns, port: &str, dev: &str, add: bool) -> &'static str {
 #[test]
 #[ignore = "needs root: run via cargo xtask test"]
 fn kernel_wireguard_stall_is_reported_for_the_blocked_peer_only() {
-    if !have_wireguard() {
-        eprintln!(
-            "SKIPPED: this kernel has no wireguard module (no /sys/module/wireguard after \
-             modprobe); `cargo xtask matrix --step 'WireGuard stall'` runs this on the Debian \
-             guest kernels"
-        );
+    if !wireguard_or_skip("WireGuard stall") {
         return;
     }
     let exporter = Exporter::start(&["--wireguard.stall-period", "2s"]);
