@@ -469,7 +469,8 @@ impl Direction {
                 .front()
                 .map(|p| p.deliver.saturating_duration_since(Instant::now()));
             let ts = timeout.map(|d| libc::timespec {
-                tv_sec: d.as_secs() as libc::time_t,
+                // Not `libc::time_t`, deprecated on musl: `into()` fits the field.
+                tv_sec: i32::try_from(d.as_secs()).unwrap_or(i32::MAX).into(),
                 tv_nsec: libc::c_long::from(d.subsec_nanos() as i32),
             });
             let tsp = ts

@@ -39,7 +39,8 @@ pub fn socket(protocol: i32) -> io::Result<OwnedFd> {
     // SAFETY: fd is a fresh descriptor nobody else owns.
     let fd = unsafe { OwnedFd::from_raw_fd(fd) };
     let tv = libc::timeval {
-        tv_sec: TIMEOUT.as_secs() as libc::time_t,
+        // Not `libc::time_t`, deprecated on musl (the static build): `into()` fits the field.
+        tv_sec: i32::try_from(TIMEOUT.as_secs()).unwrap_or(i32::MAX).into(),
         tv_usec: 0,
     };
     // SAFETY: setsockopt(2) with a timeval of the size given.

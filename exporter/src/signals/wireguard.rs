@@ -441,6 +441,8 @@ pub struct Wireguard {
     /// The thread the stall signal's reads run on, started at the first one (None before, and
     /// with no stall signal).
     reads: Option<ScanThread>,
+    /// The reader that thread starts with (netlink when None; a fake in tests).
+    scan_reader: Option<Box<dyn devices::Reader>>,
 }
 
 impl Room for Wireguard {
@@ -579,6 +581,7 @@ impl Wireguard {
             namespaces: crate::signals::netlink::namespaces::Namespaces::new(),
             stall: Stall::new(),
             reads: None,
+            scan_reader: None,
         }
     }
 
@@ -697,7 +700,11 @@ impl Wireguard {
             return changed;
         }
         if self.reads.is_none() {
-            match ScanThread::spawn(Scanner::new(Box::new(devices::Netlink::new()))) {
+            let reader = self
+                .scan_reader
+                .take()
+                .unwrap_or_else(|| Box::new(devices::Netlink::new()));
+            match ScanThread::spawn(Scanner::new(reader)) {
                 Ok(t) => self.reads = Some(t),
                 Err(e) => {
                     tracing::warn!(
@@ -836,6 +843,71 @@ ffffffff81c3a2a0 T __consume_stateless_skb
         assert!(e.contains("kptr_restrict"), "{e}");
         let e = resolve_sites("ffffffffc0a07700 t wg_packet_receive\t[wireguard]\n").unwrap_err();
         assert!(e.contains("wg_receive"), "{e}");
+    }
+
+    /// A reader that lists `wg9` on port 51999 in every namespace once the test drops the
+    /// other end of its channel (a read that takes as long as the test wants).
+    struct Gated(std::sync::mpsc::Receiver<()>);
+
+    impl devices::Reader for Gated {
+        fn read_at(
+            &mut self,
+            netns: u32,
+            _: &std::path::Path,
+        ) -> Result<Vec<crate::kernel::wg_netlink::Device>, devices::Unreadable> {
+            self.read(netns, &crate::attribution::Procfs::default())
+        }
+
+        fn read(
+            &mut self,
+            _: u32,
+            _: &crate::attribution::Procfs,
+        ) -> Result<Vec<crate::kernel::wg_netlink::Device>, devices::Unreadable> {
+            let _ = self.0.recv();
+            Ok(vec![crate::kernel::wg_netlink::Device {
+                ifindex: 9,
+                name: "wg9".into(),
+                listen_port: 51999,
+                peers: Vec::new(),
+            }])
+        }
+    }
+
+    /// The stall signal's read runs on the room's thread: a poll asks for it and returns while
+    /// the read is still blocked (a poll that waited would hang here), and a later poll takes
+    /// its result; no second read is asked for while one is under way.
+    #[test]
+    fn the_stall_read_never_holds_up_a_poll() {
+        let (release, gate) = std::sync::mpsc::channel();
+        let mut room = Wireguard::new(
+            Box::new(FakeTable::<u32, WgSites>::new(1)),
+            Box::new(FakeTable::<WgKey, Vec<u64>>::new(16)),
+            None,
+            Devices::new(Box::new(OneDevice)),
+        );
+        room.counting = false;
+        room.stall_period = Some(Duration::from_secs(10));
+        room.scan_reader = Some(Box::new(Gated(gate)));
+        let own = crate::kernel::sock_diag::netns_of(Path::new("/proc/self/ns/net"))
+            .and_then(|n| u32::try_from(n).ok())
+            .unwrap();
+        let mut bench = super::super::testkit::Bench::new();
+        let t0 = Instant::now();
+        // Asks for a read; the reader is blocked, and the poll returns all the same.
+        assert!(!room.scan(&mut bench.poll(), true, t0));
+        assert!(room.reads.as_ref().is_some_and(|r| r.busy()));
+        // Due again, but one read at a time: nothing more asked, nothing learned yet.
+        assert!(!room.scan(&mut bench.poll(), true, t0 + Duration::from_secs(20)));
+        assert_eq!(room.devices.name(own, 51999), "");
+        // Every namespace's read may go on now.
+        drop(release);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while room.devices.name(own, 51999).is_empty() {
+            assert!(Instant::now() < deadline, "the read's result never arrived");
+            std::thread::sleep(Duration::from_millis(10));
+            room.scan(&mut bench.poll(), true, t0 + Duration::from_secs(21));
+        }
+        assert_eq!(room.devices.name(own, 51999), "wg9");
     }
 
     /// Namespace 4026532177 has `wg0` on port 51820.

@@ -433,6 +433,12 @@ impl ScanThread {
         Some(r)
     }
 
+    /// Whether a read is under way.
+    #[cfg(test)]
+    pub fn busy(&self) -> bool {
+        self.busy
+    }
+
     /// Waits up to `timeout` for the read asked for (tests).
     #[cfg(test)]
     pub fn wait(&mut self, timeout: Duration) -> Option<Scanned> {
