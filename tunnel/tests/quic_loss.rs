@@ -44,6 +44,8 @@ struct Transfer {
     bad: Option<u64>,
     /// A socket error on either side (a stalled tunnel makes the reader time out).
     error: Option<String>,
+    /// The longest time the reader waited for data.
+    longest_wait: Duration,
 }
 
 /// Sends the test stream for `SEND_FOR`, then closes; returns the bytes sent.
@@ -65,25 +67,39 @@ fn send(mut s: TcpStream) -> (u64, Option<String>) {
     (next * 8, e.map(|e| format!("shutdown: {e}")))
 }
 
+/// How long the reader waits for data before it calls the tunnel stalled: Linux's largest
+/// retransmission timeout (`TCP_RTO_MAX`, 120 s) and a little. The inner flow loses packets
+/// where the UDP flood overfills the tunnel's TUN device, and its retransmission timer backs
+/// off, 1, 2, 4, 8, 16 s…, while its round trip is seconds long: with 30 s the reader once
+/// gave up on a flow that was only waiting for its next retransmission (CI, 2026-12-06 22:44
+/// UTC, both ends of the connection up, nothing closed). A tunnel that lost data for good
+/// never delivers it, whatever the wait.
+const STALLED_AFTER: Duration = Duration::from_secs(125);
+
 /// Reads the test stream to its end; returns (bytes read, first offset whose content is
-/// wrong, error).
-fn receive(mut s: TcpStream) -> (u64, Option<u64>, Option<String>) {
-    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+/// wrong, error, the longest wait for data).
+fn receive(mut s: TcpStream) -> (u64, Option<u64>, Option<String>, Duration) {
+    s.set_read_timeout(Some(STALLED_AFTER)).unwrap();
     let mut buf = vec![0u8; 64 << 10];
     let (mut total, mut bad) = (0u64, None);
+    let mut longest = Duration::ZERO;
     loop {
-        let n = match s.read(&mut buf) {
+        let t0 = Instant::now();
+        let r = s.read(&mut buf);
+        longest = longest.max(t0.elapsed());
+        let n = match r {
             Ok(n) => n,
             Err(e) => {
                 return (
                     total,
                     bad,
                     Some(format!("receive after {total} bytes: {e}")),
+                    longest,
                 );
             }
         };
         if n == 0 {
-            return (total, bad, None);
+            return (total, bad, None, longest);
         }
         for (k, b) in buf[..n].iter().enumerate() {
             let off = total + k as u64;
@@ -133,12 +149,13 @@ fn transfer(
         let (server, _) = listener.accept().unwrap();
         let rx = std::thread::spawn(move || receive(server));
         let (sent, send_error) = send(client);
-        let (received, bad, receive_error) = rx.join().unwrap();
+        let (received, bad, receive_error, longest_wait) = rx.join().unwrap();
         Transfer {
             sent,
             received,
             bad,
             error: send_error.or(receive_error),
+            longest_wait,
         }
     })
 }
@@ -217,11 +234,14 @@ fn stream_mode_keeps_its_connection_and_every_byte_under_scattered_loss() {
     let logs = (ta.log(), tb.log());
     let secs = SEND_FOR.as_secs_f64();
     println!(
-        "up {:.0} Mbit/s, down {:.0} Mbit/s; packets lost on the link a->b {}, b->a {}",
+        "up {:.0} Mbit/s, down {:.0} Mbit/s; packets lost on the link a->b {}, b->a {}; \
+         longest wait for data up {:.1} s, down {:.1} s",
         up.received as f64 * 8.0 / secs / 1e6,
         down.received as f64 * 8.0 / secs / 1e6,
         lost.0,
-        lost.1
+        lost.1,
+        up.longest_wait.as_secs_f64(),
+        down.longest_wait.as_secs_f64()
     );
     let tails = format!(
         "client log:\n{}\nlistener log:\n{}",
