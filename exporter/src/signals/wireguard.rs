@@ -845,34 +845,6 @@ ffffffff81c3a2a0 T __consume_stateless_skb
         assert!(e.contains("wg_receive"), "{e}");
     }
 
-    /// A reader that lists `wg9` on port 51999 in every namespace once the test drops the
-    /// other end of its channel (a read that takes as long as the test wants).
-    struct Gated(std::sync::mpsc::Receiver<()>);
-
-    impl devices::Reader for Gated {
-        fn read_at(
-            &mut self,
-            netns: u32,
-            _: &std::path::Path,
-        ) -> Result<Vec<crate::kernel::wg_netlink::Device>, devices::Unreadable> {
-            self.read(netns, &crate::attribution::Procfs::default())
-        }
-
-        fn read(
-            &mut self,
-            _: u32,
-            _: &crate::attribution::Procfs,
-        ) -> Result<Vec<crate::kernel::wg_netlink::Device>, devices::Unreadable> {
-            let _ = self.0.recv();
-            Ok(vec![crate::kernel::wg_netlink::Device {
-                ifindex: 9,
-                name: "wg9".into(),
-                listen_port: 51999,
-                peers: Vec::new(),
-            }])
-        }
-    }
-
     /// The stall signal's read runs on the room's thread: a poll asks for it and returns while
     /// the read is still blocked (a poll that waited would hang here), and a later poll takes
     /// its result; no second read is asked for while one is under way.
@@ -883,11 +855,16 @@ ffffffff81c3a2a0 T __consume_stateless_skb
             Box::new(FakeTable::<u32, WgSites>::new(1)),
             Box::new(FakeTable::<WgKey, Vec<u64>>::new(16)),
             None,
-            Devices::new(Box::new(OneDevice)),
+            Devices::new(one_device()),
         );
         room.counting = false;
         room.stall_period = Some(Duration::from_secs(10));
-        room.scan_reader = Some(Box::new(Gated(gate)));
+        room.scan_reader = Some(Box::new(Listing {
+            netns: None,
+            name: "wg9",
+            port: 51999,
+            gate: Some(gate),
+        }));
         let own = crate::kernel::sock_diag::netns_of(Path::new("/proc/self/ns/net"))
             .and_then(|n| u32::try_from(n).ok())
             .unwrap();
@@ -910,10 +887,27 @@ ffffffff81c3a2a0 T __consume_stateless_skb
         assert_eq!(room.devices.name(own, 51999), "wg9");
     }
 
-    /// Namespace 4026532177 has `wg0` on port 51820.
-    struct OneDevice;
+    /// A reader listing one device: in namespace `netns` only, or in every namespace; with a
+    /// `gate`, once the test drops the other end of its channel (a read that takes as long as
+    /// the test wants).
+    struct Listing {
+        netns: Option<u32>,
+        name: &'static str,
+        port: u16,
+        gate: Option<std::sync::mpsc::Receiver<()>>,
+    }
 
-    impl devices::Reader for OneDevice {
+    /// Namespace 4026532177 has `wg0` on port 51820.
+    fn one_device() -> Box<Listing> {
+        Box::new(Listing {
+            netns: Some(4026532177),
+            name: "wg0",
+            port: 51820,
+            gate: None,
+        })
+    }
+
+    impl devices::Reader for Listing {
         fn read_at(
             &mut self,
             netns: u32,
@@ -927,11 +921,14 @@ ffffffff81c3a2a0 T __consume_stateless_skb
             netns: u32,
             _: &crate::attribution::Procfs,
         ) -> Result<Vec<crate::kernel::wg_netlink::Device>, devices::Unreadable> {
-            Ok(if netns == 4026532177 {
+            if let Some(g) = &self.gate {
+                let _ = g.recv();
+            }
+            Ok(if self.netns.is_none_or(|n| n == netns) {
                 vec![crate::kernel::wg_netlink::Device {
                     ifindex: 5,
-                    name: "wg0".into(),
-                    listen_port: 51820,
+                    name: self.name.into(),
+                    listen_port: self.port,
                     peers: Vec::new(),
                 }]
             } else {
@@ -950,7 +947,7 @@ ffffffff81c3a2a0 T __consume_stateless_skb
             Box::new(FakeTable::<u32, WgSites>::new(1)),
             Box::new(drops.clone()),
             None,
-            Devices::new(Box::new(OneDevice)),
+            Devices::new(one_device()),
         );
         room.resolved_for = Some("0xffffffffc0a00000".into());
         room.resolved = 3;
@@ -1130,7 +1127,7 @@ ffffffff81c3a2a0 T __consume_stateless_skb
                 "tp_btf/consume_skb".into(),
                 false,
             )),
-            Devices::new(Box::new(OneDevice)),
+            Devices::new(one_device()),
         );
         let table = || sites.clone().get(&0).unwrap_or_default();
         room.refresh_with(None, || unreachable!("no module: kallsyms is not read"));
