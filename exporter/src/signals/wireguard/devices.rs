@@ -199,7 +199,9 @@ impl Devices {
     /// Learns the names of namespace `ns`'s devices from a periodic read ([`Scanner::scan`]);
     /// a read that found none leaves what is known.
     pub fn learn(&mut self, ns: u32, devs: &[Device], now: Instant) {
-        if devs.is_empty() {
+        // A periodic read's result arrives a poll after it was asked for: a read of the names
+        // made since (for a drop's new port) is newer and stays.
+        if devs.is_empty() || self.known.get(&ns).is_some_and(|k| k.read_at > now) {
             return;
         }
         self.known.insert(
@@ -538,6 +540,36 @@ mod tests {
             .insert(10, Ok(vec![(51820, "wg-renamed")]));
         d.update([(10, 51820)], &procfs, t0 + UNKNOWN_RETRY + REFRESH * 2);
         assert_eq!(d.name(10, 51820), "wg-renamed");
+    }
+
+    /// A periodic read asked for before a newer read of the names (its result is taken a
+    /// poll later) does not replace them: a device made in between keeps its name.
+    #[test]
+    fn an_older_periodic_read_does_not_replace_newer_names() {
+        let fake = Fake::default();
+        fake.devices
+            .lock()
+            .unwrap()
+            .insert(10, Ok(vec![(51820, "wg0"), (51821, "wg1")]));
+        let mut d = Devices::new(Box::new(fake.clone()));
+        let t0 = Instant::now();
+        let older = vec![Device {
+            ifindex: 3,
+            name: "wg1".into(),
+            listen_port: 51821,
+            peers: Vec::new(),
+        }];
+        d.update(
+            [(10, 51820)],
+            &Procfs::default(),
+            t0 + Duration::from_secs(1),
+        );
+        d.learn(10, &older, t0);
+        assert_eq!(d.name(10, 51820), "wg0");
+        // A newer periodic read does replace them.
+        d.learn(10, &older, t0 + Duration::from_secs(2));
+        assert_eq!(d.name(10, 51820), "");
+        assert_eq!(d.name(10, 51821), "wg1");
     }
 
     /// The periodic read: a namespace with a device at every period, one without at every
