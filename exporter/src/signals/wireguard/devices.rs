@@ -176,6 +176,9 @@ struct Known {
     ports: BTreeMap<u16, String>,
     /// When it was read.
     read_at: Instant,
+    /// Read by the periodic read, asked for a poll or more before: a port it does not list is
+    /// read again at once (it may predate the device's port), not after [`UNKNOWN_RETRY`].
+    periodic: bool,
 }
 
 /// The device names of (namespace, port), read and cached per namespace.
@@ -213,6 +216,7 @@ impl Devices {
                     .map(|d| (d.listen_port, d.name.clone()))
                     .collect(),
                 read_at: now,
+                periodic: true,
             },
         );
     }
@@ -238,7 +242,8 @@ impl Devices {
                 Some(k) => {
                     let age = now.saturating_duration_since(k.read_at);
                     age >= REFRESH
-                        || (age >= UNKNOWN_RETRY && ports.iter().any(|p| !k.ports.contains_key(p)))
+                        || ((k.periodic || age >= UNKNOWN_RETRY)
+                            && ports.iter().any(|p| !k.ports.contains_key(p)))
                 }
             };
             if due {
@@ -285,6 +290,7 @@ impl Devices {
             Known {
                 ports: found,
                 read_at: now,
+                periodic: false,
             },
         );
     }
@@ -566,10 +572,18 @@ mod tests {
         );
         d.learn(10, &older, t0);
         assert_eq!(d.name(10, 51820), "wg0");
-        // A newer periodic read does replace them.
+        // A newer periodic read does replace them; a port it does not list (it may have read
+        // the device before its port was set) is read again at the next drop, not 10 s later.
         d.learn(10, &older, t0 + Duration::from_secs(2));
         assert_eq!(d.name(10, 51820), "");
         assert_eq!(d.name(10, 51821), "wg1");
+        d.update(
+            [(10, 51820)],
+            &Procfs::default(),
+            t0 + Duration::from_secs(3),
+        );
+        assert_eq!(d.name(10, 51820), "wg0");
+        assert_eq!(fake.reads.lock().unwrap().len(), 2);
     }
 
     /// The periodic read: a namespace with a device at every period, one without at every
