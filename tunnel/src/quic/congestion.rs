@@ -43,7 +43,8 @@
 //! now 1.6 BDPs (`CAP_BDPS`, docs/tunnel.md, "The floor at 50 ms"). The cap holds while the
 //! path idles ([`DeliveryFloor::holding`]). The floor's loss bursts once closed
 //! stream-mode connections (more than 1,024 holes in one stream's buffer, quinn's limit);
-//! stream mode now spreads its data over 32 streams, so that it cannot (`super::streams`), and
+//! stream mode now puts its data in chunks on streams of their own, so that it cannot
+//! (`super::streams`), and
 //! `tunnel` is its default too.
 //!
 //! In stream mode CUBIC also starts in congestion avoidance: as if it had just backed off from

@@ -153,29 +153,28 @@ pub(super) async fn stream_to_tun(
     let mut rbuf = vec![0u8; READ_BUF];
     let (mut start, mut filled) = (0usize, 0usize);
     loop {
-        let begun = tokio::select! {
-            r = rx.begin() => r?,
+        let r = tokio::select! {
+            r = rx.read(&mut rbuf[filled..]) => r?,
             _ = ctx.stopped() => return Ok(()),
         };
-        if begun.is_none() {
-            return Ok(()); // a closed connection is reported by its manager
-        }
-        while rx.left() > 0 {
-            let n = tokio::select! {
-                r = rx.read(&mut rbuf[filled..]) => r?,
-                _ = ctx.stopped() => return Ok(()),
-            };
-            let Some(n) = n else { return Ok(()) };
-            filled += n;
-            cur.counters
-                .stream_bytes_read
-                .fetch_add(n as u64, Ordering::Relaxed);
-            decrypt_frames(ctx, &mut inb, &rbuf, &mut start, filled)?;
-            // Keep room for a whole frame at the end of the buffer.
-            framing::compact(&mut rbuf, &mut start, &mut filled);
-        }
-        if start != filled {
-            bail!("protocol error: a chunk of the QUIC stream ended inside a frame");
+        match r {
+            // A closed connection is reported by its manager.
+            streams::Read::Gone => return Ok(()),
+            streams::Read::End => {
+                cur.counters.chunks_read.fetch_add(1, Ordering::Relaxed);
+                if start != filled {
+                    bail!("protocol error: a chunk of the QUIC stream ended inside a frame");
+                }
+            }
+            streams::Read::Data(n) => {
+                filled += n;
+                cur.counters
+                    .stream_bytes_read
+                    .fetch_add(n as u64, Ordering::Relaxed);
+                decrypt_frames(ctx, &mut inb, &rbuf, &mut start, filled)?;
+                // Keep room for a whole frame at the end of the buffer.
+                framing::compact(&mut rbuf, &mut start, &mut filled);
+            }
         }
     }
 }
@@ -354,7 +353,7 @@ fn tun_to_stream(ctx: &Ctx) -> Result<()> {
         };
         let mut left = f.frames;
         for (piece, frames) in streams::pieces(w.framed(&f), ctx.chunk) {
-            let chunk = streams::chunk(piece);
+            let chunk = Bytes::copy_from_slice(piece);
             let t0 = std::time::Instant::now();
             let r = ctx.handle.block_on(async {
                 tokio::select! {
@@ -362,8 +361,9 @@ fn tun_to_stream(ctx: &Ctx) -> Result<()> {
                     _ = ctx.stopped() => None,
                 }
             });
-            // quinn takes a chunk at once while the stream's flow-control credit and its send
-            // buffer have room; a longer write waited for one of them.
+            // quinn takes a chunk at once while the peer allows another stream and the
+            // connection's flow-control credit and its send buffer have room; a longer write
+            // waited for one of them.
             let took = t0.elapsed();
             if took >= STREAM_WAIT {
                 cur.counters.send_waits.fetch_add(1, Ordering::Relaxed);

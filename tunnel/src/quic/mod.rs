@@ -2,12 +2,12 @@
 //!
 //! `--quic.mode datagram` (default) carries one WireGuard packet per QUIC DATAGRAM frame;
 //! `--quic.mode stream` carries them length-prefixed (2 bytes, big endian, as the TCP transport)
-//! in chunks spread over 32 unidirectional streams per direction and read back in order
-//! ([`streams`]: one stream could not survive loss), where QUIC's flow-control windows bound
-//! one tunnelled flow.
-//! With `--buffer-policy recommended` the windows come from `bufscope-policy` (its 16 MiB stream
-//! window twice over the streams together, 64 MiB connection, 64 MiB send), otherwise they are
-//! quinn's defaults; the outer UDP socket is
+//! in chunks, each on a unidirectional stream of its own, read back in order ([`streams`]: one
+//! stream could not survive loss), where QUIC's flow-control windows bound one tunnelled flow.
+//! With `--buffer-policy recommended` the windows come from `bufscope-policy` (stream mode: its
+//! 16 MiB stream window twice over, as the connection's window; 64 MiB send), otherwise they
+//! are quinn's defaults (stream mode: its 1.25 MB stream window as the connection's); the
+//! outer UDP socket is
 //! sized like the UDP transport's. The side with an endpoint connects (and reconnects); the
 //! other listens. The handshake is authenticated by certificates derived from the WireGuard
 //! keys ([`tls`]), and the ALPN carries the mode.
@@ -57,6 +57,8 @@ const CLOSE_REPLACED: u32 = 0x52;
 struct ConnCounters {
     datagrams_read: AtomicU64,
     stream_bytes_read: AtomicU64,
+    /// Stream mode: chunks (streams) read to their end.
+    chunks_read: AtomicU64,
     /// Times the TUN → QUIC thread waited for quinn (quinn's windows, not the TUN, set the
     /// pace): in datagram mode for room in its datagram send buffer, in stream mode for a
     /// stream's flow-control credit or room in its send buffer (writes of 1 ms or more) ...
@@ -70,23 +72,22 @@ struct ConnCounters {
 struct Current {
     id: u64,
     conn: Connection,
-    /// Stream mode: this end's streams (only the writer thread writes).
+    /// Stream mode: this end's sending half (only the writer thread writes).
     send: Option<Arc<tokio::sync::Mutex<streams::Sender>>>,
     counters: Arc<ConnCounters>,
 }
 
 impl Current {
-    /// A new connection in use: datagram mode checks the datagram size, stream mode opens
-    /// this end's streams.
+    /// A new connection in use: datagram mode checks the datagram size.
     async fn new(ctx: &Ctx, conn: Connection) -> Result<Current> {
         let send = match ctx.mode {
             QuicMode::Datagram => {
                 report::check_datagrams(&conn, ctx.mtu);
                 None
             }
-            QuicMode::Stream => Some(Arc::new(tokio::sync::Mutex::new(
-                streams::open(&conn).await?,
-            ))),
+            QuicMode::Stream => Some(Arc::new(tokio::sync::Mutex::new(streams::Sender::new(
+                conn.clone(),
+            )))),
         };
         ctx.link.tally.established();
         Ok(Current {
@@ -193,8 +194,7 @@ pub fn start(s: &Settings, tun: Arc<Tun>, peer: Arc<Peer>, shutdown: &Shutdown) 
     };
     let transport = Arc::new(transport::transport_config(s)?);
     log_windows(s, &transport)?;
-    let chunk =
-        streams::chunk_limit(transport::EffectiveConfig::read(&transport)?.stream_receive_window);
+    let chunk = streams::chunk_limit(transport::EffectiveConfig::read(&transport)?.receive_window);
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .thread_name("quic")
@@ -254,25 +254,24 @@ pub fn start(s: &Settings, tun: Arc<Tun>, peer: Arc<Peer>, shutdown: &Shutdown) 
 /// Logs the windows and buffers quinn was given, read back from its `TransportConfig`.
 fn log_windows(s: &Settings, transport: &quinn::TransportConfig) -> Result<()> {
     let eff = EffectiveConfig::read(transport)?;
-    let streams = match s.quic_mode {
-        QuicMode::Stream => streams::STREAMS as u64,
-        QuicMode::Datagram => 1,
+    let max_streams = match s.quic_mode {
+        QuicMode::Stream => streams::MAX_OPEN_STREAMS,
+        QuicMode::Datagram => 0,
     };
     tracing::info!(
         mode = %s.quic_mode,
         congestion = %s.congestion,
         buffer_policy = %s.buffer_policy,
         stream_receive_window = eff.stream_receive_window,
-        streams,
+        max_streams,
         receive_window = eff.receive_window,
         send_window = eff.send_window,
         datagram_receive_buffer = ?eff.datagram_receive_buffer,
         datagram_send_buffer = eff.datagram_send_buffer,
         initial_mtu = eff.initial_mtu,
-        "QUIC windows in effect (read back from quinn's TransportConfig): stream {} × {streams} streams = {}, connection {} send {}",
-        eff.stream_receive_window,
-        eff.stream_receive_window * streams,
+        "QUIC windows in effect (read back from quinn's TransportConfig): connection {}, stream {} (a stream per chunk, {max_streams} open at most), send {}",
         eff.receive_window,
+        eff.stream_receive_window,
         eff.send_window
     );
     Ok(())

@@ -197,12 +197,14 @@ pub(super) fn log_conn_summary(ctx: &Ctx, cur: &Current, when: &str) {
     };
     let mode_part = match ctx.mode {
         QuicMode::Stream => format!(
-            "stream bytes read {bytes} over {} streams, MAX_STREAM_DATA sent {} (stream window in effect ≈ {} per stream), MAX_DATA sent {} (connection window in effect ≈ {}), waits for quinn's stream credit or send buffer {} ({} ms)",
-            streams::STREAMS,
-            st.frame_tx.max_stream_data,
-            window(st.frame_tx.max_stream_data),
+            "stream bytes read {bytes} in {} chunks (a stream each), MAX_DATA sent {} (connection window in effect ≈ {}), MAX_STREAMS sent {}, STREAMS_BLOCKED sent {} (the peer's limit of {} open streams reached), MAX_STREAM_DATA sent {}, waits for quinn's credit, streams or send buffer {} ({} ms)",
+            cur.counters.chunks_read.load(Ordering::Relaxed),
             st.frame_tx.max_data,
             window(st.frame_tx.max_data),
+            st.frame_tx.max_streams_uni,
+            st.frame_tx.streams_blocked_uni,
+            streams::MAX_OPEN_STREAMS,
+            st.frame_tx.max_stream_data,
             cur.counters.send_waits.load(Ordering::Relaxed),
             cur.counters.send_wait_us.load(Ordering::Relaxed) / 1000
         ),

@@ -1,5 +1,5 @@
-//! Stream mode's framing: WireGuard packets in chunks spread over [`STREAMS`] unidirectional
-//! QUIC streams per direction, round robin, each chunk behind its length.
+//! Stream mode's framing: WireGuard packets in chunks, each chunk on a unidirectional QUIC
+//! stream of its own, in order, with a priority that falls with the chunk's number.
 //!
 //! **Why not one stream.** quinn-proto 0.11 keeps a stream's out-of-order data in an assembler
 //! of separate pieces and closes the connection ("too many gaps in stream buffer") when, after
@@ -14,60 +14,64 @@
 //! help: quinn then returns flow-control credit for bytes read past a hole, so the data held
 //! for reordering is no longer bounded by any window.
 //!
-//! **What instead.** [`STREAMS`] streams of at most [`MAX_STREAM_WINDOW`] each: a stream's
-//! window holds at most 1 MiB ≈ 740 full-size packets, so at most ~370 runs whatever is lost,
-//! well below 1,024. Together they hold twice the policy's stream window, 32 MiB, past a hole
-//! (see [`tunnel_window`]). The writer sends chunk `k` (a 4-byte big-endian
-//! length, then length-prefixed WireGuard packets, as over TCP) on stream `k mod STREAMS`; the
-//! reader reads chunk `k` from the same stream, so packets come out in the order they went
-//! in, reliably, as from one stream. A chunk is written with a stream priority that falls with
-//! `k`, so quinn sends (and retransmits) the oldest chunks first, as it retransmits first
-//! within one stream.
+//! **Why a stream per chunk, not a fixed set.** A chunk is at most [`MAX_CHUNK`] (256 KiB ≈
+//! 190 full-size packets, at most ~95 runs whatever is lost, well below 1,024), and the
+//! connection's receive window ([`tunnel_window`]) bounds what all streams hold past a hole.
+//! Chunk `k` is written on a new stream with priority `-k`, so quinn sends (and retransmits)
+//! the oldest chunk first: the chunks leave in the order they were written, as from one
+//! stream. The reader reads the streams in the order they were opened (quinn accepts them in
+//! that order), each to its end. Until 2026-12 the chunks went round robin over 32 fixed
+//! streams, and a stream took the priority of its newest chunk. Whenever quinn's send buffer
+//! held more than 32 chunks not yet sent (one inner CUBIC flow at 190 ms kept 3–11 MB there
+//! behind the 7 MiB congestion window), the oldest chunk on a stream was demoted behind the
+//! 31 newer chunks of the other streams: the reader, which must read in order, waited for it
+//! while the others filled their windows, and then got them all at once. The inner flow's
+//! ACK clock oscillated (0.3 s lulls at the receiver, single ACKs of 0.9 MB), and one
+//! transfer in six fell below 90% of the link (docs/benchmarks.md).
 
-use anyhow::{Context as _, Result, bail};
-use bytes::{BufMut as _, Bytes, BytesMut};
-use quinn::{Connection, RecvStream, SendStream};
+use anyhow::{Context as _, Result};
+use bytes::Bytes;
+use quinn::{Connection, RecvStream};
 
-/// Unidirectional streams per direction.
-pub const STREAMS: usize = 32;
+/// Streams the peer may have open at once, so chunks sent and not yet read by the peer:
+/// 4,096, so that the connection window, not this count, bounds them. The policy's 32 MiB
+/// over 4,096 chunks is 8 KiB a chunk, about one full-size inner packet (inner MTU 8920);
+/// under load a chunk is many packets. quinn keeps an empty slot per stream the peer may
+/// open (a few hundred kilobytes here).
+pub const MAX_OPEN_STREAMS: u32 = 4096;
 
-/// The largest receive window of one stream: 1 MiB ≈ 740 full-size QUIC packets, at most
-/// ~370 separate runs in quinn's assembler (its limit is 1,024).
+/// The receive window of one stream: 1 MiB. A stream holds one chunk (at most
+/// [`MAX_CHUNK`] and one frame), so this never binds; 1 MiB ≈ 740 full-size QUIC packets
+/// keeps a stream below quinn's 1,024 gaps even so.
 pub const MAX_STREAM_WINDOW: u64 = 1 << 20;
 
 // Full-size packets carry ~1,400 bytes of stream data; a run of received data needs at least
 // one, and so does the loss that ends it: a stream's window leaves at most 3/8 of quinn's
 // 1,024 pieces.
 const _: () = assert!(MAX_STREAM_WINDOW / (2 * 1400) < 1024 * 3 / 8);
+// A chunk (and the frame that may overrun it) fits a stream's window.
+const _: () = assert!((MAX_CHUNK + (64 << 10)) as u64 <= MAX_STREAM_WINDOW);
 
-/// Bytes of a chunk's length prefix.
-pub const CHUNK_HEADER: usize = 4;
-
-/// The window of all streams together for the policy's stream window `policy` (16 MiB):
-/// twice that. Past a hole, the streams hold what arrives until the retransmission does, about
-/// one round trip of data on top of the round trip in flight; with the policy's 16 MiB in all,
+/// The connection's receive window for the policy's stream window `policy` (16 MiB): twice
+/// that. Past a hole, the streams hold what arrives until the retransmission does, about one
+/// round trip of data on top of the round trip in flight; with the policy's 16 MiB in all,
 /// one inner CUBIC flow at 190 ms / 200 Mbit/s (a round trip of 380 ms with the bottleneck
 /// queue full: 9.5 MB) stalled on flow control during recovery (176–184 Mbit/s).
 pub fn tunnel_window(policy: u64) -> u64 {
     policy.saturating_mul(2)
 }
 
-/// quinn's receive window of each stream for a window of `total` bytes over all streams.
-pub fn stream_window(total: u64) -> u64 {
-    (total / STREAMS as u64).clamp(1, MAX_STREAM_WINDOW)
-}
-
 /// Bytes of frames per chunk at most: the seed's 256 KiB copy buffers instead of tokio's
 /// 8 KiB. The writer frames up to this much from the TUN at a time.
 pub const MAX_CHUNK: usize = 256 << 10;
 
-/// Bytes of frames per chunk for streams whose receive window is `window` bytes: [`MAX_CHUNK`],
-/// or a quarter of the window when that is less. The writer hands quinn one chunk at a time,
-/// and quinn takes a chunk only as far as its stream's flow-control credit goes, so a chunk
-/// larger than the window waits several round trips for that one stream's credit while the
-/// other streams sit idle. With quinn's default windows (1.25 MB over the 32 streams, 39 KB
-/// each), one inner CUBIC flow over 200 Mbit/s got, down/up in Mbit/s (`cargo xtask bench
-/// tunnel`, 2026-12-06 21:3x UTC; the window caps it at 200 at 50 ms, 52.6 at 190 ms):
+/// Bytes of frames per chunk for a connection whose receive window is `window` bytes:
+/// [`MAX_CHUNK`], or a quarter of the window when that is less. quinn takes a chunk only as
+/// far as the connection's flow-control credit goes, so a chunk as large as the window waits
+/// a round trip for credit with nothing else in flight. With quinn's default window (1.25 MB)
+/// spread over 32 streams (39 KB each, as until 2026-12), one inner CUBIC flow over 200 Mbit/s
+/// got, down/up in Mbit/s (`cargo xtask bench tunnel`, 2026-12-06 21:3x UTC; the window caps
+/// it at 200 at 50 ms, 52.6 at 190 ms):
 ///
 /// | chunk | 50 ms | 190 ms |
 /// |---|---|---|
@@ -76,7 +80,7 @@ pub const MAX_CHUNK: usize = 256 << 10;
 /// | window / 4 | 135.5 / 135.8 | 36.2 / 36.4 |
 /// | window / 8 | 135.2 / 135.7 | 36.4 / 36.4 |
 ///
-/// The policy's windows (1 MiB per stream) keep [`MAX_CHUNK`].
+/// The policy's window (32 MiB) keeps [`MAX_CHUNK`].
 pub fn chunk_limit(window: u64) -> usize {
     usize::try_from(window / 4).map_or(MAX_CHUNK, |q| q.clamp(1, MAX_CHUNK))
 }
@@ -109,115 +113,85 @@ pub fn pieces(framed: &[u8], limit: usize) -> impl Iterator<Item = (&[u8], u64)>
 }
 
 /// Priority of chunk `k`: falls with `k`, so quinn sends older chunks first. It wraps after
-/// 2^30 chunks, where one chunk is sent out of turn.
+/// 2^30 chunks, where chunks sent until then are sent after newer ones.
 fn priority(k: u64) -> i32 {
     -((k % (1 << 30)) as i32)
 }
 
-/// `framed` (length-prefixed packets) behind its chunk header.
-pub fn chunk(framed: &[u8]) -> Bytes {
-    let mut b = BytesMut::with_capacity(CHUNK_HEADER + framed.len());
-    b.put_u32(framed.len() as u32);
-    b.put_slice(framed);
-    b.freeze()
-}
-
-/// Opens this end's [`STREAMS`] streams (the peer allows exactly that many).
-pub async fn open(conn: &Connection) -> Result<Sender> {
-    let mut streams = Vec::with_capacity(STREAMS);
-    for _ in 0..STREAMS {
-        streams.push(conn.open_uni().await.context("opening a QUIC stream")?);
-    }
-    Ok(Sender { streams, next: 0 })
-}
-
-/// The sending half: this end's streams and the next chunk's number.
+/// The sending half: the connection and the next chunk's number.
 pub struct Sender {
-    streams: Vec<SendStream>,
+    conn: Connection,
     next: u64,
 }
 
 impl Sender {
-    /// Writes one [`chunk`] on its stream; waits for flow-control credit and room in quinn's
-    /// send buffer.
+    /// The sending half on `conn`; streams are opened as chunks are written.
+    pub fn new(conn: Connection) -> Self {
+        Self { conn, next: 0 }
+    }
+
+    /// Writes `chunk` (length-prefixed frames) on a stream of its own and finishes it; waits
+    /// until the peer allows another stream and for room in quinn's send buffer and the
+    /// connection's flow-control credit.
     pub async fn write(&mut self, chunk: Bytes) -> Result<(), quinn::WriteError> {
+        let mut s = self.conn.open_uni().await?;
         let k = self.next;
-        let s = &mut self.streams[(k % STREAMS as u64) as usize];
         // A stream that is gone fails the write below.
         let _ = s.set_priority(priority(k));
         s.write_chunk(chunk).await?;
+        // quinn sends the FIN with the data; a stream reset meanwhile was reported above.
+        let _ = s.finish();
         self.next += 1;
         Ok(())
     }
 }
 
-/// The receiving half: the peer's streams, accepted as they are first needed (quinn hands
-/// them out in the order the peer opened them), and where the current chunk is.
+/// What [`Receiver::read`] read.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Read {
+    /// Bytes of the current chunk.
+    Data(usize),
+    /// The current chunk ended (its stream is finished and read to the end).
+    End,
+    /// The connection is gone (its manager reports why).
+    Gone,
+}
+
+/// The receiving half: the peer's streams, accepted in the order the peer opened them (the
+/// chunks' order), and the one being read.
 pub struct Receiver {
     conn: Connection,
-    streams: Vec<RecvStream>,
-    next: u64,
-    /// Bytes of the current chunk not yet read.
-    left: usize,
+    current: Option<RecvStream>,
 }
 
 impl Receiver {
     /// The peer's streams on `conn`, with the first one if it was accepted already.
     pub fn new(conn: Connection, first: Option<RecvStream>) -> Self {
-        let mut streams = Vec::with_capacity(STREAMS);
-        streams.extend(first);
         Self {
             conn,
-            streams,
-            next: 0,
-            left: 0,
+            current: first,
         }
     }
 
-    /// Bytes of the current chunk not yet read.
-    pub fn left(&self) -> usize {
-        self.left
-    }
-
-    /// Starts the next chunk: reads its length from its stream. `None` when the connection is
-    /// gone (its manager reports why).
-    pub async fn begin(&mut self) -> Result<Option<usize>> {
-        let i = (self.next % STREAMS as u64) as usize;
-        while self.streams.len() <= i {
-            match self.conn.accept_uni().await {
-                Ok(s) => self.streams.push(s),
-                Err(_) => return Ok(None),
+    /// Reads up to `buf.len()` bytes of the current chunk, waiting for the peer's next stream
+    /// when there is none.
+    pub async fn read(&mut self, buf: &mut [u8]) -> Result<Read> {
+        let s = match &mut self.current {
+            Some(s) => s,
+            None => match self.conn.accept_uni().await {
+                Ok(s) => self.current.insert(s),
+                Err(_) => return Ok(Read::Gone),
+            },
+        };
+        match s.read(buf).await {
+            Ok(Some(n)) => Ok(Read::Data(n)),
+            // Read to its end: quinn frees the stream and lets the peer open another.
+            Ok(None) => {
+                self.current = None;
+                Ok(Read::End)
             }
-        }
-        let mut header = [0u8; CHUNK_HEADER];
-        match self.streams[i].read_exact(&mut header).await {
-            Ok(()) => {}
-            Err(quinn::ReadExactError::ReadError(quinn::ReadError::ConnectionLost(_))) => {
-                return Ok(None);
-            }
-            Err(e) => return Err(e).context("reading a chunk header from the QUIC stream"),
-        }
-        self.left = u32::from_be_bytes(header) as usize;
-        self.next += 1;
-        Ok(Some(self.left))
-    }
-
-    /// Reads up to `buf.len()` bytes (at most what is left of the current chunk); `None` when
-    /// the connection is gone.
-    pub async fn read(&mut self, buf: &mut [u8]) -> Result<Option<usize>> {
-        let i = ((self.next + STREAMS as u64 - 1) % STREAMS as u64) as usize;
-        let want = buf.len().min(self.left);
-        if want == 0 {
-            return Ok(Some(0));
-        }
-        match self.streams[i].read(&mut buf[..want]).await {
-            Ok(Some(n)) => {
-                self.left -= n;
-                Ok(Some(n))
-            }
-            Ok(None) => bail!("the peer finished a QUIC stream"),
-            Err(quinn::ReadError::ConnectionLost(_)) => Ok(None),
-            Err(e) => Err(e).context("reading the QUIC stream"),
+            Err(quinn::ReadError::ConnectionLost(_)) => Ok(Read::Gone),
+            Err(e) => Err(e).context("reading a QUIC stream"),
         }
     }
 }
@@ -227,21 +201,19 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_policy_window_is_split_within_the_gap_bound() {
+    fn the_policy_window_is_twice_the_stream_window() {
         let policy = bufscope_policy::quic_windows().stream_receive;
-        let total = tunnel_window(policy);
-        assert_eq!(stream_window(total) * STREAMS as u64, 2 * policy);
-        assert_eq!(stream_window(total), MAX_STREAM_WINDOW);
-        assert_eq!(stream_window(1 << 40), MAX_STREAM_WINDOW);
-        assert_eq!(stream_window(0), 1);
+        assert_eq!(tunnel_window(policy), 2 * policy);
+        assert_eq!(tunnel_window(u64::MAX), u64::MAX);
     }
 
     #[test]
     fn chunks_are_a_quarter_window_up_to_256_kib() {
-        // quinn's default 1.25 MB over 32 streams: 39,062 bytes each.
-        assert_eq!(chunk_limit(stream_window(1_250_000)), 9_765);
-        // The policy's 1 MiB per stream keeps the seed's 256 KiB.
-        assert_eq!(chunk_limit(MAX_STREAM_WINDOW), MAX_CHUNK);
+        // quinn's default window, 1.25 MB: a quarter of it is more than 256 KiB.
+        assert_eq!(chunk_limit(1_250_000), MAX_CHUNK);
+        assert_eq!(chunk_limit(400_000), 100_000);
+        // The policy's 32 MiB keeps the seed's 256 KiB.
+        assert_eq!(chunk_limit(32 << 20), MAX_CHUNK);
         assert_eq!(chunk_limit(1), 1);
     }
 
@@ -278,6 +250,5 @@ mod tests {
     fn older_chunks_have_higher_priority() {
         assert!(priority(0) > priority(1));
         assert!(priority(1000) > priority(1001));
-        assert_eq!(chunk(b"abc").as_ref(), &[0, 0, 0, 3, b'a', b'b', b'c']);
     }
 }

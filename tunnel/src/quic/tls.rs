@@ -29,8 +29,9 @@ use crate::config::QuicMode;
 
 /// ALPN of `--quic.mode datagram`.
 pub const ALPN_DATAGRAM: &[u8] = b"bufscope-wg-datagram/1";
-/// ALPN of `--quic.mode stream`.
-pub const ALPN_STREAM: &[u8] = b"bufscope-wg-stream/2";
+/// ALPN of `--quic.mode stream` (3: a stream per chunk, no chunk header; 2 had 32 fixed
+/// streams with a chunk header; 1 one stream).
+pub const ALPN_STREAM: &[u8] = b"bufscope-wg-stream/3";
 /// Server name the client asks for (the pinning verifier does not look at names).
 pub const SERVER_NAME: &str = "bufscope-tunnel";
 

@@ -122,27 +122,28 @@ impl EffectiveConfig {
 /// quinn's transport configuration for these settings.
 pub(super) fn transport_config(s: &Settings) -> Result<TransportConfig> {
     let mut t = TransportConfig::default();
+    let varint = |v: u64| VarInt::from_u64(v).map_err(|_| anyhow!("window {v} too large"));
     if s.buffer_policy != BufferPolicy::Recommended && s.quic_mode == QuicMode::Stream {
-        // quinn's default stream window, for the tunnel as a whole.
+        // quinn's default stream window, for the tunnel as a whole: stream mode puts each
+        // chunk on a stream of its own (see `streams`), so the connection's window bounds it.
         let quinn_default = EffectiveConfig::read(&t)?.stream_receive_window;
-        t.stream_receive_window(
-            VarInt::from_u64(streams::stream_window(quinn_default))
-                .map_err(|_| anyhow!("stream window too large"))?,
-        );
+        t.stream_receive_window(varint(streams::MAX_STREAM_WINDOW.min(quinn_default))?)
+            .receive_window(varint(quinn_default)?);
     }
     if s.buffer_policy == BufferPolicy::Recommended {
         let plan = Plan::for_current(Transport::Quic, s.target);
         let w = plan
             .quic
             .context("bufscope-policy gave no QUIC windows for a QUIC plan")?;
-        let varint = |v: u64| VarInt::from_u64(v).map_err(|_| anyhow!("window {v} too large"));
-        // Stream mode spreads twice the policy's stream window over its streams (see
-        // `streams`).
-        t.stream_receive_window(varint(streams::stream_window(streams::tunnel_window(
-            w.stream_receive,
-        )))?)
-        .receive_window(varint(w.connection_receive)?)
-        .send_window(w.send);
+        // Stream mode puts each chunk on a stream of its own; twice the policy's stream
+        // window (within its connection window) bounds them all (see `streams`).
+        let connection = match s.quic_mode {
+            QuicMode::Stream => streams::tunnel_window(w.stream_receive).min(w.connection_receive),
+            QuicMode::Datagram => w.connection_receive,
+        };
+        t.stream_receive_window(varint(streams::MAX_STREAM_WINDOW)?)
+            .receive_window(varint(connection)?)
+            .send_window(w.send);
         // Waiting datagrams play the part of a UDP receive buffer: size them like one.
         if let bufscope_policy::Buffers::Set { receive, .. } = plan.buffers {
             t.datagram_receive_buffer_size(Some(receive));
@@ -165,7 +166,7 @@ pub(super) fn transport_config(s: &Settings) -> Result<TransportConfig> {
         ))
         .max_concurrent_bidi_streams(VarInt::from_u32(0))
         .max_concurrent_uni_streams(VarInt::from_u32(match s.quic_mode {
-            QuicMode::Stream => streams::STREAMS as u32,
+            QuicMode::Stream => streams::MAX_OPEN_STREAMS,
             QuicMode::Datagram => 0,
         }));
     if s.quic_mode == QuicMode::Datagram {

@@ -72,9 +72,9 @@ pub(super) fn update(
          `os-default` (quinn's default windows and an untouched socket). Under the table, from the client's (a's) \
          shutdown log: cc = the congestion controller the connection ran; dgrams/send and dgrams/recv = UDP datagrams \
          per send call (GSO) and per received buffer (GRO) on its outer socket over the row's run; quinn dgram drops = \
-         datagrams quinn dropped from its own receive buffer (both ends); stream window in effect = stream bytes a read \
-         × 8 / MAX_STREAM_DATA frames it sent (quinn sends one per window/8 read: at least the window a granted, and \
-         close to it); closed by transport = connections that ended other than by an application's close (a transport \
+         datagrams quinn dropped from its own receive buffer (both ends); window in effect = stream bytes a read \
+         × 8 / MAX_DATA frames it sent (stream mode puts each chunk on a stream of its own, so the connection's window \
+         bounds the tunnel; quinn sends one MAX_DATA per window/8 read: at least the window a granted, and close to it); closed by transport = connections that ended other than by an application's close (a transport \
          error such as quinn's \"too many gaps in stream buffer\", a reset or a timeout), from both ends' shutdown \
          summaries. Loss rows (\"N% loss\"): the same link losing N% of the packets each way, independently or in bursts \
          (a two-state model with the same long-run rate and the given mean burst length in packets), on top of the \

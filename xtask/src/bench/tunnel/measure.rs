@@ -340,7 +340,7 @@ fn quic_figures(logs: &[String], t: Transport) -> QuicFigures {
         datagrams_per_send: number_after(&offloads, "sends ("),
         datagrams_per_recv: number_after(&offloads, "buffers ("),
         quinn_drops,
-        stream_window: number_after(&stats, "stream window in effect ≈ ").map(|w| w as u64),
+        window: number_after(&stats, "connection window in effect ≈ ").map(|w| w as u64),
         congestion: line(client, "congestion controller ").and_then(|l| {
             let start = l.find("congestion controller ")? + "congestion controller ".len();
             l[start..].split_whitespace().next().map(str::to_string)

@@ -198,8 +198,8 @@ pub(super) struct QuicFigures {
     pub(super) datagrams_per_recv: Option<f64>,
     /// Datagram mode: datagrams quinn dropped from its receive buffer (client + server).
     pub(super) quinn_drops: Option<u64>,
-    /// Stream mode: the stream window the client granted, ≈ bytes × 8 / MAX_STREAM_DATA.
-    pub(super) stream_window: Option<u64>,
+    /// Stream mode: the connection window the client granted, ≈ bytes × 8 / MAX_DATA.
+    pub(super) window: Option<u64>,
     /// The congestion controller the client's connection ran.
     pub(super) congestion: Option<String>,
     /// Times the client reconnected during the row (0 when the connection held).

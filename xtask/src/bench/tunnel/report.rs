@@ -251,7 +251,7 @@ fn render_quic_details(rows: &[&Row]) -> String {
         "dgrams/send (GSO)",
         "dgrams/recv (GRO)",
         "quinn dgram drops",
-        "stream window in effect",
+        "window in effect",
         "reconnects",
         "closed by transport",
     ];
@@ -282,8 +282,8 @@ fn quic_cells(t: Transport, q: &QuicFigures) -> [String; 7] {
         f(q.datagrams_per_send),
         f(q.datagrams_per_recv),
         q.quinn_drops.map_or("–".into(), |d| d.to_string()),
-        match (t, q.stream_window) {
-            (Transport::QuicStream, Some(w)) => format!("≈{} × 32", human_bytes(w)),
+        match (t, q.window) {
+            (Transport::QuicStream, Some(w)) => format!("≈{}", human_bytes(w)),
             _ => "–".into(),
         },
         q.reconnects.to_string(),
@@ -292,7 +292,7 @@ fn quic_cells(t: Transport, q: &QuicFigures) -> [String; 7] {
 }
 
 /// The targets of the QUIC and strongest-peer rows, checked against this run (and its UDP rows, if it had them).
-/// What quinn's default stream window (1.25 MB, over the 32 streams) allows one flow at
+/// What quinn's default stream window (1.25 MB, the connection's window in stream mode) allows one flow at
 /// 190 ms, in Mbit/s: 1.25 MB × 8 / 0.19 s.
 const QUINN_WINDOW_CAP_190_MBIT: f64 = 52.6;
 
@@ -335,7 +335,7 @@ fn render_quic_summary(rows: &[Row], a: &Args) -> String {
         if let Some((dr, ur, o)) = vs {
             let _ = writeln!(
                 s,
-                "- quic stream, quinn's windows → policy windows at 190 ms: down {:.1} → {:.1} Mbit/s ({dr:.1}×), up {:.1} → {:.1} ({ur:.1}×) (target ≥ 3×, with quinn's windows at ≥ half the {QUINN_WINDOW_CAP_190_MBIT} Mbit/s their 1.25 MB over the 32 streams allows one flow at 190 ms: below that the row is a defect of the tunnel, not the policy's gain) {}",
+                "- quic stream, quinn's windows → policy windows at 190 ms: down {:.1} → {:.1} Mbit/s ({dr:.1}×), up {:.1} → {:.1} ({ur:.1}×) (target ≥ 3×, with quinn's windows at ≥ half the {QUINN_WINDOW_CAP_190_MBIT} Mbit/s their 1.25 MB allows one flow at 190 ms: below that the row is a defect of the tunnel, not the policy's gain) {}",
                 o.down.mbit,
                 r.down.mbit,
                 o.up.mbit,
