@@ -87,6 +87,7 @@ impl Current {
             }
             QuicMode::Stream => Some(Arc::new(tokio::sync::Mutex::new(streams::Sender::new(
                 conn.clone(),
+                ctx.chunk,
             )))),
         };
         ctx.link.tally.established();
@@ -166,8 +167,8 @@ struct Ctx {
     sock: Arc<socket::Counters>,
     max_gso: usize,
     max_gro: usize,
-    /// Stream mode: bytes of frames per chunk at most ([`streams::chunk_limit`] of the stream
-    /// window this end grants; both ends of a tunnel run the same policy).
+    /// Stream mode: bytes of frames per chunk at most ([`streams::chunk_limit`] of the
+    /// connection window this end grants; both ends of a tunnel run the same policy).
     chunk: usize,
 }
 

@@ -1,5 +1,6 @@
-//! Stream mode's framing: WireGuard packets in chunks, each chunk on a unidirectional QUIC
-//! stream of its own, in order, with a priority that falls with the chunk's number.
+//! Stream mode's framing: WireGuard packets in chunks of at most [`MAX_CHUNK`], each chunk on
+//! a unidirectional QUIC stream of its own, in order, with a priority that falls with the
+//! chunk's number.
 //!
 //! **Why not one stream.** quinn-proto 0.11 keeps a stream's out-of-order data in an assembler
 //! of separate pieces and closes the connection ("too many gaps in stream buffer") when, after
@@ -14,30 +15,37 @@
 //! help: quinn then returns flow-control credit for bytes read past a hole, so the data held
 //! for reordering is no longer bounded by any window.
 //!
-//! **Why a stream per chunk, not a fixed set.** A chunk is at most [`MAX_CHUNK`] (256 KiB ≈
-//! 190 full-size packets, at most ~95 runs whatever is lost, well below 1,024), and the
+//! **A stream per chunk.** A chunk is at most [`MAX_CHUNK`] and one frame (256 KiB ≈ 190
+//! full-size packets, at most ~95 runs whatever is lost, well below 1,024), and the
 //! connection's receive window ([`tunnel_window`]) bounds what all streams hold past a hole.
-//! Chunk `k` is written on a new stream with priority `-k`, so quinn sends (and retransmits)
-//! the oldest chunk first: the chunks leave in the order they were written, as from one
-//! stream. The reader reads the streams in the order they were opened (quinn accepts them in
-//! that order), each to its end. Until 2026-12 the chunks went round robin over 32 fixed
-//! streams, and a stream took the priority of its newest chunk. Whenever quinn's send buffer
-//! held more than 32 chunks not yet sent (one inner CUBIC flow at 190 ms kept 3–11 MB there
-//! behind the 7 MiB congestion window), the oldest chunk on a stream was demoted behind the
-//! 31 newer chunks of the other streams: the reader, which must read in order, waited for it
-//! while the others filled their windows, and then got them all at once. The inner flow's
-//! ACK clock oscillated (0.3 s lulls at the receiver, single ACKs of 0.9 MB), and one
-//! transfer in six fell below 90% of the link (docs/benchmarks.md).
+//! The writer appends what it frames to the newest chunk's stream and, when a write would make
+//! that chunk longer than the limit, finishes it and opens the next stream. Chunk `k`'s stream
+//! has priority `-k`, so quinn sends (and retransmits) the oldest chunk first, and data appended
+//! to the newest stream waits behind every older one: the chunks leave in the order they were
+//! written, as from one stream. The reader reads the streams in the order they were opened
+//! (quinn accepts them in that order), each to its end.
+//!
+//! **Why not a fixed set of streams.** Until 2026-12-07 the chunks went round robin over 32
+//! fixed streams, and each write set its stream's priority to its chunk's. quinn's priority
+//! belongs to the stream, not to its data: whenever quinn's send buffer held more than 32
+//! chunks not yet sent (one inner CUBIC flow at 190 ms kept 3–11 MB there behind the 7 MiB
+//! congestion window, in chunks of ~10.7 KB), a stream's older chunk took the priority of its
+//! newest and waited behind the newer chunks of the other streams. The reader, which must read
+//! in order, waited for it while the others filled their windows, and then got them all at
+//! once: the inner flow's ACK clock oscillated (0.3 s lulls at the receiver, single ACKs of
+//! 0.9 MB), and one transfer in six fell below 90% of the link (docs/tunnel.md, "Stream mode
+//! under loss").
 
 use anyhow::{Context as _, Result};
 use bytes::Bytes;
-use quinn::{Connection, RecvStream};
+use quinn::{Connection, RecvStream, SendStream};
 
 /// Streams the peer may have open at once, so chunks sent and not yet read by the peer:
-/// 4,096, so that the connection window, not this count, bounds them. The policy's 32 MiB
-/// over 4,096 chunks is 8 KiB a chunk, about one full-size inner packet (inner MTU 8920);
-/// under load a chunk is many packets. quinn keeps an empty slot per stream the peer may
-/// open (a few hundred kilobytes here).
+/// 4,096, so that the connection window, not this count, bounds them. A chunk is finished
+/// once the next write would overfill it, so finished chunks average at least half the
+/// limit: the policy's 32 MiB holds at most ~257 of 256 KiB chunks, and 4,096 leaves room for
+/// the larger windows of larger targets. quinn keeps an empty slot per stream the peer may
+/// open (about a hundred kilobytes here).
 pub const MAX_OPEN_STREAMS: u32 = 4096;
 
 /// The receive window of one stream: 1 MiB. A stream holds one chunk (at most
@@ -118,31 +126,53 @@ fn priority(k: u64) -> i32 {
     -((k % (1 << 30)) as i32)
 }
 
-/// The sending half: the connection and the next chunk's number.
+/// The sending half: the stream being filled (the newest chunk) and the next chunk's number.
 pub struct Sender {
     conn: Connection,
+    /// The newest chunk's stream and the bytes written on it.
+    current: Option<(SendStream, usize)>,
+    /// Bytes of frames per chunk at most ([`chunk_limit`]).
+    limit: usize,
     next: u64,
 }
 
 impl Sender {
-    /// The sending half on `conn`; streams are opened as chunks are written.
-    pub fn new(conn: Connection) -> Self {
-        Self { conn, next: 0 }
+    /// The sending half on `conn`, with chunks of at most `limit` bytes; streams are opened as
+    /// data is written.
+    pub fn new(conn: Connection, limit: usize) -> Self {
+        Self {
+            conn,
+            current: None,
+            limit,
+            next: 0,
+        }
     }
 
-    /// Writes `chunk` (length-prefixed frames) on a stream of its own and finishes it; waits
-    /// until the peer allows another stream and for room in quinn's send buffer and the
-    /// connection's flow-control credit.
-    pub async fn write(&mut self, chunk: Bytes) -> Result<(), quinn::WriteError> {
-        let mut s = self.conn.open_uni().await?;
-        let k = self.next;
-        // A stream that is gone fails the write below.
-        let _ = s.set_priority(priority(k));
-        s.write_chunk(chunk).await?;
-        // quinn sends the FIN with the data; a stream reset meanwhile was reported above.
-        let _ = s.finish();
-        self.next += 1;
-        Ok(())
+    /// Writes `framed` (whole length-prefixed frames) at the end of the newest chunk, or, when
+    /// it would make that chunk longer than the limit, finishes it and starts the next chunk
+    /// on a new stream. Appending to the newest stream keeps the order: every older stream
+    /// has a higher priority. Waits until the peer allows another stream and for room in
+    /// quinn's send buffer and the connection's flow-control credit.
+    pub async fn write(&mut self, framed: Bytes) -> Result<(), quinn::WriteError> {
+        if let Some((s, written)) = &mut self.current
+            && *written + framed.len() > self.limit
+        {
+            // quinn sends the FIN after the data; a stream reset meanwhile fails no write.
+            let _ = s.finish();
+            self.current = None;
+        }
+        let (s, written) = match &mut self.current {
+            Some(c) => c,
+            None => {
+                let s = self.conn.open_uni().await?;
+                // A stream that is gone fails the write below.
+                let _ = s.set_priority(priority(self.next));
+                self.next += 1;
+                self.current.insert((s, 0))
+            }
+        };
+        *written += framed.len();
+        s.write_chunk(framed).await
     }
 }
 
