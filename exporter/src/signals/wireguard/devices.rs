@@ -472,6 +472,13 @@ mod tests {
         reads: Arc<Mutex<Vec<u32>>>,
     }
 
+    impl Fake {
+        /// What a read of namespace `netns` answers from now on.
+        fn answer(&self, netns: u32, a: Answer) {
+            self.devices.lock().unwrap().insert(netns, a);
+        }
+    }
+
     impl Reader for Fake {
         fn read_at(&mut self, netns: u32, _: &Path) -> Result<Vec<Device>, Unreadable> {
             self.read(netns, &Procfs::default())
@@ -502,11 +509,8 @@ mod tests {
     #[test]
     fn names_are_read_once_per_namespace_and_again_only_when_due() {
         let fake = Fake::default();
-        fake.devices
-            .lock()
-            .unwrap()
-            .insert(10, Ok(vec![(51820, "wg0"), (51821, "wg1")]));
-        fake.devices.lock().unwrap().insert(11, Err("setns"));
+        fake.answer(10, Ok(vec![(51820, "wg0"), (51821, "wg1")]));
+        fake.answer(11, Err("setns"));
         let mut d = Devices::new(Box::new(fake.clone()));
         let procfs = Procfs::default();
         let t0 = Instant::now();
@@ -526,24 +530,18 @@ mod tests {
         }
         assert_eq!(fake.reads.lock().unwrap().len(), 2);
         // A port the last read did not list: read again, but not before UNKNOWN_RETRY.
-        fake.devices
-            .lock()
-            .unwrap()
-            .insert(10, Ok(vec![(51820, "wg0"), (51821, "wg1"), (40000, "wg2")]));
+        fake.answer(10, Ok(vec![(51820, "wg0"), (51821, "wg1"), (40000, "wg2")]));
         d.update([(10, 40000)], &procfs, t0 + Duration::from_secs(5));
         assert_eq!(d.name(10, 40000), "");
         d.update([(10, 40000)], &procfs, t0 + UNKNOWN_RETRY);
         assert_eq!(d.name(10, 40000), "wg2");
         assert_eq!(*fake.reads.lock().unwrap(), vec![10, 11, 10]);
         // A failed read keeps what the last one found.
-        fake.devices.lock().unwrap().insert(10, Err("no_path"));
+        fake.answer(10, Err("no_path"));
         d.update([(10, 51820)], &procfs, t0 + UNKNOWN_RETRY + REFRESH);
         assert_eq!(d.name(10, 51820), "wg0");
         // The slow timer: a renamed device is seen.
-        fake.devices
-            .lock()
-            .unwrap()
-            .insert(10, Ok(vec![(51820, "wg-renamed")]));
+        fake.answer(10, Ok(vec![(51820, "wg-renamed")]));
         d.update([(10, 51820)], &procfs, t0 + UNKNOWN_RETRY + REFRESH * 2);
         assert_eq!(d.name(10, 51820), "wg-renamed");
     }
@@ -553,10 +551,7 @@ mod tests {
     #[test]
     fn an_older_periodic_read_does_not_replace_newer_names() {
         let fake = Fake::default();
-        fake.devices
-            .lock()
-            .unwrap()
-            .insert(10, Ok(vec![(51820, "wg0"), (51821, "wg1")]));
+        fake.answer(10, Ok(vec![(51820, "wg0"), (51821, "wg1")]));
         let mut d = Devices::new(Box::new(fake.clone()));
         let t0 = Instant::now();
         let older = vec![Device {
@@ -592,10 +587,7 @@ mod tests {
     #[test]
     fn the_periodic_read_skips_namespaces_without_devices_between_rechecks() {
         let fake = Fake::default();
-        fake.devices
-            .lock()
-            .unwrap()
-            .insert(10, Ok(vec![(51820, "wg0")]));
+        fake.answer(10, Ok(vec![(51820, "wg0")]));
         let mut d = Scanner::new(Box::new(fake.clone()));
         let mut names = Devices::new(Box::new(fake.clone()));
         let targets: BTreeMap<u32, PathBuf> = [
@@ -640,10 +632,7 @@ mod tests {
     #[test]
     fn the_periodic_read_runs_on_its_thread_one_at_a_time() {
         let fake = Fake::default();
-        fake.devices
-            .lock()
-            .unwrap()
-            .insert(10, Ok(vec![(51820, "wg0")]));
+        fake.answer(10, Ok(vec![(51820, "wg0")]));
         let mut t = ScanThread::spawn(Scanner::new(Box::new(fake.clone()))).unwrap();
         let targets: BTreeMap<u32, PathBuf> =
             [(10, PathBuf::from("/run/netns/a"))].into_iter().collect();
